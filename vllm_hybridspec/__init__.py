@@ -1,3 +1,2 @@
-"""vllm-hybridspec: fast speculative decoding on hybrid Gated-DeltaNet + MoE targets, as a vLLM plugin."""
-
+"""vllm-hybridspec: fast speculative decoding on hybrid Gated-DeltaNet + MoE targets (a vLLM general plugin)."""
 __version__ = "0.1.0"

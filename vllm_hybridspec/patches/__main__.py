@@ -1,0 +1,3 @@
+from vllm_hybridspec.patches import manifest_table
+
+print(manifest_table())

@@ -1,0 +1,78 @@
+"""Which hybridspec components are active in this process, and why the others are not.
+
+Each component records its state once it knows it (at config validation, at model load, when a patch first
+acts): `record("gdn_verify", ACTIVE)` or `record("gdn_verify", FALLBACK, "model has no GDN layers")`.
+A later record replaces an earlier one, so config validation records what was requested and the runtime code
+that actually does the work overwrites it with what happened. The demo prints `describe()`; metrics can read
+`snapshot()`.
+
+The registry is per process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the demo, the tests) the engine and its
+worker run in the caller's process and everything lands here; in a multi-process engine each process sees its
+own records, and every record is also logged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+logger = logging.getLogger("vllm.hybridspec")
+
+ACTIVE = "active"          # the hybridspec implementation runs
+REFERENCE = "reference"    # the hybridspec implementation runs through its slow reference path (no GPU)
+FALLBACK = "fallback"      # plain vLLM does this part (reason says why)
+OFF = "off"                # disabled by the config, or does not apply to this drafter
+REQUESTED = "requested"    # enabled by the config; no runtime code has reported yet
+STATES = (ACTIVE, REFERENCE, FALLBACK, OFF, REQUESTED)
+
+# Display order; a component not listed here may still record.
+COMPONENTS = ("config", "head_walk", "gdn_verify", "verify_length", "routing_correction", "latency_profile")
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    state: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.state}: {self.reason}" if self.reason else self.state
+
+
+_records: dict[str, ComponentStatus] = {}
+_lock = threading.Lock()
+
+
+def record(component: str, state: str, reason: str = "") -> None:
+    if state not in STATES:
+        raise ValueError(f"status.record: unknown state {state!r}; expected one of {STATES}")
+    status = ComponentStatus(state, reason)
+    with _lock:
+        changed = _records.get(component) != status
+        _records[component] = status
+    if changed:
+        logger.info("hybridspec %s: %s", component, status)
+
+
+def get(component: str) -> ComponentStatus | None:
+    with _lock:
+        return _records.get(component)
+
+
+def snapshot() -> dict[str, str]:
+    """{component: "state" or "state: reason"} in display order."""
+    with _lock:
+        names = [c for c in COMPONENTS if c in _records] + sorted(set(_records) - set(COMPONENTS))
+        return {name: str(_records[name]) for name in names}
+
+
+def reset() -> None:
+    with _lock:
+        _records.clear()
+
+
+def describe() -> str:
+    rows = snapshot()
+    if not rows:
+        return "hybridspec: not enabled in this process"
+    width = max(len(name) for name in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows.items())
