@@ -1,0 +1,20 @@
+"""Block-parallel GDN verification with one-launch accepted-state reconstruction (issue 3).
+
+    gdn_verify        one layer: outputs of every verified token from the committed states; writes no state
+    gdn_reconstruct   all layers, one launch: committed ssm + conv states -> state after the accepted tokens
+    naive_*           sequential float64 references
+"""
+from .naive import naive_gdn_reconstruct, naive_gdn_verify
+from .reconstruct import gdn_reconstruct
+from .verify import gdn_verify
+from .workspace import MAX_VERIFY_LEN, GDNStateTable, GDNVerifyWorkspace
+
+__all__ = [
+    "MAX_VERIFY_LEN",
+    "GDNStateTable",
+    "GDNVerifyWorkspace",
+    "gdn_reconstruct",
+    "gdn_verify",
+    "naive_gdn_reconstruct",
+    "naive_gdn_verify",
+]

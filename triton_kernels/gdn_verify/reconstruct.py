@@ -1,0 +1,120 @@
+"""One launch that moves every GDN layer's committed ssm and conv state of every request to its accepted position.
+
+Grid (state blocks + conv blocks, request, layer). A state program owns one [BV, K] block of one head:
+    S_n = exp(G_{n-1}) S_0 + (u[:n] * exp(G_{n-1} - G[:n]))^T k[:n]
+read once and written once, in place. A conv program owns a block of channels: the new window is the last W-1
+rows of [old window, x_0 .. x_{n-1}], loaded whole before it is stored (in place, same program).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .verify import DOT_PRECISION, _check_index, _check_workspace
+from .workspace import GDNStateTable, GDNVerifyWorkspace
+
+
+@triton.jit
+def _gdn_reconstruct_kernel(
+    ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
+    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot,
+    WS_REQS: tl.constexpr, WS_LEN: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
+    if (slot <= 0) | (n <= 0):
+        return
+    ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
+    NUM_V_BLOCKS: tl.constexpr = V // BV
+    if i_blk < HV * NUM_V_BLOCKS:
+        i_hv = i_blk // NUM_V_BLOCKS
+        i_h = i_hv // (HV // H)
+        o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
+        o_k = tl.arange(0, K)
+        o_t = tl.arange(0, BT)
+        m_t = o_t < n
+        ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
+        p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h).to(tl.float32)
+        b_G = tl.load(ws_g + (ws_base + o_t) * HV + i_hv, mask=m_t, other=0.0)
+        b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
+        b_coef = tl.where(m_t, tl.exp(b_Gn - b_G), 0.0)
+        b_u = tl.load(ws_u + ((ws_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None], other=0.0)
+        b_k = tl.load(ws_k + ((ws_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
+        b_h = tl.exp(b_Gn) * b_h + tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision=DOT_PRECISION)
+        tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
+    else:
+        o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
+        o_r = tl.arange(0, BW)
+        m_r = o_r < W - 1
+        src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
+        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty)) + slot * stride_conv_slot
+        m_d = o_d < D
+        b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
+                        other=0.0)
+        b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :], mask=(m_r & (src >= 0))[:, None] & m_d[None, :],
+                        other=0.0)
+        b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
+        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
+
+
+def gdn_reconstruct(
+    states: GDNStateTable,
+    workspace: GDNVerifyWorkspace,
+    state_indices: torch.Tensor,
+    num_accepted: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_v: int = 32,
+    block_d: int = 512,
+    num_warps: int = 4,
+) -> None:
+    """Advance every layer's committed ssm and conv state of every request by its accepted tokens, in place.
+
+    One launch for all layers. Layer l uses `workspace.layer(l)` as filled by this step's `gdn_verify` of layer l,
+    which must have been called with the same `state_indices` and `cu_seqlens` (same request order).
+
+        states         `GDNStateTable` over the layers' ssm [num_slots, HV, V, K] and conv [num_slots, >=W-1, D]
+        workspace      `GDNVerifyWorkspace` with a layer dimension: [num_layers, requests, max_len, ...]
+        state_indices  [B] int  slot per request; 0 (vLLM's null block) is skipped
+        num_accepted   [B] int  n_i = tokens of the verified block [last sampled token, draft_1, ...] to commit:
+                       the committed state becomes the state after the first n_i tokens. With a accepted drafts,
+                       n_i = a + 1 (vLLM's `num_accepted_tokens`, i.e. its num_sampled). 0 leaves the request's
+                       states untouched; values above L_i are clamped to L_i.
+        cu_seqlens     [B+1] int  as passed to `gdn_verify`
+    """
+    if not isinstance(states, GDNStateTable):
+        raise ValueError("states must be a GDNStateTable")
+    ssm0, conv0 = states.ssm_states[0], states.conv_states[0]
+    _, num_v_heads, head_v_dim, head_k_dim = ssm0.shape
+    conv_dim = conv0.shape[2]
+    num_k_heads = (conv_dim - num_v_heads * head_v_dim) // (2 * head_k_dim)
+    if workspace.u.ndim != 5:
+        raise ValueError("workspace must carry a layer dimension (GDNVerifyWorkspace.allocate(num_layers, ...))")
+    if workspace.num_layers != states.num_layers:
+        raise ValueError(f"workspace has {workspace.num_layers} layers, states {states.num_layers}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be [B+1], got shape {tuple(cu_seqlens.shape)}")
+    num_requests = cu_seqlens.shape[0] - 1
+    _check_index("cu_seqlens", cu_seqlens, num_requests + 1)
+    _check_index("state_indices", state_indices, num_requests)
+    _check_index("num_accepted", num_accepted, num_requests)
+    _check_workspace(workspace, num_requests, 0, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_dim,
+                     workspace.x.dtype, layered=True)
+    width = states.conv_width
+    if num_requests == 0:
+        return
+    block_v = min(block_v, head_v_dim)
+    block_t = max(16, triton.next_power_of_2(workspace.max_len))
+    num_conv_blocks = triton.cdiv(conv_dim, block_d)
+    grid = (num_v_heads * (head_v_dim // block_v) + num_conv_blocks, num_requests, states.num_layers)
+    _gdn_reconstruct_kernel[grid](
+        states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
+        workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
+        WS_REQS=workspace.max_requests, WS_LEN=workspace.max_len,
+        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+        BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
+        DOT_PRECISION=DOT_PRECISION, num_warps=num_warps,
+    )

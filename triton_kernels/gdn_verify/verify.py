@@ -1,0 +1,274 @@
+"""Block-parallel GDN verification: every draft token's output from the committed state, no per-token state.
+
+One program per (value block, value head, request). A request's <= 32 tokens form one chunk held in registers;
+the delta rule is solved in WY form (derivation in eval/notes/gdn_verify.md). With G_t = g_0 + ... + g_t,
+S_0 the committed state [V, K], and rows t of Q, K, V the L2-normalised q_t, k_t and v_t:
+
+    A[t, s]  = beta_t exp(G_t - G_s) k_t.k_s                 for s < t  (else 0)
+    U        = (I + A)^-1 diag(beta) (V - diag(exp G) K S_0^T)            [L, V]
+    O        = scale (diag(exp G) Q S_0^T + (exp(G_t - G_s) q_t.k_s)_{s<=t} U)
+    S_n      = exp(G_{n-1}) S_0 + sum_{s<n} exp(G_{n-1} - G_s) u_s k_s^T   (state after n tokens)
+
+(I + A)^-1 is the product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^BT = 0), a few [BT, BT] dots.
+The conv (depth W, causal, SiLU) runs in the same program from the committed window and the raw inputs.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .workspace import MAX_VERIFY_LEN, GDNVerifyWorkspace, check_conv_state, check_ssm_state
+
+DOT_PRECISION = "ieee"  # tf32 would cost ~1e-3 relative error on fp32 states for no measurable speed at these sizes
+
+
+@triton.jit
+def _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
+                      HAS_BIAS: tl.constexpr):
+    """[BT, C] = silu(causal depth-W conv) over channels o_c; tap W-1 is the current token."""
+    acc = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + o_c).to(tl.float32)[None, :]
+    for j in tl.static_range(W):
+        src = o_t + (j - (W - 1))  # token index; negative indices live in the committed window
+        b_x = tl.load(x + (bos + src)[:, None] * D + o_c[None, :], mask=(m_t & (src >= 0))[:, None], other=0.0)
+        b_s = tl.load(conv_window + (src + (W - 1))[:, None] * D + o_c[None, :], mask=(m_t & (src < 0))[:, None],
+                      other=0.0)
+        b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
+        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w[None, :]
+    acc = acc * tl.sigmoid(acc)
+    return tl.where(m_t[:, None], acc, 0.0)
+
+
+@triton.jit(do_not_specialize=["scale"])
+def _gdn_verify_kernel(
+    x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
+    o, ws_u, ws_k, ws_g, ws_x, scale, stride_conv_slot, stride_ssm_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, WS_LEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < seqlen
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
+    if slot <= 0:  # vLLM's null block: a padding row of a CUDA-graph batch
+        tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
+        return
+
+    conv_window = conv_state + slot * stride_conv_slot
+    b_q = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
+    b_k = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W, HAS_BIAS)
+    b_v = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, 2 * H * K + i_hv * V + o_v, D, W,
+                            HAS_BIAS)
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+
+    gate = tl.load(a + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    gate += tl.load(dt_bias + i_hv).to(tl.float32)
+    softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
+    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
+    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)), 0.0)
+    b_G = tl.cumsum(b_g, 0)
+
+    p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    b_h = tl.load(p_h).to(tl.float32)  # [BV, K]
+    b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=DOT_PRECISION)  # [BT, BV]
+    b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=DOT_PRECISION)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BT, BT]
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+
+    causal = o_t[:, None] >= o_t[None, :]
+    decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_beta[:, None] * decay * b_kk, 0.0)
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    b_inv = eye - b_A
+    b_pow = b_A
+    for _ in tl.static_range(LOG2_BT - 1):
+        b_pow = tl.dot(b_pow, b_pow, input_precision=DOT_PRECISION)
+        b_inv = tl.dot(b_inv, eye + b_pow, input_precision=DOT_PRECISION)
+
+    b_gamma = tl.exp(b_G)
+    b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=DOT_PRECISION)
+    b_o = b_gamma[:, None] * b_qs + tl.dot(decay * b_qk, b_u, input_precision=DOT_PRECISION)
+    tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
+
+    ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
+    o_xv = 2 * H * K + i_hv * V + o_v
+    b_xv = tl.load(x + (bos + o_t[:, None]) * D + o_xv[None, :], mask=m_t[:, None], other=0.0)
+    tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+    if i_v == 0:
+        tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
+        if i_hv % (HV // H) == 0:
+            tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
+            for i_part in tl.static_range(2):  # raw q and k channels of this k-head
+                o_xqk = (i_part * H + i_h) * K + o_k
+                b_xqk = tl.load(x + (bos + o_t[:, None]) * D + o_xqk[None, :], mask=m_t[:, None], other=0.0)
+                tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
+
+
+def _check_contiguous(name, t, ndim):
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape {tuple(t.shape)})")
+
+
+def _check_float(name, t):
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{name} dtype must be float32, bfloat16 or float16, got {t.dtype}")
+
+
+def _check_index(name, t, length):
+    if t.ndim != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def default_block_v(num_requests, num_v_heads, head_v_dim):
+    """Value-block width: small enough that batch 1 still spreads over the GPU, larger once the batch does."""
+    programs_at_16 = num_requests * num_v_heads * head_v_dim // 16
+    return 16 if programs_at_16 <= 1024 else min(32, head_v_dim)
+
+
+def gdn_verify(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    workspace: GDNVerifyWorkspace,
+    max_seqlen: int | None = None,
+    out: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_v: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Core attention output of every verified token of one GDN layer, from each request's committed state.
+
+    Computes what vLLM's GDN layer computes between the input projection and the gated RMSNorm
+    (`causal_conv1d_update` + `fused_sigmoid_gating_delta_rule_update` in spec-decode mode), but writes no
+    state: neither ssm_state nor conv_state is modified. It fills `workspace` for `gdn_reconstruct`.
+
+    Shapes (T = total tokens, B = requests, H k-heads, HV v-heads, D = 2*H*K + HV*V, W = conv width):
+        mixed_qkv     [T, D]     raw conv inputs, channels [q (H*K) | k (H*K) | v (HV*V)] (vLLM's `mixed_qkv`)
+        a, b          [T, HV]    gate inputs: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
+        conv_weight   [D, W]     vLLM's `conv1d.weight.view(D, W)`; conv_bias [D] or None
+        A_log, dt_bias [HV]
+        conv_state    [num_slots, state_len >= W-1, D]  committed window = rows 0..W-2, oldest first
+                      (vLLM's SD layout `kv_cache[0]`; the slot stride may be anything, rows contiguous)
+        ssm_state     [num_slots, HV, V, K]  committed state S[v, k] (vLLM's `kv_cache[1]`), fp32/bf16/fp16
+        state_indices [B] int    slot of each request; 0 = vLLM's null block: outputs zeros, touches nothing
+        cu_seqlens    [B+1] int  token offsets; request i owns tokens cu_seqlens[i]:cu_seqlens[i+1]
+                      (L_i = 0 allowed; L_i <= max_seqlen <= 32 is the caller's promise, tokens past it are ignored)
+        workspace     `GDNVerifyWorkspace.layer(l)`: rows 0..B-1 are overwritten with this step's data
+        max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
+        out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
+        scale         default head_k_dim ** -0.5
+    Returns `out`.
+    """
+    _check_contiguous("mixed_qkv", mixed_qkv, 2)
+    _check_float("mixed_qkv", mixed_qkv)
+    check_ssm_state(ssm_state)
+    check_conv_state(conv_state)
+    num_tokens, conv_dim = mixed_qkv.shape
+    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    key_dims = conv_dim - num_v_heads * head_v_dim
+    if key_dims <= 0 or key_dims % (2 * head_k_dim):
+        raise ValueError(f"mixed_qkv width {conv_dim} does not split into 2*H*{head_k_dim} + {num_v_heads}*{head_v_dim}")
+    num_k_heads = key_dims // (2 * head_k_dim)
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
+    for name, t in (("a", a), ("b", b)):
+        _check_contiguous(name, t, 2)
+        _check_float(name, t)
+        if t.shape != (num_tokens, num_v_heads):
+            raise ValueError(f"{name} must have shape [{num_tokens}, {num_v_heads}], got {tuple(t.shape)}")
+    _check_contiguous("conv_weight", conv_weight, 2)
+    width = conv_weight.shape[1]
+    if conv_weight.shape[0] != conv_dim or not 2 <= width <= 5:
+        raise ValueError(f"conv_weight must be [{conv_dim}, W] with W in 2..5, got {tuple(conv_weight.shape)}")
+    if conv_state.shape[2] != conv_dim or conv_state.shape[1] < width - 1:
+        raise ValueError(f"conv_state must be [num_slots, >= {width - 1}, {conv_dim}], got {tuple(conv_state.shape)}")
+    if conv_bias is not None:
+        _check_contiguous("conv_bias", conv_bias, 1)
+        if conv_bias.shape[0] != conv_dim:
+            raise ValueError(f"conv_bias must have shape [{conv_dim}], got {tuple(conv_bias.shape)}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check_contiguous(name, t, 1)
+        if t.shape[0] != num_v_heads:
+            raise ValueError(f"{name} must have shape [{num_v_heads}], got {tuple(t.shape)}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be [B+1], got shape {tuple(cu_seqlens.shape)}")
+    num_requests = cu_seqlens.shape[0] - 1
+    _check_index("cu_seqlens", cu_seqlens, num_requests + 1)
+    _check_index("state_indices", state_indices, num_requests)
+    if max_seqlen is None:
+        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if num_requests > 0 else 0
+    if not 0 <= max_seqlen <= MAX_VERIFY_LEN:
+        raise ValueError(f"max_seqlen {max_seqlen} is above the supported maximum of {MAX_VERIFY_LEN} tokens")
+    _check_workspace(workspace, num_requests, max_seqlen, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                     conv_dim, mixed_qkv.dtype, layered=False)
+    if out is None:
+        out = mixed_qkv.new_empty(num_tokens, num_v_heads, head_v_dim)
+    elif out.shape != (num_tokens, num_v_heads, head_v_dim) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{num_tokens}, {num_v_heads}, {head_v_dim}] tensor")
+    scale = head_k_dim**-0.5 if scale is None else scale
+    if num_requests == 0 or max_seqlen == 0:
+        return out
+
+    block_t = max(16, triton.next_power_of_2(max_seqlen))
+    block_v = block_v or default_block_v(num_requests, num_v_heads, head_v_dim)
+    grid = (head_v_dim // block_v, num_v_heads, num_requests)
+    _gdn_verify_kernel[grid](
+        mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
+        out, workspace.u, workspace.k, workspace.g, workspace.x, scale, conv_state.stride(0), ssm_state.stride(0),
+        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+        BT=block_t, BV=block_v, LOG2_BT=int(math.log2(block_t)), WS_LEN=workspace.max_len,
+        HAS_BIAS=conv_bias is not None, DOT_PRECISION=DOT_PRECISION, num_warps=num_warps,
+    )
+    return out
+
+
+def _check_workspace(ws, num_requests, max_seqlen, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_dim,
+                     input_dtype, layered):
+    lead = 2 if layered else 1
+    expected = {
+        "u": ((num_v_heads, head_v_dim), torch.float32),
+        "k": ((num_k_heads, head_k_dim), torch.float32),
+        "g": ((num_v_heads,), torch.float32),
+        "x": ((conv_dim,), input_dtype),
+    }
+    for name, (inner, dtype) in expected.items():
+        t = getattr(ws, name)
+        if t.ndim != lead + 1 + len(inner) or tuple(t.shape[lead + 1 :]) != inner or t.dtype != dtype:
+            raise ValueError(
+                f"workspace.{name} must be [{'layers, ' if layered else ''}requests, max_len, "
+                f"{', '.join(map(str, inner))}] {dtype}, got {tuple(t.shape)} {t.dtype}"
+            )
+        if not t.is_contiguous():
+            raise ValueError(f"workspace.{name} must be contiguous")
+        if t.shape[lead - 1] < num_requests or t.shape[lead] < max_seqlen:
+            raise ValueError(
+                f"workspace holds {t.shape[lead - 1]} requests x {t.shape[lead]} tokens, "
+                f"need {num_requests} x {max_seqlen}"
+            )
+    if len({getattr(ws, n).shape[: lead + 1] for n in expected}) != 1:
+        raise ValueError("workspace tensors disagree on their leading (layers, requests, max_len) dims")
