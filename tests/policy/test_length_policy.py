@@ -1,0 +1,135 @@
+import pytest
+import torch
+
+from vllm_hybridspec.policy import (
+    VerifyLatencyModel,
+    choose_verify_lengths,
+    naive_choose_verify_lengths,
+    naive_vllm_adaptive_lengths,
+    survival_probabilities,
+    vllm_adaptive_lengths,
+)
+
+
+def _model(profile, max_batch=64, k=15, overhead_us=500.0):
+    return VerifyLatencyModel(profile, max_batch, k + 1, overhead_us=overhead_us)
+
+
+def _random_case(seed, batch, k):
+    g = torch.Generator().manual_seed(seed)
+    # A mix of confident and hopeless requests, as a real batch has.
+    level = torch.rand(batch, 1, generator=g)
+    conf = (level + 0.3 * torch.rand(batch, k, generator=g)).clamp(0, 1) ** 0.5
+    num = torch.randint(0, k + 1, (batch,), generator=g)
+    return conf, num
+
+
+@pytest.mark.parametrize("batch,k", [(1, 1), (1, 15), (3, 5), (7, 15), (33, 7), (64, 15)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_naive_reference(profile, batch, k, seed):
+    lat = _model(profile, k=k)
+    conf, num = _random_case(seed, batch, k)
+    for kwargs in ({}, {"min_drafts": 2}, {"max_drafts": 3}, {"padded_weight": 1.0}, {"padded_weight": 0.3}):
+        got = choose_verify_lengths(conf, num, lat, **kwargs).num_drafts.tolist()
+        want = naive_choose_verify_lengths(conf.tolist(), num.tolist(), lambda x: float(lat.round_us(batch, x)),
+                                           **kwargs)
+        assert got == want, kwargs
+
+
+@pytest.mark.parametrize("batch,k", [(1, 15), (5, 4), (16, 15), (63, 15)])
+def test_vllm_rule_matches_naive_reference(profile, batch, k):
+    lat = _model(profile, k=k)
+    conf, num = _random_case(batch, batch, k)
+    stale, _ = _random_case(batch + 100, batch, k)
+    got = vllm_adaptive_lengths(conf, num, lat, budget_confidences=stale).tolist()
+    want = naive_vllm_adaptive_lengths(conf.tolist(), num.tolist(), lambda x: float(lat.round_us(batch, x)),
+                                       stale.tolist())
+    assert got == want
+
+
+def test_leading_dims_equal_per_batch_calls(profile):
+    lat = _model(profile)
+    conf = torch.rand(3, 2, 5, 15) ** 0.3
+    num = torch.randint(0, 16, (3, 2, 5))
+    stacked = choose_verify_lengths(conf, num, lat)
+    for i in range(3):
+        for j in range(2):
+            one = choose_verify_lengths(conf[i, j], num[i, j], lat)
+            assert torch.equal(stacked.num_drafts[i, j], one.num_drafts)
+            assert torch.allclose(stacked.tokens_per_us[i, j], one.tokens_per_us)
+    assert torch.equal(vllm_adaptive_lengths(conf, num, lat)[1, 0], vllm_adaptive_lengths(conf[1, 0], num[1, 0], lat))
+
+
+def test_outputs_are_consistent(profile):
+    lat = _model(profile)
+    conf, num = _random_case(5, 9, 15)
+    d = choose_verify_lengths(conf, num, lat)
+    n = d.num_drafts.long()
+    assert (n <= num).all() and (n >= 0).all()
+    s = survival_probabilities(conf, num)
+    expected = 9 + sum(float(s[b, : n[b]].sum()) for b in range(9))
+    assert d.expected_tokens.item() == pytest.approx(expected, rel=1e-5)
+    x = 1 + n.sum().item() / 9
+    assert d.round_us.item() == pytest.approx(float(lat.round_us(9, x)), rel=1e-5)
+    assert d.tokens_per_us.item() == pytest.approx(expected / d.round_us.item(), rel=1e-5)
+    for b in range(9):
+        want = float(s[b, n[b]]) if n[b] < num[b] else 0.0
+        assert d.next_survival[b].item() == pytest.approx(want)
+
+
+def test_extremes(profile):
+    lat = _model(profile)
+    ones, zeros = torch.ones(4, 15), torch.zeros(4, 15)
+    full = torch.full((4,), 15)
+    assert choose_verify_lengths(ones, full, lat).num_drafts.tolist() == [15] * 4
+    assert choose_verify_lengths(zeros, full, lat).num_drafts.tolist() == [0] * 4
+    assert choose_verify_lengths(zeros, full, lat, min_drafts=2).num_drafts.tolist() == [2] * 4
+    assert choose_verify_lengths(ones, torch.tensor([0, 3, 15, 7]), lat, max_drafts=5).num_drafts.tolist() == [0, 3, 5, 5]
+
+
+def test_steeper_cost_verifies_less(profile):
+    conf, num = _random_case(11, 8, 15)
+    cheap = VerifyLatencyModel(profile, 8, 16, overhead_us=20000.0)
+    dear = VerifyLatencyModel(profile, 8, 16, overhead_us=0.0)
+    assert choose_verify_lengths(conf, num, cheap).num_drafts.sum() >= choose_verify_lengths(conf, num, dear).num_drafts.sum()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_admission_is_a_stopping_time(profile, seed):
+    """Admitting position m of a request never depends on that request's confidences at positions > m
+    (nor, therefore, on the draft tokens those were computed from)."""
+    g = torch.Generator().manual_seed(seed)
+    lat = _model(profile)
+    batch, k = 6, 15
+    conf = torch.rand(batch, k, generator=g) ** 0.4
+    num = torch.full((batch,), k)
+    base = choose_verify_lengths(conf, num, lat).num_drafts
+    b = int(torch.randint(0, batch, (1,), generator=g))
+    for m in range(k - 1):
+        changed = conf.clone()
+        changed[b, m + 1:] = torch.rand(k - m - 1, generator=g)
+        other = choose_verify_lengths(changed, num, lat).num_drafts
+        assert min(int(base[b]), m + 1) == min(int(other[b]), m + 1)
+
+
+def test_bad_inputs_raise(profile):
+    lat = _model(profile, max_batch=8)
+    conf, num = torch.rand(4, 15), torch.full((4,), 15)
+    with pytest.raises(ValueError, match="confidences must be"):
+        choose_verify_lengths(conf[0], num, lat)
+    with pytest.raises(ValueError, match="floating point"):
+        choose_verify_lengths(torch.ones(4, 15, dtype=torch.int64), num, lat)
+    with pytest.raises(ValueError, match="num_drafts must be"):
+        choose_verify_lengths(conf, num[:3], lat)
+    with pytest.raises(ValueError, match="integer"):
+        choose_verify_lengths(conf, num.float(), lat)
+    with pytest.raises(ValueError, match="max_batch"):
+        choose_verify_lengths(torch.rand(9, 15), torch.full((9,), 15), lat)
+    with pytest.raises(ValueError, match="max_len"):
+        choose_verify_lengths(torch.rand(4, 16), torch.full((4,), 16), lat)
+    with pytest.raises(ValueError, match="padded_weight"):
+        choose_verify_lengths(conf, num, lat, padded_weight=2.0)
+    with pytest.raises(ValueError, match="min_drafts"):
+        choose_verify_lengths(conf, num, lat, min_drafts=4, max_drafts=2)
+    with pytest.raises(ValueError, match="budget_confidences"):
+        vllm_adaptive_lengths(conf, num, lat, budget_confidences=conf[:2])

@@ -1,0 +1,231 @@
+"""First-router routing correction: keep the probe token only if it is worth the experts it adds.
+
+Verification runs each request's chosen length plus ONE extra (probe) token, the next draft, up to the first
+MoE router (layer 0 of Qwen3-Next / Qwen3.5 is GDN + MoE, so: embedding, layer-0 mixer, router). The
+router's top-k ids of the probe tell how many experts it would add beyond those the batch's other tokens
+already activate in that layer. The probe is kept when
+
+    survival * (1 / tokens_per_us)  >  threshold * cost_us(new experts)
+
+i.e. when its expected accepted tokens, priced at the round's current rate (microseconds per emitted token),
+outweigh the time it adds: `ExpertCost.probe_cost_us`, a per-token non-MoE part plus a per-expert part from
+the profile's MoE time against its unique-expert counts. `threshold` (hybridspec.routing_correction_threshold)
+scales the cost side: > 1 drops more.
+
+A dropped probe is neutralised, not removed (static shapes for CUDA graphs): `neutralize_routing` zeroes its
+routing weights and points its ids at an invalid expert in every MoE layer, so it activates no expert, and
+`verified_drafts_after_correction` leaves it out of the rejection sampler's per-request length, so it is
+never accepted. Attention/GDN layers may still compute it; it is the last token of its request, so causally
+it changes nothing for the kept tokens.
+
+Losslessness: the keep decision reads the probe's routing, i.e. it depends on the probe draft token x_k
+itself. Under greedy decoding that is harmless (any verified length yields the target's argmax chain). Under
+sampling a token-dependent decision biases the output distribution (tests/policy/test_routing_correction.py
+computes the bias exactly), so only requests marked `eligible` (greedy ones) may keep a probe; for the others
+the probe is always dropped, which is the policy's own prefix-only decision and stays lossless.
+
+All functions are torch ops on device tensors with static shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_hybridspec.latency_profile import LatencyProfile
+
+
+@dataclass(frozen=True)
+class ExpertCost:
+    """Marginal latency of a probe token, from the latency profile.
+
+    per_token_us: non-MoE time one more verified token adds (all layers together).
+    per_expert_layer_us: time one more distinct expert adds in ONE MoE layer.
+    num_moe_layers: MoE layers the kept probe runs through.
+    mean_new_experts: expected new experts per layer of a probe (the profile's unique-expert growth).
+    cross_layer_correlation: r in [0, 1], how far layer 0's new-expert count predicts the other layers'
+        (1: a probe that is novel in layer 0 is equally novel everywhere; 0: layer 0 tells nothing and the
+        other layers cost `mean_new_experts` each).
+    """
+
+    per_token_us: float
+    per_expert_layer_us: float
+    num_moe_layers: int
+    mean_new_experts: float
+    cross_layer_correlation: float = 1.0
+
+    def __post_init__(self):
+        if self.per_token_us < 0 or self.per_expert_layer_us < 0 or self.mean_new_experts < 0:
+            raise ValueError("ExpertCost: costs and mean_new_experts must be >= 0")
+        if self.num_moe_layers < 1:
+            raise ValueError(f"ExpertCost: num_moe_layers must be >= 1, got {self.num_moe_layers}")
+        if not 0.0 <= self.cross_layer_correlation <= 1.0:
+            raise ValueError(f"ExpertCost: cross_layer_correlation must be in [0, 1], got "
+                             f"{self.cross_layer_correlation}")
+
+    def probe_cost_us(self, new_experts_layer0: torch.Tensor) -> torch.Tensor:
+        """Expected added time of keeping a probe that adds `new_experts_layer0` experts in layer 0."""
+        n0 = new_experts_layer0.float()
+        r = self.cross_layer_correlation
+        others = (self.num_moe_layers - 1) * (r * n0 + (1.0 - r) * self.mean_new_experts)
+        return self.per_token_us + self.per_expert_layer_us * (n0 + others)
+
+
+def _row_interp(xs: list[int], ys: list[float], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def expert_cost_from_profile(
+    profile: LatencyProfile,
+    batch: int,
+    length: float,
+    *,
+    num_moe_layers: int,
+    top_k: int,
+    cross_layer_correlation: float = 1.0,
+) -> ExpertCost:
+    """Fits `ExpertCost` at (batch, verified length per request) from a profile with MoE breakdown.
+
+    per_expert_layer_us: least-squares slope of the profile's MoE time (summed over layers) against its
+    mean unique experts per layer, over the measured lengths of each batch row, divided by the MoE layer
+    count; interpolated in batch. per_token_us and mean_new_experts: finite differences in L at `length`
+    of the non-MoE time and of the unique experts, per added token (one more length step adds `batch`).
+    """
+    if profile.per_layer_type is None or "moe" not in profile.per_layer_type or profile.unique_experts is None:
+        raise ValueError(
+            f"profile variant {profile.variant!r} has no per_layer_type['moe'] / unique_experts: the routing "
+            "correction needs the MoE time against unique experts"
+        )
+    if batch < 1 or length < 1 or num_moe_layers < 1 or top_k < 1:
+        raise ValueError("batch, length, num_moe_layers and top_k must be >= 1")
+    moe, unique, lengths = profile.per_layer_type["moe"], profile.unique_experts, profile.lengths
+    slopes = []
+    for moe_row, u_row in zip(moe, unique):
+        u_mean = sum(u_row) / len(u_row)
+        t_mean = sum(moe_row) / len(moe_row)
+        var = sum((u - u_mean) ** 2 for u in u_row)
+        cov = sum((u - u_mean) * (t - t_mean) for u, t in zip(u_row, moe_row))
+        slopes.append(max(cov / var, 0.0) if var > 0 else 0.0)
+    per_expert_layer_us = _row_interp(profile.batch_sizes, slopes, batch) / num_moe_layers
+
+    def at(table, b, x):
+        return _row_interp(profile.batch_sizes, [_row_interp(lengths, row, x) for row in table], b)
+
+    non_moe = [[t - m for t, m in zip(t_row, m_row)] for t_row, m_row in zip(profile.t_us, moe)]
+    per_token_us = max(at(non_moe, batch, length + 1) - at(non_moe, batch, length), 0.0) / batch
+    new_experts = (at(unique, batch, length + 1) - at(unique, batch, length)) / batch
+    return ExpertCost(
+        per_token_us=per_token_us,
+        per_expert_layer_us=per_expert_layer_us,
+        num_moe_layers=num_moe_layers,
+        mean_new_experts=min(max(new_experts, 0.0), float(top_k)),
+        cross_layer_correlation=cross_layer_correlation,
+    )
+
+
+@dataclass
+class RoutingDecision:
+    """keep: [T] bool, False only for dropped probe tokens. new_experts: [T] int32, experts each token
+    adds beyond the base set (non-probe valid tokens); meaningful at probe tokens."""
+
+    keep: torch.Tensor
+    new_experts: torch.Tensor
+
+
+def new_experts_per_token(
+    topk_ids: torch.Tensor, base_tokens: torch.Tensor, num_experts: int
+) -> torch.Tensor:
+    """[T, k] expert ids, [T] bool base set -> [T] int32: distinct experts of each token outside the
+    union of the base tokens' experts. Ids outside [0, num_experts) (e.g. -1) count as nothing."""
+    ids = topk_ids.long()
+    in_range = (ids >= 0) & (ids < num_experts)
+    dump = torch.full_like(ids, num_experts)
+    base_ids = torch.where(in_range & base_tokens.unsqueeze(-1), ids, dump)
+    used = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
+    used.scatter_(0, base_ids.flatten(), torch.ones_like(base_ids.flatten(), dtype=torch.int32))
+    used[num_experts] = 1
+    fresh = used[torch.where(in_range, ids, dump)] == 0
+    return fresh.sum(-1).to(torch.int32)
+
+
+def routing_keep_mask(
+    topk_ids: torch.Tensor,
+    probe_mask: torch.Tensor,
+    probe_survival: torch.Tensor,
+    tokens_per_us: torch.Tensor | float,
+    cost: ExpertCost,
+    num_experts: int,
+    *,
+    threshold: float = 1.0,
+    eligible: torch.Tensor | None = None,
+    token_valid: torch.Tensor | None = None,
+) -> RoutingDecision:
+    """Decides, per probe token, whether to keep it (see the module docstring).
+
+    Args:
+        topk_ids: [T, k] layer-0 router top-k expert ids of all T verify tokens (packed).
+        probe_mask: [T] bool, True at each request's probe token.
+        probe_survival: [T] survival probability of the probe's draft (read where probe_mask): the
+            policy's `LengthDecision.next_survival`, scattered to the probe positions.
+        tokens_per_us: the round's rate (`LengthDecision.tokens_per_us`), > 0.
+        cost: `ExpertCost` for this batch.
+        num_experts: routed experts per layer (ids outside [0, num_experts) are ignored).
+        threshold: multiplies the cost side.
+        eligible: [T] bool, probes that may be kept (greedy requests); None = all.
+        token_valid: [T] bool, tokens that are real (cudagraph padding excluded from the base set); None = all.
+    """
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be [T, k], got shape {tuple(topk_ids.shape)}")
+    num_tokens = topk_ids.shape[0]
+    for name, t in (("probe_mask", probe_mask), ("probe_survival", probe_survival)):
+        if t.shape != (num_tokens,):
+            raise ValueError(f"{name} must be [T={num_tokens}], got shape {tuple(t.shape)}")
+    if probe_mask.dtype != torch.bool:
+        raise ValueError(f"probe_mask must be bool, got {probe_mask.dtype}")
+    if not threshold > 0:
+        raise ValueError(f"threshold must be > 0, got {threshold}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+    valid = torch.ones_like(probe_mask) if token_valid is None else token_valid.bool()
+    may_keep = probe_mask & valid if eligible is None else probe_mask & valid & eligible.bool()
+
+    new = new_experts_per_token(topk_ids, valid & ~probe_mask, num_experts)
+    rate = torch.as_tensor(tokens_per_us, dtype=torch.float32, device=topk_ids.device).clamp(min=1e-12)
+    value_us = probe_survival.float() / rate
+    keep_probe = may_keep & (value_us > threshold * cost.probe_cost_us(new))
+    return RoutingDecision(keep=~probe_mask | keep_probe, new_experts=new)
+
+
+def neutralize_routing(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, keep: torch.Tensor, invalid_id: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing of every MoE layer with dropped tokens sent nowhere: ids -> `invalid_id`, weights -> 0.
+    Kept tokens' routing is returned unchanged."""
+    if topk_ids.shape != topk_weights.shape or keep.shape != topk_ids.shape[:1]:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must be [T, k] "
+            f"and keep {tuple(keep.shape)} [T]"
+        )
+    k = keep.bool().unsqueeze(-1)
+    ids = torch.where(k, topk_ids, torch.full_like(topk_ids, invalid_id))
+    weights = torch.where(k, topk_weights, torch.zeros_like(topk_weights))
+    return ids, weights
+
+
+def verified_drafts_after_correction(
+    num_drafts: torch.Tensor, probe_index: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """[B] drafts the rejection sampler verifies: the policy's count, plus one where the request's probe
+    (token index `probe_index[b]`, -1 if it had none) was kept. A dropped probe is never verified."""
+    if num_drafts.shape != probe_index.shape:
+        raise ValueError("num_drafts and probe_index must both be [B]")
+    has_probe = probe_index >= 0
+    kept = keep[probe_index.clamp(min=0).long()] & has_probe
+    return num_drafts + kept.to(num_drafts.dtype)
