@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
+
+# These tests move small tensors; with several OpenMP threads on a shared 2-core machine each op can wait
+# on busy cores for milliseconds. One thread is faster here and keeps the suite well under a minute.
+torch.set_num_threads(1)
 
 NUM_EXPERTS, TOP_K, MOE_LAYERS = 256, 8, 40
 

@@ -48,7 +48,10 @@ class OnlineAcceptanceCalibrator:
         num_positions: K, drafts per round.
         init_slope, init_bias: starting coefficients (slope 1, bias 0 = trust the raw score's log-odds).
         refit_interval: observe() calls between Newton steps.
-        damping: a position with n observations in a round moves n / (n + damping) of a full Newton step.
+        min_observations: a position refits only once it has gathered this many labelled outcomes; until
+            then it keeps accumulating (deep positions are reached rarely, and a Newton step from a handful
+            of outcomes is mostly noise).
+        damping: a position with n observations moves n / (n + damping) of a full Newton step.
         l2: ridge on the Newton system.
     """
 
@@ -59,6 +62,7 @@ class OnlineAcceptanceCalibrator:
         init_slope: float = 1.0,
         init_bias: float = 0.0,
         refit_interval: int = 20,
+        min_observations: int = 32,
         damping: float = 50.0,
         l2: float = 1e-3,
         device: torch.device | str | None = None,
@@ -69,6 +73,7 @@ class OnlineAcceptanceCalibrator:
             raise ValueError("refit_interval must be >= 1 and damping, l2 >= 0")
         self.num_positions = num_positions
         self.refit_interval = refit_interval
+        self.min_observations = min_observations
         self.damping = damping
         self.l2 = l2
         self.slope = torch.full((num_positions,), float(init_slope), device=device)
@@ -112,17 +117,18 @@ class OnlineAcceptanceCalibrator:
             self.refit()
 
     def refit(self) -> None:
-        """One damped Newton step per position from the accumulated statistics, then clear them."""
+        """One damped Newton step for each position with enough observations; clears their statistics."""
         a, b, c, g0, g1, n = self.stats.unbind(-1)
+        ready = n >= self.min_observations
         a = a + self.l2
         c = c + self.l2
         det = (a * c - b * b).clamp(min=1e-12)
         d_slope = (c * g0 - b * g1) / det
         d_bias = (a * g1 - b * g0) / det
         damp = n / (n + self.damping)
-        d_slope = torch.nan_to_num(d_slope * damp)
-        d_bias = torch.nan_to_num(d_bias * damp)
+        d_slope = torch.where(ready, torch.nan_to_num(d_slope * damp), torch.zeros_like(d_slope))
+        d_bias = torch.where(ready, torch.nan_to_num(d_bias * damp), torch.zeros_like(d_bias))
         # A negative slope would rank confident drafts below unconfident ones; hold it at zero instead.
         self.slope.copy_((self.slope + d_slope).clamp(min=0.0))
         self.bias.add_(d_bias)
-        self.stats.zero_()
+        self.stats.mul_((~ready).unsqueeze(-1).to(self.stats.dtype))
