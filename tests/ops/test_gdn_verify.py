@@ -1,0 +1,382 @@
+"""gdn_verify / gdn_reconstruct against the sequential reference, the reference against an independent loop and
+against vLLM 0.33's own Triton kernels (run from the wheel's sources under the interpreter).
+
+Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16); GPU tests (marker gpu) use the
+Qwen3-Next GDN shape in bf16.
+"""
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+# Without CUDA the kernels run in the Triton interpreter. Triton decides interpreter or compiler when a function is
+# defined, its own helpers included, so the flag must be set before triton is first imported in this process.
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRETED or not ON_GPU else "cuda"
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hybridspec_kernels.gdn_verify import (  # noqa: E402
+    MAX_VERIFY_LEN,
+    GDNStateTable,
+    GDNVerifyWorkspace,
+    gdn_reconstruct,
+    gdn_verify,
+    naive_gdn_reconstruct,
+    naive_gdn_verify,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+needs_kernels = pytest.mark.skipif(
+    DEVICE == "cpu" and type(tl.standard.sigmoid).__name__ != "InterpretedFunction",
+    reason="triton was imported before TRITON_INTERPRET=1 could be set: run with TRITON_INTERPRET=1",
+)
+
+
+def make_problem(lens, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, width=4, dtype=torch.float32,
+                 state_dtype=torch.float32, bias=True, seed=0, device=DEVICE, null_requests=(), extra_rows=0):
+    """Random GDN inputs and states; request i gets its own slot (slots 1..B), null_requests get slot 0."""
+    gen = torch.Generator().manual_seed(seed)
+    conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    num_tokens, num_requests = sum(lens), len(lens)
+    num_slots = num_requests + 3
+
+    def randn(*shape, std=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=gen) * std).to(dt).to(device)
+
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(num_requests)], dtype=torch.int32, device=device)
+    slots = torch.randperm(num_slots - 1, generator=gen)[:num_requests] + 1
+    for i in null_requests:
+        slots[i] = 0
+    return dict(
+        mixed_qkv=randn(num_tokens, conv_dim),
+        a=randn(num_tokens, num_v_heads),
+        b=randn(num_tokens, num_v_heads),
+        conv_weight=randn(conv_dim, width, std=0.5),
+        conv_bias=randn(conv_dim, std=0.2) if bias else None,
+        A_log=randn(num_v_heads, std=0.5, dt=torch.float32),
+        dt_bias=randn(num_v_heads, dt=torch.float32),
+        conv_state=randn(num_slots, width - 1 + extra_rows, conv_dim),
+        ssm_state=randn(num_slots, num_v_heads, head_v_dim, head_k_dim, std=0.3, dt=state_dtype),
+        state_indices=slots.to(torch.int32).to(device),
+        cu_seqlens=cu,
+    )
+
+
+def workspace_for(p, num_layers=1, max_len=None):
+    ssm = p["ssm_state"]
+    _, num_v_heads, head_v_dim, head_k_dim = ssm.shape
+    num_k_heads = (p["mixed_qkv"].shape[1] - num_v_heads * head_v_dim) // (2 * head_k_dim)
+    num_requests = p["cu_seqlens"].shape[0] - 1
+    lens = (p["cu_seqlens"][1:] - p["cu_seqlens"][:-1]).tolist()
+    return GDNVerifyWorkspace.allocate(num_layers, num_requests, max_len or max(16, max(lens)), num_k_heads,
+                                      num_v_heads, head_k_dim, head_v_dim, p["mixed_qkv"].dtype, ssm.device)
+
+
+def rel_err(x, ref):
+    x, ref = x.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(x).any(), "NaN in output"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def cpu(p):
+    return {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference against an independent token loop (S stored as [K, V], conv through F.conv1d over the sequence)
+
+def plain_loop(p, num_accepted=None):
+    x, ssm0, conv0 = p["mixed_qkv"].double(), p["ssm_state"].double(), p["conv_state"].double()
+    _, num_v_heads, head_v_dim, head_k_dim = ssm0.shape
+    num_k_heads = (x.shape[1] - num_v_heads * head_v_dim) // (2 * head_k_dim)
+    width = p["conv_weight"].shape[1]
+    out = torch.zeros(x.shape[0], num_v_heads, head_v_dim, dtype=torch.float64)
+    ssm, conv = ssm0.clone(), conv0.clone()
+    for i in range(len(p["cu_seqlens"]) - 1):
+        bos, eos, slot = int(p["cu_seqlens"][i]), int(p["cu_seqlens"][i + 1]), int(p["state_indices"][i])
+        if slot == 0:
+            continue
+        seq = torch.cat([conv0[slot, : width - 1], x[bos:eos]])  # [W-1+L, D]
+        conv_out = F.conv1d(seq.T[None], p["conv_weight"].double()[:, None, :], p["conv_bias"] if p["conv_bias"] is None
+                            else p["conv_bias"].double(), groups=seq.shape[1])[0].T  # [L, D]
+        conv_out = F.silu(conv_out)
+        q, k, v = conv_out.split([num_k_heads * head_k_dim] * 2 + [num_v_heads * head_v_dim], dim=1)
+        q = q.reshape(-1, num_k_heads, head_k_dim)
+        k = k.reshape(-1, num_k_heads, head_k_dim)
+        q = q * torch.rsqrt((q**2).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k**2).sum(-1, keepdim=True) + 1e-6)
+        v = v.reshape(-1, num_v_heads, head_v_dim)
+        g = -p["A_log"].double().exp() * F.softplus(p["a"][bos:eos].double() + p["dt_bias"].double(), threshold=20)
+        beta = torch.sigmoid(p["b"][bos:eos].double())
+        state = ssm0[slot].transpose(-1, -2).clone()  # [HV, K, V]
+        group = num_v_heads // num_k_heads
+        for t in range(eos - bos):
+            for h in range(num_v_heads):
+                kt, qt = k[t, h // group], q[t, h // group]
+                state[h] = state[h] * g[t, h].exp()
+                delta = beta[t, h] * (v[t, h] - kt @ state[h])
+                state[h] = state[h] + kt[:, None] * delta[None, :]
+                out[bos + t, h] = (qt @ state[h]) * head_k_dim**-0.5
+            if num_accepted is not None and t + 1 == int(num_accepted[i]):
+                ssm[slot] = state.transpose(-1, -2)
+                conv[slot, : width - 1] = seq[t + 1 : t + width]
+    return out, ssm, conv
+
+
+def test_naive_matches_independent_loop():
+    lens = [3, 1, 6, 2, 5]
+    p = make_problem(lens, device="cpu", null_requests=(3,))
+    num_accepted = torch.tensor([2, 1, 6, 2, 0], dtype=torch.int32)
+    ref_out, ref_ssm, ref_conv = plain_loop(p, num_accepted)
+    out = naive_gdn_verify(**p)
+    assert rel_err(out, ref_out) < 1e-12
+    ssm, conv = p["ssm_state"].double(), p["conv_state"].double()
+    naive_gdn_reconstruct(**{**p, "ssm_state": ssm, "conv_state": conv}, num_accepted=num_accepted)
+    assert rel_err(ssm, ref_ssm) < 1e-12
+    assert rel_err(conv, ref_conv) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fast kernels against the reference
+
+VERIFY_CASES = [
+    pytest.param(dict(lens=[4, 1, 7]), torch.float32, torch.float32, id="fp32-small"),
+    pytest.param(dict(lens=[17, 2, 9, 16, 5], num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=16, width=3,
+                      bias=False, null_requests=(1,)), torch.float32, torch.float32, id="fp32-odd-L17-null"),
+    pytest.param(dict(lens=[1, 3, 0, 12, 6, 11, 8]), torch.float16, torch.float32, id="fp16-in-fp32-state"),
+    pytest.param(dict(lens=[5, 13, 2], extra_rows=2), torch.float16, torch.float16, id="fp16-state-long-conv-rows"),
+    pytest.param(dict(lens=[30, 3, 32]), torch.float32, torch.float32, id="fp32-L32"),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
+def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype):
+    p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
+    lens = shape["lens"]
+    ws = workspace_for(p)
+    conv_before, ssm_before = p["conv_state"].clone(), p["ssm_state"].clone()
+    out = torch.full((sum(lens), p["ssm_state"].shape[1], p["ssm_state"].shape[2]), float("nan"), dtype=dtype,
+                     device=DEVICE)
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out)
+    ref = naive_gdn_verify(**cpu(p))
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    assert rel_err(out, ref) < tol
+    assert torch.equal(p["conv_state"], conv_before) and torch.equal(p["ssm_state"], ssm_before), "verify wrote state"
+
+    gen = torch.Generator().manual_seed(1)
+    num_accepted = torch.tensor([int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens], dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], p["conv_weight"].shape[1])
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
+    ref_p = cpu(p)
+    ref_p["ssm_state"], ref_p["conv_state"] = ssm_before.cpu().double(), conv_before.cpu().double()
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    state_tol = 1e-5 if state_dtype == torch.float32 else 3e-3
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < state_tol
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) < (1e-7 if dtype == torch.float32 else 1e-3)
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [17, 6])
+def test_every_accept_position_over_layers(length):
+    """Requests sharing one token block, accepting 0..L tokens; two layers with different states in one launch."""
+    num_requests = length + 1
+    layers = [make_problem([length] * num_requests, seed=10 + layer) for layer in range(2)]
+    shared = layers[0]
+    for p in layers[1:]:  # layers share request layout and slots, not weights or states
+        p["state_indices"], p["cu_seqlens"] = shared["state_indices"], shared["cu_seqlens"]
+    ws = workspace_for(shared, num_layers=len(layers), max_len=32)
+    before = [(p["ssm_state"].clone(), p["conv_state"].clone()) for p in layers]
+    for layer, p in enumerate(layers):
+        gdn_verify(**p, workspace=ws.layer(layer), max_seqlen=length)
+    num_accepted = torch.arange(num_requests, dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"] for p in layers], [p["conv_state"] for p in layers], 4)
+    gdn_reconstruct(table, ws, shared["state_indices"], num_accepted.to(DEVICE), shared["cu_seqlens"])
+    for p, (ssm0, conv0) in zip(layers, before):
+        ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+        naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+        assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-5
+        assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+
+@pytest.fixture
+def small():
+    p = make_problem([3, 2], device="cpu")
+    return p, workspace_for(p)
+
+
+def test_rejects_length_above_maximum(small):
+    p, ws = small
+    with pytest.raises(ValueError, match="above the supported maximum"):
+        gdn_verify(**p, workspace=ws.layer(0), max_seqlen=MAX_VERIFY_LEN + 1)
+    with pytest.raises(ValueError, match="max_len"):
+        GDNVerifyWorkspace.allocate(1, 2, MAX_VERIFY_LEN + 1, 2, 4, 16, 32, device="cpu")
+
+
+def test_rejects_wrong_dtypes(small):
+    p, ws = small
+    with pytest.raises(ValueError, match="mixed_qkv dtype"):
+        gdn_verify(**{**p, "mixed_qkv": p["mixed_qkv"].to(torch.int32)}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="state_indices must be int32 or int64"):
+        gdn_verify(**{**p, "state_indices": p["state_indices"].float()}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="ssm_state dtype"):
+        gdn_verify(**{**p, "ssm_state": p["ssm_state"].double()}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="workspace.x"):
+        gdn_verify(**{**p, "mixed_qkv": p["mixed_qkv"].half()}, workspace=ws.layer(0))
+
+
+def test_rejects_wrong_shapes(small):
+    p, ws = small
+    with pytest.raises(ValueError, match="a must have shape"):
+        gdn_verify(**{**p, "a": p["a"][:, :2].contiguous()}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="does not split"):
+        gdn_verify(**{**p, "mixed_qkv": p["mixed_qkv"][:, :-8].contiguous()}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="state_indices must have shape"):
+        gdn_verify(**{**p, "state_indices": p["state_indices"][:1]}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="power of two"):
+        gdn_verify(**{**p, "ssm_state": p["ssm_state"][..., :12].contiguous()}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="workspace holds"):
+        gdn_verify(**p, workspace=workspace_for(make_problem([1], device="cpu")).layer(0))
+    with pytest.raises(ValueError, match="layer dimension"):
+        table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+        gdn_reconstruct(table, ws.layer(0), p["state_indices"], p["state_indices"], p["cu_seqlens"])
+    with pytest.raises(ValueError, match="share shape"):
+        GDNStateTable([p["ssm_state"], p["ssm_state"][:-1]], [p["conv_state"]] * 2, 4)
+
+
+def test_rejects_non_contiguous(small):
+    p, ws = small
+    with pytest.raises(ValueError, match="mixed_qkv must be contiguous"):
+        wide = torch.cat([p["mixed_qkv"], p["mixed_qkv"]], dim=1)
+        gdn_verify(**{**p, "mixed_qkv": wide[:, ::2]}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="ssm_state must be contiguous within a slot"):
+        gdn_verify(**{**p, "ssm_state": p["ssm_state"].transpose(-1, -2)}, workspace=ws.layer(0))
+    with pytest.raises(ValueError, match="conv_state rows must be contiguous"):
+        gdn_verify(**{**p, "conv_state": p["conv_state"].transpose(-1, -2).contiguous().transpose(-1, -2)},
+                   workspace=ws.layer(0))
+
+
+def test_accepts_strided_slot_dimension(small):
+    """vLLM's per-layer state tensors are views with a padded slot stride; only the slot stride may differ."""
+    p, _ = small
+    padded = torch.zeros(p["ssm_state"].shape[0], p["ssm_state"][0].numel() + 64)
+    view = padded[:, : p["ssm_state"][0].numel()].view(p["ssm_state"].shape)
+    GDNStateTable([view], [p["conv_state"]], 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference against vLLM 0.33's kernels (pins the convention: state [HV, V, K], conv window, num_accepted)
+
+def _vllm_kernels(tmp_path, monkeypatch):
+    if not (REPO / ".vendor").exists():
+        pytest.skip("vLLM 0.33 wheel sources not unpacked under .vendor/")
+    # causal_conv1d_update builds one mask as (int64 scalar < int) & bool tensor, which the interpreter keeps as
+    # int64 and then refuses in tl.load; compiled Triton reads it as a boolean. Cast masks for the interpreter.
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    load, store = interpreter._interpreter.load, interpreter._interpreter.store
+    monkeypatch.setattr(interpreter._interpreter, "load", lambda p, m, o, d: load(p, m.astype(np.bool_), o, d))
+    monkeypatch.setattr(interpreter._interpreter, "store", lambda p, v, m: store(p, v, m.astype(np.bool_)))
+    sys.path.insert(0, str(REPO / "eval"))
+    try:
+        from _vllm_sources import GDN_VERIFY_MODULES, extract
+    finally:
+        sys.path.remove(str(REPO / "eval"))
+    names = extract(GDN_VERIFY_MODULES, tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        conv = importlib.import_module(names["vllm.model_executor.layers.mamba.ops.causal_conv1d"])
+        gating = importlib.import_module(names["vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    return conv.causal_conv1d_update, gating.fused_sigmoid_gating_delta_rule_update
+
+
+def _vllm_spec_step(kernels, p, conv_state, ssm_state, spec_slots, num_accepted, num_spec):
+    causal_conv1d_update, fused_gating = kernels
+    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    key_dim = (p["mixed_qkv"].shape[1] - num_v_heads * head_v_dim) // 2
+    mixed = causal_conv1d_update(
+        p["mixed_qkv"].clone(), conv_state.transpose(-1, -2), p["conv_weight"], p["conv_bias"], "silu",
+        conv_state_indices=spec_slots[:, 0], num_accepted_tokens=num_accepted, query_start_loc=p["cu_seqlens"],
+        max_query_len=num_spec + 1,
+    )
+    q, k, v = mixed.split([key_dim, key_dim, num_v_heads * head_v_dim], dim=-1)
+    out, _ = fused_gating(
+        A_log=p["A_log"], a=p["a"], b=p["b"], dt_bias=p["dt_bias"], q=q.reshape(1, -1, key_dim // head_k_dim, head_k_dim),
+        k=k.reshape(1, -1, key_dim // head_k_dim, head_k_dim), v=v.reshape(1, -1, num_v_heads, head_v_dim),
+        initial_state=ssm_state, inplace_final_state=True, cu_seqlens=p["cu_seqlens"], ssm_state_indices=spec_slots,
+        num_accepted_tokens=num_accepted, use_qk_l2norm_in_kernel=True,
+    )
+    return out[0]
+
+
+@needs_kernels
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs vLLM's Triton kernels under the interpreter")
+def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
+    """Two spec-decode steps through vLLM's causal_conv1d_update + fused_sigmoid_gating_delta_rule_update
+    (K+1 state slots per request, conv window of W-1+K rows) against naive verify + reconstruct."""
+    kernels = _vllm_kernels(tmp_path, monkeypatch)
+    num_spec, width = 4, 4
+    lens = [num_spec + 1] * 3
+    steps = [make_problem(lens, device="cpu", seed=20 + s, extra_rows=num_spec - 1) for s in range(2)]
+    p0 = steps[0]
+    num_requests = len(lens)
+    spec_slots = (torch.arange(num_requests * (num_spec + 1), dtype=torch.int32) + 1).view(num_requests, num_spec + 1)
+    ssm = torch.zeros(num_requests * (num_spec + 1) + 1, *p0["ssm_state"].shape[1:])
+    ssm[spec_slots[:, 0]] = p0["ssm_state"][1 : num_requests + 1]
+    conv = torch.zeros(ssm.shape[0], width - 1 + num_spec, p0["conv_state"].shape[2])
+    conv[spec_slots[:, 0], : width - 1] = p0["conv_state"][1 : num_requests + 1, : width - 1]
+    ours = {"ssm_state": ssm.double(), "conv_state": conv.double(), "state_indices": spec_slots[:, 0]}
+
+    num_accepted = torch.ones(num_requests, dtype=torch.int32)  # first step: start from slot column 0
+    for step, p in enumerate(steps):
+        weights = {k: p0[k] for k in ("conv_weight", "conv_bias", "A_log", "dt_bias")}
+        p = {**p, **weights}
+        out = _vllm_spec_step(kernels, p, conv, ssm, spec_slots, num_accepted, num_spec)
+        ref = naive_gdn_verify(**{**p, **ours})
+        assert rel_err(out, ref) < 1e-5, f"step {step}"
+        # vLLM commits a+1 tokens after a accepted drafts by pointing num_accepted_tokens at them
+        num_accepted = torch.tensor([2, num_spec + 1, 1], dtype=torch.int32)
+        naive_gdn_reconstruct(**{**p, **ours}, num_accepted=num_accepted)
+        for i in range(num_requests):
+            n = int(num_accepted[i])
+            assert rel_err(ssm[spec_slots[i, n - 1]], ours["ssm_state"][spec_slots[i, 0]]) < 1e-5
+            window = conv[spec_slots[i, 0], n - 1 : n - 1 + width - 1]
+            assert rel_err(window, ours["conv_state"][spec_slots[i, 0], : width - 1]) < 1e-6
+        # vLLM reads step 2 from slot[n-1] and window offset n-1; ours from its single reconstructed slot
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: the Qwen3-Next GDN shape in bf16
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_real_shape_bf16(state_dtype):
+    lens = [17, 4, 1, 16, 9]
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
+    ws = workspace_for(p, max_len=32)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
+    num_accepted = torch.tensor([9, 4, 1, 0, 5], dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"])
+    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-2
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-2
