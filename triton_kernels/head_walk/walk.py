@@ -1,0 +1,356 @@
+"""The DSpark serial head walk in one persistent launch: `head_walk`.
+
+Design (kernel.py has the kernel):
+- Grid: P <= number of SMs programs, one per SM, all resident at once (they meet at a grid barrier every step,
+  so the walk must be the only work that can occupy those SMs while it runs: launch it on one stream, no other
+  persistent kernel beside it).
+- Program p owns vocabulary rows [p * C, (p + 1) * C). Its first TILE rows of W2 stay in shared memory for the
+  whole walk (TILE * r * 2 bytes = 128 KiB at r = 256 bf16); the other C - TILE rows are streamed every step
+  (partial residency). At V = 32,000 every row is resident (125 programs x 256 rows); at V = 151,936, 132 x 256
+  rows are (22%), the rest is read each step.
+- Per step and program: previous token from all programs' keys -> W1[x] (+ gate / RNN state) -> [B, r] @ [r, C]
+  on tensor cores -> rounding as vLLM -> + U_k -> draft logits store (sampling) -> argmax or vLLM's Gumbel-max
+  -> one int64 key per row -> grid barrier.
+- Without CUDA (TRITON_INTERPRET=1) one program walks everything, no barrier.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .kernel import IDX_BITS, head_walk_kernel
+
+HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
+RESIDENCIES = ("auto", "full", "partial", "off")
+MAX_ROWS_PER_LAUNCH = 64
+# Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
+# use for the streamed tiles' pipeline buffers.
+RESIDENT_BYTES = 128 * 1024
+SPIN_LIMIT = 1 << 24
+
+
+@dataclass(frozen=True)
+class WalkConfig:
+    programs: int
+    chunk_rows: int
+    tile: int
+    sub: int
+    resident: bool
+    multi: bool
+    lockstep: bool
+    num_warps: int
+    num_stages: int
+
+
+def _interpreting() -> bool:
+    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs.
+    return type(head_walk_kernel).__name__ == "InterpretedFunction"
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_walk(vocab: int, rank: int, w2_elt_bytes: int, device: torch.device, *, residency: str = "auto",
+              programs: int | None = None, lockstep: bool = False, tile: int | None = None, sub: int | None = None,
+              num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
+    """How the vocabulary is split over programs and how much of each shard stays on chip."""
+    if residency not in RESIDENCIES:
+        raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
+    if tile is None:
+        tile = 256
+        while tile > 16 and tile * rank * w2_elt_bytes > RESIDENT_BYTES:
+            tile //= 2
+    sub = sub or 64
+    on_gpu = device.type == "cuda" and not _interpreting()
+    max_programs = _num_sms(device) if on_gpu else 1
+    if programs is not None:
+        if programs < 1:
+            raise ValueError(f"programs must be >= 1, got {programs}")
+        if on_gpu and programs > max_programs and not lockstep:
+            raise ValueError(f"programs={programs} exceeds the {max_programs} SMs: all programs must be resident")
+        max_programs = programs
+    resident = residency != "off"
+    if not on_gpu and programs is None:
+        chunk_rows, num_programs = vocab, 1
+    else:
+        chunk_rows = triton.cdiv(triton.cdiv(vocab, max_programs), sub) * sub
+        if resident and on_gpu and programs is None:
+            chunk_rows = max(chunk_rows, tile)
+        num_programs = triton.cdiv(vocab, chunk_rows)
+    if not on_gpu:
+        tile = min(tile, triton.next_power_of_2(chunk_rows))
+    if residency == "full" and chunk_rows > tile:
+        raise ValueError(f"residency='full' needs vocab <= programs x {tile} rows ({max_programs * tile}); got "
+                         f"{vocab}: use 'partial' or 'auto'")
+    multi = on_gpu and num_programs > 1 and not lockstep
+    return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, tile=tile, sub=sub, resident=resident,
+                      multi=multi, lockstep=lockstep and num_programs > 1, num_warps=num_warps or 8,
+                      num_stages=num_stages or 2)
+
+
+_workspaces: dict = {}
+
+
+def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) -> dict:
+    """Exchange buffers and the barrier counter, kept across calls: the counter only grows, so a walk needs no
+    reset launch. One walk at a time per device (and per program count) may use them."""
+    key = (str(device), programs, block_rows, rank)
+    if key not in _workspaces:
+        _workspaces[key] = {
+            "keys": torch.empty(2, programs, block_rows, dtype=torch.int64, device=device),
+            "count": torch.zeros(1, dtype=torch.int64, device=device),
+            "err": torch.zeros(1, dtype=torch.int32, device=device),
+            "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
+            "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
+        }
+    return _workspaces[key]
+
+
+def barrier_errors(device: torch.device | str = "cuda") -> int:
+    """Nonzero when some walk's grid barrier gave up spinning (programs not co-resident): a bug or misuse."""
+    return int(sum(int(ws["err"].item()) for k, ws in _workspaces.items() if k[0] == str(torch.device(device))))
+
+
+_tables: dict = {}
+
+
+def _cached(key, make):
+    if key not in _tables:
+        if len(_tables) >= 8:
+            _tables.pop(next(iter(_tables)))
+        _tables[key] = make()
+    return _tables[key]
+
+
+def _tensor_key(t: torch.Tensor):
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+
+def quantize_w2_fp8(w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W2 [r, V] -> (e4m3 rows [V, r], fp32 scale [V]) with one scale per vocabulary row."""
+    rows = w2.t().float()
+    scale = rows.abs().amax(dim=1).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    return (rows / scale[:, None]).to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def head_walk(
+    base_logits: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    first_tokens: torch.Tensor,
+    *,
+    head: str = "markov",
+    hidden: torch.Tensor | None = None,
+    gate_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+    rnn_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seeds: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    req_indices: torch.Tensor | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    confidence_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+    residency: str = "auto",
+    w2_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    programs: int | None = None,
+    lockstep: bool = False,
+    tile: int | None = None,
+    sub: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
+
+    Step k (x_{-1} = first_tokens): e = W1[x_{k-1}]; m = e (markov) | sigmoid(Wg [h_k; e] + bg) * e
+    (gated_markov) | tanh(o) of the RNN update (rnn, see naive.py); logits_k = U_k + scale * (m @ W2), rounded
+    to U's dtype as vLLM rounds them; x_k = argmax(logits_k) (temperature None: vLLM's greedy drafts) or
+    vLLM's Gumbel-max draw argmax(logits_k / T + G(seed ^ k << 32, positions[b, k] + 2**30, target id)).
+
+    Args:
+        base_logits: U [B, N, V] backbone logits over the draft vocabulary (fp32 / fp16 / bf16, last dim
+            contiguous). Its dtype sets the rounding points.
+        w1: [V_target, r] Markov embedding, indexed by target ids (vLLM: `markov_w1.weight`).
+        w2: [r, V] Markov projection, any strides (vLLM's `markov_w2.weight` is [V, r]: pass `.t()`).
+        first_tokens: [B] int target id of each row's anchor x_{-1}.
+        head: "markov" (what vLLM 0.33 loads), "gated_markov" or "rnn" (DeepSpec's heads).
+        hidden: [B, N, d] backbone hidden states, for gated_markov, rnn and the confidence head.
+        gate_weights: (Wg [r, d + r], bg [r]), gate input [h_k; e].
+        rnn_weights: (Wj [3r, 2r + d], bj [3r]), input [s; e; h_k], output rows [gate; candidate; out].
+        temperature: [num_reqs] fp32 per request (0: greedy row); None: greedy walk with no noise at all.
+        top_k, top_p: must be None: vLLM applies only the temperature to drafts (the rejection sampler keeps
+            the output distribution exact anyway).
+        seeds: [num_reqs] int64; positions: [B, N] int64 draw positions (vLLM's `sample_pos - 1`).
+        req_indices: [B] request-state index of each row (indexes temperature, seeds, draft_logits); -1 marks
+            a padding row. None: row b is request b.
+        draft_to_target: [V] int64 offsets of a reduced draft vocabulary (vLLM's d2t): target = id + d2t[id].
+        draft_logits: [num_reqs, >= N, V_target] cache to fill with each step's logits before temperature,
+            at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`).
+        logit_scale: the LogitsProcessor scale applied to the Markov bias.
+        confidence_weights: (wc [d + r] or [d], bc [1]): confidence_k = sigmoid(wc . [h_k; W1[x_{k-1}]] + bc).
+        residency: "auto" | "full" (error if W2 does not fit on chip) | "partial" | "off" (stream all of W2).
+        w2_dtype: None or torch.float8_e4m3fn (W2 quantized once per weight, one scale per vocabulary row).
+        out: optional [B, N] int64 token buffer.
+        programs, lockstep, tile, sub, num_warps, num_stages: launch overrides for tests and tuning.
+
+    Returns:
+        (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
+         confidence [B, N] fp32 or None).
+    """
+    _check(head in HEADS, f"head must be one of {sorted(HEADS)}, got {head!r}")
+    _check(base_logits.dim() == 3, f"base_logits must be [B, N, V], got shape {tuple(base_logits.shape)}")
+    _check(base_logits.dtype in (torch.float32, torch.float16, torch.bfloat16),
+           f"base_logits must be fp32/fp16/bf16, got {base_logits.dtype}")
+    _check(base_logits.stride(-1) == 1, "base_logits must be contiguous along the vocabulary")
+    num_rows, num_steps, vocab = base_logits.shape
+    _check(w1.dim() == 2 and w2.dim() == 2, f"w1 [V_target, r] and w2 [r, V] must be 2-D, got {tuple(w1.shape)}, "
+           f"{tuple(w2.shape)}")
+    rank = w1.shape[1]
+    _check(w2.shape == (rank, vocab), f"w2 must be [r={rank}, V={vocab}] (pass vLLM's markov_w2.weight.t()), "
+           f"got {tuple(w2.shape)}")
+    _check(rank >= 16 and rank & (rank - 1) == 0 and rank <= 1024, f"rank r must be a power of two in [16, 1024], "
+           f"got {rank}")
+    _check(w1.stride(1) == 1, "w1 rows must be contiguous")
+    _check(w1.dtype in (torch.float32, torch.float16, torch.bfloat16) and w2.dtype in (torch.float32, torch.float16,
+           torch.bfloat16), f"w1/w2 must be fp32/fp16/bf16, got {w1.dtype}/{w2.dtype}")
+    _check(max(vocab, w1.shape[0]) <= 1 << IDX_BITS, f"vocabularies above {1 << IDX_BITS} tokens are not supported")
+    _check(first_tokens.shape == (num_rows,) and not first_tokens.is_floating_point(),
+           f"first_tokens must be an int tensor [B={num_rows}], got {first_tokens.dtype} {tuple(first_tokens.shape)}")
+    _check(top_k is None and top_p is None, "top_k/top_p must be None: vLLM applies only the temperature to drafts")
+    sampled = temperature is not None
+    _check(sampled == (seeds is not None) == (positions is not None),
+           "temperature, seeds and positions go together (all or none)")
+    if sampled:
+        _check(positions.shape == (num_rows, num_steps), f"positions must be [B, N]={num_rows, num_steps}, got "
+               f"{tuple(positions.shape)}")
+        _check(temperature.dim() == 1 and seeds.dim() == 1 and not seeds.is_floating_point(),
+               "temperature and seeds must be 1-D per-request tensors (seeds int64)")
+    if req_indices is not None:
+        _check(req_indices.shape == (num_rows,), f"req_indices must be [B={num_rows}]")
+    if draft_to_target is not None:
+        _check(draft_to_target.shape == (vocab,), f"draft_to_target must be [V={vocab}]")
+    if draft_logits is not None:
+        _check(draft_logits.dim() == 3 and draft_logits.shape[1] >= num_steps and draft_logits.stride(-1) == 1,
+               "draft_logits must be [num_reqs, >= N, V_target], contiguous along the vocabulary")
+    if head != "markov":
+        _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
+               f"head {head!r} needs hidden [B, N, d]")
+    if w2_dtype is not None:
+        _check(w2_dtype == torch.float8_e4m3fn, f"w2_dtype must be None or torch.float8_e4m3fn, got {w2_dtype}")
+    on_cuda = base_logits.device.type == "cuda"
+    _check(on_cuda or _interpreting(), "head_walk needs a CUDA device or TRITON_INTERPRET=1")
+    if num_rows == 0 or num_steps == 0:
+        tokens = torch.empty(num_rows, num_steps, dtype=torch.long, device=base_logits.device)
+        return tokens, draft_logits, None
+    device = base_logits.device
+    d_model = hidden.shape[-1] if hidden is not None else 0
+
+    gh = t1 = hj = t3 = ws = None
+    if head == "gated_markov":
+        _check(gate_weights is not None, "head 'gated_markov' needs gate_weights=(Wg [r, d + r], bg [r])")
+        wg, bg = gate_weights
+        _check(wg.shape == (rank, d_model + rank) and bg.shape == (rank,),
+               f"gate_weights must be ([r, d + r]={rank, d_model + rank}, [r]), got {tuple(wg.shape)}, "
+               f"{tuple(bg.shape)}")
+        # The gate's token half depends only on x: fold it into a [V_target, r] table once per weight.
+        t1 = _cached(("gate", _tensor_key(w1), _tensor_key(wg)),
+                     lambda: (w1.float() @ wg[:, d_model:].float().t()).to(w1.dtype).contiguous())
+        gh = (hidden.float() @ wg[:, :d_model].float().t() + bg.float()).contiguous()
+    elif head == "rnn":
+        _check(rnn_weights is not None, "head 'rnn' needs rnn_weights=(Wj [3r, 2r + d], bj [3r])")
+        wj, bj = rnn_weights
+        _check(wj.shape == (3 * rank, 2 * rank + d_model) and bj.shape == (3 * rank,),
+               f"rnn_weights must be ([3r, 2r + d]={3 * rank, 2 * rank + d_model}, [3r]), got {tuple(wj.shape)}, "
+               f"{tuple(bj.shape)}")
+        t3 = _cached(("rnn", _tensor_key(w1), _tensor_key(wj)),
+                     lambda: (w1.float() @ wj[:, rank:2 * rank].float().t()).to(w1.dtype).contiguous())
+        ws = _cached(("rnn_s", _tensor_key(wj)), lambda: wj[:, :rank].float().contiguous())
+        hj = (hidden.float() @ wj[:, 2 * rank:].float().t() + bj.float()).contiguous()
+    conf_h = conf_w = None
+    if confidence_weights is not None:
+        _check(hidden is not None and hidden.dim() == 3, "confidence_weights need hidden [B, N, d]")
+        wc, bc = confidence_weights
+        wc = wc.reshape(-1).float()
+        _check(wc.numel() in (d_model, d_model + rank), f"confidence weight must have d or d + r entries, got "
+               f"{wc.numel()}")
+        conf_h = (hidden.float() @ wc[:d_model] + bc.float().reshape(())).contiguous()
+        conf_w = wc[d_model:].contiguous() if wc.numel() > d_model else torch.zeros(rank, device=device)
+
+    w2_scale = None
+    w2_rows = w2.t()  # [V, r] view
+    if w2_dtype is not None:
+        w2_rows, w2_scale = _cached(("fp8", _tensor_key(w2)), lambda: quantize_w2_fp8(w2))
+    cfg = plan_walk(vocab, rank, w2_rows.element_size(), device, residency=residency, programs=programs,
+                    lockstep=lockstep, tile=tile, sub=sub, num_warps=num_warps, num_stages=num_stages)
+
+    tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
+    confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
+    first_tokens = first_tokens.long()
+    for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
+        g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
+        rows_req = req_indices[g] if req_indices is not None else (
+            None if num_rows <= MAX_ROWS_PER_LAUNCH else torch.arange(g.start, g.stop, device=device))
+        _launch(cfg, base_logits[g], w1, w2_rows, w2_scale, first_tokens[g].contiguous(), tokens[g], rows_req,
+                temperature, seeds, positions[g] if sampled else None, draft_to_target, draft_logits,
+                conf_h[g] if conf_h is not None else None, conf_w, None if confidence is None else confidence[g],
+                gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
+                HEADS[head], logit_scale)
+    return tokens, draft_logits, confidence
+
+
+def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, temperature, seeds, positions, d2t,
+            draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float) -> None:
+    num_rows, num_steps, vocab = u.shape
+    rank = w1.shape[1]
+    block_rows = max(16, triton.next_power_of_2(num_rows))
+    wsp = _workspace(u.device, cfg.programs, block_rows, rank)
+    state_slice = triton.cdiv(rank, cfg.programs) if cfg.multi else rank
+    state_slice = max(16, triton.next_power_of_2(state_slice))
+    dummy = wsp["count"]
+    pos = positions.contiguous() if positions is not None else None
+    args = dict(
+        u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
+        w1_ptr=w1, stride_w1=w1.stride(0),
+        w2_ptr=w2_rows, stride_w2r=w2_rows.stride(1), stride_w2v=w2_rows.stride(0),
+        w2_scale_ptr=w2_scale if w2_scale is not None else dummy,
+        first_ptr=first, tok_ptr=tokens, stride_tb=tokens.stride(0),
+        req_ptr=req if req is not None else dummy,
+        temp_ptr=temperature if temperature is not None else dummy,
+        seed_ptr=seeds if seeds is not None else dummy,
+        pos_ptr=pos if pos is not None else dummy, stride_pb=pos.stride(0) if pos is not None else 0,
+        d2t_ptr=d2t if d2t is not None else dummy,
+        dl_ptr=draft_logits if draft_logits is not None else u,
+        stride_dlr=draft_logits.stride(0) if draft_logits is not None else 0,
+        stride_dlk=draft_logits.stride(1) if draft_logits is not None else 0,
+        conf_h_ptr=conf_h if conf_h is not None else dummy, conf_w_ptr=conf_w if conf_w is not None else dummy,
+        conf_ptr=confidence if confidence is not None else dummy,
+        gh_ptr=gh if gh is not None else dummy, t1_ptr=t1 if t1 is not None else w1,
+        stride_t1=t1.stride(0) if t1 is not None else 0,
+        hj_ptr=hj if hj is not None else dummy, t3_ptr=t3 if t3 is not None else w1,
+        stride_t3=t3.stride(0) if t3 is not None else 0, ws_ptr=ws if ws is not None else dummy,
+        sb_ptr=wsp["state"], ob_ptr=wsp["out"],
+        keys_ptr=wsp["keys"], count_ptr=wsp["count"], err_ptr=wsp["err"],
+        num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
+        R=rank, BP=block_rows, TILE=cfg.tile, SUB=cfg.sub, CHUNK_ROWS=cfg.chunk_rows, RESIDENT=cfg.resident,
+        NUM_PROGS=cfg.programs, PP=triton.next_power_of_2(cfg.programs), HEAD=head,
+        SAMPLED=temperature is not None, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
+        STORE_LOGITS=draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,
+        MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
+        DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    grid = (cfg.programs,)
+    if cfg.lockstep:
+        for k in range(num_steps + 1):
+            head_walk_kernel[grid](k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False, **args)
+    else:
+        head_walk_kernel[grid](k_begin=0, k_end=num_steps, DO_FINAL=True, **args)
