@@ -166,12 +166,30 @@ def extract(module_paths, dest):
     return names
 
 
-# The kernels of vLLM 0.33's GDN spec-decode path (conv + fused gating delta rule) and FLA's recurrent op.
+# The kernels of vLLM 0.33's GDN spec-decode path: conv + fused gating delta rule.
 GDN_VERIFY_MODULES = [
     "vllm/model_executor/layers/mamba/ops/causal_conv1d.py",
     "vllm/third_party/flash_linear_attention/ops/fused_sigmoid_gating.py",
 ]
 
+
+def fix_interpreter_masks():
+    """Triton interpreter only: vLLM's causal_conv1d_update builds a mask as (int64 scalar < int) & bool tensor,
+    which the interpreter keeps as int64 and then refuses in tl.load/tl.store ('mask has unsupported dtype');
+    compiled Triton reads it as a boolean. Casts every interpreted load/store mask to bool (idempotent)."""
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    native = interpreter._interpreter
+    if getattr(native, "_hybridspec_bool_masks", False):
+        return
+    load, store = native.load, native.store
+    native.load = lambda ptrs, mask, other, dtype: load(ptrs, mask.astype(np.bool_), other, dtype)
+    native.store = lambda ptrs, value, mask: store(ptrs, value, mask.astype(np.bool_))
+    native._hybridspec_bool_masks = True
+
+
 if __name__ == "__main__":
     out = extract(GDN_VERIFY_MODULES, sys.argv[1] if len(sys.argv) > 1 else REPO / ".vendor" / "extracted")
     print("\n".join(f"{k} -> {v}" for k, v in out.items()))
+

@@ -1,0 +1,487 @@
+"""GDN verification per layer: ours (gdn_verify + one gdn_reconstruct launch for all layers) against vLLM 0.33's
+spec-decode verify path and FLA's fused_recurrent_gated_delta_rule, at Qwen3-Next's GDN shape.
+
+Every variant runs over a stack of --layers GDN layers, each with its own inputs and states (one layer's states
+fit in the 60 MB L2 at batch 1); one whole step (all layers) is captured in a CUDA graph and timed by replay
+(median of triton.testing.do_bench); times are per layer.
+
+    ours      conv + core for each layer (no state written), then one reconstruction launch for all layers
+              (ssm + conv state -> accepted position), its time shared over the layers
+    vllm      causal_conv1d_update (spec mode, window of W-1+K rows) + q/k/v split copy (rearrange_mixed_qkv)
+              + fused_sigmoid_gating_delta_rule_update writing the fp32 state after every token into L slots;
+              from the pinned wheel's Triton sources (eval/_vllm_sources.py). Its CUDA op for K+1 <= 8
+              (fused_gdn_decode_post_conv_mtp, a compiled extension) cannot run without vLLM: not measured.
+    fla       the same conv + split, then FLA 0.6.0 fused_recurrent_gated_delta_rule (gate, beta sigmoid and q/k
+              L2 norm in kernel, [V, K] state) from a dense per-request state, final state only: it keeps no
+              per-token state, so it cannot serve partial acceptance - a lower bound on a recurrent kernel.
+Accept patterns: all (every draft accepted, n = L) and random (n uniform in 1..L, same draws for every variant).
+
+GPU (one call):   here  python eval/_vllm_sources.py .vendor/extracted     (carry .vendor/extracted and .whl)
+                  there python eval/bench_gdn_verify.py --out $OUT [--sweep]
+CPU smoke:        python eval/bench_gdn_verify.py --quick --out /tmp/gdn_quick   (interpreter, tiny shapes)
+"""
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:  # Triton picks interpreter or compiler when kernels are defined: before any triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+EVAL = Path(__file__).resolve().parent
+sys.path.insert(0, str(EVAL))
+from _results import write_results  # noqa: E402
+from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
+
+from hybridspec_kernels.gdn_verify import (  # noqa: E402
+    GDNStateTable,
+    GDNVerifyWorkspace,
+    gdn_reconstruct,
+    gdn_verify,
+    naive_gdn_reconstruct,
+    naive_gdn_verify,
+)
+
+BENCH = "gdn_verify"
+QWEN3_NEXT_GDN = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, width=4)
+TINY_GDN = dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, width=4)
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200 (anchors.md)
+VLLM_NUM_SPEC_FOR_STATE_RATIO = 15  # DFlash b16: K = 15 drafts, K + 1 state slots
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Problem setup
+
+def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True):
+    """Per-layer inputs and states for `num_layers` layers; weights shared (they are tiny), states not."""
+    torch.manual_seed(seed)
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    D = 2 * H * K + HV * V
+    T = seqlen * batch
+    act = torch.bfloat16 if ON_GPU else torch.float32
+    s = dict(gdn=gdn, L=seqlen, B=batch, T=T, D=D, num_layers=num_layers)
+    s["x"] = torch.randn(num_layers, T, D, device=device).to(act)
+    s["a"] = torch.randn(num_layers, T, HV, device=device).to(act)
+    s["b"] = torch.randn(num_layers, T, HV, device=device).to(act)
+    s["conv_weight"] = (torch.randn(D, W, device=device) * 0.5).to(act)
+    s["A_log"] = torch.rand(HV, device=device) * 2 - 1
+    s["dt_bias"] = torch.randn(HV, device=device)
+    s["cu"] = torch.arange(0, T + 1, seqlen, dtype=torch.int32, device=device)
+    # ours: slot 0 is the null block, request i owns slot i + 1
+    s["slots"] = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
+    s["ssm"] = torch.randn(num_layers, batch + 1, HV, V, K, device=device) * 0.1
+    s["conv"] = torch.randn(num_layers, batch + 1, W - 1, D, device=device).to(act)
+    s["ws"] = GDNVerifyWorkspace.allocate(num_layers, batch, seqlen, H, HV, K, V, act, device)
+    s["table"] = GDNStateTable(list(s["ssm"]), list(s["conv"]), W)
+    s["out"] = torch.empty(num_layers, T, HV, V, dtype=act, device=device)
+    if vllm:  # vLLM: L = K + 1 slots per request; the conv window has W - 1 + K rows and lives in column 0's block
+        s["v_slots"] = torch.arange(1, batch * seqlen + 1, dtype=torch.int32, device=device).view(batch, seqlen)
+        s["v_ssm"] = torch.randn(num_layers, batch * seqlen + 1, HV, V, K, device=device) * 0.1
+        s["v_conv"] = torch.randn(num_layers, batch * seqlen + 1, W - 1 + seqlen - 1, D, device=device).to(act)
+        s["v_conv_out"] = torch.empty(T, D, dtype=act, device=device)
+    if fla:
+        s["f_state"] = torch.randn(num_layers, batch, HV, V, K, device=device) * 0.1
+    return s
+
+
+def accept_counts(seqlen, batch, pattern, device, seed=1):
+    if pattern == "all":
+        return torch.full((batch,), seqlen, dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, seqlen + 1, (batch,), generator=gen, dtype=torch.int32).to(device)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One step of each variant over all layers
+
+def ours_step(s, num_accepted, verify=True, reconstruct=True, block_v=None, num_warps=4, recon_block_v=32,
+              recon_warps=4):
+    def run():
+        if verify:
+            for layer in range(s["num_layers"]):
+                gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"],
+                           s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"],
+                           s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], block_v=block_v,
+                           num_warps=num_warps)
+        if reconstruct:
+            gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], block_v=recon_block_v,
+                            num_warps=recon_warps)
+    return run
+
+
+def vllm_split(mixed, gdn):
+    """vLLM's rearrange_mixed_qkv: one copy into contiguous q, k, v."""
+    key_dim = gdn["num_k_heads"] * gdn["head_k_dim"]
+    T = mixed.shape[0]
+    q, k, v = torch.split(mixed, [key_dim, key_dim, mixed.shape[1] - 2 * key_dim], dim=-1)
+    fused = torch.cat([q.reshape(-1), k.reshape(-1), v.reshape(-1)])
+    return (fused[: T * key_dim].view(1, T, -1, gdn["head_k_dim"]),
+            fused[T * key_dim : 2 * T * key_dim].view(1, T, -1, gdn["head_k_dim"]),
+            fused[2 * T * key_dim :].view(1, T, -1, gdn["head_v_dim"]))
+
+
+def vllm_step(s, num_accepted, vk):
+    causal_conv1d_update, fused_gating = vk
+
+    def run():
+        for layer in range(s["num_layers"]):
+            mixed = causal_conv1d_update(
+                s["x"][layer], s["v_conv"][layer].transpose(-1, -2), s["conv_weight"], None, "silu",
+                conv_state_indices=s["v_slots"][:, 0], num_accepted_tokens=num_accepted, query_start_loc=s["cu"],
+                max_query_len=s["L"], out=s["v_conv_out"],
+            )
+            q, k, v = vllm_split(mixed, s["gdn"])
+            fused_gating(A_log=s["A_log"], a=s["a"][layer], b=s["b"][layer], dt_bias=s["dt_bias"], q=q, k=k, v=v,
+                         initial_state=s["v_ssm"][layer], inplace_final_state=True, cu_seqlens=s["cu"],
+                         ssm_state_indices=s["v_slots"], num_accepted_tokens=num_accepted,
+                         use_qk_l2norm_in_kernel=True)
+    return run
+
+
+def fla_step(s, vk, fla_fn):
+    causal_conv1d_update = vk[0]
+    cu_long = s["cu"].long()
+    ones = torch.ones(s["B"], dtype=torch.int32, device=s["cu"].device)
+
+    def run():
+        for layer in range(s["num_layers"]):
+            mixed = causal_conv1d_update(
+                s["x"][layer], s["v_conv"][layer].transpose(-1, -2), s["conv_weight"], None, "silu",
+                conv_state_indices=s["v_slots"][:, 0], num_accepted_tokens=ones, query_start_loc=s["cu"],
+                max_query_len=s["L"], out=s["v_conv_out"],
+            )
+            q, k, v = vllm_split(mixed, s["gdn"])
+            fla_fn(q, k, v, g=s["a"][layer][None], beta=s["b"][layer][None], initial_state=s["f_state"][layer],
+                   output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                   A_log=s["A_log"], dt_bias=s["dt_bias"], use_beta_sigmoid_in_kernel=True, state_v_first=True,
+                   cu_seqlens=cu_long)
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timing, bytes
+
+def time_step(fn, rep_ms):
+    """Milliseconds of one call: CUDA graph replay median on GPU, one wall-clock run on CPU."""
+    if not ON_GPU:
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(graph.replay, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median")
+    del graph
+    return ms
+
+
+def state_bytes(gdn, state_dtype_bytes=4, conv_dtype_bytes=2):
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    D = 2 * H * K + HV * V
+    return HV * V * K * state_dtype_bytes, D, D * conv_dtype_bytes
+
+
+def bytes_ours(gdn, L, B, n_total, act_bytes=2):
+    """Fewest bytes ours moves per layer per step (each tensor read or written once)."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    ssm, D, _ = state_bytes(gdn)
+    T = L * B
+    ws_tok = HV * V * 4 + H * K * 4 + HV * 4  # u, k, G per token (x counted apart)
+    verify = B * ssm + B * (W - 1) * D * act_bytes + T * D * act_bytes + T * 2 * HV * act_bytes \
+        + T * HV * V * act_bytes + T * (ws_tok + D * act_bytes)
+    recon = 2 * B * ssm + n_total * ws_tok + 2 * B * (W - 1) * D * act_bytes + B * (W - 1) * D * act_bytes
+    return verify, recon
+
+
+def bytes_vllm(gdn, L, B, act_bytes=2):
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    ssm, D, _ = state_bytes(gdn)
+    T = L * B
+    rows = W - 1 + L - 1
+    conv = B * rows * D * act_bytes * 2 + T * D * act_bytes * 2  # window read+write, x read, conv out write
+    split = 2 * T * D * act_bytes
+    core = T * D * act_bytes + T * 2 * HV * act_bytes + B * ssm + T * ssm + T * HV * V * act_bytes
+    return conv + split + core
+
+
+def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO):
+    """Per layer: vLLM keeps K+1 blocks, each with an ssm state and a conv window of W-1+K rows; ours one ssm
+    state, a W-1 row window and the compact workspace for K+1 tokens."""
+    ssm, D, conv_row = state_bytes(gdn)
+    W = gdn["width"]
+    vllm = (num_spec + 1) * (ssm + (W - 1 + num_spec) * conv_row)
+    ours = ssm + (W - 1) * conv_row + ws_bytes
+    return vllm, ours
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Correctness at the benchmark shape
+
+def rel_err(x, ref):
+    x, ref = x.double().cpu(), ref.double().cpu()
+    if torch.isnan(x).any():
+        return float("nan")
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def check_correctness(gdn, device, vk):
+    """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    D = 2 * H * K + HV * V
+    lens = [17, 4, 1, 16, 9, 12]
+    B, T = len(lens), sum(lens)
+    act = torch.bfloat16 if ON_GPU else torch.float32
+    torch.manual_seed(123)
+    p = dict(
+        mixed_qkv=torch.randn(T, D, device=device).to(act), a=torch.randn(T, HV, device=device).to(act),
+        b=torch.randn(T, HV, device=device).to(act), conv_weight=(torch.randn(D, W, device=device) * 0.5).to(act),
+        conv_bias=None, A_log=torch.rand(HV, device=device) * 2 - 1, dt_bias=torch.randn(HV, device=device),
+        conv_state=torch.randn(B + 2, W - 1, D, device=device).to(act),
+        ssm_state=torch.randn(B + 2, HV, V, K, device=device) * 0.1,
+        state_indices=torch.tensor([3, 1, 0, 2, 7, 5], dtype=torch.int32, device=device),
+        cu_seqlens=torch.tensor([0] + [sum(lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=device),
+    )
+    cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
+    ref = naive_gdn_verify(**cpu)
+    ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    poison = torch.full((T, HV, V), float("nan"), dtype=act, device=device)
+    out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=poison)
+    untouched = torch.equal(p["ssm_state"], ssm0) and torch.equal(p["conv_state"], conv0)
+    num_accepted = torch.tensor([9, 4, 1, 16, 1, 12], dtype=torch.int32)
+    gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], W), ws, p["state_indices"],
+                    num_accepted.to(device), p["cu_seqlens"])
+    ref_states = {**cpu, "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_states, num_accepted=num_accepted)
+    result = {
+        "lens": lens, "dtype": str(act).replace("torch.", ""),
+        "ours_out_rel_err": rel_err(out, ref),
+        "ours_ssm_rel_err": rel_err(p["ssm_state"], ref_states["ssm_state"]),
+        "ours_conv_rel_err": rel_err(p["conv_state"], ref_states["conv_state"]),
+        "verify_left_states_untouched": untouched,
+    }
+    if vk is not None:  # vLLM from one slot column per request, uniform length needed for its conv max_query_len
+        causal_conv1d_update, fused_gating = vk
+        num_spec = max(lens) - 1
+        v_slots = torch.zeros(B, num_spec + 1, dtype=torch.int32, device=device)
+        v_slots[:, 0] = p["state_indices"]
+        v_slots[:, 1:] = torch.arange(B * num_spec, dtype=torch.int32, device=device).view(B, num_spec) + B + 2
+        v_ssm = torch.zeros(B * (num_spec + 1) + 2, HV, V, K, device=device)
+        v_ssm[: B + 2] = ssm0
+        v_conv = torch.zeros(v_ssm.shape[0], W - 1 + num_spec, D, dtype=act, device=device)
+        v_conv[: B + 2, : W - 1] = conv0
+        ones = torch.ones(B, dtype=torch.int32, device=device)
+        mixed = causal_conv1d_update(p["mixed_qkv"].clone(), v_conv.transpose(-1, -2), p["conv_weight"], None,
+                                     "silu", conv_state_indices=v_slots[:, 0], num_accepted_tokens=ones,
+                                     query_start_loc=p["cu_seqlens"], max_query_len=num_spec + 1)
+        q, k, v = vllm_split(mixed, gdn)
+        v_out, _ = fused_gating(A_log=p["A_log"], a=p["a"], b=p["b"], dt_bias=p["dt_bias"], q=q, k=k, v=v,
+                                initial_state=v_ssm, inplace_final_state=True, cu_seqlens=p["cu_seqlens"],
+                                ssm_state_indices=v_slots, num_accepted_tokens=ones, use_qk_l2norm_in_kernel=True)
+        live = torch.cat([torch.arange(int(p["cu_seqlens"][i]), int(p["cu_seqlens"][i + 1]))
+                          for i in range(B) if int(p["state_indices"][i]) > 0])
+        result["vllm_out_rel_err"] = rel_err(v_out[0][live], ref[live])
+        result["ours_vs_vllm_out_rel_err"] = rel_err(out[live], v_out[0][live].double())
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def load_vllm_kernels(extracted):
+    if not (Path(extracted) / "vllm_extracted").exists():
+        extract(GDN_VERIFY_MODULES, extracted)  # needs the unpacked wheel (.vendor/vllm033) here
+    sys.path.insert(0, str(extracted))
+    conv = importlib.import_module("vllm_extracted.model_executor.layers.mamba.ops.causal_conv1d")
+    gating = importlib.import_module("vllm_extracted.third_party.flash_linear_attention.ops.fused_sigmoid_gating")
+    return conv.causal_conv1d_update, gating.fused_sigmoid_gating_delta_rule_update
+
+
+def load_fla():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule, None
+    except Exception as exc:  # reported in the results, not fatal
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def sweep(gdn, device, num_layers, rep_ms, vk):
+    """Launch configs of ours at a few shapes: verify alone and reconstruction alone."""
+    rows = []
+    for L, B in ((4, 1), (16, 1), (16, 32), (16, 64)):
+        s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
+        n = accept_counts(L, B, "all", device)
+        for bv in (16, 32, 64):
+            for warps in (2, 4, 8):
+                ms = time_step(ours_step(s, n, reconstruct=False, block_v=bv, num_warps=warps), rep_ms)
+                rows.append(dict(part="verify", L=L, B=B, block_v=bv, warps=warps, us=ms * 1e3 / num_layers))
+        for bv in (16, 32, 64):
+            for warps in (4, 8):
+                ms = time_step(ours_step(s, n, verify=False, recon_block_v=bv, recon_warps=warps), rep_ms)
+                rows.append(dict(part="reconstruct", L=L, B=B, block_v=bv, warps=warps, us=ms * 1e3 / num_layers))
+        del s
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 layers (CPU interpreter smoke)")
+    parser.add_argument("--out", default=str(EVAL / "results"))
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--lens", default="4,8,12,16")
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--rep-ms", type=int, default=60)
+    parser.add_argument("--sweep", action="store_true", help="also time launch configs of ours")
+    parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
+    parser.add_argument("--command", default=None, help="command line to record (default: this one)")
+    args = parser.parse_args()
+
+    device = "cuda" if ON_GPU else "cpu"
+    if args.quick:
+        gdn, lens, batches, num_layers = TINY_GDN, [4], [3], 2
+    else:
+        gdn, lens, batches, num_layers = QWEN3_NEXT_GDN, [int(x) for x in args.lens.split(",")], \
+            [int(x) for x in args.batches.split(",")], args.layers
+    if not ON_GPU:
+        fix_interpreter_masks()
+    vk = load_vllm_kernels(args.extracted)
+    fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")
+    device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"
+    print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
+
+    check = check_correctness(gdn, device, vk)
+    print("correctness", json.dumps(check), flush=True)
+
+    rows = []
+    for L in lens:
+        for B in batches:
+            s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
+            row = dict(L=L, B=B)
+            for pattern in ("all", "random"):
+                n = accept_counts(L, B, pattern, device)
+                row[f"vllm_us_{pattern}"] = time_step(vllm_step(s, n, vk), args.rep_ms) * 1e3 / num_layers
+                row[f"ours_us_{pattern}"] = time_step(ours_step(s, n), args.rep_ms) * 1e3 / num_layers
+                row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
+            n = accept_counts(L, B, "all", device)
+            row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False), args.rep_ms) * 1e3 / num_layers
+            row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False), args.rep_ms) * 1e3 / num_layers
+            row["fla_us"] = time_step(fla_step(s, vk, fla_fn), args.rep_ms) * 1e3 / num_layers if fla_fn else None
+            verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
+            row["ours_MB"] = (verify_b + recon_b) / 1e6
+            row["ours_floor_us"] = (verify_b + recon_b) / HBM_BYTES_PER_S * 1e6
+            row["ours_TBps"] = (verify_b + recon_b) / (row["ours_us_all"] * 1e-6) / 1e12
+            row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
+            row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
+            row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
+            rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+            print(rows[-1], flush=True)
+            del s
+            if ON_GPU:
+                torch.cuda.empty_cache()
+
+    ws_per_request = GDNVerifyWorkspace.allocate(1, 1, VLLM_NUM_SPEC_FOR_STATE_RATIO + 1, gdn["num_k_heads"],
+                                                 gdn["num_v_heads"], gdn["head_k_dim"], gdn["head_v_dim"],
+                                                 torch.bfloat16, "cpu").bytes_per_request()
+    vllm_state, ours_state = state_bytes_per_request(gdn, ws_per_request)
+
+    def speedup(L, B, pattern="all"):
+        match = [r for r in rows if r["L"] == L and r["B"] == B]
+        return match[0][f"speedup_{pattern}"] if match else None
+
+    summary = dict(
+        speedup_L4_b1=speedup(4, 1), speedup_L16_b1=speedup(16, 1), speedup_L16_b32=speedup(16, 32),
+        speedup_L4_b1_random=speedup(4, 1, "random"), speedup_L16_b1_random=speedup(16, 1, "random"),
+        speedup_L16_b32_random=speedup(16, 32, "random"),
+        state_bytes_ratio=round(vllm_state / ours_state, 3),
+        vllm_state_bytes_per_request_per_layer=vllm_state, ours_state_bytes_per_request_per_layer=ours_state,
+        ours_workspace_bytes_per_request_per_layer=ws_per_request,
+        goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
+    )
+    extra = dict(
+        correctness=check, layers=num_layers, gdn_shape=gdn, hbm_bytes_per_s=HBM_BYTES_PER_S,
+        fla=("measured: fla-core 0.6.0 fused_recurrent_gated_delta_rule, final state only" if fla_fn
+             else f"not measured: {fla_error}"),
+        vllm_cuda_op="vLLM's fused_gdn_decode_post_conv_mtp (CUDA, used when K+1 <= 8 and the batch is all-spec) is "
+                     "a compiled vLLM extension; it cannot run without the vLLM wheel's binaries: not measured",
+        notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours includes one "
+              "reconstruction launch for all layers, shared over them; speedup = vLLM / ours",
+    )
+    if args.sweep and ON_GPU:
+        extra["sweep"] = sweep(gdn, device, num_layers, args.rep_ms, vk)
+        for r in extra["sweep"]:
+            print("sweep", r, flush=True)
+    command = args.command or "python " + " ".join(sys.argv)
+    write_results(BENCH, rows, summary, command, device_name, out_dir=args.out, extra=extra,
+                  markdown=markdown(rows, summary, extra, device_name, command))
+    plot(rows, Path(args.out) / f"{BENCH}.png")
+    print_table(rows, summary)
+
+
+def markdown(rows, summary, extra, device_name, command):
+    lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
+             f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours "
+             "(ours includes the one-launch reconstruction, shared over the layers).", "",
+             "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
+             "speedup (rand) | ours verify us | ours recon us | FLA us | ours MB | ours floor us | ours TB/s | "
+             "vLLM TB/s |", "|" + "---|" * 15]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(k)) for k in (
+            "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
+            "speedup_random", "ours_verify_us", "ours_reconstruct_us", "fla_us", "ours_MB", "ours_floor_us",
+            "ours_TBps", "vllm_TBps")) + " |")
+    lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()]
+    lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
+              f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for B in sorted({r["B"] for r in rows}):
+        pts = sorted((r["L"], r["speedup_all"]) for r in rows if r["B"] == B)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
+    ax.set_xlabel("verified tokens per request (L)")
+    ax.set_ylabel("vLLM time / ours (per layer)")
+    ax.set_title("GDN verify + reconstruction vs vLLM 0.33, all drafts accepted")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def print_table(rows, summary):
+    print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'verify':>7} {'recon':>7}"
+          f" {'fla':>7} {'floor':>7} {'TB/s':>5}")
+    for r in rows:
+        fla = f"{r['fla_us']:7.2f}" if r["fla_us"] is not None else "    n/a"
+        print(f"{r['L']:>3} {r['B']:>3} {r['vllm_us_all']:8.2f} {r['ours_us_all']:8.2f} {r['speedup_all']:6.2f} "
+              f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_verify_us']:7.2f} "
+              f"{r['ours_reconstruct_us']:7.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
