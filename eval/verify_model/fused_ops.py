@@ -39,7 +39,7 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, stride_xt, stride_xh, stri
     tl.store(y_ptr + i_t * stride_yt + i_h * stride_yh + o_d, b_y.to(y_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _split_columns_kernel(x_ptr, y_ptr, T, stride_x, S0, S1, S2, BLOCK: tl.constexpr):
     # y = cat(x[:, :S0].flatten(), x[:, S0:S0+S1].flatten(), x[:, S0+S1:S0+S1+S2].flatten())
     i_t, i_s = tl.program_id(0), tl.program_id(1)
@@ -53,7 +53,7 @@ def _split_columns_kernel(x_ptr, y_ptr, T, stride_x, S0, S1, S2, BLOCK: tl.const
         tl.store(y_ptr + dst + o_c, b_x, mask=m_c)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, L, stride_xt, stride_xh, stride_yb, stride_yh,
                            stride_yl, eps, D: tl.constexpr, ROT_HALF: tl.constexpr):
     # y[b, h, l] = rope(RMSNorm(x[t = b*L + l, h])) on the first 2*ROT_HALF dims (NeoX halves)
@@ -75,7 +75,7 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, L, stride_xt, 
     tl.store(p_y + ROT_HALF + o_r, (b_x2 * b_cos + b_x1 * b_sin).to(y_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def _sigmoid_gate_kernel(o_ptr, g_ptr, y_ptr, L, stride_ob, stride_oh, stride_ol, stride_gt, stride_gh, stride_y,
                          D: tl.constexpr):
     # y[t, h*D + d] = o[b, h, l, d] * sigmoid(g[t, h, d]),  t = b*L + l

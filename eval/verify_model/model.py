@@ -365,16 +365,28 @@ def attention(q, k, v, mask, mode):
     """q [B, H, L, D], k/v [B, KV, S, D] (last L keys are the new tokens). Returns [B, H, L, D]."""
     B, H, L, D = q.shape
     KV = k.shape[1]
-    if mode == "flash_gqa":
-        from torch.nn.attention.bias import causal_lower_right
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, k.shape[2]), enable_gqa=True)
-    if mode == "efficient_folded":
-        G = H // KV
-        o = F.scaled_dot_product_attention(q.view(B, KV, G * L, D), k, v, attn_mask=mask)
-        return o.unflatten(2, (G, L)).flatten(1, 2) if o.is_contiguous() else o.reshape(B, KV, G, L, D).reshape(B, H, L, D)
+    if mode in ("flash_gqa", "efficient_folded") and q.is_cuda:
+        # pin the backend: a silent fallback to the math path would time a different kernel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.FLASH_ATTENTION if mode == "flash_gqa" else SDPBackend.EFFICIENT_ATTENTION
+        with sdpa_kernel([backend]):
+            return _sdpa(q, k, v, mask, mode)
+    if mode in ("flash_gqa", "efficient_folded"):
+        return _sdpa(q, k, v, mask, mode)
     if mode == "math":
         return naive_attention(q, k, v)
     raise ValueError(f"unknown attention mode {mode!r}")
+
+
+def _sdpa(q, k, v, mask, mode):
+    B, H, L, D = q.shape
+    KV = k.shape[1]
+    if mode == "flash_gqa":
+        from torch.nn.attention.bias import causal_lower_right
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, k.shape[2]), enable_gqa=True)
+    G = H // KV   # efficient_folded: the G query heads of a KV head become G*L query rows, mask per row
+    o = F.scaled_dot_product_attention(q.view(B, KV, G * L, D), k, v, attn_mask=mask)
+    return o.unflatten(2, (G, L)).flatten(1, 2) if o.is_contiguous() else o.reshape(B, KV, G, L, D).reshape(B, H, L, D)
 
 
 def naive_attention(q, k, v):
