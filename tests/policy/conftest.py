@@ -55,3 +55,15 @@ def synthetic_profile(variant: str = "ours", gdn_per_token_us: float = 60.0) -> 
 @pytest.fixture(scope="session")
 def profile() -> LatencyProfile:
     return synthetic_profile()
+
+
+def synthetic_profile_file(path) -> str:
+    """A multi-variant SYNTHETIC profile file (baseline / ours / ours_probe) for simulator smoke tests."""
+    from vllm_hybridspec.latency_profile import save_profiles
+
+    base = synthetic_profile("baseline", gdn_per_token_us=150.0)
+    ours = synthetic_profile("ours", gdn_per_token_us=40.0)
+    probe = synthetic_profile("ours_probe", gdn_per_token_us=40.0)
+    probe.t_us = [[t + 120.0 + 3.0 * b for t in row] for b, row in zip(probe.batch_sizes, probe.t_us)]
+    save_profiles(path, [base, ours, probe], default_variant="ours_probe")
+    return str(path)

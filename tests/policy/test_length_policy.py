@@ -29,7 +29,9 @@ def _random_case(seed, batch, k):
 def test_matches_naive_reference(profile, batch, k, seed):
     lat = _model(profile, k=k)
     conf, num = _random_case(seed, batch, k)
-    for kwargs in ({}, {"min_drafts": 2}, {"max_drafts": 3}, {"padded_weight": 1.0}, {"padded_weight": 0.3}):
+    rate = float(choose_verify_lengths(conf, num, lat).tokens_per_us)
+    for kwargs in ({}, {"min_drafts": 2}, {"max_drafts": 3}, {"padded_weight": 1.0}, {"padded_weight": 0.3},
+                   {"rate_threshold": 0.7 * rate}, {"rate_threshold": 1.3 * rate, "min_drafts": 1}):
         got = choose_verify_lengths(conf, num, lat, **kwargs).num_drafts.tolist()
         want = naive_choose_verify_lengths(conf.tolist(), num.tolist(), lambda x: float(lat.round_us(batch, x)),
                                            **kwargs)
@@ -77,6 +79,39 @@ def test_outputs_are_consistent(profile):
         assert d.next_survival[b].item() == pytest.approx(want)
 
 
+def test_rate_threshold_nan_falls_back_to_the_round_rate(profile):
+    lat = _model(profile)
+    conf, num = _random_case(3, 6, 15)
+    own = choose_verify_lengths(conf, num, lat)
+    nan = choose_verify_lengths(conf, num, lat, rate_threshold=torch.tensor(float("nan"), dtype=torch.float64))
+    assert torch.equal(own.num_drafts, nan.num_drafts)
+    assert torch.allclose(nan.marginal_rate, own.tokens_per_us)
+    cheap = choose_verify_lengths(conf, num, lat, rate_threshold=1e-9)
+    assert torch.equal(cheap.num_drafts.long(), num) and cheap.marginal_rate.item() == pytest.approx(1e-9)
+
+
+def test_throughput_tracker():
+    from vllm_hybridspec.policy import ThroughputTracker
+
+    t = ThroughputTracker(ema=0.5)
+    assert torch.isnan(t.rate)
+    t.update(torch.tensor([3, 5]), 100.0)
+    assert t.rate.item() == pytest.approx(0.08)
+    t.update(4, torch.tensor([50.0, 50.0]))
+    assert t.rate.item() == pytest.approx(0.06)
+    with pytest.raises(ValueError, match="ema"):
+        ThroughputTracker(ema=0)
+
+
+def test_convexified_table_is_the_lower_hull():
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    t = [[100, 200, 210, 220, 400]]
+    lat = VerifyLatencyModel(LatencyProfile("d", "m", "v", [1], [1, 2, 3, 4, 5], t), 1, 5, convexify=True)
+    row = [lat.verify_us(1, float(x)).item() for x in range(1, 6)]
+    assert row == pytest.approx([100, 140, 180, 220, 400])
+
+
 def test_extremes(profile):
     lat = _model(profile)
     ones, zeros = torch.ones(4, 15), torch.zeros(4, 15)
@@ -105,11 +140,15 @@ def test_admission_is_a_stopping_time(profile, seed):
     num = torch.full((batch,), k)
     base = choose_verify_lengths(conf, num, lat).num_drafts
     b = int(torch.randint(0, batch, (1,), generator=g))
+    fixed_rate = 0.8 * float(choose_verify_lengths(conf, num, lat).tokens_per_us)
+    base_fixed = choose_verify_lengths(conf, num, lat, rate_threshold=fixed_rate).num_drafts
     for m in range(k - 1):
         changed = conf.clone()
         changed[b, m + 1:] = torch.rand(k - m - 1, generator=g)
         other = choose_verify_lengths(changed, num, lat).num_drafts
         assert min(int(base[b]), m + 1) == min(int(other[b]), m + 1)
+        other = choose_verify_lengths(changed, num, lat, rate_threshold=fixed_rate).num_drafts
+        assert min(int(base_fixed[b]), m + 1) == min(int(other[b]), m + 1)
 
 
 def test_bad_inputs_raise(profile):

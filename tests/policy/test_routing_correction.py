@@ -6,13 +6,16 @@ from vllm_hybridspec.routing import (
     ExpertCost,
     expert_cost_from_profile,
     naive_routing_keep,
+    naive_probe_worth,
     neutralize_routing,
     new_experts_per_token,
+    probe_worth,
     routing_keep_mask,
     verified_drafts_after_correction,
 )
 
-COST = ExpertCost(per_token_us=10.0, per_expert_layer_us=2.0, num_moe_layers=4, mean_new_experts=1.0)
+COST = ExpertCost(probe_token_us=0.0, keep_token_us=10.0, per_expert_layer_us=2.0, num_moe_layers=4,
+                  mean_new_experts=1.0)
 
 
 def _ids(rows):
@@ -45,7 +48,8 @@ def test_hand_made_decisions():
 
 
 def test_cross_layer_correlation_uses_mean_for_other_layers():
-    cost = ExpertCost(per_token_us=0.0, per_expert_layer_us=1.0, num_moe_layers=5, mean_new_experts=0.5,
+    cost = ExpertCost(probe_token_us=0.0, keep_token_us=0.0, per_expert_layer_us=1.0, num_moe_layers=5,
+                      mean_new_experts=0.5,
                       cross_layer_correlation=0.0)
     assert cost.probe_cost_us(torch.tensor([0, 4])).tolist() == [2.0, 6.0]
 
@@ -60,7 +64,8 @@ def test_matches_naive_reference(seed):
     survival = torch.rand(tokens, generator=g)
     eligible = torch.rand(tokens, generator=g) < 0.8
     valid = torch.rand(tokens, generator=g) < 0.9
-    cost = ExpertCost(per_token_us=5.0, per_expert_layer_us=0.7, num_moe_layers=40, mean_new_experts=1.3,
+    cost = ExpertCost(probe_token_us=3.0, keep_token_us=5.0, per_expert_layer_us=0.7, num_moe_layers=40,
+                      mean_new_experts=1.3,
                       cross_layer_correlation=0.6)
     d = routing_keep_mask(ids, probe, survival, 0.004, cost, experts, threshold=1.3, eligible=eligible,
                           token_valid=valid)
@@ -68,6 +73,30 @@ def test_matches_naive_reference(seed):
                                    eligible.tolist(), valid.tolist())
     assert d.keep.tolist() == keep
     assert d.new_experts.tolist() == new
+
+
+@pytest.mark.parametrize("r", [0.0, 0.5, 1.0])
+def test_probe_worth_matches_naive_reference(r):
+    g = torch.Generator().manual_seed(4)
+    cost = ExpertCost(probe_token_us=40.0, keep_token_us=0.0, per_expert_layer_us=1.5, num_moe_layers=40,
+                      mean_new_experts=3.0, cross_layer_correlation=r)
+    survival = torch.rand(50, generator=g)
+    got = probe_worth(survival, 0.002, cost, 8, threshold=1.2, overhead_us=2.0).tolist()
+    assert got == naive_probe_worth(survival.tolist(), 0.002, cost, 8, 1.2, 2.0)
+    assert any(got) and not all(got)
+
+
+def test_probe_worth_hand_made():
+    # Every probe adds exactly 0 or 8 experts in layer 0 (p = 0 or 1): the benefit is deterministic.
+    free = ExpertCost(probe_token_us=10.0, keep_token_us=0.0, per_expert_layer_us=1.0, num_moe_layers=1,
+                      mean_new_experts=0.0)
+    assert probe_worth(torch.tensor([0.5]), 0.01, free, 8).tolist() == [True]    # value 50 > 10
+    assert probe_worth(torch.tensor([0.05]), 0.01, free, 8).tolist() == [False]  # value 5 < 10
+    dear = ExpertCost(probe_token_us=10.0, keep_token_us=0.0, per_expert_layer_us=10.0, num_moe_layers=1,
+                      mean_new_experts=8.0)
+    # Keeping always costs 80 us: a probe worth 50 us is never kept, so never worth probing.
+    assert probe_worth(torch.tensor([0.5]), 0.01, dear, 8).tolist() == [False]
+    assert probe_worth(torch.tensor([1.0]), 0.01, dear, 8).tolist() == [True]   # 100 - 80 = 20 > 10
 
 
 def _toy_moe(x, ids, weights, experts):
@@ -131,7 +160,10 @@ def test_expert_cost_from_profile_recovers_the_synthetic_slope(profile):
     cost = expert_cost_from_profile(profile, 1, 8.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
     assert cost.per_expert_layer_us == pytest.approx(1.6, rel=1e-6)
     assert 0 < cost.mean_new_experts < TOP_K
-    assert cost.per_token_us > 0
+    assert cost.probe_token_us > 0 and cost.keep_token_us == 0
+    skipped = expert_cost_from_profile(profile, 1, 8.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K,
+                                       dropped_token_runs_non_moe=False)
+    assert skipped.probe_token_us == 0 and skipped.keep_token_us == pytest.approx(cost.probe_token_us)
     with pytest.raises(ValueError, match="unique_experts"):
         from vllm_hybridspec.latency_profile import LatencyProfile
         bare = LatencyProfile("d", "m", "v", [1], [1, 2], [[1.0, 2.0]])
@@ -171,8 +203,12 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="keep"):
         neutralize_routing(ids, torch.ones(2, 2), torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="cross_layer_correlation"):
-        ExpertCost(1.0, 1.0, 4, 1.0, cross_layer_correlation=1.5)
+        ExpertCost(0.0, 1.0, 1.0, 4, 1.0, cross_layer_correlation=1.5)
     with pytest.raises(ValueError, match="num_moe_layers"):
-        ExpertCost(1.0, 1.0, 0, 1.0)
+        ExpertCost(0.0, 1.0, 1.0, 0, 1.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        ExpertCost(-1.0, 1.0, 1.0, 4, 1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        probe_worth(torch.ones(2), 0.1, COST, 0)
     with pytest.raises(ValueError, match="probe_index"):
         verified_drafts_after_correction(torch.tensor([1, 2]), torch.tensor([0]), torch.ones(2, dtype=torch.bool))

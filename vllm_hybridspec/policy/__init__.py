@@ -1,6 +1,6 @@
 """Verification-length policy: per-request lengths chosen on the device from acceptance estimates and T(L)."""
 from vllm_hybridspec.policy.calibrator import OnlineAcceptanceCalibrator, max_prob_log_odds
-from vllm_hybridspec.policy.latency_model import VerifyLatencyModel
+from vllm_hybridspec.policy.latency_model import ThroughputTracker, VerifyLatencyModel
 from vllm_hybridspec.policy.length_policy import (
     LengthDecision,
     choose_verify_lengths,
@@ -12,6 +12,7 @@ from vllm_hybridspec.policy.naive import naive_choose_verify_lengths, naive_vllm
 __all__ = [
     "LengthDecision",
     "OnlineAcceptanceCalibrator",
+    "ThroughputTracker",
     "VerifyLatencyModel",
     "choose_verify_lengths",
     "max_prob_log_odds",

@@ -34,6 +34,9 @@ class VerifyLatencyModel:
         overhead_us: per-round time that does not depend on the verified length: a float, a sequence
             indexed by batch (length > max_batch), or a callable batch -> us.
         ema: weight of one observation in the online correction.
+        convexify: replace each batch row by its lower convex hull in L. A step in T(L) (a kernel switch,
+            a tile boundary) stops a greedy admission in front of it even when the flat part behind it is
+            worth reaching; the hull spreads the step so that marginal costs never decrease.
         device: where the tables live.
     """
 
@@ -45,6 +48,7 @@ class VerifyLatencyModel:
         *,
         overhead_us: float | Sequence[float] | Callable[[int], float] = 0.0,
         ema: float = 0.05,
+        convexify: bool = False,
         device: torch.device | str | None = None,
     ):
         if max_batch < 1 or max_len < 1:
@@ -61,6 +65,8 @@ class VerifyLatencyModel:
         # A measured table has noise; a cost that falls as L grows would make the greedy admission jump
         # over it, so the table is made non-decreasing in L (as vLLM does with its cost curves).
         table = torch.cummax(table, dim=1).values
+        if convexify:
+            table = torch.stack([_lower_convex_hull(row) for row in table])
         # float64: the policy compares rates of admissions that differ by a fraction of a microsecond at
         # batch 64; the tables are small (max_batch x max_len), so double precision costs nothing.
         self.table_us = table.to(device=device)
@@ -105,6 +111,25 @@ class VerifyLatencyModel:
         self.log_correction.mul_(1.0 - self.ema).add_(self.ema * log_ratio)
 
 
+def _lower_convex_hull(values: torch.Tensor) -> torch.Tensor:
+    """Lower convex envelope of y[i] over i = 0..n-1, evaluated at every i (monotone chain)."""
+    ys = values.tolist()
+    hull: list[int] = []
+    for i, y in enumerate(ys):
+        while len(hull) >= 2:
+            i0, i1 = hull[-2], hull[-1]
+            if (ys[i1] - ys[i0]) * (i - i0) >= (y - ys[i0]) * (i1 - i0):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    out = list(ys)
+    for i0, i1 in zip(hull, hull[1:]):
+        for i in range(i0, i1 + 1):
+            out[i] = ys[i0] + (ys[i1] - ys[i0]) * (i - i0) / (i1 - i0)
+    return torch.tensor(out, dtype=values.dtype)
+
+
 def _overhead_at(overhead_us, batch: int) -> float:
     if callable(overhead_us):
         value = float(overhead_us(max(batch, 1)))
@@ -117,3 +142,23 @@ def _overhead_at(overhead_us, batch: int) -> float:
     if not value >= 0.0:
         raise ValueError(f"overhead_us must be >= 0, got {value} at batch {batch}")
     return value
+
+
+class ThroughputTracker:
+    """Long-run achieved rate (emitted tokens per microsecond), an EMA over steps, on the device.
+
+    `rate` is NaN until the first `update`; `choose_verify_lengths(rate_threshold=tracker.rate)` then falls
+    back to each round's own rate.
+    """
+
+    def __init__(self, ema: float = 0.05, device: torch.device | str | None = None):
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        self.ema = ema
+        self.rate = torch.full((), float("nan"), dtype=torch.float64, device=device)
+
+    def update(self, tokens: torch.Tensor | float, time_us: torch.Tensor | float) -> None:
+        tokens = torch.as_tensor(tokens, dtype=torch.float64, device=self.rate.device).sum()
+        time_us = torch.as_tensor(time_us, dtype=torch.float64, device=self.rate.device).sum().clamp(min=1e-9)
+        step = tokens / time_us
+        self.rate.copy_(torch.where(torch.isnan(self.rate), step, (1.0 - self.ema) * self.rate + self.ema * step))

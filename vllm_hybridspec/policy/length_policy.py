@@ -13,6 +13,13 @@ depends on the total verified tokens; `padded_weight` > 0 moves it towards the l
 all (request, position) pairs by survival probability, admit them one by one while the rate rises, stop at
 the first pair that would lower it. Everything runs as torch ops on the device with static shapes.
 
+"The rate rises" means s_r > rho * (T_r - T_{r-1}): the pair's expected token is worth more than the time it
+adds, priced at rho tokens/us. By default rho is this round's own rate G_{r-1} / T_{r-1} (the per-round
+objective above). Passing `rate_threshold` = the long-run achieved rate (`ThroughputTracker`) instead
+maximises tokens per second over many rounds (sum of tokens / sum of time; Dinkelbach's parametric form of
+a ratio objective): a hard round then stops earlier and an easy one verifies further than its own ratio
+would suggest.
+
 Why the result is lossless (the output distribution is exactly the target's under standard speculative
 rejection sampling):
   1. c[b, k] must be computed from the prefix only: the draft distribution at position k (or DSpark's
@@ -62,6 +69,8 @@ class LengthDecision:
     verify_us: [...] UNcorrected verify-time prediction (feed it back to `VerifyLatencyModel.observe`).
     next_survival: [..., B] survival probability of the first draft NOT verified (0 where none is left):
         what the routing correction's probe token would be worth.
+    marginal_rate: [...] tokens/us at which the last admission was priced (`rate_threshold` if given,
+        else the round's rate): the price of a token for the routing correction.
     """
 
     num_drafts: torch.Tensor
@@ -70,6 +79,7 @@ class LengthDecision:
     round_us: torch.Tensor
     verify_us: torch.Tensor
     next_survival: torch.Tensor
+    marginal_rate: torch.Tensor
 
 
 def _check_inputs(confidences: torch.Tensor, num_drafts: torch.Tensor, latency: VerifyLatencyModel) -> None:
@@ -106,6 +116,7 @@ def choose_verify_lengths(
     min_drafts: int = 0,
     max_drafts: int | None = None,
     padded_weight: float = 0.0,
+    rate_threshold: torch.Tensor | float | None = None,
 ) -> LengthDecision:
     """Batch-aware verification lengths (greedy admission by survival, stop at the first drop).
 
@@ -118,6 +129,7 @@ def choose_verify_lengths(
             they are worth.
         max_drafts: verify at most this many (None: K).
         padded_weight: 0 = verified tokens are packed (vLLM), 1 = every request costs as much as the longest.
+        rate_threshold: price of a token in tokens/us (scalar or [...]); None or NaN = this round's rate.
 
     Returns a `LengthDecision`.
     """
@@ -154,7 +166,12 @@ def choose_verify_lengths(
     round0_us = latency.round_us(batch, 1.0).expand(*lead, 1)
     previous_round = torch.cat([round0_us, round_us[..., :-1]], dim=-1)
     previous_gain = torch.cat([torch.full_like(round0_us, float(batch)), gains[..., :-1]], dim=-1)
-    rises = survival_sorted * previous_round > previous_gain * (round_us - previous_round)
+    added_us = round_us - previous_round
+    rises = survival_sorted * previous_round > previous_gain * added_us
+    if rate_threshold is not None:
+        rho = torch.as_tensor(rate_threshold, dtype=torch.float64, device=device)
+        rho = rho.reshape(rho.shape + (1,)) if rho.dim() else rho
+        rises = torch.where(torch.isnan(rho), rises, survival_sorted > rho * added_us)
     step_ok = valid_sorted & (forced_sorted | rises)
     admitted = torch.cumprod(step_ok.to(torch.int32), dim=-1).to(torch.int32)
 
@@ -168,16 +185,24 @@ def choose_verify_lengths(
     chosen_x = torch.where(has_any, tokens_per_request.gather(-1, last), torch.ones_like(last, dtype=torch.float64))
     chosen_round = latency.round_us(batch, chosen_x)
 
+    round_rate = (chosen_gain / chosen_round).squeeze(-1)
+    if rate_threshold is None:
+        marginal_rate = round_rate
+    else:
+        rho = torch.as_tensor(rate_threshold, dtype=torch.float64, device=device).expand_as(round_rate)
+        marginal_rate = torch.where(torch.isnan(rho), round_rate, rho)
+
     next_index = counts.long().clamp(max=k - 1).unsqueeze(-1)
     next_survival = survival.gather(-1, next_index).squeeze(-1)
     next_survival = torch.where(counts.long() < capacity, next_survival, torch.zeros_like(next_survival))
     return LengthDecision(
         num_drafts=counts,
-        tokens_per_us=(chosen_gain / chosen_round).squeeze(-1).float(),
+        tokens_per_us=round_rate.float(),
         expected_tokens=chosen_gain.squeeze(-1).float(),
         round_us=chosen_round.squeeze(-1).float(),
         verify_us=latency.verify_us(batch, chosen_x).squeeze(-1).float(),
         next_survival=next_survival,
+        marginal_rate=marginal_rate.float(),
     )
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def naive_choose_verify_lengths(confidences, num_drafts, round_us, *, min_drafts=0, max_drafts=None,
-                                padded_weight=0.0) -> list[int]:
+                                padded_weight=0.0, rate_threshold=None) -> list[int]:
     """confidences: [B][K] floats; num_drafts: [B] ints; round_us(x) -> float round time at x verified
     tokens per request. Returns drafts to verify per request."""
     batch, k = len(confidences), len(confidences[0])
@@ -26,7 +26,11 @@ def naive_choose_verify_lengths(confidences, num_drafts, round_us, *, min_drafts
         new_longest = max(longest, j + 2)
         x = (1 - padded_weight) * (1.0 + admitted / batch) + padded_weight * new_longest
         new_round = round_us(x)
-        if not forced and not s * last_round > gain * (new_round - last_round):
+        if rate_threshold is None:
+            rises = s * last_round > gain * (new_round - last_round)
+        else:
+            rises = s > rate_threshold * (new_round - last_round)
+        if not forced and not rises:
             break
         counts[b] += 1
         gain, longest, last_round = new_gain, new_longest, new_round

@@ -5,18 +5,21 @@ from vllm_hybridspec.routing.correction import (
     expert_cost_from_profile,
     neutralize_routing,
     new_experts_per_token,
+    probe_worth,
     routing_keep_mask,
     verified_drafts_after_correction,
 )
-from vllm_hybridspec.routing.naive import naive_routing_keep
+from vllm_hybridspec.routing.naive import naive_probe_worth, naive_routing_keep
 
 __all__ = [
     "ExpertCost",
     "RoutingDecision",
     "expert_cost_from_profile",
+    "naive_probe_worth",
     "naive_routing_keep",
     "neutralize_routing",
     "new_experts_per_token",
+    "probe_worth",
     "routing_keep_mask",
     "verified_drafts_after_correction",
 ]

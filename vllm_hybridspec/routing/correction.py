@@ -28,6 +28,7 @@ All functions are torch ops on device tensors with static shapes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,10 @@ from vllm_hybridspec.latency_profile import LatencyProfile
 class ExpertCost:
     """Marginal latency of a probe token, from the latency profile.
 
-    per_token_us: non-MoE time one more verified token adds (all layers together).
+    probe_token_us: time every probe costs, kept or dropped. With static shapes a dropped probe still runs
+        through the attention / GDN layers (only its experts are skipped), so this is the non-MoE time of
+        one token; 0 if the rest of verification skips dropped tokens.
+    keep_token_us: non-MoE time a KEPT probe adds beyond a dropped one (the complement of probe_token_us).
     per_expert_layer_us: time one more distinct expert adds in ONE MoE layer.
     num_moe_layers: MoE layers the kept probe runs through.
     mean_new_experts: expected new experts per layer of a probe (the profile's unique-expert growth).
@@ -48,14 +52,15 @@ class ExpertCost:
         other layers cost `mean_new_experts` each).
     """
 
-    per_token_us: float
+    probe_token_us: float
+    keep_token_us: float
     per_expert_layer_us: float
     num_moe_layers: int
     mean_new_experts: float
     cross_layer_correlation: float = 1.0
 
     def __post_init__(self):
-        if self.per_token_us < 0 or self.per_expert_layer_us < 0 or self.mean_new_experts < 0:
+        if min(self.probe_token_us, self.keep_token_us, self.per_expert_layer_us, self.mean_new_experts) < 0:
             raise ValueError("ExpertCost: costs and mean_new_experts must be >= 0")
         if self.num_moe_layers < 1:
             raise ValueError(f"ExpertCost: num_moe_layers must be >= 1, got {self.num_moe_layers}")
@@ -64,11 +69,11 @@ class ExpertCost:
                              f"{self.cross_layer_correlation}")
 
     def probe_cost_us(self, new_experts_layer0: torch.Tensor) -> torch.Tensor:
-        """Expected added time of keeping a probe that adds `new_experts_layer0` experts in layer 0."""
-        n0 = new_experts_layer0.float()
+        """Expected time that KEEPING a probe adds, given the experts it adds in layer 0."""
+        n0 = torch.as_tensor(new_experts_layer0).float()
         r = self.cross_layer_correlation
         others = (self.num_moe_layers - 1) * (r * n0 + (1.0 - r) * self.mean_new_experts)
-        return self.per_token_us + self.per_expert_layer_us * (n0 + others)
+        return self.keep_token_us + self.per_expert_layer_us * (n0 + others)
 
 
 def _row_interp(xs: list[int], ys: list[float], x: float) -> float:
@@ -90,13 +95,16 @@ def expert_cost_from_profile(
     num_moe_layers: int,
     top_k: int,
     cross_layer_correlation: float = 1.0,
+    dropped_token_runs_non_moe: bool = True,
 ) -> ExpertCost:
     """Fits `ExpertCost` at (batch, verified length per request) from a profile with MoE breakdown.
 
     per_expert_layer_us: least-squares slope of the profile's MoE time (summed over layers) against its
     mean unique experts per layer, over the measured lengths of each batch row, divided by the MoE layer
-    count; interpolated in batch. per_token_us and mean_new_experts: finite differences in L at `length`
-    of the non-MoE time and of the unique experts, per added token (one more length step adds `batch`).
+    count; interpolated in batch. The non-MoE time of one token and mean_new_experts: finite differences in
+    L at `length` of the non-MoE time and of the unique experts, per added token (one length step adds
+    `batch` tokens). `dropped_token_runs_non_moe` (static shapes, the default) books that non-MoE time as
+    `probe_token_us` (paid by every probe); otherwise as `keep_token_us` (paid only by kept probes).
     """
     if profile.per_layer_type is None or "moe" not in profile.per_layer_type or profile.unique_experts is None:
         raise ValueError(
@@ -119,15 +127,48 @@ def expert_cost_from_profile(
         return _row_interp(profile.batch_sizes, [_row_interp(lengths, row, x) for row in table], b)
 
     non_moe = [[t - m for t, m in zip(t_row, m_row)] for t_row, m_row in zip(profile.t_us, moe)]
-    per_token_us = max(at(non_moe, batch, length + 1) - at(non_moe, batch, length), 0.0) / batch
+    token_us = max(at(non_moe, batch, length + 1) - at(non_moe, batch, length), 0.0) / batch
     new_experts = (at(unique, batch, length + 1) - at(unique, batch, length)) / batch
     return ExpertCost(
-        per_token_us=per_token_us,
+        probe_token_us=token_us if dropped_token_runs_non_moe else 0.0,
+        keep_token_us=0.0 if dropped_token_runs_non_moe else token_us,
         per_expert_layer_us=per_expert_layer_us,
         num_moe_layers=num_moe_layers,
         mean_new_experts=min(max(new_experts, 0.0), float(top_k)),
         cross_layer_correlation=cross_layer_correlation,
     )
+
+
+def probe_worth(
+    next_survival: torch.Tensor,
+    tokens_per_us: torch.Tensor | float,
+    cost: ExpertCost,
+    top_k: int,
+    *,
+    threshold: float = 1.0,
+    overhead_us: float = 0.0,
+) -> torch.Tensor:
+    """[..., B] bool: whether to append a probe token to each request at all.
+
+    A probe always costs `cost.probe_token_us` (+ `overhead_us`, this request's share of the decision
+    kernels); it pays back only when it turns out cheap enough to keep. Its layer-0 new-expert count is
+    modelled as Binomial(top_k, mean_new_experts / top_k), so the expected benefit is
+        E_j[max(0, value - threshold * keep_cost(j))],   value = next_survival / tokens_per_us,
+    and the request gets a probe iff that exceeds threshold * (probe_token_us + overhead_us). The decision
+    reads only the prefix (survival of the next draft), so it keeps the length choice a stopping time.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    device = next_survival.device
+    j = torch.arange(top_k + 1, device=device, dtype=torch.float64)
+    p = min(max(cost.mean_new_experts / top_k, 0.0), 1.0)
+    log_comb = torch.lgamma(torch.tensor(top_k + 1.0, dtype=torch.float64)) - torch.lgamma(j + 1) - torch.lgamma(top_k - j + 1)
+    pmf = torch.exp(log_comb + j * math.log(max(p, 1e-300)) + (top_k - j) * math.log(max(1 - p, 1e-300)))
+    rate = torch.as_tensor(tokens_per_us, dtype=torch.float64, device=device).clamp(min=1e-12)
+    value = next_survival.double() / (rate.unsqueeze(-1) if rate.dim() else rate)
+    keep_cost = threshold * cost.probe_cost_us(j).double()
+    benefit = ((value.unsqueeze(-1) - keep_cost).clamp(min=0.0) * pmf).sum(-1)
+    return benefit > threshold * (cost.probe_token_us + overhead_us)
 
 
 @dataclass

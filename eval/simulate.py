@@ -1,0 +1,479 @@
+"""Simulated tokens/s of speculative decoding policies on a measured verify-latency profile (issue 6, part 4).
+
+Replays acceptance traces - drawn from per-position acceptance models fitted to published DFlash acceptance
+lengths (eval/acceptance_models.py), or recorded ones (--traces) - against the latency profile that
+eval/bench_verify_profile.py measured, at concurrency 1, 4, 16, 64 (closed loop: c requests always decoding,
+one speculative round per step for all of them). Every policy sees the same trace (common random numbers),
+so ratios are side by side.
+
+Policies (kernels = the profile variant whose T(B, L) prices the verify pass):
+    ar                      autoregressive decoding: T(B, 1) per token, no drafter          (baseline kernels)
+    fixed_dflash            DFlash, K = 15 drafts always verified (L = 16)                   (baseline kernels)
+    fixed_dflash_ours       the same on our GDN verify kernels                               (ours)
+    vllm_adaptive           vLLM 0.33's adaptive rule: budget from last round's confidences,
+                            global top-budget by survival                                     (ours)
+    hybridspec              our length policy (choose_verify_lengths)                         (ours)
+    hybridspec_rc           + first-router routing correction, probe priced by the profile    (ours_probe)
+
+Round time = drafter(B) + T_kernels(B, 1 + verified drafts / B) (vLLM packs per-request lengths), plus for
+hybridspec_rc the probe pass (ours_probe - ours at the same L) and, per kept probe, the non-MoE cost of one
+token and the experts it adds (ExpertCost from the profile's MoE time against unique experts; new experts
+per layer ~ Binomial(top_k, m / top_k) with m the profile's marginal unique-expert growth; other layers copy
+layer 0's count with probability --cross-layer-corr, else draw independently). The drafter is priced by a
+roofline model of a DFlash drafter (DrafterCost), since the profile measures the target only.
+
+Acceptance estimates: the policies see calibrated probabilities from OnlineAcceptanceCalibrator fed a raw
+score = logit(true conditional acceptance) + N(0, --feature-noise^2) (fitted online while the simulation
+runs; the first --warmup rounds are not counted).
+
+    python eval/simulate.py                               # measured profile -> eval/results/simulate.*
+    python eval/simulate.py --profile P.json --out /tmp/s --rounds-scale 0.1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+EVAL = Path(__file__).resolve().parent
+sys.path.insert(0, str(EVAL))
+
+import torch  # noqa: E402
+
+import acceptance_models as am  # noqa: E402
+from _results import write_results  # noqa: E402
+from vllm_hybridspec.latency_profile import LatencyProfile, select_profile  # noqa: E402
+from vllm_hybridspec.policy import (  # noqa: E402
+    OnlineAcceptanceCalibrator,
+    ThroughputTracker,
+    VerifyLatencyModel,
+    choose_verify_lengths,
+    vllm_adaptive_lengths,
+)
+from vllm_hybridspec.routing import expert_cost_from_profile, probe_worth  # noqa: E402
+
+BENCH = "simulate"
+DEFAULT_PROFILE = EVAL / "results" / "latency_profile_qwen36_35b_a3b_h200.json"
+CONCURRENCY = (1, 4, 16, 64)
+NUM_DRAFTS = 15
+CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
+POLICIES = ("ar", "fixed_dflash", "fixed_dflash_ours", "vllm_adaptive", "hybridspec", "hybridspec_rc")
+
+
+@dataclass(frozen=True)
+class DrafterCost:
+    """Roofline time of one DFlash drafter forward for B requests x (K + 1) positions, bf16.
+
+    Defaults: a Qwen3-style DFlash drafter of 5 layers, hidden 2048, intermediate 6144 (the z-lab
+    drafters' layout), sharing the target's 248,320 x 2048 LM head (logits for every position); HBM and
+    dense bf16 rates as measured on the H200 (anchors.md: 4.3 TB/s copy, ~790 TFLOP/s), the latter at 50%
+    efficiency; plus a fixed launch/graph overhead.
+    """
+
+    layers: int = 5
+    hidden: int = 2048
+    intermediate: int = 6144
+    kv_dim: int = 512
+    vocab: int = 248_320
+    hbm_bytes_per_us: float = 4.3e6
+    flops_per_us: float = 0.5 * 790e6
+    launch_us: float = 20.0
+
+    def params(self) -> int:
+        attn = self.hidden * (2 * self.hidden + 2 * self.kv_dim)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp) + 5 * self.hidden * self.hidden + self.vocab * self.hidden
+
+    def time_us(self, batch: int, positions: int = NUM_DRAFTS + 1) -> float:
+        bytes_read = 2 * self.params()
+        flops = 2 * self.params() * batch * positions
+        return self.launch_us + max(bytes_read / self.hbm_bytes_per_us, flops / self.flops_per_us)
+
+
+def load_variants(path: Path) -> dict[str, LatencyProfile]:
+    doc = json.loads(Path(path).read_text())
+    if "profile" in doc or "profiles" in doc:
+        doc = doc.get("profile", doc)
+    names = [p["variant"] for p in doc["profiles"]] if "profiles" in doc else [doc["variant"]]
+    return {name: select_profile(doc, name) for name in names}
+
+
+@dataclass
+class Outcome:
+    tokens: float = 0.0
+    time_us: float = 0.0
+    rounds: int = 0
+    verified_drafts: float = 0.0
+    accepted: float = 0.0
+    probes: float = 0.0
+    probes_kept: float = 0.0
+
+    def row(self, batch: int) -> dict:
+        n = max(self.rounds * batch, 1)
+        return {
+            "tokens_per_s": round(1e6 * self.tokens / self.time_us, 2),
+            "tau": round(self.tokens / n, 3),
+            "mean_verified_drafts": round(self.verified_drafts / n, 3),
+            "round_us": round(self.time_us / max(self.rounds, 1), 1),
+            "probes_per_round": round(self.probes / max(self.rounds, 1), 3),
+            "probe_keep_rate": round(self.probes_kept / self.probes, 3) if self.probes else None,
+        }
+
+
+class Cell:
+    """One (trace, concurrency): runs every policy over the same rounds."""
+
+    def __init__(self, trace: am.Trace, batch: int, profiles: dict[str, LatencyProfile], drafter: DrafterCost,
+                 args, seed: int):
+        self.trace, self.batch, self.args, self.seed = trace, batch, args, seed
+        draft_us = drafter.time_us(batch)
+        self.draft_us = draft_us
+        self.base = profiles.get("baseline") or next(iter(profiles.values()))
+        self.ours = profiles.get("ours")
+        self.probe = profiles.get("ours_probe")
+        lat = lambda p, overhead: VerifyLatencyModel(p, batch, NUM_DRAFTS + 1, overhead_us=overhead)
+        self.lat_ar = lat(self.base, 0.0)
+        self.lat_base = lat(self.base, draft_us)
+        self.lat_ours = lat(self.ours, draft_us) if self.ours else self.lat_base
+        self.lat_probe = lat(self.probe, 0.0) if self.probe else None
+        self.lat_ours_bare = lat(self.ours, 0.0) if self.ours else None
+
+    def available(self) -> list[str]:
+        out = ["ar", "fixed_dflash", "vllm_adaptive", "hybridspec"]
+        if self.ours is not None:
+            out.insert(2, "fixed_dflash_ours")
+        if self.probe is not None and self.probe.unique_experts is not None and self.ours is not None:
+            out.append("hybridspec_rc")
+        return out
+
+    def run(self, policy: str, *, estimator_noise_free: bool = False, threshold: float = 1.0,
+            long_run_rate: bool | None = None) -> Outcome:
+        args, batch, trace = self.args, self.batch, self.trace
+        out = Outcome()
+        cap = torch.full((batch,), NUM_DRAFTS)
+        cal = OnlineAcceptanceCalibrator(NUM_DRAFTS, refit_interval=1, min_observations=32, damping=50.0)
+        routing_gen = torch.Generator().manual_seed(self.seed + 7)
+        stale_last = torch.ones(batch, NUM_DRAFTS)
+        lat = self.lat_base if policy == "fixed_dflash" else self.lat_ours
+        long_run_rate = self.args.long_run_rate if long_run_rate is None else long_run_rate
+        tracker = ThroughputTracker(ema=0.2)
+        for start in range(0, trace.rounds, CHUNK):
+            sl = slice(start, min(start + CHUNK, trace.rounds))
+            feature, accepted_all = trace.feature[sl], trace.accepted_all[sl]
+            chunk = feature.shape[0]
+            conf = trace.true_conf[sl] if estimator_noise_free else cal.predict(feature)
+            counted = start >= args.warmup
+            if policy == "ar":
+                if counted:
+                    out.tokens += chunk * batch
+                    out.time_us += chunk * float(self.lat_ar.round_us(batch, 1.0))
+                    out.rounds += chunk
+                continue
+            extra_us = torch.zeros(chunk, dtype=torch.float64)
+            if policy in ("fixed_dflash", "fixed_dflash_ours"):
+                n = torch.full((chunk, batch), NUM_DRAFTS)
+            elif policy == "vllm_adaptive":
+                stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
+                n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), lat, budget_confidences=stale).long()
+            else:
+                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), lat,
+                                                 rate_threshold=tracker.rate if long_run_rate else None)
+                n = decision.num_drafts.long()
+            stale_last = conf[-1]
+            verified = n
+            if policy == "hybridspec_rc":
+                verified, extra_us, probes, kept = self._routing_correction(n, decision, routing_gen, threshold)
+                if counted:
+                    out.probes += probes
+                    out.probes_kept += kept
+            accepted = torch.minimum(accepted_all, verified)
+            x = 1.0 + n.sum(-1).double() / batch
+            time_us = lat.round_us(batch, x) + extra_us
+            cal.observe(feature.reshape(-1, NUM_DRAFTS), verified.reshape(-1), accepted.reshape(-1))
+            tracker.update((accepted + 1).sum(), time_us.sum())
+            if counted:
+                out.tokens += float((accepted + 1).sum())
+                out.time_us += float(time_us.sum())
+                out.rounds += chunk
+                out.verified_drafts += float(verified.sum())
+                out.accepted += float(accepted.sum())
+        return out
+
+    def _routing_correction(self, n, decision, gen, threshold):
+        """Probe / keep / drop for one chunk; returns (verified drafts, extra time per round, probes, kept).
+
+        integrated (default): the probe is one more token of the same verify pass; with static shapes a
+            dropped probe still runs the non-MoE layers (ExpertCost.probe_token_us, paid by every probe)
+            and only its experts are skipped; the decision kernels cost --decision-us per round.
+        separate: the probe is the profile's own pass (ours_probe - ours: embedding + layer 0 + router on
+            L + 1 tokens), paid once per round that probes; a kept probe then costs a whole token.
+        """
+        args, batch = self.args, self.batch
+        chunk = n.shape[0]
+        length = 1.0 + float(n.float().mean())
+        integrated = args.probe_cost == "integrated"
+        cost = expert_cost_from_profile(self.ours, batch, length, num_moe_layers=args.moe_layers,
+                                        top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
+                                        dropped_token_runs_non_moe=integrated)
+        x = 1.0 + n.sum(-1).double() / batch
+        pass_us = (self.lat_probe.verify_us(batch, x) - self.lat_ours_bare.verify_us(batch, x)).clamp(min=0.0)
+        share_us = args.decision_us / batch if integrated else float(pass_us.mean()) / batch
+        probing = (n < NUM_DRAFTS) & probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k,
+                                                 threshold=threshold, overhead_us=share_us)
+
+        p_new = min(max(cost.mean_new_experts / args.top_k, 0.0), 1.0)
+        shape = (chunk, batch)
+        n0 = torch.binomial(torch.full(shape, float(args.top_k)), torch.full(shape, p_new), generator=gen)
+        copies = torch.binomial(torch.full(shape, float(args.moe_layers - 1)),
+                                torch.full(shape, args.cross_layer_corr), generator=gen)
+        independent = torch.binomial(args.top_k * (args.moe_layers - 1 - copies), torch.full(shape, p_new),
+                                     generator=gen)
+        total_new = n0 * (1 + copies) + independent
+
+        value_us = decision.next_survival / decision.marginal_rate.unsqueeze(-1)
+        keep = probing & (value_us > threshold * cost.probe_cost_us(n0))
+        any_probe = probing.any(-1).double()
+        fixed_us = any_probe * (args.decision_us if integrated else pass_us)
+        probe_us = (probing * cost.probe_token_us).sum(-1).double()
+        kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
+        return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
+
+
+def _seed(task: str, c: int) -> int:
+    return zlib.crc32(f"{task}/{c}".encode()) % 100_000
+
+
+def geomean(values):
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def build_traces(args) -> dict[str, dict[int, am.Trace]]:
+    traces = {}
+    models = am.fit_task_models(NUM_DRAFTS)
+    tasks = [t for t in am.TASKS if t in args.tasks]
+    for ti, task in enumerate(tasks):
+        traces[task] = {}
+        for c in CONCURRENCY:
+            rounds = int(args.rounds_scale * (args.warmup + max(1500, 12000 // c)))
+            g = torch.Generator().manual_seed(1000 * ti + c)
+            traces[task][c] = am.draw_trace(models[task], rounds, c, NUM_DRAFTS, persistence=args.persistence,
+                                            feature_noise=args.feature_noise, generator=g)
+    if args.traces:
+        rows = am.load_recorded_traces(args.traces, NUM_DRAFTS)
+        traces["recorded"] = {c: am.trace_from_recorded(rows, int(args.rounds_scale * (args.warmup + 1500)), c,
+                                                         NUM_DRAFTS) for c in CONCURRENCY}
+    return traces, models
+
+
+def run_all(args, profiles, drafter):
+    traces, models = build_traces(args)
+    rows, tputs = [], {}
+    for task, by_c in traces.items():
+        for c, trace in by_c.items():
+            cell = Cell(trace, c, profiles, drafter, args, seed=_seed(task, c))
+            results = {p: cell.run(p) for p in cell.available()}
+            for policy, outcome in results.items():
+                tputs[(task, c, policy)] = 1e6 * outcome.tokens / outcome.time_us
+            for policy, outcome in results.items():
+                row = {"task": task, "concurrency": c, "policy": policy,
+                       "kernels": {"ar": "baseline", "fixed_dflash": "baseline"}.get(
+                           policy, "ours_probe" if policy == "hybridspec_rc" else ("ours" if cell.ours else "baseline")),
+                       **outcome.row(c)}
+                row["vs_ar"] = round(tputs[(task, c, policy)] / tputs[(task, c, "ar")], 3)
+                row["vs_fixed_dflash"] = round(tputs[(task, c, policy)] / tputs[(task, c, "fixed_dflash")], 3)
+                rows.append(row)
+            print(f"{task:10s} c={c:<3d} " + " ".join(
+                f"{p}={tputs[(task, c, p)]:.0f}" for p in results), flush=True)
+    return rows, tputs, traces, models
+
+
+def summarize(tputs, tasks, policies):
+    best = "hybridspec_rc" if "hybridspec_rc" in policies else "hybridspec"
+    fixed_same = "fixed_dflash_ours" if "fixed_dflash_ours" in policies else "fixed_dflash"
+    ratio = lambda a, b, c: geomean([tputs[(t, c, a)] / tputs[(t, c, b)] for t in tasks])
+    summary = {
+        "hybridspec_policy": best,
+        "speedup_vs_ar_c1": round(ratio(best, "ar", 1), 3),
+        "speedup_vs_fixed_c1": round(ratio(best, "fixed_dflash", 1), 3),
+        "min_ratio_vs_fixed_c4_to_c64": round(min(ratio(best, "fixed_dflash", c) for c in CONCURRENCY[1:]), 3),
+        "gain_from_routing_correction_c1": (round(ratio("hybridspec_rc", "hybridspec", 1), 3)
+                                            if "hybridspec_rc" in policies else None),
+        # The same comparisons with every policy on our kernels: what the length policy alone adds.
+        "speedup_vs_fixed_same_kernels_c1": round(ratio(best, fixed_same, 1), 3),
+        "min_ratio_vs_fixed_same_kernels_c4_to_c64": round(min(ratio(best, fixed_same, c)
+                                                               for c in CONCURRENCY[1:]), 3),
+        "vllm_adaptive_vs_fixed_same_kernels": {f"c{c}": round(ratio("vllm_adaptive", fixed_same, c), 3)
+                                                for c in CONCURRENCY},
+        "hybridspec_vs_vllm_adaptive": {f"c{c}": round(ratio(best, "vllm_adaptive", c), 3) for c in CONCURRENCY},
+        "aggregation": f"geometric mean over tasks {list(tasks)}",
+    }
+    return summary
+
+
+def sensitivity(args, profiles, drafter, tasks):
+    """c1 and c16 ratios of hybridspec(_rc) under other assumptions (smaller traces)."""
+    out = []
+    base_args = vars(args).copy()
+    variants = [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
+                ("cross_layer_corr", 0.0), ("cross_layer_corr", 1.0), ("probe_cost", "separate"),
+                ("drafter_scale", 0.5),
+                ("drafter_scale", 2.0)]
+    for key, value in variants:
+        a = argparse.Namespace(**{**base_args, key: value, "rounds_scale": args.rounds_scale * 0.5})
+        d = DrafterCost(launch_us=drafter.launch_us * a.drafter_scale,
+                        hbm_bytes_per_us=drafter.hbm_bytes_per_us / a.drafter_scale,
+                        flops_per_us=drafter.flops_per_us / a.drafter_scale)
+        traces, _ = build_traces(argparse.Namespace(**{**vars(a), "traces": None}))
+        entry = {"assumption": key, "value": value}
+        for c in (1, 16):
+            t = {}
+            for task in tasks:
+                cell = Cell(traces[task][c], c, profiles, d, a, seed=_seed(task, c))
+                pol = cell.available()
+                for p in pol:
+                    t[(task, p)] = cell.run(p)
+            best = "hybridspec_rc" if "hybridspec_rc" in pol else "hybridspec"
+            tp = lambda task, p: t[(task, p)].tokens / t[(task, p)].time_us
+            entry[f"vs_ar_c{c}"] = round(geomean([tp(x, best) / tp(x, "ar") for x in tasks]), 3)
+            entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, best) / tp(x, "fixed_dflash") for x in tasks]), 3)
+            if "hybridspec_rc" in pol:
+                entry[f"rc_gain_c{c}"] = round(geomean([tp(x, "hybridspec_rc") / tp(x, "hybridspec")
+                                                        for x in tasks]), 3)
+        print("sensitivity", entry, flush=True)
+        out.append(entry)
+    return out
+
+
+def markdown(summary, rows, assumptions, device, profile_path):
+    lines = [f"# simulate (SIMULATED tokens/s from the latency profile measured on {device})", "",
+             f"Profile: `{profile_path}`. Acceptance: models fitted to published DFlash acceptance lengths "
+             "(eval/acceptance_models.py); see eval/notes/simulate.md.", "",
+             "| summary | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary.items()]
+    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        lines += ["", f"## {task}: tokens/s (ratio vs fixed DFlash K=15)", "",
+                  "| c | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+        for c in CONCURRENCY:
+            cells = []
+            for p in policies:
+                r = next((r for r in rows if r["task"] == task and r["concurrency"] == c and r["policy"] == p), None)
+                cells.append(f"{r['tokens_per_s']:.0f} ({r['vs_fixed_dflash']:.2f})" if r else "")
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += ["", "Assumptions: " + json.dumps(assumptions)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path, device):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 8), squeeze=False)
+    for j, task in enumerate(tasks):
+        for p in policies:
+            pts = [(r["concurrency"], r["tokens_per_s"], r["vs_fixed_dflash"]) for r in rows
+                   if r["task"] == task and r["policy"] == p]
+            if not pts:
+                continue
+            cs, tps, ratios = zip(*pts)
+            axes[0][j].plot(cs, tps, marker="o", label=p)
+            axes[1][j].plot(cs, ratios, marker="o", label=p)
+        axes[0][j].set_title(f"{task}: tokens/s (simulated)")
+        axes[1][j].set_title(f"{task}: ratio vs fixed DFlash K=15")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+            ax.set_xlabel("concurrency")
+            ax.grid(alpha=0.3)
+        axes[1][j].axhline(1.0, color="k", lw=0.8)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Simulated from the verify-latency profile measured on {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
+    ap.add_argument("--out", type=Path, default=EVAL / "results")
+    ap.add_argument("--tasks", nargs="+", default=list(am.TASKS))
+    ap.add_argument("--traces", type=Path, default=None, help="recorded rounds (JSONL), replayed as task 'recorded'")
+    ap.add_argument("--rounds-scale", type=float, default=1.0, help="scale the number of simulated rounds")
+    ap.add_argument("--warmup", type=int, default=200, help="rounds not counted (calibrator warm-up)")
+    ap.add_argument("--feature-noise", type=float, default=1.0,
+                    help="std of the raw acceptance score around the true log-odds")
+    ap.add_argument("--persistence", type=float, default=0.5, help="P(a request keeps last round's difficulty)")
+    ap.add_argument("--cross-layer-corr", type=float, default=0.5,
+                    help="P(an MoE layer's new-expert count equals layer 0's) for probe tokens")
+    ap.add_argument("--probe-cost", choices=("integrated", "separate"), default="integrated",
+                    help="how the routing-correction probe is priced (see Cell._routing_correction)")
+    ap.add_argument("--decision-us", type=float, default=5.0,
+                    help="routing-correction decision kernels per probing round (integrated probe)")
+    ap.add_argument("--drafter-scale", type=float, default=1.0, help="multiply the drafter time model")
+    ap.add_argument("--long-run-rate", type=int, choices=(0, 1), default=1,
+                    help="price tokens at the long-run achieved rate (1) or each round's own rate (0)")
+    ap.add_argument("--moe-layers", type=int, default=40)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--no-sensitivity", action="store_true")
+    ap.add_argument("--no-plot", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.time()
+    if not args.profile.is_file():
+        raise SystemExit(f"latency profile not found: {args.profile} (run eval/bench_verify_profile.py first)")
+    profiles = load_variants(args.profile)
+    drafter = DrafterCost()
+    drafter = DrafterCost(launch_us=drafter.launch_us * args.drafter_scale,
+                          hbm_bytes_per_us=drafter.hbm_bytes_per_us / args.drafter_scale,
+                          flops_per_us=drafter.flops_per_us / args.drafter_scale)
+    device = next(iter(profiles.values())).device
+    rows, tputs, traces, models = run_all(args, profiles, drafter)
+    tasks = [t for t in traces if t != "recorded"]
+    policies = {p for (_, _, p) in tputs}
+    summary = summarize(tputs, tasks, policies)
+    if "recorded" in traces:
+        summary["recorded_traces"] = {f"c{c}": round(tputs[("recorded", c, "hybridspec")]
+                                                     / tputs[("recorded", c, "fixed_dflash")], 3)
+                                      for c in CONCURRENCY}
+    assumptions = {
+        "profile": str(args.profile), "profile_variants": sorted(profiles),
+        "profile_batch_sizes": next(iter(profiles.values())).batch_sizes,
+        "num_drafts": NUM_DRAFTS, "drafter": asdict(drafter),
+        "drafter_us": {f"c{c}": round(drafter.time_us(c), 1) for c in CONCURRENCY},
+        "feature_noise": args.feature_noise, "persistence": args.persistence,
+        "cross_layer_corr": args.cross_layer_corr, "probe_cost": args.probe_cost,
+        "decision_us": args.decision_us, "moe_layers": args.moe_layers, "top_k": args.top_k,
+        "warmup_rounds": args.warmup, "rounds_scale": args.rounds_scale,
+        "acceptance_models": {t: asdict(m) | {"tau_15": round(m.tau(NUM_DRAFTS), 3)} for t, m in models.items()},
+        "published": am.PUBLISHED,
+        "packed_lengths": True,
+    }
+    extra = {"assumptions": assumptions}
+    if not args.no_sensitivity:
+        extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks)
+    command = "python eval/simulate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_results(BENCH, rows, summary, command.strip(), device, out_dir=args.out, extra=extra,
+                  markdown=markdown(summary, rows, assumptions, device, args.profile))
+    if not args.no_plot:
+        plot(rows, args.out / f"{BENCH}.png", device)
+    print(json.dumps(summary, indent=1))
+    print(f"done in {time.time() - started:.0f} s")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
