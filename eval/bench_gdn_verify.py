@@ -103,15 +103,15 @@ def accept_counts(seqlen, batch, pattern, device, seed=1):
 # ---------------------------------------------------------------------------------------------------------------
 # One step of each variant over all layers
 
-def ours_step(s, num_accepted, verify=True, reconstruct=True, block_v=None, num_warps=4, recon_block_v=32,
-              recon_warps=4):
+def ours_step(s, num_accepted, verify=True, reconstruct=True, block_v=None, num_warps=4, precision="ieee",
+              recon_block_v=32, recon_warps=4):
     def run():
         if verify:
             for layer in range(s["num_layers"]):
                 gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"],
                            s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"],
                            s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], block_v=block_v,
-                           num_warps=num_warps)
+                           num_warps=num_warps, dot_precision=precision)
         if reconstruct:
             gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], block_v=recon_block_v,
                             num_warps=recon_warps)
@@ -324,17 +324,20 @@ def load_fla():
 def sweep(gdn, device, num_layers, rep_ms, vk):
     """Launch configs of ours at a few shapes: verify alone and reconstruction alone."""
     rows = []
-    for L, B in ((4, 1), (16, 1), (16, 32), (16, 64)):
+    verify_configs = [(bv, warps, "ieee") for bv in (16, 32, 64) for warps in (2, 4, 8)]
+    verify_configs += [(bv, 4, prec) for bv in (16, 32) for prec in ("tf32x3", "tf32")]
+    for L, B in ((4, 1), (16, 1), (16, 32)):
         s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(L, B, "all", device)
-        for bv in (16, 32, 64):
-            for warps in (2, 4, 8):
-                ms = time_step(ours_step(s, n, reconstruct=False, block_v=bv, num_warps=warps), rep_ms)
-                rows.append(dict(part="verify", L=L, B=B, block_v=bv, warps=warps, us=ms * 1e3 / num_layers))
+        for bv, warps, prec in verify_configs:
+            ms = time_step(ours_step(s, n, reconstruct=False, block_v=bv, num_warps=warps, precision=prec), rep_ms)
+            rows.append(dict(part="verify", L=L, B=B, block_v=bv, warps=warps, precision=prec,
+                             us=ms * 1e3 / num_layers))
         for bv in (16, 32, 64):
             for warps in (4, 8):
                 ms = time_step(ours_step(s, n, verify=False, recon_block_v=bv, recon_warps=warps), rep_ms)
-                rows.append(dict(part="reconstruct", L=L, B=B, block_v=bv, warps=warps, us=ms * 1e3 / num_layers))
+                rows.append(dict(part="reconstruct", L=L, B=B, block_v=bv, warps=warps, precision="ieee",
+                                 us=ms * 1e3 / num_layers))
         del s
         torch.cuda.empty_cache()
     return rows
@@ -347,7 +350,7 @@ def main():
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--lens", default="4,8,12,16")
     parser.add_argument("--batches", default="1,8,32,64")
-    parser.add_argument("--rep-ms", type=int, default=60)
+    parser.add_argument("--rep-ms", type=int, default=40)
     parser.add_argument("--sweep", action="store_true", help="also time launch configs of ours")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")

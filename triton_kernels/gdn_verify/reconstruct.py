@@ -13,11 +13,10 @@ from .verify import DOT_PRECISION, _check_index, _check_workspace
 from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
 def _gdn_reconstruct_kernel(
     ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
-    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot,
-    WS_REQS: tl.constexpr, WS_LEN: tl.constexpr,
+    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -113,7 +112,7 @@ def gdn_reconstruct(
     _gdn_reconstruct_kernel[grid](
         states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
         workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
-        WS_REQS=workspace.max_requests, WS_LEN=workspace.max_len,
+        workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
         DOT_PRECISION=DOT_PRECISION, num_warps=num_warps,

@@ -41,12 +41,12 @@ def _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.
     return tl.where(m_t[:, None], acc, 0.0)
 
 
-@triton.jit(do_not_specialize=["scale"])
+@triton.jit(do_not_specialize=["scale", "WS_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    o, ws_u, ws_k, ws_g, ws_x, scale, stride_conv_slot, stride_ssm_slot,
+    o, ws_u, ws_k, ws_g, ws_x, scale, stride_conv_slot, stride_ssm_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, WS_LEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -160,6 +160,7 @@ def gdn_verify(
     scale: float | None = None,
     block_v: int | None = None,
     num_warps: int = 4,
+    dot_precision: str = DOT_PRECISION,
 ) -> torch.Tensor:
     """Core attention output of every verified token of one GDN layer, from each request's committed state.
 
@@ -182,6 +183,7 @@ def gdn_verify(
         max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
+        block_v, num_warps, dot_precision   launch tuning (value-block width, warps, tl.dot input precision)
     Returns `out`.
     """
     _check_contiguous("mixed_qkv", mixed_qkv, 2)
@@ -240,9 +242,9 @@ def gdn_verify(
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
         out, workspace.u, workspace.k, workspace.g, workspace.x, scale, conv_state.stride(0), ssm_state.stride(0),
-        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
-        BT=block_t, BV=block_v, LOG2_BT=int(math.log2(block_t)), WS_LEN=workspace.max_len,
-        HAS_BIAS=conv_bias is not None, DOT_PRECISION=DOT_PRECISION, num_warps=num_warps,
+        workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+        BT=block_t, BV=block_v, LOG2_BT=int(math.log2(block_t)), HAS_BIAS=conv_bias is not None,
+        DOT_PRECISION=dot_precision, num_warps=num_warps,
     )
     return out
 
