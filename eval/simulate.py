@@ -136,10 +136,13 @@ class Cell:
         self.base = profiles.get("baseline") or next(iter(profiles.values()))
         self.ours = profiles.get("ours")
         self.probe = profiles.get("ours_probe")
-        lat = lambda p, overhead: VerifyLatencyModel(p, batch, NUM_DRAFTS + 1, overhead_us=overhead)
+        lat = lambda p, overhead, cvx=False: VerifyLatencyModel(p, batch, NUM_DRAFTS + 1, overhead_us=overhead,
+                                                                convexify=cvx)
         self.lat_ar = lat(self.base, 0.0)
         self.lat_base = lat(self.base, draft_us)
         self.lat_ours = lat(self.ours, draft_us) if self.ours else self.lat_base
+        # What the adaptive policies believe (possibly convexified); time is always charged by lat_ours.
+        self.lat_policy = lat(self.ours or self.base, draft_us, bool(args.convexify))
         self.lat_probe = lat(self.probe, 0.0) if self.probe else None
         self.lat_ours_bare = lat(self.ours, 0.0) if self.ours else None
 
@@ -179,9 +182,10 @@ class Cell:
                 n = torch.full((chunk, batch), NUM_DRAFTS)
             elif policy == "vllm_adaptive":
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
-                n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), lat, budget_confidences=stale).long()
+                n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), self.lat_policy,
+                                          budget_confidences=stale).long()
             else:
-                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), lat,
+                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), self.lat_policy,
                                                  rate_threshold=tracker.rate if long_run_rate else None)
                 n = decision.num_drafts.long()
             stale_last = conf[-1]
@@ -322,7 +326,7 @@ def sensitivity(args, profiles, drafter, tasks):
     base_args = vars(args).copy()
     variants = [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
                 ("cross_layer_corr", 0.0), ("cross_layer_corr", 1.0), ("probe_cost", "separate"),
-                ("drafter_scale", 0.5),
+                ("long_run_rate", 1), ("convexify", 1), ("drafter_scale", 0.5),
                 ("drafter_scale", 2.0)]
     for key, value in variants:
         a = argparse.Namespace(**{**base_args, key: value, "rounds_scale": args.rounds_scale * 0.5})
@@ -419,8 +423,10 @@ def parse_args(argv=None):
     ap.add_argument("--decision-us", type=float, default=5.0,
                     help="routing-correction decision kernels per probing round (integrated probe)")
     ap.add_argument("--drafter-scale", type=float, default=1.0, help="multiply the drafter time model")
-    ap.add_argument("--long-run-rate", type=int, choices=(0, 1), default=1,
+    ap.add_argument("--long-run-rate", type=int, choices=(0, 1), default=0,
                     help="price tokens at the long-run achieved rate (1) or each round's own rate (0)")
+    ap.add_argument("--convexify", type=int, choices=(0, 1), default=0,
+                    help="policies see the lower convex hull of T(L) (VerifyLatencyModel(convexify=True))")
     ap.add_argument("--moe-layers", type=int, default=40)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -455,7 +461,8 @@ def main(argv=None):
         "drafter_us": {f"c{c}": round(drafter.time_us(c), 1) for c in CONCURRENCY},
         "feature_noise": args.feature_noise, "persistence": args.persistence,
         "cross_layer_corr": args.cross_layer_corr, "probe_cost": args.probe_cost,
-        "decision_us": args.decision_us, "moe_layers": args.moe_layers, "top_k": args.top_k,
+        "decision_us": args.decision_us, "long_run_rate": bool(args.long_run_rate),
+        "convexify": bool(args.convexify), "moe_layers": args.moe_layers, "top_k": args.top_k,
         "warmup_rounds": args.warmup, "rounds_scale": args.rounds_scale,
         "acceptance_models": {t: asdict(m) | {"tau_15": round(m.tau(NUM_DRAFTS), 3)} for t, m in models.items()},
         "published": am.PUBLISHED,

@@ -1,0 +1,86 @@
+"""Smoke tests of eval/simulate.py and eval/acceptance_models.py on a SYNTHETIC profile (no results written
+to eval/results)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import synthetic_profile_file
+
+EVAL = Path(__file__).resolve().parents[2] / "eval"
+
+
+def _load(name):
+    if str(EVAL) not in sys.path:
+        sys.path.insert(0, str(EVAL))  # the eval folder only, never the repo root
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EVAL / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def am():
+    return _load("acceptance_models")
+
+
+def test_fitted_models_reproduce_published_tau(am):
+    models = am.fit_task_models(15)
+    assert set(models) == set(am.TASKS)
+    for task, model in models.items():
+        assert model.tau(15) == pytest.approx(am.PUBLISHED["dflash_b16_tau"][task], abs=1e-6)
+    trace = am.draw_trace(models["gsm8k"], 4000, 4, 15, persistence=0.5, feature_noise=1.0,
+                          generator=torch.Generator().manual_seed(0))
+    empirical = 1 + trace.accepted_all.float().mean().item()
+    assert empirical == pytest.approx(am.PUBLISHED["dflash_b16_tau"]["gsm8k"], rel=0.03)
+
+
+def test_shape_fit_matches_the_profile(am):
+    mu, kappa, decay = am.fit_shape(am.PUBLISHED["dflash_position_survival"])
+    fitted = am.AcceptanceModel(mu, kappa, decay).survival(7)
+    for a, b in zip(fitted, am.PUBLISHED["dflash_position_survival"]):
+        assert a == pytest.approx(b, rel=0.06)
+
+
+def test_recorded_traces_roundtrip(am, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"request": i % 2, "accepted": i % 16, "confidences": [0.5] * 15})
+                              for i in range(10)))
+    rows = am.load_recorded_traces(path, 15)
+    trace = am.trace_from_recorded(rows, 7, 3, 15)
+    assert trace.accepted_all.shape == (7, 3) and trace.true_conf.shape == (7, 3, 15)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"accepted": 1, "confidences": [0.5] * 3}))
+    with pytest.raises(ValueError, match="confidences"):
+        am.load_recorded_traces(bad, 15)
+
+
+def test_simulate_end_to_end_on_synthetic_profile(tmp_path):
+    simulate = _load("simulate")
+    profile = synthetic_profile_file(tmp_path / "profile.json")
+    traces = tmp_path / "t.jsonl"
+    traces.write_text("\n".join(json.dumps({"accepted": (7 * i) % 16, "confidences": [0.8] * 15})
+                                for i in range(40)))
+    out = tmp_path / "out"
+    summary = simulate.main(["--profile", profile, "--out", str(out), "--rounds-scale", "0.05", "--warmup", "20",
+                             "--no-sensitivity", "--traces", str(traces), "--tasks", "gsm8k", "mt-bench"])
+    doc = json.loads((out / "simulate.json").read_text())
+    for key in ("bench", "device", "commit", "date", "command", "rows", "summary", "assumptions"):
+        assert key in doc
+    assert doc["device"] == "synthetic"
+    for key in ("speedup_vs_ar_c1", "speedup_vs_fixed_c1", "min_ratio_vs_fixed_c4_to_c64",
+                "gain_from_routing_correction_c1"):
+        assert isinstance(summary[key], float) and summary[key] > 0
+    policies = {r["policy"] for r in doc["rows"]}
+    assert policies == set(simulate.POLICIES)
+    assert {r["task"] for r in doc["rows"]} == {"gsm8k", "mt-bench", "recorded"}
+    assert (out / "simulate.md").read_text().startswith("# simulate (SIMULATED")
+    assert (out / "simulate.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="not found"):
+        simulate.main(["--profile", str(tmp_path / "missing.json"), "--out", str(out)])
