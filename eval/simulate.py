@@ -23,8 +23,11 @@ layer 0's count with probability --cross-layer-corr, else draw independently). T
 roofline model of a DFlash drafter (DrafterCost), since the profile measures the target only.
 
 Acceptance estimates: the policies see calibrated probabilities from OnlineAcceptanceCalibrator fed a raw
-score = logit(true conditional acceptance) + N(0, --feature-noise^2) (fitted online while the simulation
-runs; the first --warmup rounds are not counted).
+score = logit(true conditional acceptance) + N(0, --feature-noise^2). The calibrator is fitted online over
+the first --warmup rounds (verifying all K drafts, so every position up to the first rejection is labelled),
+then frozen, and every adaptive policy sees the same estimates: the comparisons measure the policies, not
+the calibrator's learning path (tests/policy/test_calibrator_and_latency.py covers that). Warm-up rounds
+are not counted.
 
     python eval/simulate.py                               # measured profile -> eval/results/simulate.*
     python eval/simulate.py --profile P.json --out /tmp/s --rounds-scale 0.1
@@ -145,6 +148,17 @@ class Cell:
         self.lat_policy = lat(self.ours or self.base, draft_us, bool(args.convexify))
         self.lat_probe = lat(self.probe, 0.0) if self.probe else None
         self.lat_ours_bare = lat(self.ours, 0.0) if self.ours else None
+        self.estimates = self._calibrate()
+
+    def _calibrate(self) -> torch.Tensor:
+        cal = OnlineAcceptanceCalibrator(NUM_DRAFTS, refit_interval=1, min_observations=256, damping=50.0)
+        trace, warmup = self.trace, min(self.args.warmup, self.trace.rounds)
+        full = torch.full((self.batch,), NUM_DRAFTS)
+        for start in range(0, warmup, CHUNK):
+            sl = slice(start, min(start + CHUNK, warmup))
+            for feature, accepted in zip(trace.feature[sl], trace.accepted_all[sl]):
+                cal.observe(feature, full, accepted)
+        return cal.predict(trace.feature)
 
     def available(self) -> list[str]:
         out = ["ar", "fixed_dflash", "vllm_adaptive", "hybridspec"]
@@ -159,7 +173,6 @@ class Cell:
         args, batch, trace = self.args, self.batch, self.trace
         out = Outcome()
         cap = torch.full((batch,), NUM_DRAFTS)
-        cal = OnlineAcceptanceCalibrator(NUM_DRAFTS, refit_interval=1, min_observations=32, damping=50.0)
         routing_gen = torch.Generator().manual_seed(self.seed + 7)
         stale_last = torch.ones(batch, NUM_DRAFTS)
         lat = self.lat_base if policy == "fixed_dflash" else self.lat_ours
@@ -169,7 +182,7 @@ class Cell:
             sl = slice(start, min(start + CHUNK, trace.rounds))
             feature, accepted_all = trace.feature[sl], trace.accepted_all[sl]
             chunk = feature.shape[0]
-            conf = trace.true_conf[sl] if estimator_noise_free else cal.predict(feature)
+            conf = trace.true_conf[sl] if estimator_noise_free else self.estimates[sl]
             counted = start >= args.warmup
             if policy == "ar":
                 if counted:
@@ -198,7 +211,6 @@ class Cell:
             accepted = torch.minimum(accepted_all, verified)
             x = 1.0 + n.sum(-1).double() / batch
             time_us = lat.round_us(batch, x) + extra_us
-            cal.observe(feature.reshape(-1, NUM_DRAFTS), verified.reshape(-1), accepted.reshape(-1))
             tracker.update((accepted + 1).sum(), time_us.sum())
             if counted:
                 out.tokens += float((accepted + 1).sum())
@@ -412,7 +424,7 @@ def parse_args(argv=None):
     ap.add_argument("--tasks", nargs="+", default=list(am.TASKS))
     ap.add_argument("--traces", type=Path, default=None, help="recorded rounds (JSONL), replayed as task 'recorded'")
     ap.add_argument("--rounds-scale", type=float, default=1.0, help="scale the number of simulated rounds")
-    ap.add_argument("--warmup", type=int, default=200, help="rounds not counted (calibrator warm-up)")
+    ap.add_argument("--warmup", type=int, default=400, help="rounds not counted (calibrator warm-up)")
     ap.add_argument("--feature-noise", type=float, default=1.0,
                     help="std of the raw acceptance score around the true log-odds")
     ap.add_argument("--persistence", type=float, default=0.5, help="P(a request keeps last round's difficulty)")

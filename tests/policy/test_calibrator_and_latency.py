@@ -28,7 +28,7 @@ def test_calibrator_learns_per_position_mapping():
     true_slope = torch.linspace(1.5, 0.6, k)
     true_bias = torch.linspace(0.5, -1.0, k)
     cal = OnlineAcceptanceCalibrator(k, refit_interval=10, damping=20.0)
-    for _ in range(600):
+    for _ in range(1500):
         f = torch.randn(batch, k, generator=g) * 2
         c = torch.sigmoid(true_slope * f + true_bias)
         accept = torch.rand(batch, k, generator=g) < c

@@ -62,7 +62,7 @@ class OnlineAcceptanceCalibrator:
         init_slope: float = 1.0,
         init_bias: float = 0.0,
         refit_interval: int = 20,
-        min_observations: int = 32,
+        min_observations: int = 128,
         damping: float = 50.0,
         l2: float = 1e-3,
         device: torch.device | str | None = None,
