@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import fused_ops
-from .model import GDNLayer, VerifyModel, attention, naive_attention, torch_moe
+from .model import GDNLayer, VerifyModel, attention, naive_attention, routed_experts, torch_moe
 
 
 def rel_err(out, ref) -> float:
@@ -81,22 +81,33 @@ def check_gdn(model: VerifyModel, batch: int, length: int, gen, naive) -> dict[s
     return r
 
 
-def check_moe(model: VerifyModel, tokens: int, gen, ids) -> dict[str, float]:
-    s, dev, dt = model.s, model.device, model.dtype
-    layer = model.moes[0]
-    x = torch.randn(tokens, s.hidden, device=dev, generator=gen).to(dt)
-    logits = torch.nn.functional.linear(x, layer.w_router)
-    ids = ids.to(dev)
-    ref = torch_moe(x, logits, ids, layer)
-    om = model.k.oai_moe
-    if om is None:
-        return {}
-    from .model import SWIGLU_ALPHA
-    rdata, gather, scatter = om.routing(logits, s.top_k, sm_first=False, expt_indx=ids)
-    act = om.FusedActivation(om.FnSpecs("swiglu", om.swiglu_fn, ("alpha", "limit")), (SWIGLU_ALPHA, None), 2)
-    inter = om.matmul_ogs(x, layer.w1, None, rdata, gather_indx=gather, fused_activation=act)
-    out = om.matmul_ogs(inter, layer.w2, None, rdata, scatter_indx=scatter, gammas=rdata.gate_scal)
-    return {"moe_oai_vs_torch": rel_err(out, ref)}
+MOE_PATTERNS = ((1, 0.0), (5, 0.3), (4, 1.0), (16, 0.0), (16, 1.0), (136, 0.95), (544, 0.3))
+
+
+def check_moe_option(layer, shape, om, mode, gen, patterns=MOE_PATTERNS, time_tokens=(1, 16, 136)) -> dict:
+    """One MoE configuration (opt-flag constraints already set by the caller) against the torch reference on
+    routing patterns of the sweep (tokens, rho), incl. the fully shared one; eager event timing of a layer."""
+    from .routing import synthetic_routing
+    dev, dt = layer.w1.device, layer.w1.dtype
+    errs, times = {}, {}
+    for tokens, rho in patterns:
+        ids = torch.from_numpy(synthetic_routing(1, tokens, 1, shape.num_experts, shape.top_k, rho, seed=tokens)[0]).to(dev)
+        x = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(dt)
+        bias = torch.full((tokens, shape.num_experts), float("-inf"), device=dev, dtype=dt).scatter_(1, ids.long(), 0.0)
+        out = routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
+        ref = torch_moe(x, torch.nn.functional.linear(x, layer.w_router), ids, layer)
+        errs[f"T{tokens}_rho{rho}"] = rel_err(out, ref)
+        if tokens in time_tokens and dev.type == "cuda":
+            for _ in range(3):
+                routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
+            for s, e in ev:
+                s.record()
+                routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
+                e.record()
+            torch.cuda.synchronize()
+            times[f"T{tokens}"] = sorted(s.elapsed_time(e) * 1e3 for s, e in ev)[10]
+    return {"errs": errs, "max_err": max(v if v == v else float("inf") for v in errs.values()), "eager_us": times}
 
 
 def check_attention(mode: str, device, dtype, gen, B=2, H=16, KV=2, L=5, S=300, D=256) -> float:
@@ -110,3 +121,27 @@ def check_attention(mode: str, device, dtype, gen, B=2, H=16, KV=2, L=5, S=300, 
         allowed = torch.arange(S, device=device)[None, :] <= (S - L + rows)[:, None]
         mask = torch.zeros(G * L, S, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
     return rel_err(attention(q, k, v, mask, mode), naive_attention(q, k, v))
+
+
+def check_ours_standalone(ours, device, gen) -> dict[str, float]:
+    """gdn_verify alone at the real head dims on small random problems, fp32 and bf16 inputs (a diagnostic for
+    the kernel's owner when the in-model check fails)."""
+    r = {}
+    H, HV, K, W, B, L = 16, 32, 128, 4, 2, 5
+    D, T = 2 * H * K + HV * K, B * L
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(T, D, device=device, generator=gen).to(dt)
+        a = torch.randn(T, HV, device=device, generator=gen).to(dt)
+        b = torch.randn(T, HV, device=device, generator=gen).to(dt)
+        cw = (torch.randn(D, W, device=device, generator=gen) * 0.5).to(dt)
+        A_log = torch.rand(HV, device=device, generator=gen) * 2 - 1
+        dtb = torch.rand(HV, device=device, generator=gen) * 2 - 1
+        conv = torch.randn(20, 20, D, device=device, generator=gen).to(dt)
+        ssm = torch.randn(20, HV, K, K, device=device, generator=gen) * 0.05
+        idx = torch.tensor([1, 18], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, L, 2 * L], dtype=torch.int32, device=device)
+        ws = ours.GDNVerifyWorkspace.allocate(1, 4, 18, H, HV, K, K, input_dtype=dt, device=device)
+        out = ours.gdn_verify(x, a, b, cw, None, A_log, dtb, conv, ssm, idx, cu, ws.layer(0), max_seqlen=L)
+        ref = ours.naive_gdn_verify(x, a, b, cw, None, A_log, dtb, conv, ssm, idx, cu)
+        r[f"ours_standalone_{str(dt).split('.')[-1]}"] = rel_err(out.cpu(), ref)
+    return r

@@ -51,8 +51,11 @@ def load_oai_moe():
     routing = importlib.import_module("triton_kernels.routing")
     mo = importlib.import_module("triton_kernels.matmul_ogs")
     swiglu = importlib.import_module("triton_kernels.swiglu")
+    flags = importlib.import_module("triton_kernels.matmul_ogs_details.opt_flags")
     return types.SimpleNamespace(routing=routing.routing, matmul_ogs=mo.matmul_ogs,
-                                 FusedActivation=mo.FusedActivation, FnSpecs=mo.FnSpecs, swiglu_fn=swiglu.swiglu_fn)
+                                 FusedActivation=mo.FusedActivation, FnSpecs=mo.FnSpecs, swiglu_fn=swiglu.swiglu_fn,
+                                 update_opt_flags_constraints=flags.update_opt_flags_constraints,
+                                 reset_opt_flags_constraints=flags.reset_opt_flags_constraints)
 
 
 def load_ours():

@@ -43,6 +43,7 @@ class Kernels:
     ours_gdn: object | None = None
     oai_moe: object | None = None
     attention: str = "flash_gqa"     # "flash_gqa" | "efficient_folded" | "math"
+    moe_routing: str = "provided"    # impose ids: "provided" (routing's expt_indx) | "mask" (-inf router bias)
 
 
 def _normal_(t: torch.Tensor, std: float, gen: torch.Generator | None = None) -> torch.Tensor:
@@ -104,6 +105,7 @@ class PassBuffers:
     ours_num_accepted: torch.Tensor  # [B] int32      ours: tokens reconstruction applies (all: worst case)
     expert_ids: torch.Tensor         # [num_moe_layers, T, top_k] int16 (imposed routing)
     attn_mask: torch.Tensor | None   # additive [G*L, S] (folded efficient path only)
+    router_bias: torch.Tensor | None  # [num_moe_layers, T, E] 0 at imposed ids, -inf elsewhere ("mask" mode)
     static_x: torch.Tensor           # [T, hidden] stand-in input of a skipped op
     static_mixer_in: dict = field(default_factory=dict)
 
@@ -201,13 +203,17 @@ class VerifyModel:
             mask_full[:, :S].masked_fill_(~allowed, float("-inf"))
             mask = mask_full[:, :S]
         static_x = _normal_(torch.empty(T, s.hidden, device=dev, dtype=self.dtype), 1.0)
+        bias = None
+        if self.k.moe_routing == "mask":
+            bias = torch.full((n_moe, T, s.num_experts), float("-inf"), device=dev, dtype=self.dtype)
+            bias.scatter_(2, ids.long(), 0.0)
         return PassBuffers(
             batch=batch, length=length, input_ids=input_ids, cos=torch.cos(freqs), sin=torch.sin(freqs),
             cu_seqlens=cu, spec_state_indices=spec,
             num_accepted=torch.ones(batch, device=dev, dtype=torch.int32),
             ours_state_indices=1 + torch.arange(batch, device=dev, dtype=torch.int32) * self.max_len,
             ours_num_accepted=torch.full((batch,), length, device=dev, dtype=torch.int32),
-            expert_ids=ids, attn_mask=mask, static_x=static_x,
+            expert_ids=ids, attn_mask=mask, router_bias=bias, static_x=static_x,
         )
 
     def set_routing(self, buf: PassBuffers, ids: np.ndarray) -> None:
@@ -216,6 +222,9 @@ class VerifyModel:
         if tuple(ids.shape) != want:
             raise ValueError(f"expert ids must be {want}, got {tuple(ids.shape)}")
         buf.expert_ids.copy_(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int16)))
+        if buf.router_bias is not None:
+            buf.router_bias.fill_(float("-inf"))
+            buf.router_bias.scatter_(2, buf.expert_ids.long(), 0.0)
 
     # ---------------------------------------------------------------- ops
     def _norm(self, x, w, residual, run: bool, buf):
@@ -303,17 +312,9 @@ class VerifyModel:
         return F.linear(y, layer.w_o)
 
     def moe(self, layer: MoELayer, x, buf: PassBuffers, moe_index: int):
-        s = self.s
-        logits = F.linear(x, layer.w_router)
         ids = buf.expert_ids[moe_index]
-        om = self.k.oai_moe
-        if om is None:
-            routed = torch_moe(x, logits, ids, layer)
-        else:
-            rdata, gather, scatter = om.routing(logits, s.top_k, sm_first=False, expt_indx=ids)
-            act = om.FusedActivation(om.FnSpecs("swiglu", om.swiglu_fn, ("alpha", "limit")), (SWIGLU_ALPHA, None), 2)
-            inter = om.matmul_ogs(x, layer.w1, None, rdata, gather_indx=gather, fused_activation=act)
-            routed = om.matmul_ogs(inter, layer.w2, None, rdata, scatter_indx=scatter, gammas=rdata.gate_scal)
+        bias = None if buf.router_bias is None else buf.router_bias[moe_index]
+        routed = routed_experts(x, layer, ids, self.s.top_k, self.k.oai_moe, self.k.moe_routing, bias)
         shared = F.linear(fused_ops.silu_mul(F.linear(x, layer.w_shared_gu), backend=self.k.fused),
                           layer.w_shared_down)
         gate = F.linear(x, layer.w_shared_gate)
@@ -358,6 +359,23 @@ class VerifyModel:
         out = self.gdn_mixer(self.mixers[0], x, buf, "ours", 0)
         x = fused_ops.rmsnorm(out, self.norm_w[0][1], self.s.rms_eps, residual=residual, backend=self.k.fused)
         return F.linear(x, self.moes[0].w_router)
+
+
+def routed_experts(x, layer: MoELayer, ids, top_k, om, mode="provided", bias=None):
+    """Router GEMM (run for its cost) + routed experts on the imposed ids [T, top_k] (int16, rows sorted).
+    om: OpenAI triton_kernels namespace, or None for the torch path. mode "provided" passes the ids to
+    routing(); "mask" adds a -inf bias outside them to the router logits (in the GEMM) and lets top-k pick."""
+    if om is None:
+        return torch_moe(x, F.linear(x, layer.w_router), ids, layer)
+    if mode == "mask":
+        logits = torch.addmm(bias, x, layer.w_router.t())
+        rdata, gather, scatter = om.routing(logits, top_k, sm_first=False)
+    else:
+        logits = F.linear(x, layer.w_router)
+        rdata, gather, scatter = om.routing(logits, top_k, sm_first=False, expt_indx=ids)
+    act = om.FusedActivation(om.FnSpecs("swiglu", om.swiglu_fn, ("alpha", "limit")), (SWIGLU_ALPHA, None), 2)
+    inter = om.matmul_ogs(x, layer.w1, None, rdata, gather_indx=gather, fused_activation=act)
+    return om.matmul_ogs(inter, layer.w2, None, rdata, scatter_indx=scatter, gammas=rdata.gate_scal)
 
 
 # -------------------------------------------------------------------- torch paths (CPU smoke, references)
