@@ -255,7 +255,7 @@ def test_full_residency_that_cannot_fit_raises():
         pytest.skip("the CPU single-program plan has no SM limit")
     with pytest.raises(ValueError, match="residency='full'"):
         head_walk(torch.randn(1, 2, 3000), torch.randn(3000, 16), torch.randn(16, 3000),
-                  torch.zeros(1, dtype=torch.long), programs=2, lockstep=True, residency="full", tile=64)
+                  torch.zeros(1, dtype=torch.long), programs=2, lockstep=True, residency="full", tile_rows=64)
 
 
 # ---------------------------------------------------------------- GPU: bf16, persistent multi-program kernel

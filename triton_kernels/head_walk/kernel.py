@@ -1,16 +1,16 @@
-"""Persistent Triton kernel for the DSpark serial head walk (see walk.py for the public function).
+"""Persistent Triton kernel for the DSpark serial head walk (walk.py has the public function and the plan).
 
-One launch walks all N steps. Program p owns a contiguous vocabulary shard of W2; its first TILE rows stay in
-shared memory for the whole walk (the tile is loaded before the step loop and is a loop-invariant `tl.dot`
-operand, which Triton keeps in shared memory), the rest of the shard (partial residency) is streamed each step
-in SUB-row tiles. Each step, every program: picks the previous token from all programs' published candidates,
-gathers W1[x], (RNN: advances its slice of the recurrent state and exchanges it), computes logits for its shard
-and all rows, takes the shard's argmax / Gumbel-max per row and publishes it as one int64 key; then the
-programs meet at a grid barrier.
+One launch walks all N steps. Program p owns a contiguous vocabulary shard of W2; up to RES_TILES tiles of RT
+rows stay in shared memory for the whole walk (loaded before the step loop, they are loop-invariant operands of
+`tl.dot([rows, r], [r, BP])`, a wgmma that reads them from shared memory every step); the rest of the shard
+(partial residency) is streamed each step in ST-row tiles. Each step every program: picks the previous token
+from all programs' published keys, gathers W1[x], (RNN: advances its slice of the recurrent state and exchanges
+it), computes its shard's logits for all rows, takes the shard's argmax / Gumbel-max per row, publishes it as
+one int64 key per row, and meets the other programs at a grid barrier.
 
 A key orders (value, -token id) as one signed int64: the top 32 bits are the fp32 value made monotone as an
-int32, then TAG_BITS of step tag (used by the flag exchange), then IDX_BITS of inverted token id, so
-`max(keys)` is the value's argmax with the first of equal maxima, as torch.argmax and vLLM's Gumbel sampler.
+int32, the low 18 bits the inverted token id, so `max(keys)` is the argmax with the first of equal maxima, as
+torch.argmax and vLLM's Gumbel sampler pick.
 
 MULTI=False runs without grid barriers: one program walks everything (the only mode that is correct under
 TRITON_INTERPRET=1, which runs programs one after another), or several programs run one step per launch
@@ -20,10 +20,11 @@ the multi-program exchange).
 import triton
 import triton.language as tl
 
-IDX_BITS = 18  # token ids < 262,144 (Qwen3.5's 248,320 fits)
-TAG_BITS = 32 - IDX_BITS
+MAX_TOKENS = 1 << 18  # token ids < 262,144 (Qwen3.5's 248,320 fits)
+ID_MASK = tl.constexpr(MAX_TOKENS - 1)
+NO_ID = tl.constexpr(MAX_TOKENS)
 # vLLM's gumbel.py: draft noise is salted away from the target's.
-DRAFT_NOISE_SALT = 1 << 30
+DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
 
 
 @triton.jit
@@ -86,12 +87,11 @@ def _tanh(x):
 
 
 @triton.jit
-def _ordered_keys(values, ids, tag, IDX_BITS: tl.constexpr):
+def _ordered_keys(values, ids):
     # +0.0 folds -0.0 into +0.0, which torch.argmax treats as equal.
     bits = (values + 0.0).to(tl.int32, bitcast=True)
     mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    low = (tag << IDX_BITS) | ((1 << IDX_BITS) - 1 - ids)
-    return (mono.to(tl.int64) << 32) | low.to(tl.int64)
+    return (mono.to(tl.int64) << 32) | (ID_MASK - ids.to(tl.int64))
 
 
 @triton.jit
@@ -111,56 +111,70 @@ def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.co
 
 
 @triton.jit
-def _score_tile(m_dot, w, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
-                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, tag,
+def _score_tile(w, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
-                KEY_BY_TARGET: tl.constexpr, IDX_BITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Best key per row over one tile of vocabulary rows: [BP]."""
+                KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Best key per row over one tile of vocabulary rows: [BP].
+
+    The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
+    from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
+    """
     m_v = rows < vocab
-    acc = tl.dot(m_dot, w.to(m_dot.dtype), input_precision=DOT_PRECISION)
+    acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
     if W2_SCALED:
-        acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[None, :]
+        acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[:, None]
     out_ty = u_ptr.dtype.element_ty
     # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
     # more rounding (a torch add).
     bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
-    u = tl.load(u_ptr + o_b[:, None] * stride_ub + step * stride_uk + rows[None, :], mask=m_b[:, None] & m_v[None, :],
+    u = tl.load(u_ptr + o_b[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=m_v[:, None] & m_b[None, :],
                 other=0.0)
     logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
     if HAS_D2T:
-        target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0)
+        target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
     else:
-        target_ids = rows.to(tl.int64)
+        target_ids = rows
     if STORE_LOGITS:
-        tl.store(dl_ptr + req_safe[:, None] * stride_dlr + step * stride_dlk + target_ids[None, :],
-                 logits.to(dl_ptr.dtype.element_ty), mask=valid[:, None] & m_v[None, :])
+        tl.store(dl_ptr + req_safe[None, :] * stride_dlr + step * stride_dlk + target_ids[:, None],
+                 logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
     if SAMPLED:
         hot = temp != 0.0
-        noise = _gumbel_noise(seed[:, None], pos[:, None], target_ids[None, :])
-        scored = tl.where(hot[:, None], logits / tl.where(hot, temp, 1.0)[:, None] + noise, logits)
+        noise = _gumbel_noise(seed[None, :], pos[None, :], target_ids[:, None])
+        scored = tl.where(hot[None, :], logits / tl.where(hot, temp, 1.0)[None, :] + noise, logits)
     else:
         scored = logits
-    scored = tl.where(m_v[None, :], scored, float("-inf"))
+    scored = tl.where(m_v[:, None], scored, float("-inf"))
     if KEY_BY_TARGET:
         ids = target_ids
     else:
-        ids = rows.to(tl.int64)
-    keys = _ordered_keys(scored, ids[None, :], tag, IDX_BITS)
-    return tl.max(keys, axis=1)
+        ids = rows
+    best = tl.max(scored, axis=0)
+    first = tl.min(tl.where(scored == best[None, :], ids[:, None], NO_ID), axis=0)
+    return _ordered_keys(best, first)
 
 
 @triton.jit
 def _pick(keys_ptr, slot, o_b, m_b, d2t_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr,
-          HAS_D2T: tl.constexpr, KEY_BY_TARGET: tl.constexpr, IDX_BITS: tl.constexpr):
+          HAS_D2T: tl.constexpr, KEY_BY_TARGET: tl.constexpr):
     """Every program reduces all programs' keys the same way, so all agree on the token: [BP] target ids."""
-    o_p = tl.arange(0, PP)
-    keys = tl.load(keys_ptr + slot * NUM_PROGS * BP + o_p[:, None] * BP + o_b[None, :],
-                   mask=(o_p < NUM_PROGS)[:, None], other=-9223372036854775807 - 1, volatile=True)
-    best = tl.max(keys, axis=0)
-    ids = (1 << IDX_BITS) - 1 - (best & ((1 << IDX_BITS) - 1))
+    PCHUNK: tl.constexpr = 32 if PP > 32 else PP
+    best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+    for p0 in tl.static_range(0, PP, PCHUNK):
+        o_p = p0 + tl.arange(0, PCHUNK)
+        keys = tl.load(keys_ptr + slot * NUM_PROGS * BP + o_p[:, None] * BP + o_b[None, :],
+                       mask=(o_p < NUM_PROGS)[:, None], other=-9223372036854775807 - 1, volatile=True)
+        best = tl.maximum(best, tl.max(keys, axis=0))
+    ids = ID_MASK - (best & ID_MASK)
     if HAS_D2T and not KEY_BY_TARGET:
         ids = ids + tl.load(d2t_ptr + ids, mask=m_b, other=0)
     return tl.where(m_b, ids, 0)
+
+
+@triton.jit
+def _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r):
+    return tl.load(w2_ptr + rows[:, None] * stride_w2v + o_r[None, :] * stride_w2r, mask=(rows < shard_end)[:, None],
+                   other=0.0)
 
 
 @triton.jit
@@ -178,20 +192,21 @@ def head_walk_kernel(
     sb_ptr, ob_ptr,
     keys_ptr, count_ptr, err_ptr,
     num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
-    R: tl.constexpr, BP: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, CHUNK_ROWS: tl.constexpr,
-    RESIDENT: tl.constexpr, NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
+    R: tl.constexpr, BP: tl.constexpr, RT: tl.constexpr, RES_TILES: tl.constexpr, ST: tl.constexpr, CHUNK_ROWS: tl.constexpr,
+    NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # HEAD: 0 markov, 1 gated markov, 2 rnn.
+    # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
+    # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
+    # the batch rows have BP entries.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
     m_b = o_b < num_rows
     o_r = tl.arange(0, R)
-    o_t = tl.arange(0, TILE)
-    o_s = tl.arange(0, SUB)
+    o_t = tl.arange(0, RT)
     shard_begin = pid * CHUNK_ROWS
     shard_end = tl.minimum(shard_begin + CHUNK_ROWS, vocab)
     w2_dot_ty = w2_ptr.dtype.element_ty
@@ -204,57 +219,58 @@ def head_walk_kernel(
         req = tl.where(m_b, o_b, -1).to(tl.int64)
     valid = req >= 0
     req_safe = tl.where(valid, req, 0)
-    temp = tl.zeros([BP], dtype=tl.float32)
-    seed0 = tl.zeros([BP], dtype=tl.int64)
+    temp = tl.full([BP], 0.0, dtype=tl.float32)
+    seed0 = tl.full([BP], 0, dtype=tl.int64)
     if SAMPLED:
         temp = tl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(tl.float32)
         seed0 = tl.load(seed_ptr + req_safe, mask=valid, other=0).to(tl.int64)
 
-    # The resident tile: loaded once, a loop-invariant dot operand for every step.
-    if RESIDENT:
-        rows_res = shard_begin + o_t
-        w_res = tl.load(w2_ptr + o_r[:, None] * stride_w2r + rows_res[None, :] * stride_w2v,
-                        mask=(rows_res < shard_end)[None, :], other=0.0)
-        stream_begin = shard_begin + TILE
-    else:
-        stream_begin = shard_begin
+    # Resident tiles: loaded once, loop-invariant dot operands for every step (Triton keeps them in shared memory).
+    if RES_TILES >= 1:
+        w_res0 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + o_t, shard_end, o_r)
+    if RES_TILES >= 2:
+        w_res1 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + RT + o_t, shard_end, o_r)
+    if RES_TILES >= 3:
+        w_res2 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 2 * RT + o_t, shard_end, o_r)
+    if RES_TILES >= 4:
+        w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
+    stream_begin = shard_begin + RES_TILES * RT
 
     if HEAD == 2:
-        # The program's slice of the recurrent state: all of it without grid barriers.
+        # The program's slice of the recurrent state (all of it without grid barriers), as [BP, SJ] dots.
         if MULTI:
             o_j = pid * SJ + tl.arange(0, SJ)
         else:
             o_j = tl.arange(0, SJ)
         m_j = o_j < R
-        ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0).to(tl.float32)
-        ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0).to(tl.float32)
-        ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :],
-                       other=0.0).to(tl.float32)
+        ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+        ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+        ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
 
     if k_begin == 0:
         x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
     else:
-        x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET,
-                  IDX_BITS)
+        x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
 
     for k in range(k_begin, k_end):
         if k > k_begin:
-            x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET, IDX_BITS)
+            x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
             if pid == 0:
                 tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
-        e = tl.load(w1_ptr + x[:, None] * stride_w1 + o_r[None, :]).to(tl.float32)
+        # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
+        e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None]).to(tl.float32)
         if HAS_CONF:
             if pid == 0:
                 wc = tl.load(conf_w_ptr + o_r)
                 ch = tl.load(conf_h_ptr + o_b * num_steps + k, mask=m_b, other=0.0)
-                tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[None, :], axis=1)), mask=m_b)
+                tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[:, None], axis=0)), mask=m_b)
         if HEAD == 0:
             m = e
         elif HEAD == 1:
-            gh = tl.load(gh_ptr + (o_b[:, None] * num_steps + k) * R + o_r[None, :], mask=m_b[:, None], other=0.0)
-            ge = tl.load(t1_ptr + x[:, None] * stride_t1 + o_r[None, :]).to(tl.float32)
+            gh = tl.load(gh_ptr + (o_b[None, :] * num_steps + k) * R + o_r[:, None], mask=m_b[None, :], other=0.0)
+            ge = tl.load(t1_ptr + x[None, :] * stride_t1 + o_r[:, None]).to(tl.float32)
             m = tl.sigmoid(gh + ge) * e
         else:
             hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
@@ -265,8 +281,8 @@ def head_walk_kernel(
                 s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
                                  other=0.0, volatile=True)
             else:
-                s_full = tl.zeros([BP, R], dtype=tl.float32)
-                s_mine = tl.zeros([BP, SJ], dtype=tl.float32)
+                s_full = tl.full([BP, R], 0.0, dtype=tl.float32)
+                s_mine = tl.full([BP, SJ], 0.0, dtype=tl.float32)
             pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
                 + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
                 + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
@@ -284,29 +300,42 @@ def head_walk_kernel(
                 _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
             else:
                 tl.debug_barrier()
-            m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
+            m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
         m_dot = m.to(w2_dot_ty)
 
-        pos = tl.zeros([BP], dtype=tl.int64)
+        pos = tl.full([BP], 0, dtype=tl.int64)
         seed = seed0
         if SAMPLED:
             pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
             seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
-        tag = k & ((1 << TAG_BITS) - 1)
         best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
-        if RESIDENT:
+        if RES_TILES >= 1:
             best = tl.maximum(best, _score_tile(
-                m_dot, w_res, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end, tag,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, IDX_BITS, DOT_PRECISION))
-        for row0 in range(stream_begin, shard_end, SUB):
-            rows = row0 + o_s
-            w = tl.load(w2_ptr + o_r[:, None] * stride_w2r + rows[None, :] * stride_w2v,
-                        mask=(rows < shard_end)[None, :], other=0.0)
+                w_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+        if RES_TILES >= 2:
             best = tl.maximum(best, _score_tile(
-                m_dot, w, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
-                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end, tag,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, IDX_BITS, DOT_PRECISION))
+                w_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+        if RES_TILES >= 3:
+            best = tl.maximum(best, _score_tile(
+                w_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+        if RES_TILES >= 4:
+            best = tl.maximum(best, _score_tile(
+                w_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+        for row0 in range(stream_begin, shard_end, ST):
+            rows = row0 + tl.arange(0, ST)
+            w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
+            best = tl.maximum(best, _score_tile(
+                w, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
         tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
         if MULTI:
             _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
@@ -314,7 +343,6 @@ def head_walk_kernel(
             tl.debug_barrier()
 
     if DO_FINAL:
-        x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET,
-                  IDX_BITS)
+        x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .kernel import IDX_BITS, head_walk_kernel
+from .kernel import MAX_TOKENS, head_walk_kernel
 
 HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
 RESIDENCIES = ("auto", "full", "partial", "off")
@@ -32,12 +32,13 @@ SPIN_LIMIT = 1 << 24
 @dataclass(frozen=True)
 class WalkConfig:
     programs: int
-    chunk_rows: int
-    tile: int
-    sub: int
-    resident: bool
-    multi: bool
-    lockstep: bool
+    chunk_rows: int  # vocabulary rows a program owns
+    block_rows: int  # batch rows padded to a power of two >= 16 (a dot operand's minimum)
+    tile_rows: int  # rows of one resident tile
+    resident_tiles: int
+    stream_rows: int  # rows of one streamed tile
+    multi: bool  # persistent, grid barriers between steps
+    lockstep: bool  # one launch per step
     num_warps: int
     num_stages: int
 
@@ -51,17 +52,18 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def plan_walk(vocab: int, rank: int, w2_elt_bytes: int, device: torch.device, *, residency: str = "auto",
-              programs: int | None = None, lockstep: bool = False, tile: int | None = None, sub: int | None = None,
-              num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
+def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
+              residency: str = "auto", programs: int | None = None, lockstep: bool = False,
+              tile_rows: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
-    if tile is None:
-        tile = 256
-        while tile > 16 and tile * rank * w2_elt_bytes > RESIDENT_BYTES:
-            tile //= 2
-    sub = sub or 64
+    block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
+    resident_rows = RESIDENT_BYTES // (rank * w2_elt_bytes)
+    # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
+    if tile_rows is None:
+        tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
+    stream_rows = 64
     on_gpu = device.type == "cuda" and not _interpreting()
     max_programs = _num_sms(device) if on_gpu else 1
     if programs is not None:
@@ -70,23 +72,26 @@ def plan_walk(vocab: int, rank: int, w2_elt_bytes: int, device: torch.device, *,
         if on_gpu and programs > max_programs and not lockstep:
             raise ValueError(f"programs={programs} exceeds the {max_programs} SMs: all programs must be resident")
         max_programs = programs
-    resident = residency != "off"
-    if not on_gpu and programs is None:
-        chunk_rows, num_programs = vocab, 1
+    if on_gpu or programs is not None:
+        chunk_rows = triton.cdiv(triton.cdiv(vocab, max_programs), stream_rows) * stream_rows
     else:
-        chunk_rows = triton.cdiv(triton.cdiv(vocab, max_programs), sub) * sub
-        if resident and on_gpu and programs is None:
-            chunk_rows = max(chunk_rows, tile)
-        num_programs = triton.cdiv(vocab, chunk_rows)
+        chunk_rows = vocab
+    num_programs = triton.cdiv(vocab, chunk_rows)
     if not on_gpu:
-        tile = min(tile, triton.next_power_of_2(chunk_rows))
-    if residency == "full" and chunk_rows > tile:
-        raise ValueError(f"residency='full' needs vocab <= programs x {tile} rows ({max_programs * tile}); got "
-                         f"{vocab}: use 'partial' or 'auto'")
+        tile_rows = min(tile_rows, triton.next_power_of_2(chunk_rows))
+    if residency == "off":
+        resident_tiles = 0
+    elif on_gpu:
+        resident_tiles = min(4, max(1, resident_rows // tile_rows), triton.cdiv(chunk_rows, tile_rows))
+    else:
+        resident_tiles = 1
+    if residency == "full" and chunk_rows > resident_tiles * tile_rows:
+        raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
+                         f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
-    return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, tile=tile, sub=sub, resident=resident,
-                      multi=multi, lockstep=lockstep and num_programs > 1, num_warps=num_warps or 8,
-                      num_stages=num_stages or 2)
+    return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
+                      resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
+                      lockstep=lockstep and num_programs > 1, num_warps=num_warps or 8, num_stages=num_stages or 2)
 
 
 _workspaces: dict = {}
@@ -164,8 +169,7 @@ def head_walk(
     out: torch.Tensor | None = None,
     programs: int | None = None,
     lockstep: bool = False,
-    tile: int | None = None,
-    sub: int | None = None,
+    tile_rows: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -200,7 +204,7 @@ def head_walk(
         residency: "auto" | "full" (error if W2 does not fit on chip) | "partial" | "off" (stream all of W2).
         w2_dtype: None or torch.float8_e4m3fn (W2 quantized once per weight, one scale per vocabulary row).
         out: optional [B, N] int64 token buffer.
-        programs, lockstep, tile, sub, num_warps, num_stages: launch overrides for tests and tuning.
+        programs, lockstep, tile_rows, num_warps, num_stages: launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -222,7 +226,7 @@ def head_walk(
     _check(w1.stride(1) == 1, "w1 rows must be contiguous")
     _check(w1.dtype in (torch.float32, torch.float16, torch.bfloat16) and w2.dtype in (torch.float32, torch.float16,
            torch.bfloat16), f"w1/w2 must be fp32/fp16/bf16, got {w1.dtype}/{w2.dtype}")
-    _check(max(vocab, w1.shape[0]) <= 1 << IDX_BITS, f"vocabularies above {1 << IDX_BITS} tokens are not supported")
+    _check(max(vocab, w1.shape[0]) <= MAX_TOKENS, f"vocabularies above {MAX_TOKENS} tokens are not supported")
     _check(first_tokens.shape == (num_rows,) and not first_tokens.is_floating_point(),
            f"first_tokens must be an int tensor [B={num_rows}], got {first_tokens.dtype} {tuple(first_tokens.shape)}")
     _check(top_k is None and top_p is None, "top_k/top_p must be None: vLLM applies only the temperature to drafts")
@@ -289,8 +293,8 @@ def head_walk(
     w2_rows = w2.t()  # [V, r] view
     if w2_dtype is not None:
         w2_rows, w2_scale = _cached(("fp8", _tensor_key(w2)), lambda: quantize_w2_fp8(w2))
-    cfg = plan_walk(vocab, rank, w2_rows.element_size(), device, residency=residency, programs=programs,
-                    lockstep=lockstep, tile=tile, sub=sub, num_warps=num_warps, num_stages=num_stages)
+    cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
+                    lockstep=lockstep, tile_rows=tile_rows, num_warps=num_warps, num_stages=num_stages)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -311,7 +315,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
             draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float) -> None:
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
-    block_rows = max(16, triton.next_power_of_2(num_rows))
+    block_rows = cfg.block_rows
     wsp = _workspace(u.device, cfg.programs, block_rows, rank)
     state_slice = triton.cdiv(rank, cfg.programs) if cfg.multi else rank
     state_slice = max(16, triton.next_power_of_2(state_slice))
@@ -340,7 +344,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], err_ptr=wsp["err"],
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
-        R=rank, BP=block_rows, TILE=cfg.tile, SUB=cfg.sub, CHUNK_ROWS=cfg.chunk_rows, RESIDENT=cfg.resident,
+        R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
+        CHUNK_ROWS=cfg.chunk_rows,
         NUM_PROGS=cfg.programs, PP=triton.next_power_of_2(cfg.programs), HEAD=head,
         SAMPLED=temperature is not None, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
         STORE_LOGITS=draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,

@@ -1,0 +1,535 @@
+"""DSpark serial head walk: our persistent resident-W2 kernel against vLLM 0.33's walks (issue 4).
+
+Variants, all timed as CUDA-graph replays of one whole walk (B rows x N steps, r = 256, bf16), warm caches:
+    graph_loop   vLLM's DSparkSpeculator._sample_sequential, op for op in torch (W1 gather, full-vocab bias GEMV
+                 F.linear, add, argmax or vLLM's own Triton gumbel_sample with the draft logits cache, copy)
+    graph_topk   vLLM's _sample_sequential_topk (dspark_draft_topk = TOPK): top-k once, -inf fill, per step a
+                 W2 row gather + baddbmm + scatter, then the same sampling
+    fused_step   vLLM's one-launch-per-step fused Markov kernel (models/deepseek_v41/amd/ops/fused_markov.py,
+                 run unchanged on the H200; built for <= 8 rows; it always samples, so greedy runs it at T = 0)
+    ours_step    our kernel one launch per step (lockstep: the launch boundary is the barrier)
+    ours         our kernel, one persistent launch per walk
+    ours_sync    ours on a vocabulary of 64 rows per program: the step chain without the vocabulary work
+Floors: hbm_stream_us = N x W2 bytes / HBM (re-reading W2 every step, what any non-resident walk pays);
+hbm_once_us = (W2 once + U + draft logits) / HBM (the least our walk must move); mma_us = 2 B V r N / peak.
+
+GPU (one call):
+    python eval/bench_head_walk.py --prepare           # here: extract vLLM's Triton sources (git-ignored)
+    python eval/bench_head_walk.py --out $OUT          # there
+    python eval/bench_head_walk.py --finalize DIR      # here: copy results into eval/results, draw the plot
+CPU smoke (tiny sizes, Triton interpreter, wall clock):
+    python eval/bench_head_walk.py --quick --out /tmp/hw
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+EVAL = Path(__file__).resolve().parent
+REPO = EVAL.parent
+sys.path.insert(0, str(EVAL))
+
+BENCH = "head_walk"
+EXTRACT_DIR = REPO / ".vendor" / "extracted_head_walk"
+TOPK = 64
+RANK = 256
+GUMBEL_MODULE = "vllm/v1/worker/gpu/sample/gumbel.py"
+FUSED_MARKOV_MODULE = "vllm.models.deepseek_v41.amd.ops.fused_markov"
+HBM_FALLBACK_GBPS = 4300.0  # anchors.md, measured copy on this H200
+MMA_PEAK_TFLOPS = 790.0  # anchors.md, measured bf16 dense
+
+
+def prepare(dest: Path = EXTRACT_DIR) -> None:
+    """Copy vLLM's gumbel.py (shared extraction helper) and fused_markov.py (its two extra vLLM imports, a logger
+    and the AMD on/off switch, are replaced here) into a git-ignored folder that the GPU call carries."""
+    from _vllm_sources import PACKAGE, _read_source, _rewrite, extract
+
+    names = extract([GUMBEL_MODULE], dest)
+    source = _read_source(FUSED_MARKOV_MODULE)
+    source = source.replace("from vllm.logger import init_logger",
+                            "import logging\n\n\ndef init_logger(name):\n    return logging.getLogger(name)")
+    source = source.replace("from vllm.models.deepseek_v41.amd.ops import enabled",
+                            "def enabled():\n    return True")
+    text, unresolved = _rewrite(source, FUSED_MARKOV_MODULE, set(names))
+    if unresolved:
+        raise ImportError("fused_markov.py imports more of vLLM than expected:\n  " + "\n  ".join(unresolved))
+    path = dest / PACKAGE / "fused_markov.py"
+    path.write_text(text)
+    print(f"extracted {sorted(names)} and {FUSED_MARKOV_MODULE} into {dest}")
+
+
+def load_vllm_kernels(dest: Path = EXTRACT_DIR):
+    """(gumbel module, fused_markov module) from the extracted copies, or (None, None) when absent."""
+    import importlib
+
+    if not (dest / "vllm_extracted").exists():
+        return None, None
+    sys.path.insert(0, str(dest))
+    gumbel = importlib.import_module("vllm_extracted.v1.worker.gpu.sample.gumbel")
+    fused = importlib.import_module("vllm_extracted.fused_markov")
+    return gumbel, fused
+
+
+# ----------------------------------------------------------------------------------------------- problem
+
+
+class Problem:
+    """Static buffers of one walk, laid out as vLLM's DSpark speculator holds them."""
+
+    def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(device=device, dtype=dtype)  # noqa: E731
+        self.rows, self.steps, self.vocab, self.rank, self.sampled = rows, steps, vocab, rank, sampled
+        # Bias std ~ sqrt(r) * 0.25^2 = 1, the same scale as the base logits: the Markov term decides tokens.
+        self.base = rnd(rows, steps, vocab)
+        self.w1 = rnd(vocab, rank, scale=0.25)
+        self.w2 = rnd(vocab, rank, scale=0.25)  # vLLM's markov_w2.weight layout [V, r]
+        self.input_ids = torch.randint(0, vocab, (rows * steps,), generator=gen).to(device)
+        self.anchor_idx = (torch.arange(rows) * steps).to(device)
+        self.first = self.input_ids[self.anchor_idx].clone()
+        self.temperature = (torch.rand(rows, generator=gen) * 0.8 + 0.6).to(device)
+        self.seeds = torch.randint(0, 2**62, (rows,), generator=gen).to(device)
+        self.sample_pos = (torch.randint(1, 50_000, (rows, 1), generator=gen) + torch.arange(steps)).to(device)
+        self.positions = (self.sample_pos - 1).contiguous()
+        self.idx_map = torch.arange(rows).repeat_interleave(steps).view(rows, steps).to(device)
+        self.step_cols = torch.arange(steps, dtype=torch.int32).to(device)
+        self.draft_tokens = torch.zeros(rows, steps, dtype=torch.long, device=device)
+        self.draft_logits = torch.zeros(rows, steps, vocab, dtype=dtype, device=device) if sampled else None
+        self.work = torch.empty_like(self.base)
+
+
+def graph_loop(torch, F, gumbel, p: Problem) -> None:
+    """vLLM 0.33 DSparkSpeculator._sample_sequential from the base logits on (full draft vocabulary)."""
+    prev = p.input_ids[p.anchor_idx]
+    for i in range(p.steps):
+        markov_embed = F.embedding(prev, p.w1)
+        bias = F.linear(markov_embed, p.w2)
+        logits_i = p.base[:, i] + bias
+        if p.sampled:
+            draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
+                                         apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
+                                         logits_cache_col=p.step_cols[i], use_fp64=False)
+        else:
+            draft = logits_i.argmax(dim=-1)
+        p.draft_tokens[:, i] = draft
+        prev = draft
+
+
+def graph_topk(torch, F, gumbel, p: Problem) -> None:
+    """vLLM 0.33 DSparkSpeculator._sample_sequential_topk (p.work stands for the backbone's logits tensor that
+    vLLM overwrites in place)."""
+    base_values, draft_indices = p.base.topk(TOPK, dim=-1)
+    p.work.fill_(float("-inf"))
+    prev = p.input_ids[p.anchor_idx]
+    for i in range(p.steps):
+        markov_embed = F.embedding(prev, p.w1)
+        weight = p.w2[draft_indices[:, i]]
+        corrected = base_values[:, i].unsqueeze(-1).clone()
+        corrected.baddbmm_(weight, markov_embed.unsqueeze(-1), beta=1.0, alpha=1.0)
+        logits_i = p.work[:, i].scatter_(1, draft_indices[:, i], corrected.squeeze(-1))
+        if p.sampled:
+            draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
+                                         apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
+                                         logits_cache_col=p.step_cols[i], use_fp64=False)
+        else:
+            draft = logits_i.argmax(dim=-1)
+        p.draft_tokens[:, i] = draft
+        prev = draft
+
+
+class FusedStep:
+    """vLLM's fused_markov.sample_sequential launch sequence, with our Problem's buffers in the speculator's
+    place (greedy runs it at temperature 0: it always fills the draft logits cache)."""
+
+    def __init__(self, torch, triton, fused, p: Problem):
+        self.fused, self.p, self.triton = fused, p, triton
+        self.cache = p.draft_logits if p.draft_logits is not None else torch.zeros_like(p.base)
+        self.temperature = p.temperature if p.sampled else torch.zeros_like(p.temperature)
+        self.sample_pos = p.sample_pos.contiguous()
+        nb = triton.cdiv(p.vocab, fused.BLOCK)
+        self.nb, self.nb2 = nb, triton.next_power_of_2(nb)
+        self.bufs = [(torch.empty(p.rows, nb, dtype=torch.float32, device=p.base.device),
+                      torch.empty(p.rows, nb, dtype=torch.int64, device=p.base.device)) for _ in range(2)]
+
+    def __call__(self) -> None:
+        f, p = self.fused, self.p
+        for step in range(p.steps):
+            prev_max, prev_arg = self.bufs[(step + 1) % 2]
+            out_max, out_arg = self.bufs[step % 2]
+            f._markov_step_kernel[(self.nb,)](
+                prev_max, prev_arg, p.input_ids, p.anchor_idx, p.draft_tokens, p.draft_tokens.stride(0), p.w1, p.w2,
+                p.base[:, step], p.base.stride(0), self.cache, self.cache.stride(0), self.cache.stride(1),
+                p.idx_map, p.idx_map.stride(0), self.sample_pos, self.sample_pos.stride(0), self.temperature,
+                p.seeds, out_max, out_arg, p.vocab, self.nb, STEP=step, ROWS=p.rows, RANK=p.rank, BLOCK=f.BLOCK,
+                K_CHUNK=f.K_CHUNK, BLOCKS_POW2=self.nb2, USE_FP64=False, num_warps=f.NUM_WARPS)
+        last_max, last_arg = self.bufs[(p.steps - 1) % 2]
+        f._markov_last_kernel[(p.rows,)](last_max, last_arg, p.draft_tokens, p.draft_tokens.stride(0), self.nb,
+                                         STEP=p.steps - 1, BLOCKS_POW2=self.nb2)
+
+
+def ours_fn(head_walk, p: Problem, **kw):
+    def run():
+        sample = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
+        head_walk(p.base, p.w1, p.w2.t(), p.first, draft_logits=p.draft_logits, out=p.draft_tokens, **sample, **kw)
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+def time_graph(torch, fn, trials=7, replays=20):
+    """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / replays)
+    return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
+
+
+def hbm_gbps(torch):
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    gbps = 2 * 10 * src.numel() / (start.elapsed_time(end) / 1000.0) / 1e9
+    del src, dst
+    return gbps
+
+
+def tolerated(naive_head_walk, gumbel_noise_fn, p: Problem, tokens, atol_ulps=2.0):
+    """Fraction of steps where our token is the best of its own path within atol_ulps bf16 ulps (teacher-forced
+    fp32 reference; bf16 logits tie often and sum in another order than cuBLAS)."""
+    import torch
+
+    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
+
+    kw = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
+    _, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
+    scored = logits
+    if p.sampled:
+        ids = torch.arange(p.vocab, device=logits.device)[None, :]
+        for k in range(p.steps):
+            noise = gumbel_noise_fn(spec_step_seed(p.seeds, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT, ids)
+            scored[:, k] = logits[:, k] / p.temperature[:, None] + noise
+    best = scored.max(-1).values
+    chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
+    ok = chosen >= best - atol_ulps * best.abs().clamp(min=1.0) * 2.0 ** -7
+    return float(ok.float().mean())
+
+
+# --------------------------------------------------------------------------------------------------- run
+
+
+def run_gpu(args) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    from hybridspec_kernels.head_walk import barrier_errors, gumbel_noise, head_walk, naive_head_walk
+
+    gumbel, fused = load_vllm_kernels(Path(args.vllm_sources))
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    bw = hbm_gbps(torch)
+    print(f"device {props.name}, {props.multi_processor_count} SMs, copy {bw:.0f} GB/s, vLLM kernels "
+          f"{'found' if gumbel else 'MISSING'}", flush=True)
+    rows_out, checks = [], []
+    t_start = time.time()
+    for vocab in args.vocabs:
+        for steps in args.steps:
+            for rows in args.batches:
+                for mode in args.modes:
+                    if time.time() - t_start > args.budget_s:
+                        print(f"time budget reached, skipping V={vocab} N={steps} B={rows} {mode}", flush=True)
+                        continue
+                    sampled = mode == "sampled"
+                    p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16)
+                    w2_bytes = vocab * RANK * 2
+                    row = dict(vocab=vocab, steps=steps, batch=rows, mode=mode,
+                               hbm_stream_us=round(steps * w2_bytes / bw / 1e3, 1),
+                               hbm_once_us=round((w2_bytes + rows * steps * vocab * 2 * (2 if sampled else 1))
+                                                 / bw / 1e3, 1),
+                               mma_us=round(2 * rows * vocab * RANK * steps / MMA_PEAK_TFLOPS / 1e6, 2))
+                    variants = {"ours": ours_fn(head_walk, p), "ours_step": ours_fn(head_walk, p, lockstep=True)}
+                    if sampled and gumbel is None:
+                        pass
+                    else:
+                        variants["graph_loop"] = lambda: graph_loop(torch, F, gumbel, p)
+                        variants["graph_topk"] = lambda: graph_topk(torch, F, gumbel, p)
+                    if fused is not None and rows in args.fused_batches and vocab in args.fused_vocabs:
+                        variants["fused_step"] = FusedStep(torch, triton, fused, p)
+                    tokens = {}
+                    for name, fn in variants.items():
+                        try:
+                            p.draft_tokens.fill_(-1)
+                            fn()
+                            torch.cuda.synchronize()
+                            tokens[name] = p.draft_tokens.clone()
+                            us, spread = time_graph(torch, fn)
+                            row[f"{name}_us"] = round(us, 1)
+                            row[f"{name}_spread"] = round(spread, 3)
+                        except Exception as exc:  # a variant that cannot run is reported, not fatal
+                            row[f"{name}_us"] = None
+                            row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                            print(f"  {name} failed: {row[f'{name}_error']}", flush=True)
+                    if "ours" in tokens:
+                        ours_tokens = tokens["ours"]
+                        row["ours_written"] = bool((ours_tokens >= 0).all())
+                        row["ours_eq_step"] = bool(torch.equal(ours_tokens, tokens.get("ours_step", ours_tokens)))
+                        row["ours_tolerated"] = tolerated(naive_head_walk, gumbel_noise, p, ours_tokens)
+                        for ref in ("graph_loop", "fused_step"):
+                            if ref in tokens:
+                                row[f"agree_{ref}"] = round(float((tokens[ref] == ours_tokens).float().mean()), 3)
+                    for ref in ("graph_loop", "graph_topk", "fused_step", "ours_step"):
+                        if row.get(f"{ref}_us") and row.get("ours_us"):
+                            row[f"speedup_{ref}"] = round(row[f"{ref}_us"] / row["ours_us"], 2)
+                    if row.get("ours_us"):
+                        row["ours_us_per_step"] = round(row["ours_us"] / steps, 2)
+                    if row.get("graph_loop_us"):
+                        row["graph_loop_us_per_step"] = round(row["graph_loop_us"] / steps, 2)
+                    rows_out.append(row)
+                    print(json.dumps(row), flush=True)
+                    del p
+                    torch.cuda.empty_cache()
+    # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
+    for steps in args.steps:
+        sms = props.multi_processor_count
+        p = Problem(torch, 1, steps, 64 * sms, RANK, False, device, torch.bfloat16)
+        fn = ours_fn(head_walk, p)
+        fn()
+        us, _ = time_graph(torch, fn)
+        checks.append(dict(check="ours_sync_floor", steps=steps, programs=sms, us=round(us, 1),
+                           us_per_step=round(us / steps, 2)))
+    checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
+    errors = barrier_errors(device)
+    checks.append(dict(check="barrier_errors", value=errors))
+    return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
+
+
+def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -> list:
+    """bf16 gated Markov / RNN / fp8 W2 on the persistent kernel: identical to lockstep, tolerated vs naive."""
+    out = []
+    gen = torch.Generator().manual_seed(3)
+    vocab, steps, d_model = 32000, 15, 512
+    for rows in (1, 16):
+        for head in ("gated_markov", "rnn"):
+            for sampled in (False, True):
+                p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16, seed=rows)
+                hidden = (torch.randn(rows, steps, d_model, generator=gen) * 0.5).to(device, torch.bfloat16)
+                if head == "gated_markov":
+                    hw = dict(gate_weights=((torch.randn(RANK, d_model + RANK, generator=gen) * 0.05).to(device, torch.bfloat16),
+                                            (torch.randn(RANK, generator=gen) * 0.1).to(device, torch.bfloat16)))
+                else:
+                    hw = dict(rnn_weights=((torch.randn(3 * RANK, 2 * RANK + d_model, generator=gen) * 0.05).to(device, torch.bfloat16),
+                                           (torch.randn(3 * RANK, generator=gen) * 0.1).to(device, torch.bfloat16)))
+                kw = dict(head=head, hidden=hidden, **hw)
+                if sampled:
+                    kw.update(temperature=p.temperature, seeds=p.seeds, positions=p.positions)
+                tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
+                step_tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
+                ref, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
+                scored = logits
+                if sampled:
+                    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
+                    ids = torch.arange(vocab, device=device)[None, :]
+                    for k in range(steps):
+                        scored[:, k] = logits[:, k] / p.temperature[:, None] + gumbel_noise(
+                            spec_step_seed(p.seeds, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT, ids)
+                best = scored.max(-1).values
+                chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
+                # RNN / gate arithmetic runs in another order and precision than the fp32 reference: 4 ulps.
+                tol = float((chosen >= best - 4 * best.abs().clamp(min=1.0) * 2.0 ** -7).float().mean())
+                us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, **kw))
+                out.append(dict(check=f"{head}_{'sampled' if sampled else 'greedy'}_b{rows}",
+                                equal_lockstep=bool(torch.equal(tokens, step_tokens)), tolerated=round(tol, 4),
+                                agree_naive=round(float((tokens == ref).float().mean()), 3), ours_us=round(us, 1)))
+                print(json.dumps(out[-1]), flush=True)
+    for vocab in (151936,):
+        p = Problem(torch, 1, 15, vocab, RANK, False, device, torch.bfloat16, seed=9)
+        tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, w2_dtype=torch.float8_e4m3fn)
+        us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, w2_dtype=torch.float8_e4m3fn))
+        off_us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, residency="off"))
+        out.append(dict(check=f"fp8_w2_v{vocab}_b1", ours_us=round(us, 1), residency_off_us=round(off_us, 1),
+                        tokens_written=bool((tokens >= 0).all())))
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def summarize(rows) -> dict:
+    def pick(vocab, steps, batch, key, mode="greedy"):
+        for r in rows:
+            if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (vocab, steps, batch, mode):
+                return r.get(key)
+        return None
+
+    return {
+        "speedup_graph_loop_v32k_blk15_b1": pick(32000, 15, 1, "speedup_graph_loop"),
+        "speedup_fused_step_v32k_blk15_b1": pick(32000, 15, 1, "speedup_fused_step"),
+        "speedup_graph_loop_v152k_blk15_b1": pick(151936, 15, 1, "speedup_graph_loop"),
+        "speedup_graph_loop_v32k_blk15_b32": pick(32000, 15, 32, "speedup_graph_loop"),
+        "speedup_graph_loop_v32k_blk15_b1_sampled": pick(32000, 15, 1, "speedup_graph_loop", "sampled"),
+        "speedup_fused_step_v32k_blk15_b1_sampled": pick(32000, 15, 1, "speedup_fused_step", "sampled"),
+        "ours_us_v32k_blk15_b1": pick(32000, 15, 1, "ours_us"),
+        "graph_loop_us_v32k_blk15_b1": pick(32000, 15, 1, "graph_loop_us"),
+    }
+
+
+def run_quick(args) -> dict:
+    """Tiny sizes under the Triton interpreter: exercises every code path of the bench, times nothing useful."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+    import torch.nn.functional as F
+
+    from hybridspec_kernels.head_walk import head_walk, naive_head_walk
+
+    rows_out = []
+    for rows in (1, 3):
+        for mode in ("greedy", "sampled"):
+            p = Problem(torch, rows, 4, 300, 16, mode == "sampled", torch.device("cpu"), torch.float32)
+            row = dict(vocab=300, steps=4, batch=rows, mode=mode)
+            variants = {"ours": ours_fn(head_walk, p), "ours_step": ours_fn(head_walk, p, lockstep=True, programs=3)}
+            if mode == "greedy":
+                variants["graph_loop"] = lambda: graph_loop(torch, F, None, p)
+                variants["graph_topk"] = lambda: graph_topk(torch, F, None, p)
+            tokens = {}
+            for name, fn in variants.items():
+                start = time.perf_counter()
+                fn()
+                row[f"{name}_us"] = round((time.perf_counter() - start) * 1e6, 1)
+                tokens[name] = p.draft_tokens.clone()
+            kw = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
+            ref = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)[0]
+            row["ours_eq_naive"] = bool(torch.equal(tokens["ours"], ref))
+            row["ours_eq_step"] = bool(torch.equal(tokens["ours"], tokens["ours_step"]))
+            if "graph_loop" in tokens:
+                row["agree_graph_loop"] = float((tokens["graph_loop"] == tokens["ours"]).float().mean())
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+    return dict(rows=rows_out, checks=[], device="cpu (Triton interpreter)", hbm_gbps=None, sms=None)
+
+
+def write(result, command, out_dir):
+    from _results import write_results
+
+    rows = result["rows"]
+    summary = summarize(rows)
+    md = markdown(rows, summary, result)
+    return write_results(BENCH, rows, summary, command, result["device"], out_dir=out_dir,
+                         extra=dict(checks=result["checks"], hbm_gbps=result["hbm_gbps"], sms=result["sms"],
+                                    topk=TOPK, rank=RANK), markdown=md)
+
+
+def markdown(rows, summary, result) -> str:
+    lines = [f"# {BENCH}", "", f"device: {result['device']}, HBM copy {result['hbm_gbps']} GB/s, r = {RANK}, "
+             f"top-k {TOPK}; us per walk (CUDA-graph replay, median).", "", "| summary | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary.items()]
+    cols = ["vocab", "steps", "batch", "mode", "ours_us", "ours_us_per_step", "ours_step_us", "graph_loop_us",
+            "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step", "hbm_stream_us",
+            "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
+    if result["checks"]:
+        lines += ["", "checks:", ""] + [f"- {json.dumps(c)}" for c in result["checks"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(json_path: Path, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = json.loads(json_path.read_text())
+    rows = [r for r in doc["rows"] if r["steps"] == 15]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    for ax, vocab in zip(axes, (32000, 151936)):
+        for mode, style in (("greedy", "-"), ("sampled", "--")):
+            sel = sorted((r for r in rows if r["vocab"] == vocab and r["mode"] == mode), key=lambda r: r["batch"])
+            for key, color in (("ours_us", "C0"), ("graph_loop_us", "C1"), ("graph_topk_us", "C2"),
+                               ("fused_step_us", "C3"), ("ours_step_us", "C4")):
+                pts = [(r["batch"], r[key]) for r in sel if r.get(key)]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", color=color, label=f"{key[:-3]} {mode}")
+        floor = [(r["batch"], r["hbm_stream_us"]) for r in rows if r["vocab"] == vocab and r["mode"] == "greedy"]
+        if floor:
+            ax.plot(*zip(*sorted(floor)), ":", color="gray", label="W2 streamed every step (HBM floor)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"V = {vocab}, r = {RANK}, block 15")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("us per walk")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prepare", action="store_true")
+    parser.add_argument("--finalize", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--vllm-sources", default=str(EXTRACT_DIR))
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[32000, 151936])
+    parser.add_argument("--steps", type=int, nargs="+", default=[7, 15])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
+    parser.add_argument("--fused-batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--fused-vocabs", type=int, nargs="+", default=[32000, 151936])
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    args = parser.parse_args()
+    if args.prepare:
+        prepare()
+        return
+    if args.finalize:
+        src = args.finalize / f"{BENCH}.json"
+        dest = EVAL / "results"
+        for suffix in (".json", ".md"):
+            shutil.copy(args.finalize / f"{BENCH}{suffix}", dest / f"{BENCH}{suffix}")
+        plot(src, dest / f"{BENCH}.png")
+        print(f"results in {dest}")
+        return
+    if args.out is None:
+        parser.error("--out is required (eval/results is written by --finalize from a GPU run)")
+    command = "python eval/bench_head_walk.py " + " ".join(sys.argv[1:])
+    result = run_quick(args) if args.quick else run_gpu(args)
+    path = write(result, command, args.out)
+    print(f"wrote {path}")
+    for r in result["rows"]:
+        print(f"V={r['vocab']:>6} N={r['steps']:>2} B={r['batch']:>2} {r['mode']:>7}: ours {r.get('ours_us')} us, "
+              f"loop {r.get('graph_loop_us')}, topk {r.get('graph_topk_us')}, fused {r.get('fused_step_us')}, "
+              f"step {r.get('ours_step_us')} -> x{r.get('speedup_graph_loop')} loop, x{r.get('speedup_fused_step')} "
+              f"fused, tol {r.get('ours_tolerated')}")
+
+
+if __name__ == "__main__":
+    main()
