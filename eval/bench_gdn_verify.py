@@ -45,6 +45,8 @@ from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # 
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     GDNStateTable,
     GDNVerifyWorkspace,
+    VerifyConfig,
+    default_verify_config,
     gdn_reconstruct,
     gdn_verify,
     naive_gdn_reconstruct,
@@ -103,18 +105,21 @@ def accept_counts(seqlen, batch, pattern, device, seed=1):
 # ---------------------------------------------------------------------------------------------------------------
 # One step of each variant over all layers
 
-def ours_step(s, num_accepted, verify=True, reconstruct=True, block_v=None, num_warps=4, precision="ieee",
-              recon_block_v=32, recon_warps=4):
+DEFAULT_RECON = dict(block_v=32, num_warps=4, outer_loop=True)
+
+
+def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):
+    config = config or default_verify_config(s["B"])
+    recon = recon or DEFAULT_RECON
+
     def run():
         if verify:
             for layer in range(s["num_layers"]):
                 gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"],
                            s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"],
-                           s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], block_v=block_v,
-                           num_warps=num_warps, dot_precision=precision)
+                           s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], config=config)
         if reconstruct:
-            gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], block_v=recon_block_v,
-                            num_warps=recon_warps)
+            gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], **recon)
     return run
 
 
@@ -321,26 +326,44 @@ def load_fla():
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def sweep(gdn, device, num_layers, rep_ms, vk):
-    """Launch configs of ours at a few shapes: verify alone and reconstruction alone."""
-    rows = []
-    verify_configs = [(bv, warps, "ieee") for bv in (16, 32, 64) for warps in (2, 4, 8)]
-    verify_configs += [(bv, 4, prec) for bv in (16, 32) for prec in ("tf32x3", "tf32")]
-    for L, B in ((4, 1), (16, 1), (16, 32)):
-        s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
-        n = accept_counts(L, B, "all", device)
-        for bv, warps, prec in verify_configs:
-            ms = time_step(ours_step(s, n, reconstruct=False, block_v=bv, num_warps=warps, precision=prec), rep_ms)
-            rows.append(dict(part="verify", L=L, B=B, block_v=bv, warps=warps, precision=prec,
-                             us=ms * 1e3 / num_layers))
-        for bv in (16, 32, 64):
-            for warps in (4, 8):
-                ms = time_step(ours_step(s, n, verify=False, recon_block_v=bv, recon_warps=warps), rep_ms)
-                rows.append(dict(part="reconstruct", L=L, B=B, block_v=bv, warps=warps, precision="ieee",
-                                 us=ms * 1e3 / num_layers))
+SWEEP_VERIFY = [
+    VerifyConfig(block_v=32),
+    VerifyConfig(block_v=16),
+    VerifyConfig(block_v=32, group_heads=True),
+    VerifyConfig(block_v=32, whole_v=True),
+    VerifyConfig(block_v=32, whole_v=True, group_heads=True),
+    VerifyConfig(block_v=32, whole_v=True, group_heads=True, num_warps=8),
+    VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8),
+    VerifyConfig(block_v=32, big_dot="tf32x3"),
+]
+SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
+SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
+
+
+def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16):
+    """Launch configs of ours per batch size (verify alone, reconstruction alone); returns rows and the fastest
+    verify config (tf32 only: tf32x3 is timed as the price of more precision) and reconstruction config per batch."""
+    rows, best_verify, best_recon = [], {}, {}
+    for B in batches:
+        s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
+        n = accept_counts(seqlen, B, "all", device)
+        for config in SWEEP_VERIFY:
+            us = time_step(ours_step(s, n, reconstruct=False, config=config), rep_ms) * 1e3 / num_layers
+            rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3)))
+            if config.big_dot == "tf32" and us < best_verify.get(B, (None, float("inf")))[1]:
+                best_verify[B] = (config, us)
+        for recon in SWEEP_RECON if B in (1, max(batches)) else []:
+            us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
+            rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3)))
+            if us < best_recon.get(B, (None, float("inf")))[1]:
+                best_recon[B] = (recon, us)
         del s
         torch.cuda.empty_cache()
-    return rows
+    return rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_recon.items()}
+
+
+def nearest(table, B):
+    return table[min(table, key=lambda key: (abs(key - B), key))] if table else None
 
 
 def main():
@@ -351,7 +374,8 @@ def main():
     parser.add_argument("--lens", default="4,8,12,16")
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--rep-ms", type=int, default=40)
-    parser.add_argument("--sweep", action="store_true", help="also time launch configs of ours")
+    parser.add_argument("--sweep", action="store_true",
+                        help="first time launch configs of ours per batch and use the fastest (GPU only)")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")
     args = parser.parse_args()
@@ -372,19 +396,29 @@ def main():
     check = check_correctness(gdn, device, vk)
     print("correctness", json.dumps(check), flush=True)
 
+    sweep_rows, best_verify, best_recon = [], {}, {}
+    if args.sweep and ON_GPU:
+        sweep_rows, best_verify, best_recon = sweep(gdn, device, num_layers, args.rep_ms, batches)
+        for r in sweep_rows:
+            print("sweep", r, flush=True)
+
     rows = []
     for L in lens:
         for B in batches:
             s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
+            config, recon = nearest(best_verify, B), nearest(best_recon, B)
             row = dict(L=L, B=B)
             for pattern in ("all", "random"):
                 n = accept_counts(L, B, pattern, device)
                 row[f"vllm_us_{pattern}"] = time_step(vllm_step(s, n, vk), args.rep_ms) * 1e3 / num_layers
-                row[f"ours_us_{pattern}"] = time_step(ours_step(s, n), args.rep_ms) * 1e3 / num_layers
+                row[f"ours_us_{pattern}"] = time_step(ours_step(s, n, config=config, recon=recon),
+                                                      args.rep_ms) * 1e3 / num_layers
                 row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
             n = accept_counts(L, B, "all", device)
-            row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False), args.rep_ms) * 1e3 / num_layers
-            row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False), args.rep_ms) * 1e3 / num_layers
+            row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False, config=config),
+                                              args.rep_ms) * 1e3 / num_layers
+            row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False, recon=recon),
+                                                   args.rep_ms) * 1e3 / num_layers
             row["fla_us"] = time_step(fla_step(s, vk, fla_fn), args.rep_ms) * 1e3 / num_layers if fla_fn else None
             verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
             row["ours_MB"] = (verify_b + recon_b) / 1e6
@@ -393,6 +427,8 @@ def main():
             row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
             row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
             row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
+            row["verify_config"] = repr(config or default_verify_config(B))
+            row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
             rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
             print(rows[-1], flush=True)
             del s
@@ -426,10 +462,8 @@ def main():
         notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours includes one "
               "reconstruction launch for all layers, shared over them; speedup = vLLM / ours",
     )
-    if args.sweep and ON_GPU:
-        extra["sweep"] = sweep(gdn, device, num_layers, args.rep_ms, vk)
-        for r in extra["sweep"]:
-            print("sweep", r, flush=True)
+    if sweep_rows:
+        extra["sweep"] = sweep_rows
     command = args.command or "python " + " ".join(sys.argv)
     write_results(BENCH, rows, summary, command, device_name, out_dir=args.out, extra=extra,
                   markdown=markdown(rows, summary, extra, device_name, command))
@@ -449,6 +483,9 @@ def markdown(rows, summary, extra, device_name, command):
             "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
             "speedup_random", "ours_verify_us", "ours_reconstruct_us", "fla_us", "ours_MB", "ours_floor_us",
             "ours_TBps", "vllm_TBps")) + " |")
+    chosen = {r["B"]: (r["verify_config"], r["reconstruct_config"]) for r in rows}
+    lines += ["", "Launch configs of ours (fastest in this run's sweep, per batch):", ""]
+    lines += [f"- batch {B}: verify `{v}`, reconstruct `{c}`" for B, (v, c) in sorted(chosen.items())]
     lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()]
     lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
               f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]

@@ -26,6 +26,7 @@ import triton.language as tl  # noqa: E402
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     MAX_VERIFY_LEN,
     GDNStateTable,
+    VerifyConfig,
     GDNVerifyWorkspace,
     gdn_reconstruct,
     gdn_verify,
@@ -207,6 +208,30 @@ def test_every_accept_position_over_layers(length):
         assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
 
 
+@needs_kernels
+@pytest.mark.parametrize("config,outer_loop", [
+    pytest.param(VerifyConfig(block_v=16), False, id="per-head-bv16-dot-update"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True), True, id="whole-v"),
+    pytest.param(VerifyConfig(group_heads=True, big_dot="ieee"), False, id="grouped-heads-ieee"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, num_warps=8), True, id="grouped-whole-v"),
+])
+def test_launch_configs_match_naive(config, outer_loop):
+    lens = [9, 3, 14]
+    p = make_problem(lens, head_v_dim=32, seed=3, null_requests=(1,))
+    ws = workspace_for(p)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=config)
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    num_accepted = torch.tensor([7, 2, 14], dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"], block_v=16,
+                    outer_loop=outer_loop)
+    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-5
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input
 
@@ -253,6 +278,8 @@ def test_rejects_wrong_shapes(small):
         gdn_reconstruct(table, ws.layer(0), p["state_indices"], p["state_indices"], p["cu_seqlens"])
     with pytest.raises(ValueError, match="share shape"):
         GDNStateTable([p["ssm_state"], p["ssm_state"][:-1]], [p["conv_state"]] * 2, 4)
+    with pytest.raises(ValueError, match="block_v"):
+        VerifyConfig(block_v=24)
 
 
 def test_rejects_non_contiguous(small):
@@ -364,19 +391,26 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_gpu_real_shape_bf16(state_dtype):
+@pytest.mark.parametrize("state_dtype,config,outer_loop", [
+    pytest.param(torch.float32, VerifyConfig(), True, id="fp32-state-per-head"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, group_heads=True), False, id="fp32-state-grouped"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8), True,
+                 id="bf16-state-grouped-bv64"),
+    pytest.param(torch.float32, VerifyConfig(block_v=16, big_dot="tf32x3"), False, id="fp32-state-tf32x3"),
+])
+def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                      state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
     ws = workspace_for(p, max_len=32)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
-    out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
+    out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
     assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
     num_accepted = torch.tensor([9, 4, 1, 0, 5], dtype=torch.int32)
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
-    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"])
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"], outer_loop=outer_loop)
     ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
-    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-2
-    assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-2
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0

@@ -6,11 +6,13 @@
 """
 from .naive import naive_gdn_reconstruct, naive_gdn_verify
 from .reconstruct import gdn_reconstruct
-from .verify import gdn_verify
+from .verify import VerifyConfig, default_verify_config, gdn_verify
 from .workspace import MAX_VERIFY_LEN, GDNStateTable, GDNVerifyWorkspace
 
 __all__ = [
     "MAX_VERIFY_LEN",
+    "VerifyConfig",
+    "default_verify_config",
     "GDNStateTable",
     "GDNVerifyWorkspace",
     "gdn_reconstruct",

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import DOT_PRECISION, _check_index, _check_workspace
+from .verify import _check_index, _check_workspace
 from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 
@@ -18,7 +18,7 @@ def _gdn_reconstruct_kernel(
     ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, OUTER_LOOP: tl.constexpr,
 ):
     i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
@@ -33,17 +33,27 @@ def _gdn_reconstruct_kernel(
         i_h = i_hv // (HV // H)
         o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
         o_k = tl.arange(0, K)
-        o_t = tl.arange(0, BT)
-        m_t = o_t < n
         ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h).to(tl.float32)
-        b_G = tl.load(ws_g + (ws_base + o_t) * HV + i_hv, mask=m_t, other=0.0)
         b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
-        b_coef = tl.where(m_t, tl.exp(b_Gn - b_G), 0.0)
-        b_u = tl.load(ws_u + ((ws_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None], other=0.0)
-        b_k = tl.load(ws_k + ((ws_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_h = tl.exp(b_Gn) * b_h + tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision=DOT_PRECISION)
+        b_h *= tl.exp(b_Gn)
+        if OUTER_LOOP:  # rank-1 updates in fp32 registers, token by token
+            for s in tl.range(0, n):
+                b_coef = tl.exp(b_Gn - tl.load(ws_g + (ws_base + s) * HV + i_hv))
+                b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v)
+                b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k)
+                b_h += (b_coef * b_u)[:, None] * b_k[None, :]
+        else:  # one [BV, BT] x [BT, K] product, split tf32 (x3) to stay fp32-accurate
+            o_t = tl.arange(0, BT)
+            m_t = o_t < n
+            b_G = tl.load(ws_g + (ws_base + o_t) * HV + i_hv, mask=m_t, other=0.0)
+            b_coef = tl.where(m_t, tl.exp(b_Gn - b_G), 0.0)
+            b_u = tl.load(ws_u + ((ws_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None],
+                          other=0.0)
+            b_k = tl.load(ws_k + ((ws_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None],
+                          other=0.0)
+            b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision="tf32x3")
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
         o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
@@ -69,6 +79,7 @@ def gdn_reconstruct(
     block_v: int = 32,
     block_d: int = 512,
     num_warps: int = 4,
+    outer_loop: bool = True,
 ) -> None:
     """Advance every layer's committed ssm and conv state of every request by its accepted tokens, in place.
 
@@ -83,6 +94,8 @@ def gdn_reconstruct(
                        n_i = a + 1 (vLLM's `num_accepted_tokens`, i.e. its num_sampled). 0 leaves the request's
                        states untouched; values above L_i are clamped to L_i.
         cu_seqlens     [B+1] int  as passed to `gdn_verify`
+        block_v, block_d, num_warps, outer_loop   launch tuning (state block rows, conv channels per program,
+                       warps, rank-1 loop vs one tf32x3 product for the state update)
     """
     if not isinstance(states, GDNStateTable):
         raise ValueError("states must be a GDNStateTable")
@@ -115,5 +128,5 @@ def gdn_reconstruct(
         workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
-        DOT_PRECISION=DOT_PRECISION, num_warps=num_warps,
+        OUTER_LOOP=outer_loop, num_warps=num_warps,
     )

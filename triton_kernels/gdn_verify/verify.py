@@ -13,6 +13,7 @@ S_0 the committed state [V, K], and rows t of Q, K, V the L2-normalised q_t, k_t
 The conv (depth W, causal, SiLU) runs in the same program from the committed window and the raw inputs.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,7 +21,12 @@ import triton.language as tl
 
 from .workspace import MAX_VERIFY_LEN, GDNVerifyWorkspace, check_conv_state, check_ssm_state
 
-DOT_PRECISION = "ieee"  # tf32 would cost ~1e-3 relative error on fp32 states for no measurable speed at these sizes
+# tl.dot input precision. The [L, K] x [K, BV] state products and the q/k Gram products run in tf32: fp32 "ieee"
+# dots are emulated with FMAs and spill at K = 128 (measured 2x slower, eval/notes/gdn_verify.md); tf32 keeps
+# ~5e-4 relative error per product, below the bf16 rounding vLLM's own prefill path applies to the state in its
+# dots (FLA's chunk kernels cast the state to bf16). The [L, L] factor products stay fp32 exact.
+BIG_DOT_PRECISION = "tf32"
+SMALL_DOT_PRECISION = "ieee"
 
 
 @triton.jit
@@ -46,73 +52,82 @@ def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
     o, ws_u, ws_k, ws_g, ws_x, scale, stride_conv_slot, stride_ssm_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
+    NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
 ):
-    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
+    """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
+    conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks."""
+    i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
     slot = tl.load(state_indices + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
     m_t = o_t < seqlen
     o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
     if slot <= 0:  # vLLM's null block: a padding row of a CUDA-graph batch
-        tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
+        for j in tl.static_range(HEADS_PER_PROGRAM):
+            for i_vb in tl.static_range(V_PER_PROGRAM // BV):
+                o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+                p_o = o + ((bos + o_t[:, None]) * HV + i_hg * HEADS_PER_PROGRAM + j) * V + o_v[None, :]
+                tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
         return
 
     conv_window = conv_state + slot * stride_conv_slot
     b_q = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
     b_k = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W, HAS_BIAS)
-    b_v = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, 2 * H * K + i_hv * V + o_v, D, W,
-                            HAS_BIAS)
     b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-
-    gate = tl.load(a + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-    gate += tl.load(dt_bias + i_hv).to(tl.float32)
-    softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
-    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
-    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)), 0.0)
-    b_G = tl.cumsum(b_g, 0)
-
-    p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    b_h = tl.load(p_h).to(tl.float32)  # [BV, K]
-    b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=DOT_PRECISION)  # [BT, BV]
-    b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=DOT_PRECISION)
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BT, BT]
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
     causal = o_t[:, None] >= o_t[None, :]
-    decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-    b_A = tl.where(o_t[:, None] > o_t[None, :], b_beta[:, None] * decay * b_kk, 0.0)
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    b_inv = eye - b_A
-    b_pow = b_A
-    for _ in tl.static_range(LOG2_BT - 1):
-        b_pow = tl.dot(b_pow, b_pow, input_precision=DOT_PRECISION)
-        b_inv = tl.dot(b_inv, eye + b_pow, input_precision=DOT_PRECISION)
-
-    b_gamma = tl.exp(b_G)
-    b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=DOT_PRECISION)
-    b_o = b_gamma[:, None] * b_qs + tl.dot(decay * b_qk, b_u, input_precision=DOT_PRECISION)
-    tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
-
     ws_row = i_n.to(tl.int64) * WS_LEN + o_t
-    tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
-    o_xv = 2 * H * K + i_hv * V + o_v
-    b_xv = tl.load(x + (bos + o_t[:, None]) * D + o_xv[None, :], mask=m_t[:, None], other=0.0)
-    tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
-    if i_v == 0:
-        tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
-        if i_hv % (HV // H) == 0:
-            tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
-            for i_part in tl.static_range(2):  # raw q and k channels of this k-head
-                o_xqk = (i_part * H + i_h) * K + o_k
-                b_xqk = tl.load(x + (bos + o_t[:, None]) * D + o_xqk[None, :], mask=m_t[:, None], other=0.0)
-                tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
+
+    for j in tl.static_range(HEADS_PER_PROGRAM):
+        i_hv = i_hg * HEADS_PER_PROGRAM + j
+        gate = tl.load(a + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        gate += tl.load(dt_bias + i_hv).to(tl.float32)
+        softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
+        b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
+        b_beta = tl.load(b + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
+        b_G = tl.cumsum(b_g, 0)
+        b_gamma = tl.exp(b_G)
+        decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+        b_A = tl.where(o_t[:, None] > o_t[None, :], b_beta[:, None] * decay * b_kk, 0.0)
+        # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^L = 0 for L tokens, so ceil(log2 L) - 1 steps suffice
+        b_inv = eye - b_A
+        b_pow = b_A
+        for _ in tl.static_range(NEUMANN_STEPS):
+            b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
+            b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
+        b_attn = decay * b_qk
+        if i_vs == 0:
+            tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
+
+        for i_vb in tl.static_range(V_PER_PROGRAM // BV):
+            o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+            o_xv = 2 * H * K + i_hv * V + o_v
+            b_v = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+            p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+            b_h = tl.load(p_h).to(tl.float32)  # [BV, K]
+            b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
+            b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
+            b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
+            b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
+            p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
+            tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
+            tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
+            b_xv = tl.load(x + (bos + o_t[:, None]) * D + o_xv[None, :], mask=m_t[:, None], other=0.0)
+            tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+
+    if (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0):  # one program per k-head
+        tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
+        for i_part in tl.static_range(2):  # raw q and k channels of this k-head
+            o_xqk = (i_part * H + i_h) * K + o_k
+            b_xqk = tl.load(x + (bos + o_t[:, None]) * D + o_xqk[None, :], mask=m_t[:, None], other=0.0)
+            tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
 
 
 def _check_contiguous(name, t, ndim):
@@ -136,10 +151,25 @@ def _check_index(name, t, length):
         raise ValueError(f"{name} must be contiguous")
 
 
-def default_block_v(num_requests, num_v_heads, head_v_dim):
-    """Value-block width: small enough that batch 1 still spreads over the GPU, larger once the batch does."""
-    programs_at_16 = num_requests * num_v_heads * head_v_dim // 16
-    return 16 if programs_at_16 <= 1024 else min(32, head_v_dim)
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Launch shape of gdn_verify. Small batches want many small programs (latency); large batches want each
+    program to reuse its q/k conv, norms and Gram products over more heads and value columns (throughput)."""
+    block_v: int = 32  # value columns per state block held in registers
+    whole_v: bool = False  # one program walks all value blocks of its heads
+    group_heads: bool = False  # one program covers the HV/H v-heads of its k-head
+    num_warps: int = 4
+    big_dot: str = BIG_DOT_PRECISION
+
+    def __post_init__(self):
+        if self.block_v < 16 or self.block_v & (self.block_v - 1):
+            raise ValueError(f"block_v must be a power of two >= 16, got {self.block_v}")
+        if self.big_dot not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"big_dot must be tf32, tf32x3 or ieee, got {self.big_dot}")
+
+
+def default_verify_config(num_requests):
+    return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True, group_heads=True)
 
 
 def gdn_verify(
@@ -158,9 +188,7 @@ def gdn_verify(
     max_seqlen: int | None = None,
     out: torch.Tensor | None = None,
     scale: float | None = None,
-    block_v: int | None = None,
-    num_warps: int = 4,
-    dot_precision: str = DOT_PRECISION,
+    config: "VerifyConfig | None" = None,
 ) -> torch.Tensor:
     """Core attention output of every verified token of one GDN layer, from each request's committed state.
 
@@ -183,7 +211,7 @@ def gdn_verify(
         max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
-        block_v, num_warps, dot_precision   launch tuning (value-block width, warps, tl.dot input precision)
+        config        launch tuning (`VerifyConfig`); default `default_verify_config(B)`
     Returns `out`.
     """
     _check_contiguous("mixed_qkv", mixed_qkv, 2)
@@ -237,14 +265,18 @@ def gdn_verify(
         return out
 
     block_t = max(16, triton.next_power_of_2(max_seqlen))
-    block_v = block_v or default_block_v(num_requests, num_v_heads, head_v_dim)
-    grid = (head_v_dim // block_v, num_v_heads, num_requests)
+    config = config or default_verify_config(num_requests)
+    block_v = min(config.block_v, head_v_dim)
+    v_per_program = head_v_dim if config.whole_v else block_v
+    heads_per_program = num_v_heads // num_k_heads if config.group_heads else 1
+    grid = (head_v_dim // v_per_program, num_v_heads // heads_per_program, num_requests)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
         out, workspace.u, workspace.k, workspace.g, workspace.x, scale, conv_state.stride(0), ssm_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
-        BT=block_t, BV=block_v, LOG2_BT=int(math.log2(block_t)), HAS_BIAS=conv_bias is not None,
-        DOT_PRECISION=dot_precision, num_warps=num_warps,
+        BT=block_t, BV=block_v, HEADS_PER_PROGRAM=heads_per_program, V_PER_PROGRAM=v_per_program,
+        NEUMANN_STEPS=max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1), HAS_BIAS=conv_bias is not None,
+        BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, num_warps=config.num_warps,
     )
     return out
 
