@@ -276,14 +276,14 @@ def build_traces(args) -> dict[str, dict[int, am.Trace]]:
     for ti, task in enumerate(tasks):
         traces[task] = {}
         for c in CONCURRENCY:
-            rounds = int(args.rounds_scale * (args.warmup + max(1500, 12000 // c)))
+            rounds = args.warmup + max(1, int(args.rounds_scale * max(1500, 12000 // c)))
             g = torch.Generator().manual_seed(1000 * ti + c)
             traces[task][c] = am.draw_trace(models[task], rounds, c, NUM_DRAFTS, persistence=args.persistence,
                                             feature_noise=args.feature_noise, generator=g)
     if args.traces:
         rows = am.load_recorded_traces(args.traces, NUM_DRAFTS)
-        traces["recorded"] = {c: am.trace_from_recorded(rows, int(args.rounds_scale * (args.warmup + 1500)), c,
-                                                         NUM_DRAFTS) for c in CONCURRENCY}
+        rounds = args.warmup + max(1, int(args.rounds_scale * 1500))
+        traces["recorded"] = {c: am.trace_from_recorded(rows, rounds, c, NUM_DRAFTS) for c in CONCURRENCY}
     return traces, models
 
 
@@ -332,16 +332,30 @@ def summarize(tputs, tasks, policies):
     return summary
 
 
+def profiles_by_rho(profile_path: Path) -> dict[str, dict[str, LatencyProfile]]:
+    """The profile at the other routing correlations, from the bench result file beside the profile."""
+    result = Path(profile_path).parent / "verify_profile.json"
+    if not result.is_file():
+        return {}
+    doc = json.loads(result.read_text())
+    return {rho: {p["variant"]: LatencyProfile.from_dict(p) for p in plist}
+            for rho, plist in doc.get("profiles_by_rho", {}).items()}
+
+
 def sensitivity(args, profiles, drafter, tasks):
     """c1 and c16 ratios of hybridspec(_rc) under other assumptions (smaller traces)."""
     out = []
     base_args = vars(args).copy()
-    variants = [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
+    by_rho = profiles_by_rho(args.profile)
+    variants = [("routing_rho", rho) for rho in sorted(by_rho)]
+    variants += [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
                 ("cross_layer_corr", 0.0), ("cross_layer_corr", 1.0), ("probe_cost", "separate"),
                 ("long_run_rate", 1), ("convexify", 1), ("drafter_scale", 0.5),
                 ("drafter_scale", 2.0)]
     for key, value in variants:
-        a = argparse.Namespace(**{**base_args, key: value, "rounds_scale": args.rounds_scale * 0.5})
+        a = argparse.Namespace(**{**base_args, "rounds_scale": args.rounds_scale * 0.5,
+                                  **({} if key == "routing_rho" else {key: value})})
+        cell_profiles = by_rho[value] if key == "routing_rho" else profiles
         d = DrafterCost(launch_us=drafter.launch_us * a.drafter_scale,
                         hbm_bytes_per_us=drafter.hbm_bytes_per_us / a.drafter_scale,
                         flops_per_us=drafter.flops_per_us / a.drafter_scale)
@@ -350,7 +364,7 @@ def sensitivity(args, profiles, drafter, tasks):
         for c in (1, 16):
             t = {}
             for task in tasks:
-                cell = Cell(traces[task][c], c, profiles, d, a, seed=_seed(task, c))
+                cell = Cell(traces[task][c], c, cell_profiles, d, a, seed=_seed(task, c))
                 pol = cell.available()
                 for p in pol:
                     t[(task, p)] = cell.run(p)
