@@ -215,7 +215,8 @@ def routing_keep_mask(
         probe_mask: [T] bool, True at each request's probe token.
         probe_survival: [T] survival probability of the probe's draft (read where probe_mask): the
             policy's `LengthDecision.next_survival`, scattered to the probe positions.
-        tokens_per_us: the round's rate (`LengthDecision.tokens_per_us`), > 0.
+        tokens_per_us: the price of a token, > 0: `LengthDecision.marginal_rate` (the round's rate, or the
+            long-run rate when the policy ran with one).
         cost: `ExpertCost` for this batch.
         num_experts: routed experts per layer (ids outside [0, num_experts) are ignored).
         threshold: multiplies the cost side.
