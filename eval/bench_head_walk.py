@@ -83,19 +83,20 @@ class Problem:
     """Static buffers of one walk, laid out as vLLM's DSpark speculator holds them."""
 
     def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(device=device, dtype=dtype)  # noqa: E731
+        gen = torch.Generator(device=device).manual_seed(seed)
+        rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=device) * scale).to(dtype)  # noqa: E731
         self.rows, self.steps, self.vocab, self.rank, self.sampled = rows, steps, vocab, rank, sampled
         # Bias std ~ sqrt(r) * 0.25^2 = 1, the same scale as the base logits: the Markov term decides tokens.
         self.base = rnd(rows, steps, vocab)
         self.w1 = rnd(vocab, rank, scale=0.25)
         self.w2 = rnd(vocab, rank, scale=0.25)  # vLLM's markov_w2.weight layout [V, r]
-        self.input_ids = torch.randint(0, vocab, (rows * steps,), generator=gen).to(device)
-        self.anchor_idx = (torch.arange(rows) * steps).to(device)
+        self.input_ids = torch.randint(0, vocab, (rows * steps,), generator=gen, device=device)
+        self.anchor_idx = torch.arange(rows, device=device) * steps
         self.first = self.input_ids[self.anchor_idx].clone()
-        self.temperature = (torch.rand(rows, generator=gen) * 0.8 + 0.6).to(device)
-        self.seeds = torch.randint(0, 2**62, (rows,), generator=gen).to(device)
-        self.sample_pos = (torch.randint(1, 50_000, (rows, 1), generator=gen) + torch.arange(steps)).to(device)
+        self.temperature = torch.rand(rows, generator=gen, device=device) * 0.8 + 0.6
+        self.seeds = torch.randint(0, 2**62, (rows,), generator=gen, device=device)
+        self.sample_pos = (torch.randint(1, 50_000, (rows, 1), generator=gen, device=device)
+                           + torch.arange(steps, device=device))
         self.positions = (self.sample_pos - 1).contiguous()
         self.idx_map = torch.arange(rows).repeat_interleave(steps).view(rows, steps).to(device)
         self.step_cols = torch.arange(steps, dtype=torch.int32).to(device)
@@ -262,6 +263,8 @@ def run_gpu(args) -> dict:
     bw = hbm_gbps(torch)
     print(f"device {props.name}, {props.multi_processor_count} SMs, copy {bw:.0f} GB/s, vLLM kernels "
           f"{'found' if gumbel else 'MISSING'}", flush=True)
+    if args.compile_workers > 0:
+        precompile(args, props.multi_processor_count)
     rows_out, checks = [], []
     t_start = time.time()
     for vocab in args.vocabs:
@@ -324,64 +327,161 @@ def run_gpu(args) -> dict:
     for steps in args.steps:
         sms = props.multi_processor_count
         p = Problem(torch, 1, steps, 64 * sms, RANK, False, device, torch.bfloat16)
-        fn = ours_fn(head_walk, p)
+        fn = ours_fn(head_walk, p, tile_rows=64)
         fn()
         us, _ = time_graph(torch, fn)
         checks.append(dict(check="ours_sync_floor", steps=steps, programs=sms, us=round(us, 1),
                            us_per_step=round(us / steps, 2)))
     checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
+    for name, vocab, rows, kw in TUNE_CASES:
+        p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
+        fn = ours_fn(head_walk, p, **kw)
+        fn()
+        us, spread = time_graph(torch, fn)
+        checks.append(dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15, us=round(us, 1),
+                           spread=round(spread, 3)))
+        print(json.dumps(checks[-1]), flush=True)
     errors = barrier_errors(device)
     checks.append(dict(check="barrier_errors", value=errors))
     return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
 
 
+def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model=512):
+    """A bf16 gated-Markov or RNN walk problem and its head_walk keyword arguments."""
+    gen = torch.Generator(device=device).manual_seed(rows * 10 + sampled)
+    rnd = lambda *s, scale: (torch.randn(*s, generator=gen, device=device) * scale).to(torch.bfloat16)  # noqa: E731
+    p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16, seed=rows)
+    hidden = rnd(rows, steps, d_model, scale=0.5)
+    if head == "gated_markov":
+        kw = dict(gate_weights=(rnd(RANK, d_model + RANK, scale=0.05), rnd(RANK, scale=0.1)))
+    else:
+        kw = dict(rnn_weights=(rnd(3 * RANK, 2 * RANK + d_model, scale=0.05), rnd(3 * RANK, scale=0.1)))
+    kw.update(head=head, hidden=hidden)
+    if sampled:
+        kw.update(temperature=p.temperature, seeds=p.seeds, positions=p.positions)
+    return p, kw
+
+
+# Launch configurations tried beside the defaults (greedy, block 15).
+TUNE_CASES = [
+    ("tile128_v32k_b1", 32000, 1, dict(tile_rows=128)),
+    ("tile64_v32k_b1", 32000, 1, dict(tile_rows=64)),
+    ("warps4_v32k_b1", 32000, 1, dict(num_warps=4)),
+    ("stages3_v152k_b1", 151936, 1, dict(num_stages=3)),
+    ("stages1_v152k_b1", 151936, 1, dict(num_stages=1)),
+    ("tile128_v32k_b32", 32000, 32, dict(tile_rows=128)),
+    ("tile64_v32k_b8", 32000, 8, dict(tile_rows=64)),
+]
+HEAD_CASES = [(rows, head, sampled) for rows in (1, 16) for head in ("gated_markov", "rnn") for sampled in (False, True)]
+
+
 def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -> list:
     """bf16 gated Markov / RNN / fp8 W2 on the persistent kernel: identical to lockstep, tolerated vs naive."""
+    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
+
     out = []
-    gen = torch.Generator().manual_seed(3)
-    vocab, steps, d_model = 32000, 15, 512
-    for rows in (1, 16):
-        for head in ("gated_markov", "rnn"):
-            for sampled in (False, True):
-                p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16, seed=rows)
-                hidden = (torch.randn(rows, steps, d_model, generator=gen) * 0.5).to(device, torch.bfloat16)
-                if head == "gated_markov":
-                    hw = dict(gate_weights=((torch.randn(RANK, d_model + RANK, generator=gen) * 0.05).to(device, torch.bfloat16),
-                                            (torch.randn(RANK, generator=gen) * 0.1).to(device, torch.bfloat16)))
-                else:
-                    hw = dict(rnn_weights=((torch.randn(3 * RANK, 2 * RANK + d_model, generator=gen) * 0.05).to(device, torch.bfloat16),
-                                           (torch.randn(3 * RANK, generator=gen) * 0.1).to(device, torch.bfloat16)))
-                kw = dict(head=head, hidden=hidden, **hw)
-                if sampled:
-                    kw.update(temperature=p.temperature, seeds=p.seeds, positions=p.positions)
-                tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
-                step_tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
-                ref, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
-                scored = logits
-                if sampled:
-                    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
-                    ids = torch.arange(vocab, device=device)[None, :]
-                    for k in range(steps):
-                        scored[:, k] = logits[:, k] / p.temperature[:, None] + gumbel_noise(
-                            spec_step_seed(p.seeds, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT, ids)
-                best = scored.max(-1).values
-                chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
-                # RNN / gate arithmetic runs in another order and precision than the fp32 reference: 4 ulps.
-                tol = float((chosen >= best - 4 * best.abs().clamp(min=1.0) * 2.0 ** -7).float().mean())
-                us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, **kw))
-                out.append(dict(check=f"{head}_{'sampled' if sampled else 'greedy'}_b{rows}",
-                                equal_lockstep=bool(torch.equal(tokens, step_tokens)), tolerated=round(tol, 4),
-                                agree_naive=round(float((tokens == ref).float().mean()), 3), ours_us=round(us, 1)))
-                print(json.dumps(out[-1]), flush=True)
-    for vocab in (151936,):
-        p = Problem(torch, 1, 15, vocab, RANK, False, device, torch.bfloat16, seed=9)
-        tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, w2_dtype=torch.float8_e4m3fn)
-        us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, w2_dtype=torch.float8_e4m3fn))
-        off_us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, residency="off"))
-        out.append(dict(check=f"fp8_w2_v{vocab}_b1", ours_us=round(us, 1), residency_off_us=round(off_us, 1),
+    for rows, head, sampled in HEAD_CASES:
+        p, kw = head_case(torch, device, rows, head, sampled)
+        tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
+        step_tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
+        ref, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
+        scored = logits
+        if sampled:
+            ids = torch.arange(p.vocab, device=device)[None, :]
+            for k in range(p.steps):
+                scored[:, k] = logits[:, k] / p.temperature[:, None] + gumbel_noise(
+                    spec_step_seed(p.seeds, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT, ids)
+        best = scored.max(-1).values
+        chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
+        # Gate / RNN arithmetic runs in another order and precision than the fp32 reference: 4 bf16 ulps.
+        tol = float((chosen >= best - 4 * best.abs().clamp(min=1.0) * 2.0 ** -7).float().mean())
+        us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, **kw))
+        out.append(dict(check=f"{head}_{'sampled' if sampled else 'greedy'}_b{rows}",
+                        equal_lockstep=bool(torch.equal(tokens, step_tokens)), tolerated=round(tol, 4),
+                        agree_naive=round(float((tokens == ref).float().mean()), 3), ours_us=round(us, 1)))
+        print(json.dumps(out[-1]), flush=True)
+    p = Problem(torch, 1, 15, 151936, RANK, False, device, torch.bfloat16, seed=9)
+    for name, kw in (("fp8_w2", dict(w2_dtype=torch.float8_e4m3fn)), ("residency_off", dict(residency="off"))):
+        tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
+        us, _ = time_graph(torch, lambda: head_walk(p.base, p.w1, p.w2.t(), p.first, **kw))
+        tol = tolerated(naive_head_walk, gumbel_noise, p, tokens) if name != "fp8_w2" else None
+        out.append(dict(check=f"{name}_v151936_blk15_b1", ours_us=round(us, 1), tolerated=tol,
                         tokens_written=bool((tokens >= 0).all())))
         print(json.dumps(out[-1]), flush=True)
     return out
+
+
+class _CompileOnly:
+    """Stands in for a Triton kernel: `kernel[grid](...)` compiles (JITFunction.warmup) without launching."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.kernel.warmup(*a, grid=grid, **kw)
+
+
+def _compile_job(job) -> str:
+    """One worker's share of the bench's Triton compiles; the on-disk cache hands them to the timing process."""
+    try:
+        import torch
+        import triton
+
+        import hybridspec_kernels.head_walk.walk as walk
+
+        walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
+        device = torch.device("cuda")
+        kind = job["kind"]
+        if kind == "heads":
+            p, kw = head_case(torch, device, job["rows"], job["head"], job["sampled"])
+            walk.head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
+            walk.head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
+            return f"ok {job}"
+        p = Problem(torch, job["rows"], 15, job["vocab"], RANK, job["sampled"], device, torch.bfloat16)
+        if kind == "ours":
+            for kw in job["variants"]:
+                kw = dict(kw)
+                if kw.pop("fp8", False):
+                    kw["w2_dtype"] = torch.float8_e4m3fn
+                ours_fn(walk.head_walk, p, **kw)()
+        elif kind == "fused":
+            _, fused = load_vllm_kernels(Path(job["vllm_sources"]))
+            fused._markov_step_kernel = _CompileOnly(fused._markov_step_kernel)
+            fused._markov_last_kernel = _CompileOnly(fused._markov_last_kernel)
+            FusedStep(torch, triton, fused, p)()
+        return f"ok {job}"
+    except Exception as exc:  # reported; the timing process compiles what is missing itself
+        return f"FAILED {job}: {type(exc).__name__}: {str(exc)[:400]}"
+
+
+def precompile(args, sms: int) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    jobs = []
+    for vocab in args.vocabs:
+        for rows in args.batches:
+            for mode in args.modes:
+                jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
+                                 variants=[{}, {"lockstep": True}]))
+                if rows in args.fused_batches and vocab in args.fused_vocabs and mode == "greedy":
+                    jobs.append(dict(kind="fused", vocab=vocab, rows=rows, sampled=False,
+                                     vllm_sources=args.vllm_sources))
+    jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
+    jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False, variants=[{"fp8": True}, {"residency": "off"}]))
+    jobs.append(dict(kind="ours", vocab=64 * sms, rows=1, sampled=False, variants=[{"tile_rows": 64}]))
+    jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in TUNE_CASES]
+    start = time.time()
+    pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        for future in as_completed([pool.submit(_compile_job, job) for job in jobs], timeout=args.compile_timeout_s):
+            message = future.result()
+            if not message.startswith("ok"):
+                print(message, flush=True)
+    except Exception as exc:  # a stuck or broken pool only costs the compiles it did not do
+        print(f"precompile stopped: {type(exc).__name__}: {exc}", flush=True)
+    pool.shutdown(wait=False, cancel_futures=True)
+    print(f"precompiled {len(jobs)} jobs in {time.time() - start:.0f} s", flush=True)
 
 
 def summarize(rows) -> dict:
@@ -506,6 +606,8 @@ def main():
     parser.add_argument("--fused-batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--fused-vocabs", type=int, nargs="+", default=[32000, 151936])
     parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--compile-workers", type=int, default=12)
+    parser.add_argument("--compile-timeout-s", type=float, default=150.0)
     args = parser.parse_args()
     if args.prepare:
         prepare()

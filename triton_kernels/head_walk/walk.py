@@ -26,7 +26,8 @@ MAX_ROWS_PER_LAUNCH = 64
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
-SPIN_LIMIT = 1 << 24
+# A barrier gives up (and flags barrier_errors) after this many polls, ~1 s, instead of hanging the GPU.
+SPIN_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
-    resident_rows = RESIDENT_BYTES // (rank * w2_elt_bytes)
+    # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
+    resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
     if tile_rows is None:
         tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
