@@ -62,12 +62,13 @@ def check_gdn(model: VerifyModel, batch: int, length: int, gen, naive) -> dict[s
     ref = naive.naive_gdn_verify(mixed_qkv, a, b, layer.conv_w, None, layer.A_log, layer.dt_bias,
                                  layer.conv_state, layer.ssm_state, buf.ours_state_indices, buf.cu_seqlens)
     r = {}
-    out_base = model._gdn_core_baseline(layer, mixed_qkv, a, b, buf)
+    # vLLM's causal_conv1d_update overwrites its input in place (out=None): give each path its own copy
+    out_base = model._gdn_core_baseline(layer, mixed_qkv.clone(), a.clone(), b.clone(), buf)
     r["gdn_baseline_vs_naive"] = rel_err(out_base.cpu(), ref)
     base_states = layer.ssm_state.clone()
     layer.conv_state.copy_(conv0)
     layer.ssm_state.copy_(ssm0)
-    out_ours = model._gdn_core_ours(layer, mixed_qkv, a, b, buf, 0)
+    out_ours = model._gdn_core_ours(layer, mixed_qkv.clone(), a.clone(), b.clone(), buf, 0)
     r["gdn_ours_vs_naive"] = rel_err(out_ours.cpu(), ref)
     r["gdn_ours_states_changed"] = float(not (torch.equal(layer.ssm_state, ssm0) and
                                               torch.equal(layer.conv_state, conv0)))
