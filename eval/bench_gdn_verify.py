@@ -105,7 +105,7 @@ def accept_counts(seqlen, batch, pattern, device, seed=1):
 # ---------------------------------------------------------------------------------------------------------------
 # One step of each variant over all layers
 
-DEFAULT_RECON = dict(block_v=32, num_warps=4, outer_loop=True)
+DEFAULT_RECON = dict(block_v=32, num_warps=4, outer_loop=False)
 
 
 def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):

@@ -169,7 +169,10 @@ class VerifyConfig:
 
 
 def default_verify_config(num_requests):
-    return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True, group_heads=True)
+    """Fastest in the H200 sweep (eval/results/gdn_verify.json, Qwen3-Next shape): one program per (request, head,
+    32 value columns) at batch 1 (latency), one per (request, head) walking all value blocks from batch 8 on
+    (throughput). Batches 2..7 were not measured; grouping the two v-heads of a k-head was slower everywhere."""
+    return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True)
 
 
 def gdn_verify(
