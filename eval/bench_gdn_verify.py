@@ -335,6 +335,8 @@ SWEEP_VERIFY = [
     VerifyConfig(block_v=32, whole_v=True, group_heads=True, num_warps=8),
     VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8),
     VerifyConfig(block_v=32, big_dot="tf32x3"),
+    VerifyConfig(block_v=32, state_as_a=True),
+    VerifyConfig(block_v=32, whole_v=True, state_as_a=True),
 ]
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
@@ -348,7 +350,11 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16):
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
         for config in SWEEP_VERIFY:
-            us = time_step(ours_step(s, n, reconstruct=False, config=config), rep_ms) * 1e3 / num_layers
+            try:
+                us = time_step(ours_step(s, n, reconstruct=False, config=config), rep_ms) * 1e3 / num_layers
+            except Exception as exc:  # a config that fails to compile is reported, not fatal
+                rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), error=repr(exc)[:300]))
+                continue
             rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3)))
             if config.big_dot == "tf32" and us < best_verify.get(B, (None, float("inf")))[1]:
                 best_verify[B] = (config, us)

@@ -214,6 +214,7 @@ def test_every_accept_position_over_layers(length):
     pytest.param(VerifyConfig(block_v=16, whole_v=True), True, id="whole-v"),
     pytest.param(VerifyConfig(group_heads=True, big_dot="ieee"), False, id="grouped-heads-ieee"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, num_warps=8), True, id="grouped-whole-v"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, state_as_a=True), False, id="state-as-a"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -397,6 +398,7 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8), True,
                  id="bf16-state-grouped-bv64"),
     pytest.param(torch.float32, VerifyConfig(block_v=16, big_dot="tf32x3"), False, id="fp32-state-tf32x3"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, state_as_a=True), False, id="fp32-state-as-a"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

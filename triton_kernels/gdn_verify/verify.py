@@ -54,6 +54,7 @@ def _gdn_verify_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+    STATE_AS_A: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks."""
@@ -80,6 +81,9 @@ def _gdn_verify_kernel(
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
     b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
+    if STATE_AS_A:
+        b_kT = tl.trans(b_k)  # [K, BT], converted once for every state block
+        b_qT = tl.trans(b_q)
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     ws_row = i_n.to(tl.int64) * WS_LEN + o_t
@@ -112,8 +116,12 @@ def _gdn_verify_kernel(
             b_v = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
             p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
             b_h = tl.load(p_h).to(tl.float32)  # [BV, K]
-            b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
-            b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
+            if STATE_AS_A:  # S [BV, K] @ k^T [K, BT]: the state block feeds the MMA in its stored order
+                b_ks = tl.trans(tl.dot(b_h, b_kT, input_precision=BIG_DOT))  # [BT, BV]
+                b_qs = tl.trans(tl.dot(b_h, b_qT, input_precision=BIG_DOT))
+            else:
+                b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
+                b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
             b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
             b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
             p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
@@ -160,6 +168,9 @@ class VerifyConfig:
     group_heads: bool = False  # one program covers the HV/H v-heads of its k-head
     num_warps: int = 4
     big_dot: str = BIG_DOT_PRECISION
+    # S_block @ [q|k]^T instead of [q|k] @ S_block^T: keeps the large state block in its stored order as the MMA's
+    # first operand (the small q/k tiles are transposed instead). Correct (tested) but not yet timed on a GPU.
+    state_as_a: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -279,7 +290,8 @@ def gdn_verify(
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, HEADS_PER_PROGRAM=heads_per_program, V_PER_PROGRAM=v_per_program,
         NEUMANN_STEPS=max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1), HAS_BIAS=conv_bias is not None,
-        BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, num_warps=config.num_warps,
+        BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
+        num_warps=config.num_warps,
     )
     return out
 
