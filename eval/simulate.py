@@ -35,6 +35,7 @@ are not counted.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -65,7 +66,13 @@ DEFAULT_PROFILE = EVAL / "results" / "latency_profile_qwen36_35b_a3b_h200.json"
 CONCURRENCY = (1, 4, 16, 64)
 NUM_DRAFTS = 15
 CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
-POLICIES = ("ar", "fixed_dflash", "fixed_dflash_ours", "vllm_adaptive", "hybridspec", "hybridspec_rc")
+POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec", "hybridspec_rc")
+KERNELS = ("baseline", "ours")
+
+
+def _labels(rows) -> list[str]:
+    present = {(r["policy"], r["kernels"]) for r in rows}
+    return [f"{p}@{k}" for k in KERNELS for p in POLICIES if (p, k) in present]
 
 
 @dataclass(frozen=True)
@@ -129,25 +136,29 @@ class Outcome:
 
 
 class Cell:
-    """One (trace, concurrency): runs every policy over the same rounds."""
+    """One (trace, concurrency): runs every policy over the same rounds.
+
+    Policies are labelled "name@kernels": the profile variant ("baseline" = vLLM 0.33's GDN verify, "ours" =
+    the block-parallel one) whose T(B, L) charges the verify pass and that the adaptive policies plan with.
+    """
 
     def __init__(self, trace: am.Trace, batch: int, profiles: dict[str, LatencyProfile], drafter: DrafterCost,
                  args, seed: int):
         self.trace, self.batch, self.args, self.seed = trace, batch, args, seed
-        draft_us = drafter.time_us(batch)
-        self.draft_us = draft_us
-        self.base = profiles.get("baseline") or next(iter(profiles.values()))
-        self.ours = profiles.get("ours")
-        self.probe = profiles.get("ours_probe")
+        self.draft_us = draft_us = drafter.time_us(batch)
+        base = profiles.get("baseline") or next(iter(profiles.values()))
+        self.profiles = {"baseline": base}
+        if "ours" in profiles:
+            self.profiles["ours"] = profiles["ours"]
         lat = lambda p, overhead, cvx=False: VerifyLatencyModel(p, batch, NUM_DRAFTS + 1, overhead_us=overhead,
                                                                 convexify=cvx)
-        self.lat_ar = lat(self.base, 0.0)
-        self.lat_base = lat(self.base, draft_us)
-        self.lat_ours = lat(self.ours, draft_us) if self.ours else self.lat_base
-        # What the adaptive policies believe (possibly convexified); time is always charged by lat_ours.
-        self.lat_policy = lat(self.ours or self.base, draft_us, bool(args.convexify))
-        self.lat_probe = lat(self.probe, 0.0) if self.probe else None
-        self.lat_ours_bare = lat(self.ours, 0.0) if self.ours else None
+        self.lat_ar = lat(base, 0.0)
+        self.lat_time = {k: lat(p, draft_us) for k, p in self.profiles.items()}
+        # What the adaptive policies believe (possibly convexified); time is always charged by lat_time.
+        self.lat_plan = {k: lat(p, draft_us, bool(args.convexify)) for k, p in self.profiles.items()}
+        self.lat_probe_pass = None
+        if "ours_probe" in profiles and "ours" in profiles:
+            self.lat_probe_pass = (lat(profiles["ours_probe"], 0.0), lat(profiles["ours"], 0.0))
         self.estimates = self._calibrate()
 
     def _calibrate(self) -> torch.Tensor:
@@ -161,27 +172,29 @@ class Cell:
         return cal.predict(trace.feature)
 
     def available(self) -> list[str]:
-        out = ["ar", "fixed_dflash", "vllm_adaptive", "hybridspec"]
-        if self.ours is not None:
-            out.insert(2, "fixed_dflash_ours")
-        if self.probe is not None and self.probe.unique_experts is not None and self.ours is not None:
-            out.append("hybridspec_rc")
+        out = ["ar@baseline"]
+        for k, profile in self.profiles.items():
+            out += [f"fixed_dflash@{k}", f"vllm_adaptive@{k}", f"hybridspec@{k}"]
+            rc_ok = profile.per_layer_type is not None and profile.unique_experts is not None
+            if rc_ok and (self.args.probe_cost == "integrated" or self.lat_probe_pass is not None):
+                out.append(f"hybridspec_rc@{k}")
         return out
 
-    def run(self, policy: str, *, estimator_noise_free: bool = False, threshold: float = 1.0,
+    def run(self, label: str, *, estimator_noise_free: bool = False, threshold: float = 1.0,
             long_run_rate: bool | None = None) -> Outcome:
+        policy, kernels = label.split("@")
         args, batch, trace = self.args, self.batch, self.trace
         out = Outcome()
         cap = torch.full((batch,), NUM_DRAFTS)
         routing_gen = torch.Generator().manual_seed(self.seed + 7)
         stale_last = torch.ones(batch, NUM_DRAFTS)
-        lat = self.lat_base if policy == "fixed_dflash" else self.lat_ours
+        lat, plan = self.lat_time[kernels], self.lat_plan[kernels]
         long_run_rate = self.args.long_run_rate if long_run_rate is None else long_run_rate
         tracker = ThroughputTracker(ema=0.2)
         for start in range(0, trace.rounds, CHUNK):
             sl = slice(start, min(start + CHUNK, trace.rounds))
-            feature, accepted_all = trace.feature[sl], trace.accepted_all[sl]
-            chunk = feature.shape[0]
+            accepted_all = trace.accepted_all[sl]
+            chunk = accepted_all.shape[0]
             conf = trace.true_conf[sl] if estimator_noise_free else self.estimates[sl]
             counted = start >= args.warmup
             if policy == "ar":
@@ -191,20 +204,20 @@ class Cell:
                     out.rounds += chunk
                 continue
             extra_us = torch.zeros(chunk, dtype=torch.float64)
-            if policy in ("fixed_dflash", "fixed_dflash_ours"):
+            if policy == "fixed_dflash":
                 n = torch.full((chunk, batch), NUM_DRAFTS)
             elif policy == "vllm_adaptive":
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
-                n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), self.lat_policy,
-                                          budget_confidences=stale).long()
+                n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), plan, budget_confidences=stale).long()
             else:
-                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), self.lat_policy,
+                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), plan,
                                                  rate_threshold=tracker.rate if long_run_rate else None)
                 n = decision.num_drafts.long()
             stale_last = conf[-1]
             verified = n
             if policy == "hybridspec_rc":
-                verified, extra_us, probes, kept = self._routing_correction(n, decision, routing_gen, threshold)
+                verified, extra_us, probes, kept = self._routing_correction(n, decision, routing_gen, threshold,
+                                                                            kernels)
                 if counted:
                     out.probes += probes
                     out.probes_kept += kept
@@ -220,7 +233,7 @@ class Cell:
                 out.accepted += float(accepted.sum())
         return out
 
-    def _routing_correction(self, n, decision, gen, threshold):
+    def _routing_correction(self, n, decision, gen, threshold, kernels):
         """Probe / keep / drop for one chunk; returns (verified drafts, extra time per round, probes, kept).
 
         integrated (default): the probe is one more token of the same verify pass; with static shapes a
@@ -233,14 +246,17 @@ class Cell:
         chunk = n.shape[0]
         length = 1.0 + float(n.float().mean())
         integrated = args.probe_cost == "integrated"
-        cost = expert_cost_from_profile(self.ours, batch, length, num_moe_layers=args.moe_layers,
+        cost = expert_cost_from_profile(self.profiles[kernels], batch, length, num_moe_layers=args.moe_layers,
                                         top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
                                         dropped_token_runs_non_moe=integrated)
         x = 1.0 + n.sum(-1).double() / batch
-        pass_us = (self.lat_probe.verify_us(batch, x) - self.lat_ours_bare.verify_us(batch, x)).clamp(min=0.0)
-        share_us = args.decision_us / batch if integrated else float(pass_us.mean()) / batch
+        if integrated:
+            pass_us = torch.full_like(x, args.decision_us)
+        else:
+            with_probe, without = self.lat_probe_pass
+            pass_us = (with_probe.verify_us(batch, x) - without.verify_us(batch, x)).clamp(min=0.0)
         probing = (n < NUM_DRAFTS) & probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k,
-                                                 threshold=threshold, overhead_us=share_us)
+                                                 threshold=threshold, overhead_us=float(pass_us.mean()) / batch)
 
         p_new = min(max(cost.mean_new_experts / args.top_k, 0.0), 1.0)
         shape = (chunk, batch)
@@ -253,8 +269,7 @@ class Cell:
 
         value_us = decision.next_survival / decision.marginal_rate.unsqueeze(-1)
         keep = probing & (value_us > threshold * cost.probe_cost_us(n0))
-        any_probe = probing.any(-1).double()
-        fixed_us = any_probe * (args.decision_us if integrated else pass_us)
+        fixed_us = probing.any(-1).double() * pass_us
         probe_us = (probing * cost.probe_token_us).sum(-1).double()
         kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
         return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
@@ -293,42 +308,55 @@ def run_all(args, profiles, drafter):
     for task, by_c in traces.items():
         for c, trace in by_c.items():
             cell = Cell(trace, c, profiles, drafter, args, seed=_seed(task, c))
-            results = {p: cell.run(p) for p in cell.available()}
-            for policy, outcome in results.items():
-                tputs[(task, c, policy)] = 1e6 * outcome.tokens / outcome.time_us
-            for policy, outcome in results.items():
-                row = {"task": task, "concurrency": c, "policy": policy,
-                       "kernels": {"ar": "baseline", "fixed_dflash": "baseline"}.get(
-                           policy, "ours_probe" if policy == "hybridspec_rc" else ("ours" if cell.ours else "baseline")),
-                       **outcome.row(c)}
-                row["vs_ar"] = round(tputs[(task, c, policy)] / tputs[(task, c, "ar")], 3)
-                row["vs_fixed_dflash"] = round(tputs[(task, c, policy)] / tputs[(task, c, "fixed_dflash")], 3)
+            results = {label: cell.run(label) for label in cell.available()}
+            for label, outcome in results.items():
+                tputs[(task, c, label)] = 1e6 * outcome.tokens / outcome.time_us
+            for label, outcome in results.items():
+                policy, kernels = label.split("@")
+                row = {"task": task, "concurrency": c, "policy": policy, "kernels": kernels, **outcome.row(c)}
+                row["vs_ar"] = round(tputs[(task, c, label)] / tputs[(task, c, "ar@baseline")], 3)
+                row["vs_fixed_dflash"] = round(tputs[(task, c, label)] / tputs[(task, c, "fixed_dflash@baseline")], 3)
                 rows.append(row)
-            print(f"{task:10s} c={c:<3d} " + " ".join(
-                f"{p}={tputs[(task, c, p)]:.0f}" for p in results), flush=True)
+            print(f"{task:10s} c={c:<3d} " + " ".join(f"{p}={tputs[(task, c, p)]:.0f}" for p in results), flush=True)
     return rows, tputs, traces, models
 
 
-def summarize(tputs, tasks, policies):
-    best = "hybridspec_rc" if "hybridspec_rc" in policies else "hybridspec"
-    fixed_same = "fixed_dflash_ours" if "fixed_dflash_ours" in policies else "fixed_dflash"
+def system_choice(tputs, tasks, labels) -> tuple[str, str]:
+    """(policy, kernels) of the HybridSpec system: the routing-corrected policy where it was simulated, on the
+    kernels (GDN verify variant, a config choice) that give it the higher c1 throughput."""
+    policy = "hybridspec_rc" if any(label.startswith("hybridspec_rc@") for label in labels) else "hybridspec"
+    candidates = [label.split("@")[1] for label in labels if label.startswith(policy + "@")]
+    kernels = max(candidates, key=lambda k: geomean([tputs[(t, 1, f"{policy}@{k}")] for t in tasks]))
+    return policy, kernels
+
+
+def summarize(tputs, tasks, labels):
+    policy, kernels = system_choice(tputs, tasks, labels)
+    best, fixed_same = f"{policy}@{kernels}", f"fixed_dflash@{kernels}"
     ratio = lambda a, b, c: geomean([tputs[(t, c, a)] / tputs[(t, c, b)] for t in tasks])
+    rc, plain = f"hybridspec_rc@{kernels}", f"hybridspec@{kernels}"
     summary = {
-        "hybridspec_policy": best,
-        "speedup_vs_ar_c1": round(ratio(best, "ar", 1), 3),
-        "speedup_vs_fixed_c1": round(ratio(best, "fixed_dflash", 1), 3),
-        "min_ratio_vs_fixed_c4_to_c64": round(min(ratio(best, "fixed_dflash", c) for c in CONCURRENCY[1:]), 3),
-        "gain_from_routing_correction_c1": (round(ratio("hybridspec_rc", "hybridspec", 1), 3)
-                                            if "hybridspec_rc" in policies else None),
-        # The same comparisons with every policy on our kernels: what the length policy alone adds.
+        "hybridspec_system": best,
+        "speedup_vs_ar_c1": round(ratio(best, "ar@baseline", 1), 3),
+        "speedup_vs_fixed_c1": round(ratio(best, "fixed_dflash@baseline", 1), 3),
+        "min_ratio_vs_fixed_c4_to_c64": round(min(ratio(best, "fixed_dflash@baseline", c)
+                                                  for c in CONCURRENCY[1:]), 3),
+        "gain_from_routing_correction_c1": round(ratio(rc, plain, 1), 3) if rc in labels else None,
+        "gain_from_routing_correction": ({f"c{c}": round(ratio(rc, plain, c), 3) for c in CONCURRENCY}
+                                         if rc in labels else None),
+        # The same comparisons with every policy on the system's kernels: what the length policy alone adds.
         "speedup_vs_fixed_same_kernels_c1": round(ratio(best, fixed_same, 1), 3),
         "min_ratio_vs_fixed_same_kernels_c4_to_c64": round(min(ratio(best, fixed_same, c)
                                                                for c in CONCURRENCY[1:]), 3),
-        "vllm_adaptive_vs_fixed_same_kernels": {f"c{c}": round(ratio("vllm_adaptive", fixed_same, c), 3)
+        "vllm_adaptive_vs_fixed_same_kernels": {f"c{c}": round(ratio(f"vllm_adaptive@{kernels}", fixed_same, c), 3)
                                                 for c in CONCURRENCY},
-        "hybridspec_vs_vllm_adaptive": {f"c{c}": round(ratio(best, "vllm_adaptive", c), 3) for c in CONCURRENCY},
+        "hybridspec_vs_vllm_adaptive": {f"c{c}": round(ratio(best, f"vllm_adaptive@{kernels}", c), 3)
+                                        for c in CONCURRENCY},
         "aggregation": f"geometric mean over tasks {list(tasks)}",
     }
+    if "fixed_dflash@ours" in labels:
+        summary["ours_kernels_vs_baseline_fixed_dflash"] = {
+            f"c{c}": round(ratio("fixed_dflash@ours", "fixed_dflash@baseline", c), 3) for c in CONCURRENCY}
     return summary
 
 
@@ -342,8 +370,8 @@ def profiles_by_rho(profile_path: Path) -> dict[str, dict[str, LatencyProfile]]:
             for rho, plist in doc.get("profiles_by_rho", {}).items()}
 
 
-def sensitivity(args, profiles, drafter, tasks):
-    """c1 and c16 ratios of hybridspec(_rc) under other assumptions (smaller traces)."""
+def sensitivity(args, profiles, drafter, tasks, kernels):
+    """c1 and c16 ratios of the HybridSpec system under other assumptions (smaller traces)."""
     out = []
     base_args = vars(args).copy()
     by_rho = profiles_by_rho(args.profile)
@@ -365,15 +393,17 @@ def sensitivity(args, profiles, drafter, tasks):
             t = {}
             for task in tasks:
                 cell = Cell(traces[task][c], c, cell_profiles, d, a, seed=_seed(task, c))
-                pol = cell.available()
-                for p in pol:
-                    t[(task, p)] = cell.run(p)
-            best = "hybridspec_rc" if "hybridspec_rc" in pol else "hybridspec"
-            tp = lambda task, p: t[(task, p)].tokens / t[(task, p)].time_us
-            entry[f"vs_ar_c{c}"] = round(geomean([tp(x, best) / tp(x, "ar") for x in tasks]), 3)
-            entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, best) / tp(x, "fixed_dflash") for x in tasks]), 3)
-            if "hybridspec_rc" in pol:
-                entry[f"rc_gain_c{c}"] = round(geomean([tp(x, "hybridspec_rc") / tp(x, "hybridspec")
+                labels = cell.available()
+                wanted = {"ar@baseline", "fixed_dflash@baseline", f"hybridspec@{kernels}", f"hybridspec_rc@{kernels}"}
+                for label in wanted & set(labels):
+                    outcome = cell.run(label)
+                    t[(task, label)] = outcome.tokens / outcome.time_us
+            best = f"hybridspec_rc@{kernels}" if f"hybridspec_rc@{kernels}" in labels else f"hybridspec@{kernels}"
+            tp = lambda task, label: t[(task, label)]
+            entry[f"vs_ar_c{c}"] = round(geomean([tp(x, best) / tp(x, "ar@baseline") for x in tasks]), 3)
+            entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, best) / tp(x, "fixed_dflash@baseline") for x in tasks]), 3)
+            if best.startswith("hybridspec_rc"):
+                entry[f"rc_gain_c{c}"] = round(geomean([tp(x, best) / tp(x, f"hybridspec@{kernels}")
                                                         for x in tasks]), 3)
         print("sensitivity", entry, flush=True)
         out.append(entry)
@@ -383,20 +413,24 @@ def sensitivity(args, profiles, drafter, tasks):
 def markdown(summary, rows, assumptions, device, profile_path):
     lines = [f"# simulate (SIMULATED tokens/s from the latency profile measured on {device})", "",
              f"Profile: `{profile_path}`. Acceptance: models fitted to published DFlash acceptance lengths "
-             "(eval/acceptance_models.py); see eval/notes/simulate.md.", "",
+             "(eval/acceptance_models.py); see eval/notes/simulate.md. `name@kernels`: kernels = the profile "
+             "variant (GDN verify path) that prices the verify pass.", "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
-    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    labels = _labels(rows)
     for task in dict.fromkeys(r["task"] for r in rows):
-        lines += ["", f"## {task}: tokens/s (ratio vs fixed DFlash K=15)", "",
-                  "| c | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+        lines += ["", f"## {task}: tokens/s (ratio vs fixed_dflash@baseline; mean verified drafts)", "",
+                  "| c | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
         for c in CONCURRENCY:
             cells = []
-            for p in policies:
-                r = next((r for r in rows if r["task"] == task and r["concurrency"] == c and r["policy"] == p), None)
-                cells.append(f"{r['tokens_per_s']:.0f} ({r['vs_fixed_dflash']:.2f})" if r else "")
+            for label in labels:
+                policy, kernels = label.split("@")
+                r = next((r for r in rows if r["task"] == task and r["concurrency"] == c and r["policy"] == policy
+                          and r["kernels"] == kernels), None)
+                cells.append(f"{r['tokens_per_s']:.0f} ({r['vs_fixed_dflash']:.2f}; {r['mean_verified_drafts']:.1f})"
+                             if r else "")
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "Assumptions: " + json.dumps(assumptions)]
+    lines += ["", "Assumptions: " + json.dumps({k: v for k, v in assumptions.items() if k != "published"})]
     return "\n".join(lines) + "\n"
 
 
@@ -405,26 +439,28 @@ def plot(rows, path, device):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
-    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 8), squeeze=False)
+    labels = _labels(rows)
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 8), squeeze=False)
     for j, task in enumerate(tasks):
-        for p in policies:
+        for label in labels:
+            policy, kernels = label.split("@")
             pts = [(r["concurrency"], r["tokens_per_s"], r["vs_fixed_dflash"]) for r in rows
-                   if r["task"] == task and r["policy"] == p]
+                   if r["task"] == task and r["policy"] == policy and r["kernels"] == kernels]
             if not pts:
                 continue
             cs, tps, ratios = zip(*pts)
-            axes[0][j].plot(cs, tps, marker="o", label=p)
-            axes[1][j].plot(cs, ratios, marker="o", label=p)
+            style = "-" if kernels == "baseline" else "--"
+            axes[0][j].plot(cs, tps, style, marker="o", label=label)
+            axes[1][j].plot(cs, ratios, style, marker="o", label=label)
         axes[0][j].set_title(f"{task}: tokens/s (simulated)")
-        axes[1][j].set_title(f"{task}: ratio vs fixed DFlash K=15")
+        axes[1][j].set_title(f"{task}: ratio vs fixed_dflash@baseline")
         for ax in (axes[0][j], axes[1][j]):
             ax.set_xscale("log", base=2)
             ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
             ax.set_xlabel("concurrency")
             ax.grid(alpha=0.3)
         axes[1][j].axhline(1.0, color="k", lw=0.8)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Simulated from the verify-latency profile measured on {device}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -437,7 +473,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, default=EVAL / "results")
     ap.add_argument("--tasks", nargs="+", default=list(am.TASKS))
     ap.add_argument("--traces", type=Path, default=None, help="recorded rounds (JSONL), replayed as task 'recorded'")
-    ap.add_argument("--rounds-scale", type=float, default=1.0, help="scale the number of simulated rounds")
+    ap.add_argument("--rounds-scale", type=float, default=1.0, help="scale the number of measured rounds")
     ap.add_argument("--warmup", type=int, default=400, help="rounds not counted (calibrator warm-up)")
     ap.add_argument("--feature-noise", type=float, default=1.0,
                     help="std of the raw acceptance score around the true log-odds")
@@ -474,14 +510,21 @@ def main(argv=None):
     device = next(iter(profiles.values())).device
     rows, tputs, traces, models = run_all(args, profiles, drafter)
     tasks = [t for t in traces if t != "recorded"]
-    policies = {p for (_, _, p) in tputs}
-    summary = summarize(tputs, tasks, policies)
+    labels = {label for (_, _, label) in tputs}
+    summary = summarize(tputs, tasks, labels)
+    system = summary["hybridspec_system"]
     if "recorded" in traces:
-        summary["recorded_traces"] = {f"c{c}": round(tputs[("recorded", c, "hybridspec")]
-                                                     / tputs[("recorded", c, "fixed_dflash")], 3)
-                                      for c in CONCURRENCY}
+        summary["recorded_traces_vs_fixed"] = {f"c{c}": round(tputs[("recorded", c, system)]
+                                                              / tputs[("recorded", c, "fixed_dflash@baseline")], 3)
+                                               for c in CONCURRENCY}
+    bench = Path(args.profile).parent / "verify_profile.json"
+    bench_doc = json.loads(bench.read_text()) if bench.is_file() else {}
     assumptions = {
-        "profile": str(args.profile), "profile_variants": sorted(profiles),
+        "profile": str(args.profile.relative_to(EVAL.parent) if args.profile.is_relative_to(EVAL.parent)
+                       else args.profile), "profile_variants": sorted(profiles),
+        "profile_sha256": hashlib.sha256(Path(args.profile).read_bytes()).hexdigest()[:16],
+        "profile_measured": {k: bench_doc.get(k) for k in ("commit", "date", "command")},
+        "profile_summary": bench_doc.get("summary"),
         "profile_batch_sizes": next(iter(profiles.values())).batch_sizes,
         "num_drafts": NUM_DRAFTS, "drafter": asdict(drafter),
         "drafter_us": {f"c{c}": round(drafter.time_us(c), 1) for c in CONCURRENCY},
@@ -496,11 +539,11 @@ def main(argv=None):
     }
     extra = {"assumptions": assumptions}
     if not args.no_sensitivity:
-        extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks)
+        extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks, system.split("@")[1])
     command = "python eval/simulate.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     write_results(BENCH, rows, summary, command.strip(), device, out_dir=args.out, extra=extra,
-                  markdown=markdown(summary, rows, assumptions, device, args.profile))
+                  markdown=markdown(summary, rows, assumptions, device, assumptions["profile"]))
     if not args.no_plot:
         plot(rows, args.out / f"{BENCH}.png", device)
     print(json.dumps(summary, indent=1))

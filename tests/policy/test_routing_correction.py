@@ -160,7 +160,7 @@ def test_expert_cost_from_profile_recovers_the_synthetic_slope(profile):
     cost = expert_cost_from_profile(profile, 1, 8.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
     assert cost.per_expert_layer_us == pytest.approx(1.6, rel=1e-6)
     assert 0 < cost.mean_new_experts < TOP_K
-    assert cost.probe_token_us > 0 and cost.keep_token_us == 0
+    assert cost.probe_token_us > 0 and cost.keep_token_us == pytest.approx(0.0, abs=1e-6)
     skipped = expert_cost_from_profile(profile, 1, 8.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K,
                                        dropped_token_runs_non_moe=False)
     assert skipped.probe_token_us == 0 and skipped.keep_token_us == pytest.approx(cost.probe_token_us)
@@ -168,6 +168,19 @@ def test_expert_cost_from_profile_recovers_the_synthetic_slope(profile):
         from vllm_hybridspec.latency_profile import LatencyProfile
         bare = LatencyProfile("d", "m", "v", [1], [1, 2], [[1.0, 2.0]])
         expert_cost_from_profile(bare, 1, 1.0, num_moe_layers=40, top_k=8)
+
+
+def test_expert_cost_separates_expert_loads_from_token_compute(profile):
+    # MoE time = 40 * (30 + 1.6 U) + 2.5 us per routed token: the fit must find both terms.
+    import copy
+
+    p = copy.deepcopy(profile)
+    p.per_layer_type["moe"] = [[m + 2.5 * b * length for length, m in zip(p.lengths, row)]
+                               for b, row in zip(p.batch_sizes, p.per_layer_type["moe"])]
+    p.t_us = [[t + 2.5 * b * length for length, t in zip(p.lengths, row)] for b, row in zip(p.batch_sizes, p.t_us)]
+    cost = expert_cost_from_profile(p, 8, 4.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
+    assert cost.per_expert_layer_us == pytest.approx(1.6, rel=1e-6)
+    assert cost.keep_token_us == pytest.approx(2.5, rel=1e-6)
 
 
 def test_token_dependent_keep_is_lossy_under_sampling():

@@ -77,8 +77,8 @@ def test_simulate_end_to_end_on_synthetic_profile(tmp_path):
     for key in ("speedup_vs_ar_c1", "speedup_vs_fixed_c1", "min_ratio_vs_fixed_c4_to_c64",
                 "gain_from_routing_correction_c1"):
         assert isinstance(summary[key], float) and summary[key] > 0
-    policies = {r["policy"] for r in doc["rows"]}
-    assert policies == set(simulate.POLICIES)
+    labels = {f'{r["policy"]}@{r["kernels"]}' for r in doc["rows"]}
+    assert labels == {f"{p}@{k}" for p in simulate.POLICIES for k in simulate.KERNELS} - {"ar@ours"}
     assert {r["task"] for r in doc["rows"]} == {"gsm8k", "mt-bench", "recorded"}
     assert (out / "simulate.md").read_text().startswith("# simulate (SIMULATED")
     assert (out / "simulate.png").stat().st_size > 1000

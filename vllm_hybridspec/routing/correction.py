@@ -76,6 +76,39 @@ class ExpertCost:
         return self.keep_token_us + self.per_expert_layer_us * (n0 + others)
 
 
+def _fit_moe_time(profile: LatencyProfile) -> tuple[float, float]:
+    """(s_u, s_t) of moe_us = a + s_u * unique + s_t * tokens, least squares over every (batch, L) point;
+    a negative coefficient is refitted without its term."""
+    points = [(u, b * length, m)
+              for b, u_row, m_row in zip(profile.batch_sizes, profile.unique_experts, profile.per_layer_type["moe"])
+              for length, u, m in zip(profile.lengths, u_row, m_row)]
+
+    def solve(features):
+        n = len(features[0])
+        ata = [[sum(f[i] * f[j] for f in features) for j in range(n)] for i in range(n)]
+        aty = [sum(f[i] * m for f, (_, _, m) in zip(features, points)) for i in range(n)]
+        for col in range(n):  # Gauss-Jordan with partial pivoting on the small normal equations
+            pivot = max(range(col, n), key=lambda r: abs(ata[r][col]))
+            ata[col], ata[pivot], aty[col], aty[pivot] = ata[pivot], ata[col], aty[pivot], aty[col]
+            if abs(ata[col][col]) < 1e-12:
+                return None
+            for r in range(n):
+                if r != col:
+                    f = ata[r][col] / ata[col][col]
+                    ata[r] = [x - f * y for x, y in zip(ata[r], ata[col])]
+                    aty[r] -= f * aty[col]
+        return [aty[i] / ata[i][i] for i in range(n)]
+
+    both = solve([(1.0, u, t) for u, t, _ in points])
+    if both is not None and both[1] >= 0 and both[2] >= 0:
+        return both[1], both[2]
+    only_u = solve([(1.0, u) for u, _, _ in points])
+    only_t = solve([(1.0, t) for _, t, _ in points])
+    if both is not None and both[1] < 0 and only_t is not None:
+        return 0.0, max(only_t[1], 0.0)
+    return (max(only_u[1], 0.0) if only_u else 0.0), 0.0
+
+
 def _row_interp(xs: list[int], ys: list[float], x: float) -> float:
     if x <= xs[0]:
         return ys[0]
@@ -99,12 +132,15 @@ def expert_cost_from_profile(
 ) -> ExpertCost:
     """Fits `ExpertCost` at (batch, verified length per request) from a profile with MoE breakdown.
 
-    per_expert_layer_us: least-squares slope of the profile's MoE time (summed over layers) against its
-    mean unique experts per layer, over the measured lengths of each batch row, divided by the MoE layer
-    count; interpolated in batch. The non-MoE time of one token and mean_new_experts: finite differences in
-    L at `length` of the non-MoE time and of the unique experts, per added token (one length step adds
-    `batch` tokens). `dropped_token_runs_non_moe` (static shapes, the default) books that non-MoE time as
-    `probe_token_us` (paid by every probe); otherwise as `keep_token_us` (paid only by kept probes).
+    MoE time (summed over layers) is fitted over all measured (batch, L) points as
+        moe_us = a + s_u * unique_experts_per_layer + s_t * tokens
+    (unique experts and tokens are not collinear across batch sizes): per_expert_layer_us = s_u / MoE layers
+    (weights of one more distinct expert, every layer), and s_t (compute per routed token) is part of
+    keep_token_us - a dropped probe skips its experts entirely. The non-MoE time of one token and
+    mean_new_experts: finite differences in L at `length` of the non-MoE time and of the unique experts, per
+    added token (one length step adds `batch` tokens). `dropped_token_runs_non_moe` (static shapes, the
+    default) books that non-MoE time as `probe_token_us` (paid by every probe); otherwise it goes to
+    `keep_token_us` (paid only by kept probes).
     """
     if profile.per_layer_type is None or "moe" not in profile.per_layer_type or profile.unique_experts is None:
         raise ValueError(
@@ -114,14 +150,8 @@ def expert_cost_from_profile(
     if batch < 1 or length < 1 or num_moe_layers < 1 or top_k < 1:
         raise ValueError("batch, length, num_moe_layers and top_k must be >= 1")
     moe, unique, lengths = profile.per_layer_type["moe"], profile.unique_experts, profile.lengths
-    slopes = []
-    for moe_row, u_row in zip(moe, unique):
-        u_mean = sum(u_row) / len(u_row)
-        t_mean = sum(moe_row) / len(moe_row)
-        var = sum((u - u_mean) ** 2 for u in u_row)
-        cov = sum((u - u_mean) * (t - t_mean) for u, t in zip(u_row, moe_row))
-        slopes.append(max(cov / var, 0.0) if var > 0 else 0.0)
-    per_expert_layer_us = _row_interp(profile.batch_sizes, slopes, batch) / num_moe_layers
+    per_unique_us, moe_token_us = _fit_moe_time(profile)
+    per_expert_layer_us = per_unique_us / num_moe_layers
 
     def at(table, b, x):
         return _row_interp(profile.batch_sizes, [_row_interp(lengths, row, x) for row in table], b)
@@ -131,7 +161,7 @@ def expert_cost_from_profile(
     new_experts = (at(unique, batch, length + 1) - at(unique, batch, length)) / batch
     return ExpertCost(
         probe_token_us=token_us if dropped_token_runs_non_moe else 0.0,
-        keep_token_us=0.0 if dropped_token_runs_non_moe else token_us,
+        keep_token_us=moe_token_us + (0.0 if dropped_token_runs_non_moe else token_us),
         per_expert_layer_us=per_expert_layer_us,
         num_moe_layers=num_moe_layers,
         mean_new_experts=min(max(new_experts, 0.0), float(top_k)),
