@@ -13,11 +13,17 @@ import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
 
-# These tests move small tensors; with several OpenMP threads on a shared 2-core machine each op can wait
-# on busy cores for milliseconds. One thread is faster here and keeps the suite well under a minute.
-torch.set_num_threads(1)
-
 NUM_EXPERTS, TOP_K, MOE_LAYERS = 256, 8, 40
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These tests move small tensors; with several OpenMP threads on a shared 2-core machine each op can
+    wait on busy cores for milliseconds. One thread is faster here (restored afterwards for other suites)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def synthetic_unique_experts(batch: int, length: int, pool: float = 96.0) -> float:
