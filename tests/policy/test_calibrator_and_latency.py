@@ -5,6 +5,7 @@ import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
 from vllm_hybridspec.policy import OnlineAcceptanceCalibrator, VerifyLatencyModel, max_prob_log_odds
+from policy_fixtures import one_thread, profile  # noqa: F401  (pytest fixtures)
 
 
 def test_max_prob_log_odds_matches_direct_formula():

@@ -9,6 +9,7 @@ from vllm_hybridspec.policy import (
     survival_probabilities,
     vllm_adaptive_lengths,
 )
+from policy_fixtures import one_thread, profile  # noqa: F401  (pytest fixtures)
 
 
 def _model(profile, max_batch=64, k=15, overhead_us=500.0):

@@ -18,6 +18,7 @@ import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
 from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths, vllm_adaptive_lengths
+from policy_fixtures import one_thread  # noqa: F401  (pytest fixtures)
 
 VOCAB, K, M, BATCH = 4, 4, 3, 4
 

@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from conftest import MOE_LAYERS, NUM_EXPERTS, TOP_K
 from vllm_hybridspec.routing import (
     ExpertCost,
     expert_cost_from_profile,
@@ -13,6 +12,7 @@ from vllm_hybridspec.routing import (
     routing_keep_mask,
     verified_drafts_after_correction,
 )
+from policy_fixtures import MOE_LAYERS, TOP_K, one_thread, profile  # noqa: F401  (pytest fixtures)
 
 COST = ExpertCost(probe_token_us=0.0, keep_token_us=10.0, per_expert_layer_us=2.0, num_moe_layers=4,
                   mean_new_experts=1.0)

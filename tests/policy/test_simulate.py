@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import synthetic_profile_file
+from policy_fixtures import one_thread, synthetic_profile_file  # noqa: F401  (one_thread: a pytest fixture)
 
 EVAL = Path(__file__).resolve().parents[2] / "eval"
 

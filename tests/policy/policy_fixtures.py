@@ -1,4 +1,6 @@
-"""Shared fixtures for the policy / routing / simulator tests.
+"""Shared fixtures for the policy / routing / simulator tests (a plain module, not a conftest.py: the
+tests folders have no __init__.py, so a second conftest module would shadow tests/conftest.py's helpers).
+Test modules import the fixtures they use by name.
 
 The latency profile here is SYNTHETIC (a smooth made-up T(batch, L) with the hybrid target's qualitative
 shape: GDN and MoE time growing with L, MoE time following unique experts). It exists only to exercise the
@@ -17,7 +19,7 @@ NUM_EXPERTS, TOP_K, MOE_LAYERS = 256, 8, 40
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def one_thread():
     """These tests move small tensors; with several OpenMP threads on a shared 2-core machine each op can
     wait on busy cores for milliseconds. One thread is faster here (restored afterwards for other suites)."""
     previous = torch.get_num_threads()
