@@ -159,7 +159,6 @@ def choose_verify_lengths(
     longest = 1.0 + torch.cummax((position_sorted + 1) * valid_sorted, dim=-1).values.double()
     tokens_per_request = (1.0 - padded_weight) * mean_len + padded_weight * longest
     round_us = latency.round_us(batch, tokens_per_request)
-    rate = gains / round_us
 
     # Admitting rank r raises the rate iff s_r / (T_r - T_{r-1}) > G_{r-1} / T_{r-1}: compared in this
     # marginal form, the decision does not hinge on the difference of two nearly equal rates.
