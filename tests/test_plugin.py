@@ -27,7 +27,7 @@ def _vllm_config(**kwargs):
 def test_register_is_reentrant_and_applies_every_patch(registered):
     plugin.register()
     plugin.register()
-    assert all(patch.is_applied() for patch in ALL_PATCHES)
+    assert all(patch.is_applied() for patch in ALL_PATCHES if not patch.on_demand)
 
 
 def test_register_imports_no_model_code_and_does_not_touch_cuda(tmp_path):

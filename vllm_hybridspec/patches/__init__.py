@@ -42,11 +42,13 @@ import os
 
 from vllm_hybridspec.patches.base import PROCESSES, PatchError, VllmPatch
 from vllm_hybridspec.patches.config_validation import ValidateHybridSpecConfig
+from vllm_hybridspec.gdn.patches import GDN_PATCHES
 
 logger = logging.getLogger("vllm.hybridspec")
 
 ALL_PATCHES: list[type[VllmPatch]] = [
     ValidateHybridSpecConfig,
+    *GDN_PATCHES,  # block-parallel GDN verification (vllm_hybridspec/gdn)
 ]
 
 __all__ = ["ALL_PATCHES", "PROCESSES", "PatchError", "VllmPatch", "apply_all", "manifest_table", "revert_all"]
@@ -63,7 +65,7 @@ def apply_all(vllm_version: str | None = None) -> list[type[VllmPatch]]:
     force = os.environ.get(SKIP_VERSION_CHECK_ENV, "") == "1"
     newly_applied = []
     for patch in ALL_PATCHES:
-        if patch.is_applied():
+        if patch.is_applied() or patch.on_demand:
             continue
         if not force and Version(version) not in SpecifierSet(patch.vllm_versions):
             logger.debug("hybridspec: skipping %s (vLLM %s not in %s)", patch.__name__, version, patch.vllm_versions)

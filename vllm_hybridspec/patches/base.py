@@ -28,6 +28,9 @@ class VllmPatch:
     why: ClassVar[str]            # one line: why vLLM's own hooks do not suffice
     vllm_versions: ClassVar[str]  # PEP 440 specifier the target was read in, e.g. ">=0.32,<0.34"
     process: ClassVar[str]        # where the patched code runs: one of PROCESSES
+    # True: `apply_all` (register()) leaves it alone; the component applies it when it first acts, because its
+    # target module is too heavy for register() (e.g. the model runners). It stays in the manifest.
+    on_demand: ClassVar[bool] = False
 
     _applied: ClassVar[bool] = False
     # (owner, attribute, raw original as found in owner.__dict__ or None when inherited). A tuple, because a

@@ -1,0 +1,199 @@
+"""The block-parallel GDN layers of one model, and the verified rows that await their accepted counts.
+
+Every block-parallel GDN layer of a model joins one `GDNLayerGroup`, found through the model's
+`static_forward_context` (which the metadata builders and the runner hooks reach too).
+
+vLLM splits a model's GDN layers into KV-cache groups (strided: group i = GDN layers i, i+G, ...), each with its
+own block table and metadata builder, so a request's state slot differs between groups. Each step:
+1. each group's metadata builder records the step's spec rows for its layers (`record`): slots, cu_seqlens and
+   batch positions. Builders run every step, also when a FULL CUDA graph replays the forward, which is why the
+   rows are taken here and not in the layer's forward.
+2. each layer's forward verifies those rows from the committed states (kernel: into the workspace, laid out
+   group-major so that a KV-cache group's layers are consecutive).
+3. after rejection sampling a runner hook calls `commit(accepted)`: one `gdn_reconstruct` launch per KV-cache
+   group (one for the tiny models, 3 for Qwen3-Next-80B / Qwen3.5-35B), or the reference replay per layer.
+A step without spec rows records None, so nothing stale (e.g. from a dummy or capture run) is ever committed.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_hybridspec.gdn.plan import BlockParallelPlan
+
+
+@dataclass
+class GDNCounters:
+    """Per-process counters of the block-parallel path (tests and the demo read them)."""
+
+    verify_calls: int = 0       # layer forwards that verified spec rows (eager forwards only)
+    commits: int = 0            # steps whose accepted states were rebuilt
+    reconstructions: int = 0    # reconstruct calls (kernel: one per KV-cache group; reference: one per layer)
+    committed_tokens: int = 0   # tokens committed, summed over layers (reference path only: counting syncs)
+
+    def reset(self) -> None:
+        self.verify_calls = self.commits = self.reconstructions = self.committed_tokens = 0
+
+
+COUNTERS = GDNCounters()
+
+
+@dataclass(frozen=True)
+class VerifiedRows:
+    """One KV-cache group's spec rows of the current step."""
+
+    state_indices: torch.Tensor  # [R] int32 committed-state slot per spec row (0 = vLLM's null block)
+    cu_seqlens: torch.Tensor     # [R+1] int32: verified tokens of spec row r are cu[r]:cu[r+1]
+    batch_rows: torch.Tensor     # [R] long: batch position of each spec row (its row in the sampler output)
+
+
+def verified_rows(metadata: Any) -> VerifiedRows | None:
+    """The spec rows of vLLM's GDNAttentionMetadata, as the layers verify them; None without spec rows."""
+    if metadata.spec_sequence_masks is None:
+        return None
+    state_indices = metadata.spec_state_indices_tensor[:, 0].contiguous()
+    num_rows = state_indices.shape[0]
+    device = state_indices.device
+    if metadata.num_prefills == 0 and metadata.num_decodes == 0:
+        # spec rows lead the batch; FULL-cudagraph padding rows (slot 0, no tokens) trail it
+        batch_rows = torch.arange(num_rows, device=device)
+    else:
+        batch_rows = metadata.spec_sequence_masks_cpu.nonzero().flatten().to(device, non_blocking=True)
+    return VerifiedRows(state_indices, metadata.spec_query_start_loc[: num_rows + 1], batch_rows)
+
+
+class GDNLayerGroup:
+    def __init__(self, plan: BlockParallelPlan, num_layers: int):
+        self.plan = plan
+        self.num_layers = num_layers
+        self.layers: list[Any] = []
+        self.workspace = None  # GDNVerifyWorkspace with a layer dimension (kernel path), group-major layer order
+        self.kv_groups: list[list[int]] = []       # KV-cache group -> its layers (indices into self.layers)
+        self.kv_group_of: dict[int, int] = {}      # layer -> KV-cache group
+        self.workspace_row: dict[int, int] = {}    # layer -> its index in the workspace's layer dimension
+        self.pending: dict[int, VerifiedRows | None] = {}  # KV-cache group -> this step's spec rows
+        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # reference: layer -> x, a, b
+        self._state_tables: dict[int, Any] = {}
+
+    def add_layer(self, layer: Any) -> int:
+        if len(self.layers) >= self.num_layers:
+            raise RuntimeError(f"more GDN layers than the {self.num_layers} the model config declares")
+        self.layers.append(layer)
+        return len(self.layers) - 1
+
+    def allocate_workspace(self, layer: Any, device: torch.device, input_dtype: torch.dtype) -> None:
+        """Allocated while the model is built, so that vLLM's memory profiling counts it outside the KV cache."""
+        if self.workspace is not None or not self.plan.use_kernels:
+            return
+        from hybridspec_kernels.gdn_verify import GDNVerifyWorkspace
+
+        tp = layer.tp_size
+        self.workspace = GDNVerifyWorkspace.allocate(
+            self.num_layers, self.plan.max_requests, self.plan.max_verify_len,
+            layer.num_k_heads // tp, layer.num_v_heads // tp, layer.head_k_dim, layer.head_v_dim,
+            input_dtype=input_dtype, device=device,
+        )
+
+    def add_kv_group(self, layer_names: list[str]) -> int:
+        """Called by each metadata builder: its layers share a block table. Returns the KV-cache group id."""
+        members = [i for i, layer in enumerate(self.layers) if layer.prefix in set(layer_names)]
+        if not members:
+            raise RuntimeError(f"no block-parallel GDN layer among {layer_names}")
+        if members in self.kv_groups:  # another builder of the same group (micro-batching)
+            return self.kv_groups.index(members)
+        if any(i in self.kv_group_of for i in members):
+            raise RuntimeError(f"GDN layers {layer_names} are split differently between metadata builders")
+        kv_group = len(self.kv_groups)
+        self.kv_groups.append(members)
+        for i in members:
+            self.kv_group_of[i] = kv_group
+            self.workspace_row[i] = len(self.workspace_row)
+        return kv_group
+
+    def workspace_of(self, layer_index: int):
+        return self.workspace.layer(self.workspace_row[layer_index])
+
+    def record(self, kv_group: int, rows: VerifiedRows | None) -> None:
+        self.pending[kv_group] = rows
+
+    def commit(self, accepted_per_batch_row: torch.Tensor | int) -> None:
+        """Advance every layer's committed state of this step's spec rows by their accepted tokens.
+
+        `accepted_per_batch_row`: [num_reqs] tokens of each batch row's verified block to commit (vLLM's
+        num_accepted_tokens / num_sampled: accepted drafts + 1), or one int for all rows.
+        """
+        pending, self.pending = self.pending, {}
+        if not any(rows is not None for rows in pending.values()):
+            return
+        COUNTERS.commits += 1
+        for kv_group, rows in pending.items():
+            if rows is None:
+                continue
+            accepted = _accepted_per_spec_row(rows, accepted_per_batch_row)
+            if self.plan.use_kernels:
+                self._reconstruct_kernel(kv_group, rows, accepted)
+            else:
+                self._reconstruct_reference(kv_group, rows, accepted)
+
+    def _reconstruct_kernel(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor) -> None:
+        from hybridspec_kernels.gdn_verify import GDNStateTable, GDNVerifyWorkspace, gdn_reconstruct
+
+        members = self.kv_groups[kv_group]
+        table = self._state_tables.get(kv_group)
+        if table is None or table.ssm_states[0].data_ptr() != self.layers[members[0]].kv_cache[1].data_ptr():
+            table = self._state_tables[kv_group] = GDNStateTable(
+                [self.layers[i].kv_cache[1] for i in members],
+                [self.layers[i].kv_cache[0] for i in members],
+                self.layers[members[0]].conv_kernel_size,
+            )
+        start = self.workspace_row[members[0]]
+        stop = start + len(members)
+        ws = self.workspace
+        workspace = GDNVerifyWorkspace(ws.u[start:stop], ws.k[start:stop], ws.g[start:stop], ws.x[start:stop])
+        gdn_reconstruct(table, workspace, rows.state_indices, accepted, rows.cu_seqlens)
+        COUNTERS.reconstructions += 1
+
+    def _reconstruct_reference(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor) -> None:
+        from vllm_hybridspec.gdn.reference import reference_reconstruct
+
+        committed = int(accepted.clamp(min=0).sum())
+        for index in self.kv_groups[kv_group]:
+            mixed_qkv, a, b = self.inputs.pop(index)
+            reference_reconstruct(self.layers[index], mixed_qkv, a, b, rows.state_indices, rows.cu_seqlens, accepted)
+            COUNTERS.reconstructions += 1
+            COUNTERS.committed_tokens += committed
+
+
+def _accepted_per_spec_row(rows: VerifiedRows, accepted: torch.Tensor | int) -> torch.Tensor:
+    num_rows = rows.batch_rows.shape[0]
+    device = rows.cu_seqlens.device
+    if isinstance(accepted, int):
+        return torch.full((num_rows,), max(accepted, 1), dtype=torch.int32, device=device)
+    accepted = accepted.to(device=device, dtype=torch.int32)
+    # Rows past the sampled batch are cudagraph padding (null slot, no tokens): 0 leaves them alone.
+    padded = torch.zeros(max(num_rows, accepted.shape[0]) + 1, dtype=torch.int32, device=device)
+    padded[: accepted.shape[0]] = accepted
+    return padded[rows.batch_rows.clamp(max=padded.shape[0] - 1)]
+
+
+_groups: dict[int, GDNLayerGroup] = {}
+_groups_lock = threading.Lock()
+
+
+def group_for(forward_context: dict, plan: BlockParallelPlan | None = None, num_layers: int = 0) -> GDNLayerGroup | None:
+    """The group of the model whose layers live in `forward_context` (vLLM's static_forward_context).
+
+    With `plan`, creates it when missing (layer construction); without, only looks it up (builders, hooks).
+    """
+    key = id(forward_context)
+    with _groups_lock:
+        group = _groups.get(key)
+        if group is not None and group.layers and forward_context.get(group.layers[0].prefix) is not group.layers[0]:
+            del _groups[key]  # the dict of a finished engine, reused at the same address
+            group = None
+        if group is None and plan is not None:
+            group = _groups[key] = GDNLayerGroup(plan, num_layers)
+        return group
