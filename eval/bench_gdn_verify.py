@@ -48,6 +48,7 @@ from hybridspec_kernels.gdn_verify import (  # noqa: E402
     VerifyConfig,
     default_verify_config,
     gdn_reconstruct,
+    write_tuned_verify_configs,
     gdn_verify,
     naive_gdn_reconstruct,
     naive_gdn_verify,
@@ -337,19 +338,29 @@ SWEEP_VERIFY = [
     VerifyConfig(block_v=32, big_dot="tf32x3"),
     VerifyConfig(block_v=32, state_as_a=True),
     VerifyConfig(block_v=32, whole_v=True, state_as_a=True),
-]
+] + [  # v3: value side transposed ([BV, L]), one fused q/k state product, state loads one step ahead
+    VerifyConfig(block_v=bv, whole_v=whole, transposed=True, fuse_qk=fuse, prefetch=pre, num_warps=w)
+    for bv, whole, fuse, pre, w in ((32, False, True, True, 4), (32, False, False, True, 4), (32, False, True, False, 4),
+                                    (16, False, True, True, 4), (32, True, True, True, 4), (32, True, False, True, 4),
+                                    (64, True, True, True, 8), (32, True, True, False, 4))
+] + [VerifyConfig(block_v=32, prefetch=True), VerifyConfig(block_v=32, whole_v=True, prefetch=True)]
+# --sweep-set final: the v2 winners and the v3 candidates only (one short GPU call)
+SWEEP_VERIFY_FINAL = [c for c in SWEEP_VERIFY if c.transposed or c.prefetch
+                      or c in (VerifyConfig(block_v=32), VerifyConfig(block_v=32, whole_v=True),
+                               VerifyConfig(block_v=32, state_as_a=True),
+                               VerifyConfig(block_v=32, whole_v=True, state_as_a=True))]
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 
 
-def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16):
+def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON):
     """Launch configs of ours per batch size (verify alone, reconstruction alone); returns rows and the fastest
     verify config (tf32 only: tf32x3 is timed as the price of more precision) and reconstruction config per batch."""
     rows, best_verify, best_recon = [], {}, {}
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
-        for config in SWEEP_VERIFY:
+        for config in configs:
             try:
                 us = time_step(ours_step(s, n, reconstruct=False, config=config), rep_ms) * 1e3 / num_layers
             except Exception as exc:  # a config that fails to compile is reported, not fatal
@@ -358,7 +369,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16):
             rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3)))
             if config.big_dot == "tf32" and us < best_verify.get(B, (None, float("inf")))[1]:
                 best_verify[B] = (config, us)
-        for recon in SWEEP_RECON if B in (1, max(batches)) else []:
+        for recon in recon_configs if B in (1, max(batches)) else []:
             us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
             rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3)))
             if us < best_recon.get(B, (None, float("inf")))[1]:
@@ -382,6 +393,11 @@ def main():
     parser.add_argument("--rep-ms", type=int, default=40)
     parser.add_argument("--sweep", action="store_true",
                         help="first time launch configs of ours per batch and use the fastest (GPU only)")
+    parser.add_argument("--sweep-set", choices=["full", "final"], default="full",
+                        help="final: only the v2 winners and the v3 candidates, default reconstruction")
+    parser.add_argument("--write-tuned", default=None,
+                        help="write the sweep's fastest verify config per batch here (tuned_verify_configs.json)")
+    parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")
     args = parser.parse_args()
@@ -404,7 +420,14 @@ def main():
 
     sweep_rows, best_verify, best_recon = [], {}, {}
     if args.sweep and ON_GPU:
-        sweep_rows, best_verify, best_recon = sweep(gdn, device, num_layers, args.rep_ms, batches)
+        final = args.sweep_set == "final"
+        sweep_rows, best_verify, best_recon = sweep(
+            gdn, device, num_layers, args.rep_ms, batches, configs=SWEEP_VERIFY_FINAL if final else SWEEP_VERIFY,
+            recon_configs=[DEFAULT_RECON] if final else SWEEP_RECON)
+        if args.write_tuned and best_verify:
+            write_tuned_verify_configs(args.write_tuned, device_name, best_verify,
+                                       f"eval/bench_gdn_verify.py sweep, L=16, commit "
+                                       f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
         for r in sweep_rows:
             print("sweep", r, flush=True)
 
@@ -473,7 +496,8 @@ def main():
     command = args.command or "python " + " ".join(sys.argv)
     write_results(BENCH, rows, summary, command, device_name, out_dir=args.out, extra=extra,
                   markdown=markdown(rows, summary, extra, device_name, command))
-    plot(rows, Path(args.out) / f"{BENCH}.png")
+    if not args.no_plot:
+        plot(rows, Path(args.out) / f"{BENCH}.png")
     print_table(rows, summary)
 
 

@@ -215,6 +215,15 @@ def test_every_accept_position_over_layers(length):
     pytest.param(VerifyConfig(group_heads=True, big_dot="ieee"), False, id="grouped-heads-ieee"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, num_warps=8), True, id="grouped-whole-v"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, state_as_a=True), False, id="state-as-a"),
+    pytest.param(VerifyConfig(block_v=16, transposed=True), False, id="transposed"),
+    pytest.param(VerifyConfig(block_v=16, transposed=True, fuse_qk=True, prefetch=True), True,
+                 id="transposed-fused-prefetch"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, transposed=True, fuse_qk=True, prefetch=True), False,
+                 id="transposed-whole-v-prefetch"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, transposed=True, prefetch=True), False,
+                 id="transposed-grouped-prefetch"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, prefetch=True), False,
+                 id="grouped-prefetch"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -293,6 +302,36 @@ def test_rejects_non_contiguous(small):
     with pytest.raises(ValueError, match="conv_state rows must be contiguous"):
         gdn_verify(**{**p, "conv_state": p["conv_state"].transpose(-1, -2).contiguous().transpose(-1, -2)},
                    workspace=ws.layer(0))
+
+
+@needs_kernels
+@pytest.mark.parametrize("config", [VerifyConfig(block_v=16), VerifyConfig(block_v=16, transposed=True, fuse_qk=True)],
+                         ids=["default", "transposed"])
+def test_accepts_row_strided_inputs(config):
+    """mixed_qkv (and a, b) as column slices of wider projection outputs, as vLLM's GDN layer has them."""
+    lens = [5, 2, 7]
+    p = make_problem(lens, head_v_dim=32, seed=11, dtype=torch.float16)
+    ws_ref = workspace_for(p)
+    ref = gdn_verify(**p, workspace=ws_ref.layer(0), config=config)
+    T, D = p["mixed_qkv"].shape
+    proj = torch.randn(T, D + 40, dtype=p["mixed_qkv"].dtype, device=DEVICE)
+    proj[:, 24 : 24 + D] = p["mixed_qkv"]
+    gates = torch.randn(T, 3 * p["a"].shape[1] + 5, dtype=p["a"].dtype, device=DEVICE)
+    HV = p["a"].shape[1]
+    gates[:, :HV], gates[:, HV + 5 : 2 * HV + 5] = p["a"], p["b"]
+    strided = {**p, "mixed_qkv": proj[:, 24 : 24 + D], "a": gates[:, :HV], "b": gates[:, HV + 5 : 2 * HV + 5]}
+    assert not strided["mixed_qkv"].is_contiguous()
+    ws = workspace_for(p)
+    out = gdn_verify(**strided, workspace=ws.layer(0), config=config)
+    assert torch.equal(out, ref)
+    for name in ("u", "k", "g", "x"):  # the workspace keeps the raw inputs densely, whatever their row stride
+        for i, length in enumerate(lens):  # rows past a request's length are never written
+            assert torch.equal(getattr(ws, name)[0, i, :length], getattr(ws_ref, name)[0, i, :length]), name
+
+
+def test_rejects_bad_configs():
+    with pytest.raises(ValueError, match="fuse_qk needs transposed"):
+        VerifyConfig(fuse_qk=True)
 
 
 def test_accepts_strided_slot_dimension(small):
@@ -399,6 +438,12 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="bf16-state-grouped-bv64"),
     pytest.param(torch.float32, VerifyConfig(block_v=16, big_dot="tf32x3"), False, id="fp32-state-tf32x3"),
     pytest.param(torch.float32, VerifyConfig(whole_v=True, state_as_a=True), False, id="fp32-state-as-a"),
+    pytest.param(torch.float32, VerifyConfig(transposed=True, fuse_qk=True, prefetch=True), False,
+                 id="fp32-state-transposed-fused"),
+    pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, transposed=True, fuse_qk=True, prefetch=True), True,
+                 id="bf16-state-transposed-whole-v"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, transposed=True, fuse_qk=True, prefetch=True,
+                                             num_warps=8), False, id="fp32-state-transposed-bv64"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]
@@ -416,3 +461,17 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
     assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+
+
+def test_tuned_configs_round_trip(tmp_path):
+    """The bench's --write-tuned file holds configs that `default_verify_config` can rebuild."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import write_tuned_verify_configs
+
+    best = {1: VerifyConfig(transposed=True, fuse_qk=True, prefetch=True), 32: VerifyConfig(whole_v=True)}
+    path = tmp_path / "tuned.json"
+    write_tuned_verify_configs(path, "some GPU", best, "test")
+    doc = json.loads(path.read_text())
+    assert doc["device"] == "some GPU"
+    assert {int(b): VerifyConfig(**c) for b, c in doc["verify"].items()} == best

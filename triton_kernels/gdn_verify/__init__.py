@@ -6,7 +6,7 @@
 """
 from .naive import naive_gdn_reconstruct, naive_gdn_verify
 from .reconstruct import gdn_reconstruct
-from .verify import VerifyConfig, default_verify_config, gdn_verify
+from .verify import VerifyConfig, default_verify_config, gdn_verify, write_tuned_verify_configs
 from .workspace import MAX_VERIFY_LEN, GDNStateTable, GDNVerifyWorkspace
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "gdn_verify",
     "naive_gdn_reconstruct",
     "naive_gdn_verify",
+    "write_tuned_verify_configs",
 ]

@@ -12,8 +12,11 @@ S_0 the committed state [V, K], and rows t of Q, K, V the L2-normalised q_t, k_t
 (I + A)^-1 is the product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^BT = 0), a few [BT, BT] dots.
 The conv (depth W, causal, SiLU) runs in the same program from the committed window and the raw inputs.
 """
+import functools
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -30,15 +33,16 @@ SMALL_DOT_PRECISION = "ieee"
 
 
 @triton.jit
-def _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
-                      HAS_BIAS: tl.constexpr):
+def _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr,
+                      W: tl.constexpr, HAS_BIAS: tl.constexpr):
     """[BT, C] = silu(causal depth-W conv) over channels o_c; tap W-1 is the current token."""
     acc = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(conv_b + o_c).to(tl.float32)[None, :]
     for j in tl.static_range(W):
         src = o_t + (j - (W - 1))  # token index; negative indices live in the committed window
-        b_x = tl.load(x + (bos + src)[:, None] * D + o_c[None, :], mask=(m_t & (src >= 0))[:, None], other=0.0)
+        b_x = tl.load(x + (bos + src)[:, None] * stride_x + o_c[None, :], mask=(m_t & (src >= 0))[:, None],
+                      other=0.0)
         b_s = tl.load(conv_window + (src + (W - 1))[:, None] * D + o_c[None, :], mask=(m_t & (src < 0))[:, None],
                       other=0.0)
         b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
@@ -47,17 +51,47 @@ def _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.
     return tl.where(m_t[:, None], acc, 0.0)
 
 
+@triton.jit
+def _causal_conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr,
+                        W: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """[C, BT]: `_causal_conv_silu` transposed (channels in rows), for the transposed value path."""
+    acc = tl.zeros([o_c.shape[0], o_t.shape[0]], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + o_c).to(tl.float32)[:, None]
+    for j in tl.static_range(W):
+        src = o_t + (j - (W - 1))
+        b_x = tl.load(x + (bos + src)[None, :] * stride_x + o_c[:, None], mask=(m_t & (src >= 0))[None, :],
+                      other=0.0)
+        b_s = tl.load(conv_window + (src + (W - 1))[None, :] * D + o_c[:, None], mask=(m_t & (src < 0))[None, :],
+                      other=0.0)
+        b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
+        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w[:, None]
+    acc = acc * tl.sigmoid(acc)
+    return tl.where(m_t[None, :], acc, 0.0)
+
+
+@triton.jit
+def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constexpr, K: tl.constexpr):
+    """[BV, K] fp32 block of the committed state S[v, k] of value head i_hv."""
+    return tl.load(ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["scale", "WS_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    o, ws_u, ws_k, ws_g, ws_x, scale, stride_conv_slot, stride_ssm_slot, WS_LEN,
+    o, ws_u, ws_k, ws_g, ws_x, scale, stride_x, stride_a, stride_b, stride_conv_slot, stride_ssm_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-    STATE_AS_A: tl.constexpr,
+    STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
-    conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks."""
+    conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
+
+    TRANSPOSED carries the value side as [BV, BT] (value columns in rows): the state block [BV, K] is the MMA's
+    A operand in its stored order and the results stay in that orientation (no transpose of the large block).
+    PREFETCH issues each state block's load one step ahead (the first before the q/k conv) so its latency
+    overlaps the q/k / gate / Neumann work."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -74,27 +108,33 @@ def _gdn_verify_kernel(
                 tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
         return
 
+    if PREFETCH:
+        b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hg * HEADS_PER_PROGRAM,
+                                i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
     conv_window = conv_state + slot * stride_conv_slot
-    b_q = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
-    b_k = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W, HAS_BIAS)
+    b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
+    b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
+                            HAS_BIAS)
     b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
     b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
-    if STATE_AS_A:
+    if STATE_AS_A or TRANSPOSED:
         b_kT = tl.trans(b_k)  # [K, BT], converted once for every state block
         b_qT = tl.trans(b_q)
+        if FUSE_QK:  # [K, 2 BT], column 2t = k_t, 2t + 1 = q_t: one product per state block
+            b_kqT = tl.reshape(tl.join(b_kT, b_qT), [K, 2 * BT])
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     ws_row = i_n.to(tl.int64) * WS_LEN + o_t
 
     for j in tl.static_range(HEADS_PER_PROGRAM):
         i_hv = i_hg * HEADS_PER_PROGRAM + j
-        gate = tl.load(a + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        gate = tl.load(a + (bos + o_t) * stride_a + i_hv, mask=m_t, other=0.0).to(tl.float32)
         gate += tl.load(dt_bias + i_hv).to(tl.float32)
         softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
         b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
-        b_beta = tl.load(b + (bos + o_t) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        b_beta = tl.load(b + (bos + o_t) * stride_b + i_hv, mask=m_t, other=0.0).to(tl.float32)
         b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
         b_G = tl.cumsum(b_g, 0)
         b_gamma = tl.exp(b_G)
@@ -107,34 +147,59 @@ def _gdn_verify_kernel(
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
         b_attn = decay * b_qk
+        if TRANSPOSED:
+            b_invT = tl.trans(b_inv)
+            b_attnT = tl.trans(b_attn)
         if i_vs == 0:
             tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
 
         for i_vb in tl.static_range(V_PER_PROGRAM // BV):
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
             o_xv = 2 * H * K + i_hv * V + o_v
-            b_v = _causal_conv_silu(x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
-            p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-            b_h = tl.load(p_h).to(tl.float32)  # [BV, K]
-            if STATE_AS_A:  # S [BV, K] @ k^T [K, BT]: the state block feeds the MMA in its stored order
-                b_ks = tl.trans(tl.dot(b_h, b_kT, input_precision=BIG_DOT))  # [BT, BV]
-                b_qs = tl.trans(tl.dot(b_h, b_qT, input_precision=BIG_DOT))
+            if PREFETCH:
+                b_h = b_h_next
+                if i_vb + 1 < V_PER_PROGRAM // BV:
+                    b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v + BV, o_k, V, K)
+                elif j + 1 < HEADS_PER_PROGRAM:
+                    b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hv + 1,
+                                            i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
             else:
-                b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
-                b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
-            b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
-            b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
-            p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
-            tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
-            tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
-            b_xv = tl.load(x + (bos + o_t[:, None]) * D + o_xv[None, :], mask=m_t[:, None], other=0.0)
+                b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
+            if TRANSPOSED:  # value columns in rows: [BV, BT] throughout
+                b_vT = _causal_conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W,
+                                           HAS_BIAS)
+                if FUSE_QK:
+                    b_ksT, b_qsT = tl.split(tl.reshape(tl.dot(b_h, b_kqT, input_precision=BIG_DOT), [BV, BT, 2]))
+                else:
+                    b_ksT = tl.dot(b_h, b_kT, input_precision=BIG_DOT)  # S k_t in column t
+                    b_qsT = tl.dot(b_h, b_qT, input_precision=BIG_DOT)
+                b_uT = tl.dot(b_beta[None, :] * (b_vT - b_gamma[None, :] * b_ksT), b_invT, input_precision=SMALL_DOT)
+                b_oT = b_gamma[None, :] * b_qsT + tl.dot(b_uT, b_attnT, input_precision=SMALL_DOT)
+                p_o = o + ((bos + o_t[None, :]) * HV + i_hv) * V + o_v[:, None]
+                tl.store(p_o, (b_oT * scale).to(o.dtype.element_ty), mask=m_t[None, :])
+                tl.store(ws_u + (ws_row[None, :] * HV + i_hv) * V + o_v[:, None], b_uT, mask=m_t[None, :])
+            else:
+                b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W,
+                                        HAS_BIAS)
+                if STATE_AS_A:  # S [BV, K] @ k^T [K, BT]: the state block feeds the MMA in its stored order
+                    b_ks = tl.trans(tl.dot(b_h, b_kT, input_precision=BIG_DOT))  # [BT, BV]
+                    b_qs = tl.trans(tl.dot(b_h, b_qT, input_precision=BIG_DOT))
+                else:
+                    b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
+                    b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
+                b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
+                b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
+                p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
+                tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
+                tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
+            b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
             tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
 
     if (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0):  # one program per k-head
         tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
         for i_part in tl.static_range(2):  # raw q and k channels of this k-head
             o_xqk = (i_part * H + i_h) * K + o_k
-            b_xqk = tl.load(x + (bos + o_t[:, None]) * D + o_xqk[None, :], mask=m_t[:, None], other=0.0)
+            b_xqk = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xqk[None, :], mask=m_t[:, None], other=0.0)
             tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
 
 
@@ -143,6 +208,17 @@ def _check_contiguous(name, t, ndim):
         raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape {tuple(t.shape)})")
+
+
+def _check_rows(name, t):
+    """2-D with contiguous rows; the row stride is free (vLLM's mixed_qkv is a column slice of the projection)."""
+    if t.ndim != 2:
+        raise ValueError(f"{name} must have 2 dims, got shape {tuple(t.shape)}")
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        raise ValueError(f"{name} must be contiguous along its last dim (got strides {t.stride()} for shape "
+                         f"{tuple(t.shape)})")
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise ValueError(f"{name} rows overlap (row stride {t.stride(0)} < width {t.shape[1]})")
 
 
 def _check_float(name, t):
@@ -169,20 +245,53 @@ class VerifyConfig:
     num_warps: int = 4
     big_dot: str = BIG_DOT_PRECISION
     # S_block @ [q|k]^T instead of [q|k] @ S_block^T: keeps the large state block in its stored order as the MMA's
-    # first operand (the small q/k tiles are transposed instead). Correct (tested) but not yet timed on a GPU.
+    # first operand (the small q/k tiles are transposed instead); U and O stay [L, BV].
     state_as_a: bool = False
+    # Carry v, U and O as [BV, L] (value columns in rows): S_block @ [k|q]^T in stored order and no transpose of
+    # any [BV, *] tile; implies the state-as-A product order.
+    transposed: bool = False
+    fuse_qk: bool = False  # with transposed: one S_block @ [k_t, q_t interleaved]^T product instead of two
+    prefetch: bool = False  # load each state block one step ahead (the first one before the q/k conv)
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
             raise ValueError(f"block_v must be a power of two >= 16, got {self.block_v}")
         if self.big_dot not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"big_dot must be tf32, tf32x3 or ieee, got {self.big_dot}")
+        if self.fuse_qk and not self.transposed:
+            raise ValueError("fuse_qk needs transposed=True")
+
+
+# Written by eval/bench_gdn_verify.py --write-tuned from its sweep: {"device": name, "verify": {batch: config}}.
+TUNED_CONFIGS_FILE = Path(__file__).with_name("tuned_verify_configs.json")
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_verify_configs():
+    """{batch: VerifyConfig} measured on this process's GPU, or {} (no file, other device, no GPU)."""
+    if not TUNED_CONFIGS_FILE.exists() or not torch.cuda.is_available():
+        return {}
+    doc = json.loads(TUNED_CONFIGS_FILE.read_text())
+    if doc.get("device") != torch.cuda.get_device_name():
+        return {}
+    return {int(batch): VerifyConfig(**cfg) for batch, cfg in doc["verify"].items()}
+
+
+def write_tuned_verify_configs(path, device_name, best_by_batch, source):
+    """Store the sweep's fastest config per batch in the format `default_verify_config` reads."""
+    doc = {"device": device_name, "source": source,
+           "verify": {str(batch): asdict(cfg) for batch, cfg in sorted(best_by_batch.items())}}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def default_verify_config(num_requests):
-    """Fastest in the H200 sweep (eval/results/gdn_verify.json, Qwen3-Next shape): one program per (request, head,
-    32 value columns) at batch 1 (latency), one per (request, head) walking all value blocks from batch 8 on
-    (throughput). Batches 2..7 were not measured; grouping the two v-heads of a k-head was slower everywhere."""
+    """The sweep's fastest config for the nearest measured batch when `tuned_verify_configs.json` was measured on
+    this GPU; otherwise the v2 H200 sweep's winners (eval/results/gdn_verify.json, Qwen3-Next shape): one program
+    per (request, head, 32 value columns) at batch 1 (latency), one per (request, head) walking all value blocks
+    from batch 8 on (throughput)."""
+    tuned = _tuned_verify_configs()
+    if tuned:
+        return tuned[min(tuned, key=lambda batch: (abs(batch - num_requests), batch))]
     return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True)
 
 
@@ -211,8 +320,9 @@ def gdn_verify(
     state: neither ssm_state nor conv_state is modified. It fills `workspace` for `gdn_reconstruct`.
 
     Shapes (T = total tokens, B = requests, H k-heads, HV v-heads, D = 2*H*K + HV*V, W = conv width):
-        mixed_qkv     [T, D]     raw conv inputs, channels [q (H*K) | k (H*K) | v (HV*V)] (vLLM's `mixed_qkv`)
-        a, b          [T, HV]    gate inputs: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
+        mixed_qkv     [T, D]     raw conv inputs, channels [q (H*K) | k (H*K) | v (HV*V)] (vLLM's `mixed_qkv`);
+                                 rows contiguous, any row stride (a column slice of the fused projection works)
+        a, b          [T, HV]    gate inputs (rows contiguous, any row stride): g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
         conv_weight   [D, W]     vLLM's `conv1d.weight.view(D, W)`; conv_bias [D] or None
         A_log, dt_bias [HV]
         conv_state    [num_slots, state_len >= W-1, D]  committed window = rows 0..W-2, oldest first
@@ -228,7 +338,7 @@ def gdn_verify(
         config        launch tuning (`VerifyConfig`); default `default_verify_config(B)`
     Returns `out`.
     """
-    _check_contiguous("mixed_qkv", mixed_qkv, 2)
+    _check_rows("mixed_qkv", mixed_qkv)
     _check_float("mixed_qkv", mixed_qkv)
     check_ssm_state(ssm_state)
     check_conv_state(conv_state)
@@ -241,7 +351,7 @@ def gdn_verify(
     if num_v_heads % num_k_heads:
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
     for name, t in (("a", a), ("b", b)):
-        _check_contiguous(name, t, 2)
+        _check_rows(name, t)
         _check_float(name, t)
         if t.shape != (num_tokens, num_v_heads):
             raise ValueError(f"{name} must have shape [{num_tokens}, {num_v_heads}], got {tuple(t.shape)}")
@@ -286,11 +396,13 @@ def gdn_verify(
     grid = (head_v_dim // v_per_program, num_v_heads // heads_per_program, num_requests)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-        out, workspace.u, workspace.k, workspace.g, workspace.x, scale, conv_state.stride(0), ssm_state.stride(0),
+        out, workspace.u, workspace.k, workspace.g, workspace.x, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
+        conv_state.stride(0), ssm_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, HEADS_PER_PROGRAM=heads_per_program, V_PER_PROGRAM=v_per_program,
         NEUMANN_STEPS=max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1), HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
+        TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
         num_warps=config.num_warps,
     )
     return out
