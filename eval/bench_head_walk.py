@@ -324,22 +324,45 @@ def run_gpu(args) -> dict:
                     del p
                     torch.cuda.empty_cache()
     # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
-    for steps in args.steps:
+    for exchange in ("counter", "flags"):
         sms = props.multi_processor_count
-        p = Problem(torch, 1, steps, 64 * sms, RANK, False, device, torch.bfloat16)
-        fn = ours_fn(head_walk, p, tile_rows=64)
-        fn()
-        us, _ = time_graph(torch, fn)
-        checks.append(dict(check="ours_sync_floor", steps=steps, programs=sms, us=round(us, 1),
-                           us_per_step=round(us / steps, 2)))
-    checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
+        try:
+            p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
+            fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
+            fn()
+            us, _ = time_graph(torch, fn)
+            checks.append(dict(check=f"ours_sync_floor_{exchange}", steps=15, programs=sms, us=round(us, 1),
+                               us_per_step=round(us / 15, 2)))
+        except Exception as exc:
+            checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+        print(json.dumps(checks[-1]), flush=True)
     for name, vocab, rows, kw in TUNE_CASES:
-        p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
-        fn = ours_fn(head_walk, p, **kw)
-        fn()
-        us, spread = time_graph(torch, fn)
-        checks.append(dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15, us=round(us, 1),
-                           spread=round(spread, 3)))
+        try:
+            kw = dict(kw)
+            if kw.pop("fp8", False):
+                kw["w2_dtype"] = torch.float8_e4m3fn
+            p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
+            ours_fn(head_walk, p)()
+            default_tokens = p.draft_tokens.clone()
+            errors_before = barrier_errors(device)
+            fn = ours_fn(head_walk, p, **kw)
+            p.draft_tokens.fill_(-1)
+            fn()
+            torch.cuda.synchronize()
+            row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15,
+                       equal_default=bool(torch.equal(default_tokens, p.draft_tokens)),
+                       barrier_errors=barrier_errors(device) - errors_before)
+            if row["barrier_errors"] == 0:
+                us, spread = time_graph(torch, fn)
+                row.update(us=round(us, 1), spread=round(spread, 3))
+        except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
+            row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        checks.append(row)
+        print(json.dumps(row), flush=True)
+    try:
+        checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
+    except Exception as exc:  # reported, the sweep's results are still written
+        checks.append(dict(check="heads", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
     errors = barrier_errors(device)
     checks.append(dict(check="barrier_errors", value=errors))
@@ -364,13 +387,16 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
 
 # Launch configurations tried beside the defaults (greedy, block 15).
 TUNE_CASES = [
+    ("flags_v32k_b1", 32000, 1, dict(exchange="flags")),
+    ("flags_v32k_b8", 32000, 8, dict(exchange="flags")),
+    ("flags_v32k_b32", 32000, 32, dict(exchange="flags")),
     ("tile128_v32k_b1", 32000, 1, dict(tile_rows=128)),
-    ("tile64_v32k_b1", 32000, 1, dict(tile_rows=64)),
-    ("warps4_v32k_b1", 32000, 1, dict(num_warps=4)),
     ("stages3_v152k_b1", 151936, 1, dict(num_stages=3)),
-    ("stages1_v152k_b1", 151936, 1, dict(num_stages=1)),
-    ("tile128_v32k_b32", 32000, 32, dict(tile_rows=128)),
-    ("tile64_v32k_b8", 32000, 8, dict(tile_rows=64)),
+    ("res1_tile128_stages4_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1, num_stages=4)),
+    ("off_stages4_v152k_b1", 151936, 1, dict(residency="off", num_stages=4)),
+    ("fp8_v152k_b1", 151936, 1, dict(fp8=True)),
+    ("fp8_stages3_v152k_b1", 151936, 1, dict(fp8=True, num_stages=3)),
+    ("flags_v152k_b1", 151936, 1, dict(exchange="flags")),
 ]
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 16) for head in ("gated_markov", "rnn") for sampled in (False, True)]
 
@@ -380,7 +406,10 @@ def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -
     from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
 
     out = []
+    t_heads = time.time()
     for rows, head, sampled in HEAD_CASES:
+        if time.time() - t_heads > args.heads_budget_s:
+            break
         p, kw = head_case(torch, device, rows, head, sampled)
         tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
         step_tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
@@ -429,7 +458,8 @@ def _compile_job(job) -> str:
 
         import hybridspec_kernels.head_walk.walk as walk
 
-        walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
+        if not isinstance(walk.head_walk_kernel, _CompileOnly):  # workers run several jobs
+            walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
         device = torch.device("cuda")
         kind = job["kind"]
         if kind == "heads":
@@ -446,8 +476,9 @@ def _compile_job(job) -> str:
                 ours_fn(walk.head_walk, p, **kw)()
         elif kind == "fused":
             _, fused = load_vllm_kernels(Path(job["vllm_sources"]))
-            fused._markov_step_kernel = _CompileOnly(fused._markov_step_kernel)
-            fused._markov_last_kernel = _CompileOnly(fused._markov_last_kernel)
+            if not isinstance(fused._markov_step_kernel, _CompileOnly):
+                fused._markov_step_kernel = _CompileOnly(fused._markov_step_kernel)
+                fused._markov_last_kernel = _CompileOnly(fused._markov_last_kernel)
             FusedStep(torch, triton, fused, p)()
         return f"ok {job}"
     except Exception as exc:  # reported; the timing process compiles what is missing itself
@@ -469,7 +500,8 @@ def precompile(args, sms: int) -> None:
                                      vllm_sources=args.vllm_sources))
     jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
     jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False, variants=[{"fp8": True}, {"residency": "off"}]))
-    jobs.append(dict(kind="ours", vocab=64 * sms, rows=1, sampled=False, variants=[{"tile_rows": 64}]))
+    jobs.append(dict(kind="ours", vocab=64 * sms, rows=1, sampled=False,
+                     variants=[{"tile_rows": 64}, {"tile_rows": 64, "exchange": "flags"}]))
     jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in TUNE_CASES]
     start = time.time()
     pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))
@@ -535,6 +567,22 @@ def run_quick(args) -> dict:
             rows_out.append(row)
             print(json.dumps(row), flush=True)
     return dict(rows=rows_out, checks=[], device="cpu (Triton interpreter)", hbm_gbps=None, sms=None)
+
+
+def parse_log(path: Path) -> dict:
+    """The rows and checks a GPU run printed (one JSON object a line), for a run that ended before writing."""
+    rows, checks, device, gbps, sms = [], [], "unknown", None, None
+    for line in path.read_text().splitlines():
+        if line.startswith("device "):
+            head = line[len("device "):].split(",")
+            device, sms = head[0], int(head[1].split()[0])
+            gbps = float(head[2].split()[1])
+        elif line.startswith('{"vocab"'):
+            rows.append(json.loads(line))
+        elif line.startswith('{"check"'):
+            checks.append(json.loads(line))
+    checks.append(dict(check="note", value=f"rebuilt from {path.name}: the run stopped before writing its results"))
+    return dict(rows=rows, checks=checks, device=device, hbm_gbps=gbps, sms=sms)
 
 
 def write(result, command, out_dir):
@@ -607,6 +655,9 @@ def main():
     parser.add_argument("--fused-vocabs", type=int, nargs="+", default=[32000, 151936])
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--compile-workers", type=int, default=12)
+    parser.add_argument("--heads-budget-s", type=float, default=40.0)
+    parser.add_argument("--from-log", type=Path, help="rebuild results from the JSON lines of a GPU run's log")
+    parser.add_argument("--log-command", default="", help="the command that produced --from-log")
     parser.add_argument("--compile-timeout-s", type=float, default=150.0)
     args = parser.parse_args()
     if args.prepare:
@@ -623,7 +674,10 @@ def main():
     if args.out is None:
         parser.error("--out is required (eval/results is written by --finalize from a GPU run)")
     command = "python eval/bench_head_walk.py " + " ".join(sys.argv[1:])
-    result = run_quick(args) if args.quick else run_gpu(args)
+    if args.from_log:
+        result, command = parse_log(args.from_log), args.log_command
+    else:
+        result = run_quick(args) if args.quick else run_gpu(args)
     path = write(result, command, args.out)
     print(f"wrote {path}")
     for r in result["rows"]:

@@ -111,7 +111,36 @@ def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.co
 
 
 @triton.jit
-def _score_tile(w, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+def _publish_and_wait(keys_ptr, slot, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS: tl.constexpr,
+                      PP: tl.constexpr, BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Flag exchange: the keys carry the step's tag; row 0's key, written last with release semantics, is the
+    program's arrival flag, and every program polls the others' row-0 keys instead of a shared counter. One
+    global round trip less than counter + read; no reset ever (tags only grow, 0 never matches)."""
+    tagged = best | (tag.to(tl.int64) << 18)
+    base = keys_ptr + slot * NUM_PROGS * BP + pid * BP
+    tl.store(base + o_b, tagged, mask=o_b > 0)
+    tl.debug_barrier()
+    tl.atomic_xchg(base, tl.sum(tl.where(o_b == 0, tagged, 0), axis=0), sem="release", scope="gpu")
+    o_p = tl.arange(0, PP)
+    flags_ptr = keys_ptr + slot * NUM_PROGS * BP + o_p * BP
+    spins = 0
+    waiting = 1
+    flags = tl.full([PP], 0, dtype=tl.int64)
+    while (waiting > 0) & (spins < SPIN_LIMIT):
+        flags = tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [flags_ptr], dtype=tl.int64,
+                                          is_pure=False, pack=1)
+        late = (o_p < NUM_PROGS) & (((flags >> 18) & 0x3FFF) != tag)
+        waiting = tl.sum(late.to(tl.int32), axis=0)
+        spins += 1
+    if spins >= SPIN_LIMIT:
+        tl.atomic_or(err_ptr, 1)
+    tl.debug_barrier()
+    # Row 0's winner, straight from the flags: with one row this is the whole exchange.
+    return tl.max(tl.where(o_p < NUM_PROGS, flags, -9223372036854775807 - 1), axis=0)
+
+
+@triton.jit
+def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
                 w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
                 KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -128,8 +157,8 @@ def _score_tile(w, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos
     # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
     # more rounding (a torch add).
     bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
-    u = tl.load(u_ptr + o_b[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=m_v[:, None] & m_b[None, :],
-                other=0.0)
+    if u is None:
+        u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
     logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
     if HAS_D2T:
         target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
@@ -152,6 +181,13 @@ def _score_tile(w, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos
     best = tl.max(scored, axis=0)
     first = tl.min(tl.where(scored == best[None, :], ids[:, None], NO_ID), axis=0)
     return _ordered_keys(best, first)
+
+
+@triton.jit
+def _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b):
+    """[rows, BP] of the base logits U[b, step, rows]."""
+    return tl.load(u_ptr + o_b[None, :] * stride_ub + step * stride_uk + rows[:, None],
+                   mask=(rows < vocab)[:, None] & m_b[None, :], other=0.0)
 
 
 @triton.jit
@@ -190,13 +226,13 @@ def head_walk_kernel(
     gh_ptr, t1_ptr, stride_t1,
     hj_ptr, t3_ptr, stride_t3, ws_ptr,
     sb_ptr, ob_ptr,
-    keys_ptr, count_ptr, err_ptr,
+    keys_ptr, count_ptr, gen_ptr, err_ptr,
     num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
     R: tl.constexpr, BP: tl.constexpr, RT: tl.constexpr, RES_TILES: tl.constexpr, ST: tl.constexpr, CHUNK_ROWS: tl.constexpr,
     NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
-    SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, FLAGS: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -247,6 +283,19 @@ def head_walk_kernel(
         ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
         ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
 
+    if FLAGS:
+        gen = tl.load(gen_ptr + pid)
+    # Base logits of the resident tiles are loaded one step ahead, so their latency hides behind the barrier.
+    k_first = tl.minimum(k_begin, num_steps - 1)
+    if RES_TILES >= 1:
+        u_res0 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + o_t, shard_end, o_b, m_b)
+    if RES_TILES >= 2:
+        u_res1 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + RT + o_t, shard_end, o_b, m_b)
+    if RES_TILES >= 3:
+        u_res2 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b)
+    if RES_TILES >= 4:
+        u_res3 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b)
+
     if k_begin == 0:
         x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
     else:
@@ -254,13 +303,20 @@ def head_walk_kernel(
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
 
+    best0 = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
     for k in range(k_begin, k_end):
         if k > k_begin:
-            x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
+            if FLAGS and MULTI and num_rows == 1:
+                x0 = ID_MASK - (best0 & ID_MASK)
+                if HAS_D2T and not KEY_BY_TARGET:
+                    x0 = x0 + tl.load(d2t_ptr + x0)
+                x = tl.where(o_b == 0, x0, 0)
+            else:
+                x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
             if pid == 0:
                 tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
         # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
-        e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None]).to(tl.float32)
+        e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :], other=0.0).to(tl.float32)
         if HAS_CONF:
             if pid == 0:
                 wc = tl.load(conf_w_ptr + o_r)
@@ -311,37 +367,54 @@ def head_walk_kernel(
         best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
         if RES_TILES >= 1:
             best = tl.maximum(best, _score_tile(
-                w_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                w_res0, u_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
         if RES_TILES >= 2:
             best = tl.maximum(best, _score_tile(
-                w_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                w_res1, u_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
         if RES_TILES >= 3:
             best = tl.maximum(best, _score_tile(
-                w_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                w_res2, u_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
         if RES_TILES >= 4:
             best = tl.maximum(best, _score_tile(
-                w_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                w_res3, u_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
         for row0 in range(stream_begin, shard_end, ST):
             rows = row0 + tl.arange(0, ST)
             w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
             best = tl.maximum(best, _score_tile(
-                w, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+                w, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
                 w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
-        tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
-        if MULTI:
-            _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+        k_next = tl.minimum(k + 1, num_steps - 1)
+        if RES_TILES >= 1:
+            u_res0 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + o_t, shard_end, o_b, m_b)
+        if RES_TILES >= 2:
+            u_res1 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + RT + o_t, shard_end, o_b, m_b)
+        if RES_TILES >= 3:
+            u_res2 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b)
+        if RES_TILES >= 4:
+            u_res3 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b)
+        if MULTI and FLAGS:
+            tag = (((gen + k) % 16383) + 1).to(tl.int32)
+            best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,
+                                      SPIN_LIMIT)
         else:
-            tl.debug_barrier()
+            tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
+            if MULTI:
+                _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+            else:
+                tl.debug_barrier()
 
+    if FLAGS:
+        if MULTI:
+            tl.store(gen_ptr + pid, gen + (k_end - k_begin))
     if DO_FINAL:
         x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         if pid == 0:

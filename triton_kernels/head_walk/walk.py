@@ -13,10 +13,11 @@ Design (kernel.py has the kernel):
   -> one int64 key per row -> grid barrier.
 - Without CUDA (TRITON_INTERPRET=1) one program walks everything, no barrier.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from .kernel import MAX_TOKENS, head_walk_kernel
 
@@ -27,7 +28,7 @@ MAX_ROWS_PER_LAUNCH = 64
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
 # A barrier gives up (and flags barrier_errors) after this many polls, ~1 s, instead of hanging the GPU.
-SPIN_LIMIT = 1 << 20
+SPIN_LIMIT = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class WalkConfig:
     resident_tiles: int
     stream_rows: int  # rows of one streamed tile
     multi: bool  # persistent, grid barriers between steps
+    flags: bool  # exchange through tagged keys instead of a counter barrier
     lockstep: bool  # one launch per step
     num_warps: int
     num_stages: int
@@ -55,10 +57,13 @@ def _num_sms(device: torch.device) -> int:
 
 def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
-              tile_rows: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
+              tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "counter",
+              num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
+    if exchange not in ("counter", "flags"):
+        raise ValueError(f"exchange must be 'counter' or 'flags', got {exchange!r}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
@@ -84,16 +89,24 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     if residency == "off":
         resident_tiles = 0
     elif on_gpu:
-        resident_tiles = min(4, max(1, resident_rows // tile_rows), triton.cdiv(chunk_rows, tile_rows))
+        fit = min(4, max(1, resident_rows // tile_rows), triton.cdiv(chunk_rows, tile_rows))
+        if chunk_rows > fit * tile_rows and block_rows >= 64:
+            # The streamed tiles' pipeline buffers and the wide batch need the shared memory of two tiles.
+            fit = min(fit, 2)
+        resident_tiles = fit if resident_tiles is None else min(resident_tiles, fit)
     else:
         resident_tiles = 1
     if residency == "full" and chunk_rows > resident_tiles * tile_rows:
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
+    if num_stages is None:
+        # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for.
+        num_stages = 1 if chunk_rows <= resident_tiles * tile_rows else 2
     return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
-                      lockstep=lockstep and num_programs > 1, num_warps=num_warps or 8, num_stages=num_stages or 2)
+                      flags=multi and exchange == "flags", lockstep=lockstep and num_programs > 1,
+                      num_warps=num_warps or 8, num_stages=num_stages)
 
 
 _workspaces: dict = {}
@@ -107,6 +120,7 @@ def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) 
         _workspaces[key] = {
             "keys": torch.empty(2, programs, block_rows, dtype=torch.int64, device=device),
             "count": torch.zeros(1, dtype=torch.int64, device=device),
+            "gen": torch.zeros(programs, dtype=torch.int64, device=device),
             "err": torch.zeros(1, dtype=torch.int32, device=device),
             "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
             "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
@@ -172,6 +186,8 @@ def head_walk(
     programs: int | None = None,
     lockstep: bool = False,
     tile_rows: int | None = None,
+    resident_tiles: int | None = None,
+    exchange: str = "counter",
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -206,7 +222,8 @@ def head_walk(
         residency: "auto" | "full" (error if W2 does not fit on chip) | "partial" | "off" (stream all of W2).
         w2_dtype: None or torch.float8_e4m3fn (W2 quantized once per weight, one scale per vocabulary row).
         out: optional [B, N] int64 token buffer.
-        programs, lockstep, tile_rows, num_warps, num_stages: launch overrides for tests and tuning.
+        programs, lockstep, tile_rows, resident_tiles, exchange ('counter' barrier or 'flags' tagged keys),
+            num_warps, num_stages: launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -296,7 +313,8 @@ def head_walk(
     if w2_dtype is not None:
         w2_rows, w2_scale = _cached(("fp8", _tensor_key(w2)), lambda: quantize_w2_fp8(w2))
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
-                    lockstep=lockstep, tile_rows=tile_rows, num_warps=num_warps, num_stages=num_stages)
+                    lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
+                    num_warps=num_warps, num_stages=num_stages)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -344,7 +362,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         hj_ptr=hj if hj is not None else dummy, t3_ptr=t3 if t3 is not None else w1,
         stride_t3=t3.stride(0) if t3 is not None else 0, ws_ptr=ws if ws is not None else dummy,
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
-        keys_ptr=wsp["keys"], count_ptr=wsp["count"], err_ptr=wsp["err"],
+        keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
@@ -352,10 +370,32 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SAMPLED=temperature is not None, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
         STORE_LOGITS=draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,
         MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
-        DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32", FLAGS=cfg.flags,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
+    # A build that needs more shared memory than the SM has drops the streamed tiles' pipelining, then resident
+    # tiles (their rows are then streamed), until it fits; the choice is remembered for the next walk.
+    key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype)
+    while True:
+        cfg = _shrunk.get(key, cfg)
+        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages)
+        try:
+            _run(cfg, grid, args, num_steps)
+            return
+        except OutOfResources:
+            if cfg.num_stages > 1:
+                _shrunk[key] = replace(cfg, num_stages=1)
+            elif cfg.resident_tiles > 0:
+                _shrunk[key] = replace(cfg, resident_tiles=cfg.resident_tiles - 1)
+            else:
+                raise
+
+
+_shrunk: dict = {}
+
+
+def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
     if cfg.lockstep:
         for k in range(num_steps + 1):
             head_walk_kernel[grid](k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False, **args)
