@@ -146,3 +146,12 @@ def test_validation_patch_can_be_reverted_and_reapplied(registered):
         ValidateHybridSpecConfig.apply()
     with pytest.raises(ValueError, match="hybridspec.verify_length"):
         _vllm_config(additional_config={"hybridspec": {"enabled": True, "verify_length": "bad"}})
+
+
+def test_plan_never_replaces_a_runtime_record(registered):
+    status.record("gdn_verify", status.REFERENCE, "naive reference")
+    status.plan("gdn_verify", status.REQUESTED, "block_parallel")
+    assert status.snapshot()["gdn_verify"] == "reference: naive reference"
+    status.plan("head_walk", status.REQUESTED, "megakernel")
+    status.record("head_walk", status.ACTIVE)
+    assert status.snapshot()["head_walk"] == "active"

@@ -80,44 +80,44 @@ def _has_cuda_gpu() -> bool:
 
 def plan_components(vllm_config: Any, config: HybridSpecConfig) -> None:
     """Records what each component will do for this engine; the runtime code overwrites it with what it did."""
-    status.record("config", status.ACTIVE)
+    status.plan("config", status.ACTIVE)
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or not speculative.num_speculative_tokens:
         logger.warning("hybridspec is enabled but the engine does not use speculative decoding: nothing to do")
         for component in ("head_walk", "gdn_verify", "verify_length", "routing_correction"):
-            status.record(component, status.OFF, "no speculative decoding")
+            status.plan(component, status.OFF, "no speculative decoding")
         return
     model_config = getattr(vllm_config, "model_config", None)
     no_gpu = "" if _has_cuda_gpu() else ", reference path (no CUDA GPU)"
 
     if speculative.method != "dspark":
-        status.record("head_walk", status.OFF, f"the {speculative.method} drafter has no serial head")
+        status.plan("head_walk", status.OFF, f"the {speculative.method} drafter has no serial head")
     else:
-        status.record("head_walk", status.REQUESTED, f"{config.head_walk}{no_gpu}")
+        status.plan("head_walk", status.REQUESTED, f"{config.head_walk}{no_gpu}")
 
     if config.gdn_verify == "vllm":
-        status.record("gdn_verify", status.OFF, "vLLM's GDN kernels (hybridspec.gdn_verify=vllm)")
+        status.plan("gdn_verify", status.OFF, "vLLM's GDN kernels (hybridspec.gdn_verify=vllm)")
     elif not model_has_gdn_layers(model_config):
         architecture = getattr(model_config, "architecture", None)
         logger.warning(
             "hybridspec is enabled but the model (%s) has no Gated DeltaNet layers: GDN-specific parts fall back "
             "to plain vLLM", architecture
         )
-        status.record("gdn_verify", status.FALLBACK, f"model {architecture} has no GDN layers")
+        status.plan("gdn_verify", status.FALLBACK, f"model {architecture} has no GDN layers")
     else:
-        status.record("gdn_verify", status.REQUESTED, f"{config.gdn_verify}{no_gpu}")
+        status.plan("gdn_verify", status.REQUESTED, f"{config.gdn_verify}{no_gpu}")
 
     max_length = config.max_verify_length_for(speculative.num_speculative_tokens)
     if config.verify_length == "fixed":
-        status.record("verify_length", status.OFF, f"fixed at {max_length}")
+        status.plan("verify_length", status.OFF, f"fixed at {max_length}")
     else:
-        status.record("verify_length", status.REQUESTED, f"adaptive in [{config.min_verify_length}, {max_length}]")
-        status.record("latency_profile", status.REQUESTED, config.latency_profile)
+        status.plan("verify_length", status.REQUESTED, f"adaptive in [{config.min_verify_length}, {max_length}]")
+        status.plan("latency_profile", status.REQUESTED, config.latency_profile)
 
     if not config.routing_correction:
-        status.record("routing_correction", status.OFF)
+        status.plan("routing_correction", status.OFF)
     elif not model_has_moe_router(model_config):
         logger.warning("hybridspec.routing_correction is on but the model has no MoE router: ignored")
-        status.record("routing_correction", status.FALLBACK, "model has no MoE router")
+        status.plan("routing_correction", status.FALLBACK, "model has no MoE router")
     else:
-        status.record("routing_correction", status.REQUESTED, f"threshold {config.routing_correction_threshold}")
+        status.plan("routing_correction", status.REQUESTED, f"threshold {config.routing_correction_threshold}")

@@ -1,9 +1,8 @@
 """Which hybridspec components are active in this process, and why the others are not.
 
-Each component records its state once it knows it (at config validation, at model load, when a patch first
-acts): `record("gdn_verify", ACTIVE)` or `record("gdn_verify", FALLBACK, "model has no GDN layers")`.
-A later record replaces an earlier one, so config validation records what was requested and the runtime code
-that actually does the work overwrites it with what happened. The demo prints `describe()`; metrics can read
+Config validation writes the plan (`plan("gdn_verify", REQUESTED, "block_parallel")`); the runtime code that
+does the work then records what happened (`record("gdn_verify", ACTIVE)`, `record("gdn_verify", FALLBACK,
+"model has no GDN layers")`). A record replaces anything; a plan never replaces a record. The demo prints `describe()`; metrics can read
 `snapshot()`.
 
 The registry is per process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the demo, the tests) the engine and its
@@ -33,6 +32,8 @@ COMPONENTS = ("config", "head_walk", "gdn_verify", "verify_length", "routing_cor
 class ComponentStatus:
     state: str
     reason: str = ""
+    planned: bool = False  # written by config validation (plan), not by the code that does the work
+
 
     def __str__(self) -> str:
         return f"{self.state}: {self.reason}" if self.reason else self.state
@@ -43,11 +44,23 @@ _lock = threading.Lock()
 
 
 def record(component: str, state: str, reason: str = "") -> None:
-    if state not in STATES:
-        raise ValueError(f"status.record: unknown state {state!r}; expected one of {STATES}")
-    status = ComponentStatus(state, reason)
+    """What the component's runtime code did; replaces any earlier record."""
+    _write(component, ComponentStatus(state, reason))
+
+
+def plan(component: str, state: str, reason: str = "") -> None:
+    """What config validation expects; never replaces a runtime record (vLLM re-validates config copies)."""
+    _write(component, ComponentStatus(state, reason, planned=True))
+
+
+def _write(component: str, status: ComponentStatus) -> None:
+    if status.state not in STATES:
+        raise ValueError(f"status.record: unknown state {status.state!r}; expected one of {STATES}")
     with _lock:
-        changed = _records.get(component) != status
+        current = _records.get(component)
+        if status.planned and current is not None and not current.planned:
+            return
+        changed = current != status
         _records[component] = status
     if changed:
         logger.info("hybridspec %s: %s", component, status)
