@@ -329,7 +329,11 @@ def run_gpu(args) -> dict:
         try:
             p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
             fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
+            errors_before = barrier_errors(device)
             fn()
+            torch.cuda.synchronize()
+            if barrier_errors(device) != errors_before:
+                raise RuntimeError("grid barrier gave up")
             us, _ = time_graph(torch, fn)
             checks.append(dict(check=f"ours_sync_floor_{exchange}", steps=15, programs=sms, us=round(us, 1),
                                us_per_step=round(us / 15, 2)))
