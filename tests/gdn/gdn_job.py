@@ -63,7 +63,7 @@ def run(job):
             "metrics": spec_decode_metrics(llm),
             "status": status.snapshot(),
             "counters": dict(vars(COUNTERS)),
-            "layout": gdn_layout(llm),
+            "layout": gdn_layout(llm) if engine.get("layout", True) else None,
         }
         del llm
         gc.collect()

@@ -68,9 +68,10 @@ def test_block_parallel_greedy_equals_plain_greedy(engines, name):
     assert result["status"]["gdn_verify"].startswith("reference: block_parallel"), result["status"]
 
 
-def test_dflash_commits_partial_acceptance(engines):
+def test_dflash_commits_partial_acceptance_beside_prefills(engines):
     metrics = engines["bp_dflash"]["metrics"]
     assert 0 < metrics["accepted_tokens"] < metrics["draft_tokens"], metrics
+    assert engines["bp_dflash"]["counters"]["mixed_batches"] > 0  # prefill rows ran beside spec rows
 
 
 def test_one_state_slot_per_request(engines):
@@ -96,5 +97,5 @@ def test_gdn_verify_vllm_is_plain_vllm(engines):
     assert_same_tokens(engines["plain"], result, "vllm_mtp")
     assert result["layout"]["layer_class"] == "BlockParallelGatedDeltaNet"  # registered, but acting as vLLM's
     assert result["layout"]["backend"] == "GDNAttentionBackend"
-    assert result["counters"] == {"verify_calls": 0, "commits": 0, "reconstructions": 0, "committed_tokens": 0}
+    assert not any(result["counters"].values()), result["counters"]
     assert result["status"]["gdn_verify"].startswith("off"), result["status"]

@@ -207,6 +207,7 @@ def block_parallel_gdn_class() -> type:
             finally:
                 attn_metadata[self.prefix] = metadata
             core_attn_out.index_copy_(0, tokens, out)
+            COUNTERS.mixed_batches += 1
 
         def _verify_kernel(self, mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only):
             from hybridspec_kernels.gdn_verify import gdn_verify

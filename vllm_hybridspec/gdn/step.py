@@ -33,9 +33,10 @@ class GDNCounters:
     commits: int = 0            # steps whose accepted states were rebuilt
     reconstructions: int = 0    # reconstruct calls (kernel: one per KV-cache group; reference: one per layer)
     committed_tokens: int = 0   # tokens committed, summed over layers (reference path only: counting syncs)
+    mixed_batches: int = 0      # layer forwards whose batch had non-spec rows (prefill chunks) beside spec rows
 
     def reset(self) -> None:
-        self.verify_calls = self.commits = self.reconstructions = self.committed_tokens = 0
+        self.verify_calls = self.commits = self.reconstructions = self.committed_tokens = self.mixed_batches = 0
 
 
 COUNTERS = GDNCounters()
@@ -161,6 +162,8 @@ class GDNLayerGroup:
 
         committed = int(accepted.clamp(min=0).sum())
         for index in self.kv_groups[kv_group]:
+            if index not in self.inputs:
+                raise RuntimeError(f"GDN layer {self.layers[index].prefix} did not verify the rows it must commit")
             mixed_qkv, a, b = self.inputs.pop(index)
             reference_reconstruct(self.layers[index], mixed_qkv, a, b, rows.state_indices, rows.cu_seqlens, accepted)
             COUNTERS.reconstructions += 1
