@@ -18,14 +18,14 @@ DEPS_STAMP := $(VENV)/.hybridspec-deps-$(EXTRA)
 .PHONY: demo test install venv tiny clean-tiny
 
 demo: install
-	$(PY) -m vllm_hybridspec.demo
+	HYBRIDSPEC_TINY_CACHE=$(CURDIR)/.tiny $(PY) -m vllm_hybridspec.demo
 
 test: install
-	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; HYBRIDSPEC_TINY_CACHE=$(CURDIR)/.tiny $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 tiny: install
-	$(PY) -m vllm_hybridspec.tiny .tiny
+	$(PY) -m vllm_hybridspec.tiny .tiny/manual
 
 venv: $(DEPS_STAMP)
 

@@ -67,4 +67,5 @@ def test_engine_without_section_is_plain_vllm(v1, v1_without_plugin):
     assert with_plugin["status"] == {} and without_plugin["status"] == {}
     assert_same_tokens(without_plugin, with_plugin, "no section")
     assert with_plugin["metrics"] == without_plugin["metrics"]
-    assert "vllm-hybridspec" in v1["_log"] and "vllm-hybridspec" not in v1_without_plugin["_log"]
+    assert "hybridspec config: active" in v1["_log"]  # the enabled engines of the same process
+    assert "hybridspec" not in v1_without_plugin["_log"]
