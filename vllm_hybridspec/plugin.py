@@ -32,6 +32,9 @@ def register() -> None:
         from vllm_hybridspec.patches import apply_all
 
         applied = apply_all()
+        from vllm_hybridspec.head_walk.patches import apply_on_import
+
+        apply_on_import()  # the DSpark walk patch, once a worker imports Model Runner V2's DSpark speculator
         _registered = True
     logger.info(
         "vllm-hybridspec %s registered in process %d (%d patches)", __version__, os.getpid(), len(applied)
