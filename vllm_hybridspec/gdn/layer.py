@@ -210,16 +210,12 @@ def block_parallel_gdn_class() -> type:
             COUNTERS.mixed_batches += 1
 
         def _verify_kernel(self, mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only):
-            from hybridspec_kernels.gdn_verify import gdn_verify
+            from vllm_hybridspec.gdn.kernel_path import kernel_verify
 
-            weight = self.conv1d.weight
-            num_tokens = mixed_qkv.shape[0]
-            out = core_attn_out[:num_tokens] if spec_only else None
-            return gdn_verify(
-                mixed_qkv.contiguous(), a.contiguous(), b.contiguous(), weight.view(weight.size(0), weight.size(-1)),
-                self.conv1d.bias, self.A_log, self.dt_bias, self.kv_cache[0], self.kv_cache[1], state_indices,
-                cu_seqlens, self.gdn_group.workspace_of(self.gdn_index), max_seqlen=self.block_parallel.max_verify_len,
-                out=out,
+            out = core_attn_out[: mixed_qkv.shape[0]] if spec_only else None
+            return kernel_verify(
+                self, self.gdn_group.workspace_of(self.gdn_index), mixed_qkv, a, b, state_indices, cu_seqlens,
+                self.block_parallel.max_verify_len, out=out,
             )
 
     BlockParallelGatedDeltaNet.__qualname__ = BlockParallelGatedDeltaNet.__name__
