@@ -103,7 +103,8 @@ class CommitAcceptedGdnStateMRV2(VllmPatch):
     def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
         def postprocess_state(self, idx_mapping, num_sampled, num_computed_tokens=None):
             original(self, idx_mapping, num_sampled, num_computed_tokens)
-            _commit(self.vllm_config, num_sampled)
+            # vLLM stores max(num_sampled, 1) as the next step's accepted count; commit the same number of tokens.
+            _commit(self.vllm_config, num_sampled if isinstance(num_sampled, int) else num_sampled.clamp(min=1))
 
         return postprocess_state
 

@@ -46,6 +46,11 @@ def block_parallel_plan(vllm_config: Any, record: bool = True) -> BlockParallelP
 
 
 def _unsupported_reason(vllm_config: Any) -> str | None:
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_cuda() or current_platform.is_cpu()):
+        # ROCm's AITER and XPU's SYCL GDN paths bypass the layer core this replaces.
+        return f"platform {current_platform.device_name} (CUDA and CPU only)"
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or not speculative.num_speculative_tokens:
         return "no speculative decoding"
