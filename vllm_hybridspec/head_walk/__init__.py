@@ -10,8 +10,8 @@ leaves vLLM's walk in place, logged and recorded in `vllm_hybridspec.status` ("h
 - patches.py: `UseHybridSpecHeadWalk`, the one patched vLLM method.
 - upstream.py: digests of the vLLM code the walk reproduces, per vLLM release.
 
-Importing this package is cheap: torch and vLLM load only when the walk first runs.
+walk.py (torch, vLLM) loads only when the walk first runs.
 """
-from vllm_hybridspec.head_walk.patches import HEAD_WALK_PATCHES, UseHybridSpecHeadWalk
-
-__all__ = ["HEAD_WALK_PATCHES", "UseHybridSpecHeadWalk"]
+# The patch manifest imports patches.py, and patches.py the framework inside the manifest's package: loading the
+# manifest first keeps that cycle in one order whichever module is imported first.
+import vllm_hybridspec.patches  # noqa: F401

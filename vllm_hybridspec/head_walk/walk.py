@@ -77,6 +77,10 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
         return False
     vocab = base_logits.shape[-1]
     base_logits = base_logits.view(num_reqs, num_steps, vocab)
+    # NaN logits (vLLM's profile run walks uninitialised memory) would make the kernel propose an id past the
+    # vocabulary and gather W1 out of bounds at the next step; as -inf they lose to every number, as vLLM's
+    # argmax does not, but only garbage rows ever hold one.
+    torch.nan_to_num_(base_logits, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     head = model.model.markov_head
     d2t = model.draft_id_to_target_id
     if estimating and cache is None:

@@ -1,0 +1,149 @@
+"""Child-process tests (run by test_walk_unit.py under `mrv2_env()`): the megakernel, under the Triton
+interpreter, walks exactly as vLLM's `_sample_sequential` does, greedy and with vLLM's seeded Gumbel sampling.
+
+Not collected by the main pytest run (the name does not start with test_): vLLM decides at import whether it has
+Triton, and only the MRV2 shim (tests/mrv2_shim, on PYTHONPATH here) makes vLLM's own sampler kernels run on CPU.
+Run alone with: PYTHONPATH=tests/mrv2_shim TRITON_INTERPRET=1 .venv/bin/pytest tests/head_walk/kernel_equivalence.py
+
+Dyadic weights make every dot product exact, so drafts, the draft logits cache, acceptance estimates and
+confidences must match bit for bit; with Gaussian weights the kernel's summation order may move a logit by an
+ulp, so the drafts must match and the cache to 1e-5 relative.
+"""
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("HYBRIDSPEC_MRV2_SHIM") != "1":
+    pytest.skip("needs mrv2_env(): TRITON_INTERPRET=1 and tests/mrv2_shim on PYTHONPATH", allow_module_level=True)
+
+import interpreter_fixes  # noqa: E402
+from head_walk_fakes import make_speculator, run_walk  # noqa: E402
+
+from vllm_hybridspec import status  # noqa: E402
+from vllm_hybridspec.head_walk import walk  # noqa: E402
+
+interpreter_fixes.use_bool_masks()
+MEGAKERNEL = {"enabled": True, "head_walk": "megakernel"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_status():
+    status.reset()
+    yield
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts launches of hybridspec_kernels.head_walk.head_walk (to prove the kernel, not vLLM, walked)."""
+    import hybridspec_kernels.head_walk as kernels
+
+    calls = []
+    launch = kernels.head_walk
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "head_walk", counting)
+    return calls
+
+
+def assert_same_walk(want, got, exact):
+    assert torch.equal(got.tokens, want.tokens), f"drafts differ\n vLLM {want.tokens}\n ours {got.tokens}"
+    for name in ("cache", "features", "predictions", "confidence"):
+        if not hasattr(want, name):
+            continue
+        a, b = getattr(want, name), getattr(got, name)
+        if exact:
+            assert torch.equal(a, b), f"{name} differs by {(a.float() - b.float()).abs().nan_to_num().max()}"
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=f"{name} differs")
+
+
+CASES = [
+    pytest.param({}, id="greedy"),
+    pytest.param({"sampled": True}, id="sampled"),
+    pytest.param({"sampled": True, "reduced_vocab": True}, id="sampled-d2t"),
+    pytest.param({"reduced_vocab": True}, id="greedy-d2t"),
+    pytest.param({"sampled": True, "padding_rows": 2, "confidence": True}, id="sampled-padding-confidence"),
+    pytest.param({"sampled": True, "estimator": True}, id="sampled-estimator"),
+    pytest.param({"estimator": True, "reduced_vocab": True}, id="greedy-estimator-d2t"),
+    pytest.param({"sampled": True, "dtype": torch.float16, "logit_scale": 0.75}, id="sampled-fp16-scaled"),
+    pytest.param({"sampled": True, "num_reqs": 5, "num_steps": 7, "vocab": 1031, "rank": 32, "reduced_vocab": True},
+                 id="sampled-odd-sizes"),
+    pytest.param({"num_steps": 1}, id="one-step"),
+]
+
+
+@pytest.mark.parametrize("options", CASES)
+def test_megakernel_walk_equals_vllms_bit_for_bit(options, kernel_calls):
+    spec = make_speculator(hybridspec=MEGAKERNEL, **options)
+    want, got = run_walk(spec, ours=False), run_walk(spec, ours=True)
+    assert_same_walk(want, got, exact=True)
+    assert status.get(walk.COMPONENT).state == status.ACTIVE
+    plan = getattr(got.spec, walk.PLAN_ATTRIBUTE)
+    per_step = options.get("sampled") and not plan.step_keyed_seeds
+    assert len(kernel_calls) == (spec.num_speculative_steps if per_step else 1), kernel_calls
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({"sampled": True, "seed": 5}, id="sampled"),
+    pytest.param({"sampled": True, "reduced_vocab": True, "estimator": True, "seed": 6}, id="sampled-d2t-estimator"),
+    pytest.param({"seed": 7, "num_reqs": 4, "vocab": 500, "rank": 64}, id="greedy"),
+])
+def test_megakernel_walk_with_gaussian_weights(options):
+    spec = make_speculator(hybridspec=MEGAKERNEL, dyadic=False, **options)
+    assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=False)
+
+
+@pytest.mark.parametrize("options", [pytest.param({}, id="greedy"), pytest.param({"sampled": True}, id="sampled")])
+def test_reference_walk_equals_vllms_sampled_walk(options):
+    spec = make_speculator(hybridspec={"enabled": True, "head_walk": "reference"}, padding_rows=1, **options)
+    assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=True)
+    assert status.get(walk.COMPONENT).state == status.REFERENCE
+
+
+def test_seeded_draws_are_draws():
+    """Sampled drafts follow the seeds: other seeds give other drafts, the same seeds the same ones."""
+    spec = make_speculator(hybridspec=MEGAKERNEL, sampled=True, num_reqs=4, num_steps=6)
+    spec.temperature.fill_(1.0)
+    first, again = run_walk(spec, ours=True), run_walk(spec, ours=True)
+    spec.seeds.add_(1)
+    other = run_walk(spec, ours=True)
+    assert torch.equal(first.tokens, again.tokens) and not torch.equal(first.tokens, other.tokens)
+
+
+def test_nan_base_logits_keep_drafts_inside_the_vocabulary():
+    """vLLM's profile run walks uninitialised memory: NaN rows must not make the kernel propose an id past the
+    vocabulary (its next step would gather W1 out of bounds); rows without NaN still equal vLLM's."""
+    spec = make_speculator(hybridspec=MEGAKERNEL, sampled=True, num_reqs=3, reduced_vocab=True)
+    compute = spec.model.compute_draft_logits
+
+    def with_nan_rows(hidden):
+        logits = compute(hidden)
+        logits[: spec.num_speculative_steps] = float("nan")  # request row 0: every step
+        logits[spec.num_speculative_steps, 5] = float("nan")  # request row 1, step 0: one entry
+        return logits
+
+    spec.model.compute_draft_logits = with_nan_rows
+    want, got = run_walk(spec, ours=False), run_walk(spec, ours=True)
+    d2t = spec.model.draft_id_to_target_id
+    targets = set((torch.arange(d2t.shape[0]) + d2t).tolist())
+    assert set(got.tokens.flatten().tolist()) <= targets, got.tokens
+    assert torch.equal(got.tokens[2:], want.tokens[2:])
+
+
+def test_patched_method_walks_with_the_megakernel(kernel_calls):
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    from vllm_hybridspec.head_walk.patches import UseHybridSpecHeadWalk
+
+    spec = make_speculator(hybridspec=MEGAKERNEL, sampled=True)
+    want = run_walk(spec, ours=False)
+    UseHybridSpecHeadWalk.apply()
+    try:
+        DSparkSpeculator._sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    finally:
+        UseHybridSpecHeadWalk.revert()
+    assert kernel_calls and torch.equal(spec.draft_tokens[: spec._test_rows], want.tokens)

@@ -1,0 +1,290 @@
+"""The DSpark walk replacement without an engine: vLLM's own `_sample_sequential` against hybridspec's on a
+DSparkSpeculator built from vLLM's real classes (tests/head_walk/head_walk_fakes.py).
+
+In this process: every fallback (declines, logs why, records it), the patch and when it is applied, the pinned
+upstream code, and the torch reference walk against vLLM's greedy walk. The megakernel and vLLM's seeded Gumbel
+sampling need Triton inside vLLM, which only the Model Runner V2 shim gives, so those comparisons run in a child
+pytest (kernel_equivalence.py) under `mrv2_env()`.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import REPO, mrv2_env
+from head_walk_fakes import make_speculator, run_walk
+from vllm_hybridspec import status
+from vllm_hybridspec.head_walk import upstream, walk
+from vllm_hybridspec.head_walk.patches import UseHybridSpecHeadWalk
+
+HERE = Path(__file__).resolve().parent
+MEGAKERNEL = {"enabled": True, "head_walk": "megakernel"}
+REFERENCE = {"enabled": True, "head_walk": "reference"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_status():
+    status.reset()
+    yield
+    status.reset()
+
+
+@pytest.fixture
+def warnings_seen():
+    """vLLM's logger does not propagate to the root logger, so listen on ours directly."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("vllm.hybridspec")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def kernel_runs_here(monkeypatch):
+    """Makes the megakernel's device check pass in this process (whether Triton here interprets or not)."""
+    import hybridspec_kernels.head_walk.kernel as kernel
+
+    InterpretedFunction = type("InterpretedFunction", (), {})
+    monkeypatch.setattr(kernel, "head_walk_kernel", InterpretedFunction())
+
+
+# --- upstream code -----------------------------------------------------------------------------------------------
+
+def test_installed_vllm_walk_is_the_one_the_replacement_reproduces():
+    from vllm_hybridspec.versions import installed_vllm
+
+    version = installed_vllm()[1].split("+")[0]
+    assert version in upstream.KNOWN, f"vLLM {version}: re-read the DSpark walk, then add its digests to upstream.py"
+    found = upstream.digests(upstream.installed_vllm_dir())
+    changed = [name for name, digest in found.items() if digest != upstream.KNOWN[version][name]]
+    assert not changed, f"vLLM {version} changed {changed} since the walk was written against it"
+    assert upstream.match_installed() == (version, ())
+
+
+def test_patched_method_source_hash_is_pinned():
+    """The patched method's `inspect.getsource` hashes to the pinned digest (upstream.py hashes the same text)."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    method = UseHybridSpecHeadWalk.original()
+    source = inspect.getsource(method)
+    assert source == upstream.source_of(Path(inspect.getsourcefile(DSparkSpeculator)),
+                                        "DSparkSpeculator._sample_sequential") + "\n"
+    version = upstream.match_installed()[0]
+    assert hashlib.sha256(source[:-1].encode()).hexdigest() == \
+        upstream.KNOWN[version]["DSparkSpeculator._sample_sequential"]
+
+
+def test_vllm_033_digests_match_its_sources_when_present():
+    vendored = REPO / ".vendor" / "vllm033" / "vllm"
+    if not vendored.is_dir():
+        pytest.skip("vLLM 0.33's sources are not unpacked here (.vendor/vllm033, git-ignored)")
+    assert upstream.digests(vendored) == upstream.KNOWN["0.33.0"]
+
+
+def test_changed_upstream_code_falls_back(monkeypatch, warnings_seen):
+    monkeypatch.setattr(upstream, "match_installed", lambda: (None, ("DSparkSpeculator._sample_sequential",)))
+    spec = make_speculator(hybridspec=REFERENCE)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("differs from the releases", warnings_seen)
+
+
+# --- fallbacks ---------------------------------------------------------------------------------------------------
+
+def _assert_fell_back(fragment, warnings_seen):
+    record = status.get(walk.COMPONENT)
+    assert record is not None and record.state == status.FALLBACK and fragment in record.reason, record
+    assert any(fragment in r.getMessage() and "vLLM's DSpark walk runs instead" in r.getMessage()
+               for r in warnings_seen), [r.getMessage() for r in warnings_seen]
+
+
+class _GatedHead:
+    """Stands for a head type the kernel lacks: a DSparkMarkovHead subclass with its own bias."""
+
+    def bias(self, markov_embed, logits_processor):
+        return logits_processor(self.markov_w2, torch.sigmoid(markov_embed))
+
+
+def _gated_head(spec):
+    from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
+
+    head = spec.model.model.markov_head
+    head.__class__ = type("GatedMarkovHead", (DSparkMarkovHead,), {"bias": _GatedHead.bias})
+
+
+def _own_markov_bias(spec):
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+
+    def markov_bias(self, markov_embed):
+        return 2 * self.model.markov_head.bias(markov_embed, self.logits_processor)
+
+    spec.model.__class__ = type("OtherDSpark", (Qwen3DSparkForCausalLM,), {"markov_bias": markov_bias})
+
+
+def _quantized_projection(spec):
+    spec.model.model.markov_head.markov_w2.quant_method = type("Fp8EmbeddingMethod", (), {})()
+
+
+def _base_logits_in_fp64(spec):
+    compute = spec.model.compute_draft_logits
+    spec.model.compute_draft_logits = lambda hidden: compute(hidden).double()
+
+
+FALLBACKS = [
+    pytest.param({}, lambda s: setattr(s, "_draft_topk", 8), "draft top-k mode (dspark_draft_topk=8)", id="topk"),
+    pytest.param({}, lambda s: setattr(s, "draft_watermarker", object()), "draft watermarker", id="watermarker"),
+    pytest.param({"sampled": True}, lambda s: setattr(s, "use_fp64_gumbel", True), "fp64 Gumbel", id="fp64-gumbel"),
+    pytest.param({}, lambda s: setattr(s.model, "sample_sequential", lambda *a: False), "own Markov sampling",
+                 id="model-hook-0.33"),
+    pytest.param({}, lambda s: setattr(s.model, "apply_output_logit_transform", lambda x: x),
+                 "transforms its output logits", id="output-transform"),
+    pytest.param({}, _gated_head, "GatedMarkovHead Markov head", id="other-head-type"),
+    pytest.param({}, _own_markov_bias, "markov_bias is not vLLM's", id="other-markov-bias"),
+    pytest.param({}, _quantized_projection, "quantized Markov projection", id="quantized-w2"),
+    pytest.param({}, lambda s: setattr(s.model.logits_processor, "soft_cap", 30.0), "soft-capping", id="soft-cap"),
+    pytest.param({"rank": 24}, lambda s: None, "Markov rank 24", id="rank-not-power-of-two"),
+    pytest.param({}, _base_logits_in_fp64, "base logits in torch.float64", id="logits-dtype"),
+    pytest.param({"sampled": True, "estimator": True}, lambda s: setattr(s, "draft_logits", s.draft_logits.half()),
+                 "acceptance estimator with a torch.float16 draft logits cache", id="estimator-cache-dtype"),
+]
+
+
+@pytest.mark.parametrize("options, change, fragment", FALLBACKS)
+def test_unsupported_setting_leaves_vllms_walk_and_says_why(options, change, fragment, warnings_seen):
+    spec = make_speculator(hybridspec=REFERENCE, **options)
+    change(spec)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back(fragment, warnings_seen)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)  # decided once, stays
+
+
+def test_vocabulary_beyond_the_kernels_ids_falls_back(monkeypatch, warnings_seen):
+    monkeypatch.setattr(walk, "MAX_TOKENS", 64)
+    spec = make_speculator(hybridspec=REFERENCE, vocab=100)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("100-token vocabulary", warnings_seen)
+
+
+def test_megakernel_without_cuda_or_interpreter_falls_back(monkeypatch, warnings_seen):
+    import hybridspec_kernels.head_walk.kernel as kernel
+
+    monkeypatch.setattr(kernel, "head_walk_kernel", object())  # compiled Triton, and no CUDA device here
+    spec = make_speculator(hybridspec=MEGAKERNEL)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("needs a CUDA device or TRITON_INTERPRET=1", warnings_seen)
+
+
+def test_megakernel_in_bf16_under_the_interpreter_falls_back(kernel_runs_here, warnings_seen):
+    spec = make_speculator(hybridspec=MEGAKERNEL, dtype=torch.bfloat16)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("bf16 under the Triton interpreter", warnings_seen)
+
+
+def test_full_residency_that_cannot_fit_falls_back(kernel_runs_here, warnings_seen):
+    spec = make_speculator(hybridspec={**MEGAKERNEL, "head_walk_residency": "full"}, vocab=1000)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("hybridspec.head_walk_residency=full: residency='full' needs", warnings_seen)
+
+
+def test_disabled_hybridspec_is_plain_vllm(warnings_seen):
+    for section in (None, {"enabled": False, "head_walk": "megakernel"}):
+        spec = make_speculator(hybridspec=section)
+        assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    assert status.snapshot() == {} and not warnings_seen
+
+
+# --- the patch ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def patched():
+    was_applied = UseHybridSpecHeadWalk.is_applied()
+    if not was_applied:
+        UseHybridSpecHeadWalk.apply()
+    yield
+    if not was_applied:
+        UseHybridSpecHeadWalk.revert()
+
+
+def test_patched_method_runs_ours_or_vllms(patched, monkeypatch):
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    calls = []
+    monkeypatch.setattr(walk, "sample_sequential", lambda *args: calls.append("ours") or False)
+    spec = make_speculator(hybridspec=REFERENCE)
+    want = run_walk(spec, ours=False).tokens
+    DSparkSpeculator._sample_sequential(spec, spec._test_rows, spec._test_head_hidden)  # ours declines: vLLM's
+    assert calls == ["ours"] and torch.equal(spec.draft_tokens[: spec._test_rows], want)
+
+    monkeypatch.setattr(walk, "sample_sequential", lambda *args: calls.append("ours") or True)
+    spec.draft_tokens.zero_()
+    DSparkSpeculator._sample_sequential(spec, spec._test_rows, spec._test_head_hidden)  # ours did the step
+    assert calls == ["ours", "ours"] and not spec.draft_tokens.any()
+
+
+def test_register_applies_the_patch_only_when_vllm_imports_the_speculator(tmp_path):
+    code = (
+        "import sys, vllm_hybridspec.plugin as p; p.register();"
+        "from vllm_hybridspec.head_walk.patches import UseHybridSpecHeadWalk as P;"
+        "name = P.target.partition(':')[0]; print('imported', name in sys.modules, 'applied', P.is_applied());"
+        "import importlib; m = importlib.import_module(name);"
+        "print('applied', P.is_applied(), m.DSparkSpeculator._sample_sequential.__hybridspec_patch__);"
+        "import inspect; print('source', 'sample_sequential' in inspect.getsource(P.original()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**__import__("os").environ, "PYTHONSAFEPATH": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "imported False applied False" in out.stdout
+    assert "applied True UseHybridSpecHeadWalk" in out.stdout and "source True" in out.stdout
+
+
+# --- the reference walk against vLLM's greedy walk (torch only) --------------------------------------------------
+
+REFERENCE_CASES = [
+    pytest.param({}, id="greedy"),
+    pytest.param({"reduced_vocab": True}, id="greedy-d2t"),
+    pytest.param({"confidence": True, "padding_rows": 2}, id="greedy-confidence-padding"),
+    pytest.param({"num_reqs": 5, "num_steps": 7, "vocab": 257, "rank": 32, "logit_scale": 0.75}, id="odd-sizes"),
+    pytest.param({"dtype": torch.float16, "reduced_vocab": True}, id="fp16"),
+    pytest.param({"dyadic": False, "seed": 3}, id="gaussian-weights"),
+]
+
+
+@pytest.mark.parametrize("options", REFERENCE_CASES)
+def test_reference_walk_equals_vllms_greedy_walk(options):
+    spec = make_speculator(hybridspec=REFERENCE, **options)
+    want, got = run_walk(spec, ours=False), run_walk(spec, ours=True)
+    assert torch.equal(got.tokens, want.tokens), (got.tokens, want.tokens)
+    assert torch.equal(got.confidence, want.confidence)
+    record = status.get(walk.COMPONENT)
+    assert record.state == status.REFERENCE, record
+
+
+def test_status_names_the_megakernel_when_it_runs(kernel_runs_here):
+    spec = make_speculator(hybridspec=MEGAKERNEL)
+    plan = walk.make_plan(spec)
+    assert plan.backend == "megakernel" and plan.logits_dtype == torch.float32
+    assert status.get(walk.COMPONENT) == status.ComponentStatus(status.ACTIVE, plan.reason)
+    assert "megakernel" in plan.reason and "residency auto" in plan.reason
+
+
+# --- the megakernel and vLLM's seeded sampling, in a child process under the MRV2 shim --------------------------
+
+def test_megakernel_and_sampled_walks_equal_vllms_in_the_mrv2_environment(tmp_path):
+    pytest_bin = Path(sys.executable).with_name("pytest")
+    proc = subprocess.run(
+        [str(pytest_bin), "-q", "-p", "no:cacheprovider", "-x", str(HERE / "kernel_equivalence.py")],
+        env=mrv2_env(), cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    print(log[-4000:])
+    assert proc.returncode == 0, f"kernel_equivalence.py failed (rc {proc.returncode}):\n{log[-8000:]}"
+    assert " passed" in log and " skipped" not in log, log[-2000:]
