@@ -520,7 +520,25 @@ def precompile(args, sms: int) -> None:
     print(f"precompiled {len(jobs)} jobs in {time.time() - start:.0f} s", flush=True)
 
 
-def summarize(rows) -> dict:
+def merge_runs(paths, commits) -> tuple[dict, str]:
+    """Several GPU runs' results as one: a later run's row replaces an earlier run's row of the same
+    configuration; every row and check keeps its run number, every ratio stays within one run."""
+    runs, by_key, checks = [], {}, []
+    for number, (path, commit) in enumerate(zip(paths, commits), 1):
+        doc = json.loads(Path(path).read_text())
+        runs.append(dict(run=number, commit=commit or doc["commit"], date=doc["date"], command=doc["command"],
+                         device=doc["device"], hbm_gbps=doc.get("hbm_gbps")))
+        for row in doc["rows"]:
+            by_key[(row["vocab"], row["steps"], row["batch"], row["mode"])] = dict(row, run=number)
+        checks += [dict(c, run=number) for c in doc.get("checks", [])]
+    rows = sorted(by_key.values(), key=lambda r: (r["vocab"], -r["steps"], r["batch"], r["mode"]))
+    result = dict(rows=rows, checks=checks, device=runs[-1]["device"], hbm_gbps=runs[-1]["hbm_gbps"], sms=None,
+                  runs=runs)
+    command = "python eval/bench_head_walk.py --merge " + " ".join(str(p) for p in paths) + " (runs listed in 'runs')"
+    return result, command
+
+
+def summarize(rows, checks=()) -> dict:
     def pick(vocab, steps, batch, key, mode="greedy"):
         for r in rows:
             if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (vocab, steps, batch, mode):
@@ -536,7 +554,21 @@ def summarize(rows) -> dict:
         "speedup_fused_step_v32k_blk15_b1_sampled": pick(32000, 15, 1, "speedup_fused_step", "sampled"),
         "ours_us_v32k_blk15_b1": pick(32000, 15, 1, "ours_us"),
         "graph_loop_us_v32k_blk15_b1": pick(32000, 15, 1, "graph_loop_us"),
+        **flags_summary(rows, checks),
     }
+
+
+def flags_summary(rows, checks) -> dict:
+    """exchange='flags' (a tuning row) against the graph loop timed in the same run."""
+    out = {}
+    for c in checks:
+        if c.get("check") == "tune_flags_v32k_b1" and c.get("us") and c.get("equal_default"):
+            loop = [r for r in rows if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (32000, 15, 1, "greedy")
+                    and r.get("run") == c.get("run") and r.get("graph_loop_us")]
+            if loop:
+                out["ours_flags_us_v32k_blk15_b1"] = c["us"]
+                out["speedup_graph_loop_v32k_blk15_b1_flags"] = round(loop[0]["graph_loop_us"] / c["us"], 2)
+    return out
 
 
 def run_quick(args) -> dict:
@@ -593,18 +625,23 @@ def write(result, command, out_dir):
     from _results import write_results
 
     rows = result["rows"]
-    summary = summarize(rows)
+    summary = summarize(rows, result["checks"])
     md = markdown(rows, summary, result)
-    return write_results(BENCH, rows, summary, command, result["device"], out_dir=out_dir,
-                         extra=dict(checks=result["checks"], hbm_gbps=result["hbm_gbps"], sms=result["sms"],
-                                    topk=TOPK, rank=RANK), markdown=md)
+    extra = dict(checks=result["checks"], hbm_gbps=result["hbm_gbps"], sms=result["sms"], topk=TOPK, rank=RANK)
+    if "runs" in result:
+        extra["runs"] = result["runs"]
+    return write_results(BENCH, rows, summary, command, result["device"], out_dir=out_dir, extra=extra,
+                         markdown=md)
 
 
 def markdown(rows, summary, result) -> str:
     lines = [f"# {BENCH}", "", f"device: {result['device']}, HBM copy {result['hbm_gbps']} GB/s, r = {RANK}, "
              f"top-k {TOPK}; us per walk (CUDA-graph replay, median).", "", "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
-    cols = ["vocab", "steps", "batch", "mode", "ours_us", "ours_us_per_step", "ours_step_us", "graph_loop_us",
+    if result.get("runs"):
+        lines += ["", "runs (each row's `run`; ratios only within a run):", ""]
+        lines += [f"- run {r['run']}: commit {r['commit'][:10]}, {r['date']}, `{r['command']}`" for r in result["runs"]]
+    cols = ["run", "vocab", "steps", "batch", "mode", "ours_us", "ours_us_per_step", "ours_step_us", "graph_loop_us",
             "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step", "hbm_stream_us",
             "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -662,6 +699,8 @@ def main():
     parser.add_argument("--heads-budget-s", type=float, default=40.0)
     parser.add_argument("--from-log", type=Path, help="rebuild results from the JSON lines of a GPU run's log")
     parser.add_argument("--log-command", default="", help="the command that produced --from-log")
+    parser.add_argument("--merge", type=Path, nargs="+", help="results of several GPU runs, oldest first")
+    parser.add_argument("--merge-commits", nargs="+", help="the commit each merged run ran (if its file lacks it)")
     parser.add_argument("--compile-timeout-s", type=float, default=150.0)
     args = parser.parse_args()
     if args.prepare:
@@ -680,6 +719,8 @@ def main():
     command = "python eval/bench_head_walk.py " + " ".join(sys.argv[1:])
     if args.from_log:
         result, command = parse_log(args.from_log), args.log_command
+    elif args.merge:
+        result, command = merge_runs(args.merge, args.merge_commits or [None] * len(args.merge))
     else:
         result = run_quick(args) if args.quick else run_gpu(args)
     path = write(result, command, args.out)

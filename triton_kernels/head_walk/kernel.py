@@ -272,17 +272,6 @@ def head_walk_kernel(
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
     stream_begin = shard_begin + RES_TILES * RT
 
-    if HEAD == 2:
-        # The program's slice of the recurrent state (all of it without grid barriers), as [BP, SJ] dots.
-        if MULTI:
-            o_j = pid * SJ + tl.arange(0, SJ)
-        else:
-            o_j = tl.arange(0, SJ)
-        m_j = o_j < R
-        ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-        ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-        ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-
     if FLAGS:
         gen = tl.load(gen_ptr + pid)
     # Base logits of the resident tiles are loaded one step ahead, so their latency hides behind the barrier.
@@ -329,29 +318,45 @@ def head_walk_kernel(
             ge = tl.load(t1_ptr + x[None, :] * stride_t1 + o_r[:, None]).to(tl.float32)
             m = tl.sigmoid(gh + ge) * e
         else:
-            hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
-            t3_row = t3_ptr + x[:, None] * stride_t3
-            mj = m_b[:, None] & m_j[None, :]
+            # RNN: the program advances its SJ dims of the state (all of them, SJ at a time, without grid
+            # barriers), publishes them, and everyone reads the whole new state back.
+            if MULTI:
+                j_lo = pid * SJ
+                j_hi = j_lo + SJ
+            else:
+                j_lo = 0
+                j_hi = R
             if k > 0:
                 s_full = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
-                s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
-                                 other=0.0, volatile=True)
             else:
                 s_full = tl.full([BP, R], 0.0, dtype=tl.float32)
-                s_mine = tl.full([BP, SJ], 0.0, dtype=tl.float32)
-            pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
-                + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
-                + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-            pre_c = tl.dot(s_full, ws_c, input_precision="ieee") \
-                + tl.load(hj_row + R + o_j[None, :], mask=mj, other=0.0) \
-                + tl.load(t3_row + R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-            pre_o = tl.dot(s_full, ws_o, input_precision="ieee") \
-                + tl.load(hj_row + 2 * R + o_j[None, :], mask=mj, other=0.0) \
-                + tl.load(t3_row + 2 * R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-            gate = tl.sigmoid(pre_g)
-            s_new = gate * s_mine + (1.0 - gate) * _tanh(pre_c)
-            tl.store(sb_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], s_new, mask=mj)
-            tl.store(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], _tanh(pre_o), mask=mj)
+            hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
+            t3_row = t3_ptr + x[:, None] * stride_t3
+            for j0 in range(j_lo, j_hi, SJ):
+                o_j = j0 + tl.arange(0, SJ)
+                m_j = o_j < R
+                mj = m_b[:, None] & m_j[None, :]
+                ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                if k > 0:
+                    s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
+                                     other=0.0, volatile=True)
+                else:
+                    s_mine = tl.full([BP, SJ], 0.0, dtype=tl.float32)
+                pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
+                    + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                pre_c = tl.dot(s_full, ws_c, input_precision="ieee") \
+                    + tl.load(hj_row + R + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                pre_o = tl.dot(s_full, ws_o, input_precision="ieee") \
+                    + tl.load(hj_row + 2 * R + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + 2 * R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                gate = tl.sigmoid(pre_g)
+                s_new = gate * s_mine + (1.0 - gate) * _tanh(pre_c)
+                tl.store(sb_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], s_new, mask=mj)
+                tl.store(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], _tanh(pre_o), mask=mj)
             if MULTI:
                 _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
             else:

@@ -337,8 +337,9 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     rank = w1.shape[1]
     block_rows = cfg.block_rows
     wsp = _workspace(u.device, cfg.programs, block_rows, rank)
-    state_slice = triton.cdiv(rank, cfg.programs) if cfg.multi else rank
-    state_slice = max(16, triton.next_power_of_2(state_slice))
+    # State dims a program advances at a time: its whole share with grid barriers, else 16 at a time (a
+    # [r, r] weight block per dot would not fit in shared memory).
+    state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
     dummy = wsp["count"]
     pos = positions.contiguous() if positions is not None else None
     args = dict(
