@@ -23,7 +23,7 @@ from head_walk_fakes import make_speculator, run_walk  # noqa: E402
 from vllm_hybridspec import status  # noqa: E402
 from vllm_hybridspec.head_walk import walk  # noqa: E402
 
-interpreter_fixes.use_bool_masks()
+interpreter_fixes.apply_all()
 MEGAKERNEL = {"enabled": True, "head_walk": "megakernel"}
 
 

@@ -154,8 +154,7 @@ def make_plan(spec: Any) -> WalkPlan:
     if not plan.step_keyed_seeds and spec.draft_logits is not None:
         notes.append("one launch per step: this vLLM keys draft draws by the request seed alone")
     plan.reason = f"megakernel {where}, residency {plan.residency}" + "".join(f"; {note}" for note in notes)
-    status.record(COMPONENT, status.ACTIVE, plan.reason)
-    logger.info("hybridspec head_walk: %s", plan.reason)
+    status.record(COMPONENT, status.ACTIVE, plan.reason)  # logs it
     return plan
 
 

@@ -1,0 +1,102 @@
+"""The DSpark walk replacement in real engines: Model Runner V2 on CPU (tests/mrv2_shim) with the tiny DSpark
+drafter. Every draft step is walked twice on the same inputs, by vLLM's `_sample_sequential` and by ours
+(head_walk_job.py); the engine keeps ours.
+
+- megakernel: vLLM's CPU GDN kernels run only in bf16, which the Triton interpreter computes wrongly, so the
+  kernel runs beside a random dense fp32 Qwen3 target (built by the job; the drafter's drafts are then rarely
+  accepted, which the comparison does not need), with greedy drafting and with probabilistic drafting (seeded
+  sampled requests and greedy ones in one batch).
+- reference: the tiny hybrid Qwen3-Next target (bf16) with the torch reference walk, drafts accepted.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_same_tokens, mrv2_env
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 12
+NUM_PROMPTS = 4
+MEGAKERNEL = {"hybridspec": {"enabled": True, "head_walk": "megakernel"}}
+REFERENCE = {"hybridspec": {"enabled": True, "head_walk": "reference"}}
+FP32 = {"dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_models, module_tmp):
+    dense, hybrid = str(module_tmp / "dense-fp32"), str(tiny_models.target)
+    dspark = {"method": "dspark", "model": str(tiny_models.dspark), "num_speculative_tokens": 4}
+    probabilistic = {**dspark, "draft_sample_method": "probabilistic"}
+    job = {
+        "dense_target": {"out": dense, "drafter": str(tiny_models.dspark), "tokenizer": hybrid},
+        "engines": [
+            dict(name="dense_plain", model=dense, llm_kwargs=FP32),
+            dict(name="dense_greedy", model=dense, llm_kwargs=FP32, speculative_config=dspark,
+                 additional_config=MEGAKERNEL),
+            dict(name="dense_sampled", model=dense, llm_kwargs=FP32, speculative_config=probabilistic,
+                 additional_config=MEGAKERNEL, sampling={"temperature": 0.8, "seed": 1000, "greedy_every": 2}),
+            dict(name="hybrid_plain", model=hybrid),
+            dict(name="hybrid_reference", model=hybrid, speculative_config=dspark, additional_config=REFERENCE),
+        ],
+        "prompts": tiny_models.prompts[:NUM_PROMPTS],
+        "max_tokens": MAX_TOKENS,
+    }
+    job_file, out_file = module_tmp / "job.json", module_tmp / "out.json"
+    job_file.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("head_walk_job.py")), str(job_file), str(out_file)],
+        env=mrv2_env(), cwd=module_tmp, capture_output=True, text=True, timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    (module_tmp / "engines.log").write_text(log)
+    if proc.returncode != 0:
+        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{log[-6000:]}")
+    assert "Using V2 Model Runner" in log
+    return json.loads(out_file.read_text())
+
+
+def assert_drafts_equal_vllms(result, through_kernel):
+    walk = result["walk"]
+    assert walk["walks"] > 0 and walk["compared_steps"] > 0 and walk["compared_drafts"] > 0, walk
+    assert walk["differing_drafts"] == 0, walk
+    assert (walk["walks_through_kernel"] == walk["walks"]) if through_kernel else walk["kernel_launches"] == 0, walk
+    assert result["metrics"]["drafts"] > 0, result["metrics"]
+
+
+def test_megakernel_greedy_drafts_equal_vllms(engines):
+    result = engines["dense_greedy"]
+    assert result["status"]["head_walk"].startswith("active: megakernel"), result["status"]
+    assert_drafts_equal_vllms(result, through_kernel=True)
+    assert result["walk"]["cache_entries"] == 0  # greedy drafting keeps no draft logits
+
+
+def test_megakernel_seeded_sampled_drafts_and_logits_equal_vllms(engines):
+    result = engines["dense_sampled"]
+    assert result["status"]["head_walk"].startswith("active: megakernel"), result["status"]
+    assert_drafts_equal_vllms(result, through_kernel=True)
+    walk = result["walk"]
+    assert walk["cache_entries"] > 0, walk
+    # Random fp32 weights: the kernel's dot products may round an ulp apart from vLLM's GEMM.
+    assert walk["cache_max_abs_diff"] <= 1e-4, walk
+
+
+def test_megakernel_greedy_output_equals_the_target_alone(engines):
+    assert_same_tokens(engines["dense_plain"], engines["dense_greedy"], "dense + DSpark megakernel walk")
+    plain, mixed = engines["dense_plain"], engines["dense_sampled"]
+    greedy_rows = range(0, NUM_PROMPTS, 2)  # greedy_every=2: the batch's greedy requests
+    for i in greedy_rows:
+        assert mixed["token_ids"][i] == plain["token_ids"][i], f"greedy request {i} beside sampled ones differs"
+    sampled_rows = [mixed["token_ids"][i] for i in range(1, NUM_PROMPTS, 2)]
+    assert all(len(tokens) == MAX_TOKENS for tokens in sampled_rows)
+
+
+def test_reference_walk_on_the_hybrid_target(engines):
+    result = engines["hybrid_reference"]
+    assert result["status"]["head_walk"].startswith("reference"), result["status"]
+    assert_drafts_equal_vllms(result, through_kernel=False)
+    assert result["metrics"]["accepted_tokens"] > 0, result["metrics"]
+    assert_same_tokens(engines["hybrid_plain"], result, "hybrid + DSpark reference walk")
