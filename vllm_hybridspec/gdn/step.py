@@ -17,6 +17,7 @@ A step without spec rows records None, so nothing stale (e.g. from a dummy or ca
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,7 +183,8 @@ def _accepted_per_spec_row(rows: VerifiedRows, accepted: torch.Tensor | int) -> 
     return padded[rows.batch_rows.clamp(max=padded.shape[0] - 1)]
 
 
-_groups: dict[int, GDNLayerGroup] = {}
+# Weak: a finished engine's layers (and, through them, its KV cache) must not outlive it here.
+_groups: weakref.WeakValueDictionary[int, GDNLayerGroup] = weakref.WeakValueDictionary()
 _groups_lock = threading.Lock()
 
 
