@@ -87,6 +87,37 @@ def test_megakernel_walk_equals_vllms_bit_for_bit(options, kernel_calls):
     assert len(kernel_calls) == (spec.num_speculative_steps if per_step else 1), kernel_calls
 
 
+@pytest.fixture
+def vllm_033_draft_seeds(monkeypatch):
+    """vLLM 0.33 mixes the step into every draft draw's seed (`spec_step_seed(seed, col)` inside its Gumbel
+    kernel); emulated here on 0.32 by mixing it into the seeds handed to that kernel, so that the walk takes its
+    one-launch path (the one GPUs run) against vLLM's loop keyed the 0.33 way."""
+    import vllm.v1.worker.gpu.spec_decode.dspark.speculator as module
+    from vllm.v1.worker.gpu.sample import gumbel
+
+    if hasattr(gumbel, "spec_step_seed"):
+        return
+    sample = module.gumbel_sample
+
+    def gumbel_sample_033(logits, idx_mapping, temperature, seeds, pos, *args, logits_cache_col=None, **kwargs):
+        step_seeds = seeds ^ (logits_cache_col.long() << 32)
+        return sample(logits, idx_mapping, temperature, step_seeds, pos, *args, logits_cache_col=logits_cache_col,
+                      **kwargs)
+
+    monkeypatch.setattr(module, "gumbel_sample", gumbel_sample_033)
+    monkeypatch.setattr(gumbel, "spec_step_seed", lambda seed, step: seed ^ (step << 32), raising=False)
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({"sampled": True}, id="sampled"),
+    pytest.param({"sampled": True, "reduced_vocab": True, "padding_rows": 1, "num_steps": 7}, id="sampled-d2t"),
+])
+def test_one_launch_walk_equals_vllm_033_seed_keying(options, vllm_033_draft_seeds, kernel_calls):
+    spec = make_speculator(hybridspec=MEGAKERNEL, **options)
+    assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=True)
+    assert len(kernel_calls) == 1, kernel_calls
+
+
 @pytest.mark.parametrize("options", [
     pytest.param({"sampled": True, "seed": 5}, id="sampled"),
     pytest.param({"sampled": True, "reduced_vocab": True, "estimator": True, "seed": 6}, id="sampled-d2t-estimator"),

@@ -268,6 +268,27 @@ def test_reference_walk_equals_vllms_greedy_walk(options):
     assert record.state == status.REFERENCE, record
 
 
+def test_reference_cache_write_skips_padding_rows_without_a_host_sync():
+    cache = torch.arange(4 * 3 * 6, dtype=torch.float32).view(4, 3, 6)
+    before = cache.clone()
+    logits = -torch.rand(4, 2, 5)
+    d2t = torch.tensor([0, 0, 1, 1, 1])  # draft ids 0..4 -> target columns 0, 1, 3, 4, 5
+    walk._store_logits(cache, torch.tensor([0, -1, 2, -1]), logits, d2t)
+    columns = torch.tensor([0, 1, 3, 4, 5])
+    for row, req in ((0, 0), (2, 2)):
+        assert torch.equal(cache[req, :2, columns], logits[row])
+    untouched = torch.ones_like(cache, dtype=torch.bool)
+    untouched[0, :2, columns] = untouched[2, :2, columns] = False
+    assert torch.equal(cache[untouched], before[untouched])
+    walk._store_logits(cache, torch.tensor([-1, -1, -1, -1]), logits, d2t)  # a dummy batch: nothing to write
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+def test_an_empty_batch_is_left_to_vllm():
+    spec = make_speculator(hybridspec=REFERENCE)
+    assert not walk.sample_sequential(spec, 0, spec._test_head_hidden)
+
+
 def test_status_names_the_megakernel_when_it_runs(kernel_runs_here):
     spec = make_speculator(hybridspec=MEGAKERNEL)
     plan = walk.make_plan(spec)
