@@ -516,6 +516,12 @@ def markdown(rows, summary, extra, device_name, command):
     chosen = {r["B"]: (r["verify_config"], r["reconstruct_config"]) for r in rows}
     lines += ["", "Launch configs of ours (fastest in this run's sweep, per batch):", ""]
     lines += [f"- batch {B}: verify `{v}`, reconstruct `{c}`" for B, (v, c) in sorted(chosen.items())]
+    if extra.get("sweep"):
+        lines += ["", "Sweep (L=16, us per layer; verify alone, or reconstruction alone):", "",
+                  "| part | batch | config | us |", "|---|---|---|---|"]
+        for r in extra["sweep"]:
+            config = r["config"].replace("VerifyConfig(", "(").replace("big_dot='tf32', ", "")
+            lines.append(f"| {r['part']} | {r['B']} | `{config}` | {r.get('us', 'failed: ' + r.get('error', '')[:60])} |")
     lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()]
     lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
               f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]

@@ -318,10 +318,13 @@ def build_profiles(lp, rows, device, model_name, rho, variants, meta):
     profiles = []
     for variant in variants:
         vr = [r for r in sel if r["variant"] == variant]
-        batches = sorted({r["batch"] for r in vr})
-        if not batches:
+        measured = {b: {r["L"] for r in vr if r["batch"] == b} for b in {r["batch"] for r in vr}}
+        if not measured:
             continue
-        lengths = sorted(set.intersection(*({r["L"] for r in vr if r["batch"] == b} for b in batches)))
+        # a batch the time budget cut short would shrink every batch's length grid to its few lengths: leave it out
+        most = max(len(ls) for ls in measured.values())
+        batches = sorted(b for b, ls in measured.items() if len(ls) == most)
+        lengths = sorted(set.intersection(*(measured[b] for b in batches)))
         if not lengths:
             continue
         at = {(r["batch"], r["L"]): r for r in vr}
@@ -330,7 +333,8 @@ def build_profiles(lp, rows, device, model_name, rho, variants, meta):
             device=device, model=model_name, variant=variant, batch_sizes=batches, lengths=lengths,
             t_us=table("t_us"),
             per_layer_type={k: table(f"{k}_us") for k in ("gdn", "attention", "moe", "rest")},
-            unique_experts=table("unique_experts_batch"), meta={**meta, "rho": rho}))
+            unique_experts=table("unique_experts_batch"),
+            meta={**meta, "rho": rho, "partial_batches_left_out": sorted(set(measured) - set(batches))}))
     return profiles
 
 
@@ -640,7 +644,30 @@ def finalize(src: Path):
     for f in src.iterdir():
         if f.name.startswith(("verify_profile", "latency_profile_")) and f.suffix in (".json", ".md", ".txt"):
             shutil.copyfile(f, dst / f.name)
+    rebuild_profiles(dst / f"{BENCH}.json")
     plot(dst / f"{BENCH}.json")
+
+
+def rebuild_profiles(json_path: Path):
+    """Rebuild the LatencyProfile tables (JSON + profile file) from the run's rows with this file's
+    build_profiles (a run made before a fix of it stays usable); the measured rows are not touched."""
+    lp = load_latency_profile_module()
+    doc = json.loads(json_path.read_text())
+    if not doc.get("profiles"):
+        return
+    model_name, device = doc["profiles"][0]["model"], doc["device"]
+    variants = list(dict.fromkeys(r["variant"] for r in doc["rows"]))
+    rho_cal = doc["calibration"]["rho"]
+    profiles = build_profiles(lp, doc["rows"], device, model_name, rho_cal, variants, doc["meta"])
+    doc["profiles"] = [p.to_dict() for p in profiles]
+    doc["profiles_by_rho"] = {str(round(r, 4)): [p.to_dict() for p in build_profiles(lp, doc["rows"], device,
+                                                                                      model_name, r, variants,
+                                                                                      doc["meta"])]
+                              for r in doc["rhos"]}
+    json_path.write_text(json.dumps(_json_safe(doc), indent=1) + "\n")
+    dev_tag = "h200" if "H200" in device else device.split()[-1].lower()
+    lp.save_profiles(json_path.with_name(PROFILE_FILE.format(model=model_name, device=dev_tag)), profiles,
+                     doc["default_variant"])
 
 
 def main(argv=None):

@@ -442,8 +442,6 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-transposed-fused"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, transposed=True, fuse_qk=True, prefetch=True), True,
                  id="bf16-state-transposed-whole-v"),
-    pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, transposed=True, fuse_qk=True, prefetch=True,
-                                             num_warps=8), False, id="fp32-state-transposed-bv64"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

@@ -252,6 +252,8 @@ class VerifyConfig:
     transposed: bool = False
     fuse_qk: bool = False  # with transposed: one S_block @ [k_t, q_t interleaved]^T product instead of two
     prefetch: bool = False  # load each state block one step ahead (the first one before the q/k conv)
+    # The last four are opt-in experiments: all measured slower than the defaults on the H200 (1.2-2x,
+    # eval/notes/gdn_verify.md, v3); block_v=64 with transposed + fuse_qk does not compile with Triton 3.6.
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
