@@ -50,13 +50,17 @@ def engines(tiny_models, module_tmp):
             dict(name="bp_dflash", model=target, speculative_config=dflash,
                  additional_config=_hybridspec("block_parallel"), llm_kwargs={"max_num_seqs": 3}),
             dict(name="vllm_mtp", model=target, speculative_config=mtp, additional_config=_hybridspec("vllm")),
+            # ngram drafts 0..K tokens per row (vLLM's own CPU GDN spec path rejects a varying draft count)
+            dict(name="bp_ngram", model=target, additional_config=_hybridspec("block_parallel"),
+                 speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
+                                     "prompt_lookup_max": 3}),
         ],
         tiny_models.prompts,
         module_tmp,
     )
 
 
-@pytest.mark.parametrize("name", ["bp_mtp", "bp_dflash"])
+@pytest.mark.parametrize("name", ["bp_mtp", "bp_dflash", "bp_ngram"])
 def test_block_parallel_greedy_equals_plain_greedy(engines, name):
     result = engines[name]
     assert_same_tokens(engines["plain"], result, name)
