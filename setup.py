@@ -14,5 +14,5 @@ kernel_packages = [
 setup(
     packages=find_packages(include=["vllm_hybridspec", "vllm_hybridspec.*"]) + kernel_packages,
     package_dir={KERNEL_IMPORT_NAME: KERNEL_FOLDER},
-    package_data={"vllm_hybridspec": ["data/*"]},
+    package_data={"vllm_hybridspec": ["data/*"], KERNEL_IMPORT_NAME: ["*/*.json"]},
 )
