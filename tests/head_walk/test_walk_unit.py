@@ -95,7 +95,7 @@ def test_changed_upstream_code_falls_back(monkeypatch, warnings_seen):
     monkeypatch.setattr(upstream, "match_installed", lambda: (None, ("DSparkSpeculator._sample_sequential",)))
     spec = make_speculator(hybridspec=REFERENCE)
     assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
-    _assert_fell_back("differs from the releases", warnings_seen)
+    _assert_fell_back("differs from the releases the plugin was read against", warnings_seen)
 
 
 # --- fallbacks ---------------------------------------------------------------------------------------------------

@@ -83,8 +83,8 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     torch.nan_to_num_(base_logits, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     head = model.model.markov_head
     d2t = model.draft_id_to_target_id
-    if estimating and cache is None:
-        cache = _estimator_cache(plan, spec, base_logits, head.markov_w1.weight.shape[0] if d2t is not None else vocab)
+    if estimating and cache is None:  # the walk's logits go to target-id columns
+        cache = _estimator_cache(plan, spec, base_logits, vocab if d2t is None else head.markov_w1.weight.shape[0])
 
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, num_steps)
     anchors = spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]]
@@ -162,7 +162,7 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
     """Why this engine's DSpark walk stays vLLM's, or None when hybridspec's walk reproduces it."""
     release, changed = upstream.match_installed()
     if release is None:
-        return f"this vLLM's DSpark walk differs from the releases the plugin was checked against ({', '.join(changed)})"
+        return f"this vLLM's DSpark walk differs from the releases the plugin was read against ({', '.join(changed)})"
     model = spec.model
     if getattr(model, "sample_sequential", None) is not None:
         return f"the draft model ({type(model).__name__}) runs its own Markov sampling (sample_sequential)"
@@ -178,12 +178,12 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
     if reason is not None:
         return reason
     w1 = model.model.markov_head.markov_w1.weight
-    cache = spec.draft_logits
+    dtypes = {w1.dtype} | ({spec.draft_logits.dtype} if spec.draft_logits is not None else set())
     if config.head_walk == "megakernel":
         reason = _why_kernel_cannot_run(w1.device)
         if reason is not None:
             return reason
-        if w1.device.type != "cuda" and (w1.dtype == torch.bfloat16 or (cache is not None and cache.dtype == torch.bfloat16)):
+        if w1.device.type != "cuda" and torch.bfloat16 in dtypes:
             return "bf16 under the Triton interpreter, which computes bf16 wrongly (use fp32 or fp16 on CPU)"
         from hybridspec_kernels.head_walk import plan_walk
 
