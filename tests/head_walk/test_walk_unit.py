@@ -284,6 +284,18 @@ def test_reference_cache_write_skips_padding_rows_without_a_host_sync():
     assert torch.equal(cache[untouched], before[untouched])
 
 
+def test_cache_writes_need_no_host_sync():
+    """On the meta device every value is unknown: an op that would read one on the host (a sync inside a CUDA
+    graph) raises. The reference cache write and the reduced-vocabulary mask pass."""
+    meta = torch.device("meta")
+    cache = torch.empty(6, 3, 40, device=meta)
+    walk._store_logits(cache, torch.empty(4, dtype=torch.long, device=meta), torch.empty(4, 3, 30, device=meta),
+                       torch.empty(30, dtype=torch.long, device=meta))
+    walk._mask_columns_outside_draft_vocab(cache, torch.empty(30, dtype=torch.long, device=meta))
+    with pytest.raises(Exception):
+        torch.empty(4, device=meta).sum().item()  # the probe works
+
+
 def test_an_empty_batch_is_left_to_vllm():
     spec = make_speculator(hybridspec=REFERENCE)
     assert not walk.sample_sequential(spec, 0, spec._test_head_hidden)

@@ -304,9 +304,9 @@ def _store_logits(cache: torch.Tensor, req: torch.Tensor, logits: torch.Tensor, 
     if d2t is not None:
         columns = columns + d2t
     valid = req >= 0
-    first = torch.argmax(valid.to(torch.int8))
-    rows = torch.where(valid, req, req[first]).clamp(min=0).long()
-    values = torch.where(valid[:, None, None], logits, logits[first]).to(cache.dtype)
+    first = torch.argmax(valid.to(torch.int8)).view(1)  # 1-D: indexing with a 0-D tensor reads it on the host
+    rows = torch.where(valid, req, req.index_select(0, first)).clamp(min=0).long()
+    values = torch.where(valid[:, None, None], logits, logits.index_select(0, first)).to(cache.dtype)
     index = (rows[:, None, None], torch.arange(num_steps, device=device)[None, :, None], columns[None, None, :])
     values = torch.where(valid.any(), values, cache[index])
     cache.index_put_(index, values)
