@@ -139,7 +139,14 @@ def _base_logits_in_fp64(spec):
     spec.model.compute_draft_logits = lambda hidden: compute(hidden).double()
 
 
+def _own_sample_logits(spec):
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    spec.__class__ = type("OtherSpeculator", (DSparkSpeculator,), {"_sample_logits": lambda self, *a: None})
+
+
 FALLBACKS = [
+    pytest.param({}, _own_sample_logits, "OtherSpeculator samples drafts its own way", id="speculator-subclass"),
     pytest.param({}, lambda s: setattr(s, "_draft_topk", 8), "draft top-k mode (dspark_draft_topk=8)", id="topk"),
     pytest.param({}, lambda s: setattr(s, "draft_watermarker", object()), "draft watermarker", id="watermarker"),
     pytest.param({"sampled": True}, lambda s: setattr(s, "use_fp64_gumbel", True), "fp64 Gumbel", id="fp64-gumbel"),

@@ -163,6 +163,10 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
     release, changed = upstream.match_installed()
     if release is None:
         return f"this vLLM's DSpark walk differs from the releases the plugin was read against ({', '.join(changed)})"
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    if type(spec)._sample_logits is not DSparkSpeculator._sample_logits:
+        return f"{type(spec).__name__} samples drafts its own way (_sample_logits)"
     model = spec.model
     if getattr(model, "sample_sequential", None) is not None:
         return f"the draft model ({type(model).__name__}) runs its own Markov sampling (sample_sequential)"
