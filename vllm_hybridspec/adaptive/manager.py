@@ -46,9 +46,27 @@ def manager_class() -> type:
             self.latency = latency_model(self.profile, req_states.max_num_reqs, steps + 1)
             source = getattr(self.profile, "source", None) or config.latency_profile
             status.record("latency_profile", status.ACTIVE, source)
+            self.routing = self._routing_step(config, req_states.device) if config.routing_correction else None
             mode = "on the GPU" if req_states.device.type == "cuda" else "eagerly (no CUDA graphs)"
             status.record("verify_length", status.ACTIVE,
                           f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}")
+
+        def _routing_step(self, config, device):
+            """Routing correction (vllm_hybridspec/routing_wiring): static buffers + the two patches."""
+            from vllm.config import get_current_vllm_config
+
+            from vllm_hybridspec.routing_wiring import step as wiring
+
+            vllm_config = get_current_vllm_config()
+            hf = vllm_config.model_config.hf_text_config
+            self.routing_top_k = int(hf.num_experts_per_tok)
+            cost, source = wiring.routing_cost(
+                self.profile, 1, max(1, self.max_drafts // 2 + 1), num_moe_layers=int(hf.num_hidden_layers), top_k=self.routing_top_k)
+            step = wiring.RoutingStep(vllm_config.scheduler_config.max_num_batched_tokens, device, cost,
+                                      int(hf.num_experts), config.routing_correction_threshold)
+            wiring.install(step)
+            wiring.record_active(config.routing_correction_threshold, source)
+            return step
 
         def _init_without_cuda(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits):
             """The state vLLM's __init__ sets up, minus its CUDA stream and events."""
@@ -111,7 +129,19 @@ def manager_class() -> type:
             max_budget = min(capacity, max(0, self._max_total_logits - num_reqs * self.num_bonus_tokens))
             lengths = draft_budget(stale, torch.from_numpy(scheduled_drafts), self.latency,
                                    min_drafts=self.min_drafts, max_drafts=self.max_drafts, max_budget=max_budget)
-            budget = int(lengths.sum())
+            budget = policy_budget = int(lengths.sum())
+            if self.routing is not None and budget < max_budget:
+                from vllm_hybridspec.policy import choose_verify_lengths
+                from vllm_hybridspec.routing_wiring import step as wiring
+
+                capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
+                rate = float(choose_verify_lengths(stale, torch.from_numpy(scheduled_drafts), self.latency,
+                                                   min_drafts=self.min_drafts,
+                                                   max_drafts=self.max_drafts).marginal_rate)
+                probes = wiring.probe_requests(stale, lengths, capacities, rate, self.routing, self.routing_top_k)
+                budget += min(int(probes.sum()), max_budget - budget)
+                self._routing_rate = rate
+            self._policy_budget = policy_budget
             COUNTERS.observe(int(scheduled_drafts.sum()),
                              [int(n) for n, s in zip(lengths.tolist(), scheduled_drafts) if s > 0])
             self._batch_budget = (
@@ -137,6 +167,15 @@ def manager_class() -> type:
                 if budget < int(capacity_np.sum()):
                     capacities.copy_(assign_drafts(self._confidence_probs[idx_mapping], capacities, budget,
                                                    min_drafts=self.min_drafts))
+            counts = capacities
+            if self.routing is not None and budget > self._policy_budget:
+                from vllm_hybridspec.adaptive.budget import _FORCED_BONUS
+                from vllm_hybridspec.routing_wiring import step as wiring
+
+                capacity_gpu = torch.from_numpy(capacity_np).to(counts.device)
+                probe, survival = wiring.mark_probes(self._confidence_probs[idx_mapping], capacity_gpu, counts,
+                                                     self._policy_budget, min_drafts=self.min_drafts,
+                                                     forced_bonus=_FORCED_BONUS)
             non_draft_gpu = self._num_non_draft_tokens[:num_reqs]
             async_tensor_h2d(non_draft, out=non_draft_gpu)
             self._cu_num_logits[:1].zero_()
@@ -144,6 +183,14 @@ def manager_class() -> type:
             self.query_start_loc[:1].zero_()
             torch.cumsum(capacities + non_draft_gpu, dim=0, out=self.query_start_loc[1 : num_reqs + 1])
             self.query_start_loc[num_reqs + 1 :].fill_(num_tokens)
+            if self.routing is not None:
+                if budget > self._policy_budget:
+                    last_token = self.query_start_loc[1 : num_reqs + 1].long() - 1
+                    self.routing.write(torch.where(probe, last_token, torch.full_like(last_token, -1)), survival,
+                                       num_tokens, self._routing_rate)
+                else:
+                    self.routing.write(torch.full((num_reqs,), -1, dtype=torch.long, device=counts.device),
+                                       torch.zeros(num_reqs, device=counts.device), num_tokens, 1.0)
             return self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget
 
     return HybridSpecVerificationManager

@@ -54,10 +54,12 @@ class TurnOnAdaptiveVerification(VllmPatch):
                 section = hybridspec_config_from_vllm_config(self)
             except ValueError:  # reporting a bad section is ValidateHybridSpecConfig's job, not ours
                 return original(self)
-            if section is not None and section.routing_correction:
-                logger.warning("hybridspec.routing_correction: not yet wired into vLLM; verifying without it")
-                status.record("routing_correction", status.FALLBACK, "not yet wired into vLLM")
             config = _adaptive_config(self)
+            if section is not None and section.routing_correction and (config is None or not self.use_v2_model_runner):
+                # the probe tokens come from the adaptive manager (vllm_hybridspec/routing_wiring)
+                logger.warning("hybridspec.routing_correction needs verify_length: adaptive under Model Runner V2; "
+                               "verifying without it")
+                status.record("routing_correction", status.FALLBACK, "needs verify_length=adaptive (MRV2)")
             if config is None:
                 return original(self)
             speculative = self.speculative_config
