@@ -45,6 +45,7 @@ from vllm_hybridspec.patches.config_validation import ValidateHybridSpecConfig
 from vllm_hybridspec.gdn.patches import GDN_PATCHES
 from vllm_hybridspec.head_walk.patches import HEAD_WALK_PATCHES
 from vllm_hybridspec.adaptive.patches import ADAPTIVE_PATCHES
+from vllm_hybridspec.routing_wiring.patches import ROUTING_PATCHES
 
 logger = logging.getLogger("vllm.hybridspec")
 
@@ -53,6 +54,7 @@ ALL_PATCHES: list[type[VllmPatch]] = [
     *GDN_PATCHES,  # block-parallel GDN verification (vllm_hybridspec/gdn)
     *HEAD_WALK_PATCHES,  # DSpark's Markov walk through the resident-W2 megakernel (vllm_hybridspec/head_walk)
     *ADAPTIVE_PATCHES,  # adaptive verification length through vLLM's adaptive verification (vllm_hybridspec/adaptive)
+    *ROUTING_PATCHES,  # first-router routing correction on the adaptive probes (vllm_hybridspec/routing_wiring)
 ]
 
 __all__ = ["ALL_PATCHES", "PROCESSES", "PatchError", "VllmPatch", "apply_all", "manifest_table", "revert_all"]
