@@ -15,8 +15,8 @@ from conftest import assert_same_tokens, mrv2_env
 pytestmark = pytest.mark.e2e
 
 K = 4
-MAX_TOKENS = 16
-NUM_PROMPTS = 4
+MAX_TOKENS = 32
+NUM_PROMPTS = 2
 
 
 def write_test_profile(path: Path) -> None:
@@ -78,7 +78,10 @@ def test_decisions_visible(engines):
     print(routing)
     assert routing["probes"] > 0, routing
     assert routing["kept"] > 0 and routing["dropped"] > 0, routing
-    assert routing["dropped_accepted"] == 0, routing
+    assert routing["dropped_accepted"] == 0, routing  # a dropped probe is never accepted ...
+    # ... not even one plain greedy verification would have accepted (every earlier draft accepted and the probe
+    # equal to the target's token): so the rejection is the correction's doing. Deterministic on the tiny model.
+    assert routing["dropped_would_accept"] > 0, routing
 
 
 def test_status_active(engines):

@@ -7,10 +7,10 @@ One verify step, with `hybridspec.routing_correction: true` (needs `verify_lengt
    chose (`probe_budget`: requests whose next draft `probe_worth` says is worth probing) and, after the device
    split, marks each request's last draft as its probe when that draft lies beyond the policy's own choice
    (`mark_probes`). It writes the step's static buffers: `RoutingStep.write`.
-2. Every MoE router's `select_experts` goes through `correct_routing` (patch `CorrectMoeRouting`, patches.py): the first
-   router of the target (layer 0; the first router called after the buffers were first written, fixed from
-   then on) decides `keep` with `routing_keep_mask`; every router, the first included, neutralises dropped
-   probes (`neutralize_dropped`: weights 0, ids of experts the step runs anyway). Shapes never change.
+2. Every MoE router's `select_experts` goes through `correct_routing` (patch `CorrectMoeRouting`, patches.py):
+   the first router called after the manager installed the step (the target's layer 0; fixed from then on)
+   decides `keep` with `routing_keep_mask`; every router, the first included, neutralises dropped probes
+   (`neutralize_dropped`: weights 0, ids of experts the step runs anyway). Shapes never change.
 3. vLLM's rejection sampler (patch `RejectDroppedProbes`) sees each dropped probe's draft as invalid (-1, the
    path grammar-constrained drafts use): verification stops before it and the token at its place is sampled
    from the target's logits of the previous position, exactly as if the request had verified one draft less
@@ -21,11 +21,11 @@ One verify step, with `hybridspec.routing_correction: true` (needs `verify_lengt
 Lossless under greedy decoding: a dropped probe is never accepted and is its request's last token, so what the
 kept tokens compute does not depend on it; the bonus comes from the last kept draft's logits.
 
-GPU notes (untested here, no GPU): the buffers are static device tensors and the decision is pure tensor ops, so
-the MoE path is capture-safe once the first router is fixed (it is fixed during the first real step, before any
-graph replays it, because graphs are captured at start-up, when no step has been planned: warm-up runs before
-the first plan neither decide nor neutralise, and so would the captured graph - capture-time routing runs
-uncorrected). Monolithic MoE kernels (FlashInfer TRT-LLM, some quantised CPU paths) route inside the kernel and
-bypass `select_experts`: on those, dropped probes still activate experts (correct output, no saving). The
-counters read device tensors (a sync) only when snapshotted.
+GPU notes (untested here, no GPU): the buffers are static device tensors, the decision and the
+neutralisation are plain tensor ops inside vLLM's `moe_forward` op, and they run from installation on (the
+identity while no probe is planned), so CUDA graphs captured at start-up contain them and replay them on the
+planned buffers. The manager is built after the memory-profile run and before graph capture; the first router
+then called is the target's layer 0 (MRV2 runs the target before the drafter in every forward), assumed, not
+checked. Monolithic MoE kernels (FlashInfer TRT-LLM, some quantised CPU paths) route inside the kernel and
+bypass `select_experts`: there no router decides, every probe is kept (lossless, no saving). The counters are device tensors, read (one sync) only when snapshotted.
 """

@@ -52,7 +52,9 @@ class RejectDroppedProbes(VllmPatch):
             ours = routing.invalid_rows(input_batch.logits_indices, row_greedy)
             combined = ours if invalid_drafts is None else invalid_drafts | ours
             output = original(self, logits, input_batch, draft_logits, combined)
-            routing.count_dropped_accepted(ours, output.num_sampled, input_batch.cu_num_logits)
+            draft_tokens = input_batch.input_ids[input_batch.logits_indices.long()]
+            routing.count_outcomes(ours, row_greedy, draft_tokens, output.sampled_token_ids, output.num_sampled,
+                                   input_batch.cu_num_logits)
             routing.clear()
             return output
 

