@@ -139,11 +139,15 @@ def test_status_rejects_unknown_state():
 
 
 def test_validation_patch_can_be_reverted_and_reapplied(registered):
+    from vllm.config import VllmConfig
+
+    original = ValidateHybridSpecConfig.original()
     ValidateHybridSpecConfig.revert()
     try:
-        _vllm_config(additional_config={"hybridspec": {"enabled": True, "verify_length": "bad"}})  # not checked
+        assert VllmConfig.__post_init__ is original
     finally:
         ValidateHybridSpecConfig.apply()
+    assert VllmConfig.__post_init__ is not original and VllmConfig.__post_init__.__wrapped__ is original
     with pytest.raises(ValueError, match="hybridspec.verify_length"):
         _vllm_config(additional_config={"hybridspec": {"enabled": True, "verify_length": "bad"}})
 
