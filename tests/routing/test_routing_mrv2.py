@@ -84,5 +84,12 @@ def test_decisions_visible(engines):
     assert routing["dropped_would_accept"] > 0, routing
 
 
+def test_counts_add_up(engines):
+    # every accepted draft was verified: a policy draft or a kept probe (vLLM counts drafts before trimming)
+    routed = engines["routed"]
+    adaptive, routing, metrics = routed["adaptive"], routed["routing"], routed["metrics"]
+    assert 0 < metrics["accepted_tokens"] <= adaptive["verified_drafts"] + routing["kept"], (adaptive, routing, metrics)
+
+
 def test_status_active(engines):
     assert engines["routed"]["status"]["routing_correction"].startswith("active"), engines["routed"]["status"]

@@ -198,3 +198,25 @@ def test_patch_wrappers_with_fakes():
         assert step.snapshot()["dropped_would_accept"] == 1  # draft 7 accepted, the probe 8 was the target's token
     finally:
         wiring._STEP = None
+
+
+def test_cost_lives_in_a_device_buffer():
+    """A new cost (vLLM's start-up curve arriving after graph capture) changes the decision in place."""
+    step = make_step(num_experts=4)
+    buffer = step._cost_ab
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # the probe brings two new experts
+    step.write(torch.tensor([1]), torch.tensor([0.5]), 2, 0.1)  # value 5 us
+    step.set_cost(ExpertCost(0.0, 0.0, 0.1, 3, 1.0))  # 0.6 us
+    step.decide(ids)
+    assert step.keep[1]
+    step.set_cost(ExpertCost(0.0, 1.0, 1.0, 3, 1.0))  # 7 us
+    step.decide(ids)
+    assert not step.keep[1] and step._cost_ab is buffer
+
+
+def test_moe_layer_count():
+    hf = SimpleNamespace(num_hidden_layers=6)
+    assert wiring.moe_layer_count(hf) == 6
+    assert wiring.moe_layer_count(SimpleNamespace(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[1])) == 2
+    with pytest.raises(ValueError, match="no MoE layer"):
+        wiring.moe_layer_count(SimpleNamespace(num_hidden_layers=2, mlp_only_layers=[0, 1]))

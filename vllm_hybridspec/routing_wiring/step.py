@@ -29,7 +29,9 @@ class RoutingStep:
                  threshold: float) -> None:
         if max_tokens < 1 or num_experts < 1 or not threshold > 0:
             raise ValueError("RoutingStep: max_tokens and num_experts must be >= 1 and threshold > 0")
-        self.cost, self.num_experts, self.threshold = cost, num_experts, threshold
+        self.num_experts, self.threshold = num_experts, threshold
+        self._cost_ab = torch.zeros(2, dtype=torch.float32, device=device)
+        self.set_cost(cost)
         self.probe_mask = torch.zeros(max_tokens, dtype=torch.bool, device=device)
         self.survival = torch.zeros(max_tokens, dtype=torch.float32, device=device)
         self.keep = torch.ones(max_tokens, dtype=torch.bool, device=device)
@@ -41,6 +43,12 @@ class RoutingStep:
         self.first_router: Any = None
         self.planned = False  # a step has been written at least once (the sampler has something to do)
         self._planned_steps = 0
+
+    def set_cost(self, cost: ExpertCost) -> None:
+        """The probe's cost model; its device copy is updated in place (graphs replay the current values)."""
+        self.cost = cost
+        a = float(cost.probe_cost_us(torch.tensor(0.0)))
+        self._cost_ab.copy_(torch.tensor([a, float(cost.probe_cost_us(torch.tensor(1.0))) - a]))
 
     def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
               tokens_per_us: float | torch.Tensor) -> None:
@@ -78,8 +86,9 @@ class RoutingStep:
         t = topk_ids.shape[0]
         probe = self.probe_mask[:t]
         valid = torch.arange(t, device=topk_ids.device) < self.num_tokens
-        decision = routing_keep_mask(topk_ids, probe, self.survival[:t], self.tokens_per_us, self.cost,
-                                     self.num_experts, threshold=self.threshold, token_valid=valid)
+        decision = routing_keep_mask(topk_ids, probe, self.survival[:t], self.tokens_per_us,
+                                     _LinearCost(self._cost_ab), self.num_experts, threshold=self.threshold,
+                                     token_valid=valid)
         self.keep[:t].copy_(decision.keep)
         self._counts[1] += (probe & decision.keep).sum()
 
@@ -113,6 +122,16 @@ class RoutingStep:
         probes, kept, dropped_accepted, non_greedy, would_accept = (int(x) for x in self._counts.tolist())
         return {"probes": probes, "kept": kept, "dropped": probes - kept, "dropped_accepted": dropped_accepted,
                 "dropped_would_accept": would_accept, "non_greedy_probes": non_greedy}
+
+
+class _LinearCost:
+    """`ExpertCost.probe_cost_us` (linear in the new-expert count: a + b * n) read from a device buffer."""
+
+    def __init__(self, ab: torch.Tensor) -> None:
+        self.ab = ab
+
+    def probe_cost_us(self, new_experts_layer0: torch.Tensor) -> torch.Tensor:
+        return self.ab[0] + self.ab[1] * torch.as_tensor(new_experts_layer0).float()
 
 
 def neutralize_dropped(topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -176,6 +195,17 @@ def record_active(threshold: float, source: str) -> None:
 
 
 # ----- planning (called by the adaptive manager) -----
+
+def moe_layer_count(hf_config: Any) -> int:
+    """Decoder layers with a routed MoE block (Qwen2/3-MoE / Qwen3-Next conventions; all of them by default)."""
+    layers = int(hf_config.num_hidden_layers)
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+    count = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if count < 1:
+        raise ValueError("hybridspec.routing_correction: the model has no MoE layer")
+    return count
+
 
 def routing_cost(profile: Any, batch: int, length: float, *, num_moe_layers: int, top_k: int) -> tuple[ExpertCost, str]:
     """`ExpertCost` from a profile with MoE breakdown; otherwise a stand-in from the profile's per-token slope
