@@ -60,13 +60,19 @@ def manager_class() -> type:
             vllm_config = get_current_vllm_config()
             hf = vllm_config.model_config.hf_text_config
             self.routing_top_k = int(hf.num_experts_per_tok)
-            cost, source = wiring.routing_cost(
-                self.profile, 1, max(1, self.max_drafts // 2 + 1), num_moe_layers=int(hf.num_hidden_layers), top_k=self.routing_top_k)
+            self.routing_moe_layers = wiring.moe_layer_count(hf)
+            cost, source = self._routing_cost()
             step = wiring.RoutingStep(vllm_config.scheduler_config.max_num_batched_tokens, device, cost,
                                       int(hf.num_experts), config.routing_correction_threshold)
             wiring.install(step)
             wiring.record_active(config.routing_correction_threshold, source)
             return step
+
+        def _routing_cost(self):
+            from vllm_hybridspec.routing_wiring import step as wiring
+
+            return wiring.routing_cost(self.profile, 1, max(1, self.max_drafts // 2 + 1),
+                                       num_moe_layers=self.routing_moe_layers, top_k=self.routing_top_k)
 
         def _init_without_cuda(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits):
             """The state vLLM's __init__ sets up, minus its CUDA stream and events."""
@@ -100,6 +106,8 @@ def manager_class() -> type:
                 self.latency = latency_model(self.profile, self.req_states.max_num_reqs,
                                              self.num_speculative_steps + 1, overhead_us=draft_us)
                 status.record("latency_profile", status.ACTIVE, self.profile.source)
+                if self.routing is not None:
+                    self.routing.set_cost(self._routing_cost()[0])
 
         def record_confidences(self, confidence_probs, input_batch) -> None:
             if self.req_states.device.type == "cuda":
