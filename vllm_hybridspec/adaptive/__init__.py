@@ -15,8 +15,8 @@ its decisions with `vllm_hybridspec.policy` (see budget.py for the split and why
   (patches.py). GPU-only: full-graph replay of varlen decode batches and the asynchronous confidence copy.
 - metrics: `COUNTERS` (steps, scheduled vs verified drafts, chosen lengths), logged every few hundred steps;
   `vllm_hybridspec.status` records what ran. vLLM's spec-decode counters count the trimmed drafts.
-- routing correction: not wired into vLLM yet; `routing_correction: true` logs a warning and is recorded as a
-  fallback in `status`.
+- routing correction (`routing_correction: true`): the manager grants probe drafts beyond the policy's lengths
+  and plans them for vllm_hybridspec/routing_wiring (first-router keep/drop, dropped probes rejected).
 """
 from vllm_hybridspec.adaptive.counters import COUNTERS
 
