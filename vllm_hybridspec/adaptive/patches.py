@@ -9,15 +9,13 @@ the eager mode that only our validation lets through.
 """
 from __future__ import annotations
 
-import importlib.abc
 import logging
-import sys
-import threading
 from typing import Any, Callable
 
 from vllm_hybridspec import status
 from vllm_hybridspec.config import hybridspec_config_from_vllm_config
 from vllm_hybridspec.patches.base import VllmPatch
+from vllm_hybridspec.patches.on_import import apply_patches_when_imported
 
 logger = logging.getLogger("vllm.hybridspec")
 
@@ -156,63 +154,8 @@ ADAPTIVE_PATCHES: list[type[VllmPatch]] = [
     TurnOnAdaptiveVerification, AllowEagerAdaptiveVerification, UseHybridSpecLengthPolicy,
 ]
 _RUNNER_PATCHES = (AllowEagerAdaptiveVerification, UseHybridSpecLengthPolicy)
-_lock = threading.Lock()
 
 
 def apply_on_import(vllm_version: str | None = None) -> None:
     """Applies the runner patches once vLLM imports Model Runner V2 (now, if it already has)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    from vllm_hybridspec.versions import installed_vllm
-
-    version = vllm_version or installed_vllm()[1]
-    if Version(version) not in SpecifierSet(UseHybridSpecLengthPolicy.vllm_versions):
-        return
-    with _lock:
-        if RUNNER_MODULE in sys.modules:
-            _apply_runner_patches()
-        elif not any(isinstance(finder, _ApplyAfterImport) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _ApplyAfterImport())
-
-
-def _apply_runner_patches() -> None:
-    for patch in _RUNNER_PATCHES:
-        if not patch.is_applied():
-            patch.apply()
-
-
-class _ApplyAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the runner module's real loader so that the patches follow its execution."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != RUNNER_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self._loader
-        with _lock:
-            _apply_runner_patches()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+    apply_patches_when_imported(_RUNNER_PATCHES, vllm_version)

@@ -6,15 +6,10 @@ moment vLLM itself imports that module, which only a worker running a DSpark spe
 """
 from __future__ import annotations
 
-import importlib.abc
-import logging
-import sys
-import threading
 from typing import Any, Callable
 
 from vllm_hybridspec.patches.base import VllmPatch
-
-logger = logging.getLogger("vllm.hybridspec")
+from vllm_hybridspec.patches.on_import import apply_patches_when_imported
 
 
 class UseHybridSpecHeadWalk(VllmPatch):
@@ -42,67 +37,6 @@ class UseHybridSpecHeadWalk(VllmPatch):
 
 HEAD_WALK_PATCHES: list[type[VllmPatch]] = [UseHybridSpecHeadWalk]
 
-_lock = threading.Lock()
-
-
 def apply_on_import(vllm_version: str | None = None) -> None:
     """Applies UseHybridSpecHeadWalk once vLLM imports its target module (now, if it already has)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    from vllm_hybridspec.versions import installed_vllm
-
-    version = vllm_version or installed_vllm()[1]
-    if Version(version) not in SpecifierSet(UseHybridSpecHeadWalk.vllm_versions):
-        return
-    module_name = UseHybridSpecHeadWalk.target.partition(":")[0]
-    with _lock:
-        if module_name in sys.modules:
-            _apply()
-        elif not any(isinstance(finder, _ApplyAfterImport) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _ApplyAfterImport(module_name))
-
-
-def _apply() -> None:
-    if not UseHybridSpecHeadWalk.is_applied():
-        UseHybridSpecHeadWalk.apply()
-        logger.debug("hybridspec: applied %s on import", UseHybridSpecHeadWalk.__name__)
-
-
-class _ApplyAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the real loader of one module so that the patch follows its execution."""
-
-    def __init__(self, module_name: str) -> None:
-        self.module_name = module_name
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.module_name:
-            return None
-        sys.meta_path.remove(self)
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self._loader
-        with _lock:
-            _apply()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+    apply_patches_when_imported(HEAD_WALK_PATCHES, vllm_version)

@@ -29,7 +29,8 @@ class VllmPatch:
     vllm_versions: ClassVar[str]  # PEP 440 specifier the target was read in, e.g. ">=0.32,<0.34"
     process: ClassVar[str]        # where the patched code runs: one of PROCESSES
     # True: `apply_all` (register()) leaves it alone; the component applies it when it first acts, because its
-    # target module is too heavy for register() (e.g. the model runners). It stays in the manifest.
+    # target module is too heavy for register() (e.g. the model runners), or has it applied when vLLM imports that
+    # module (`vllm_hybridspec.patches.on_import.apply_patches_when_imported`). It stays in the manifest.
     on_demand: ClassVar[bool] = False
 
     _applied: ClassVar[bool] = False
