@@ -4,7 +4,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vllm_hybridspec.patches  # noqa: F401  (the patch framework first: adaptive.patches imports its base)
 from vllm_hybridspec.adaptive.budget import assign_drafts, draft_budget
 from vllm_hybridspec.adaptive.latency import FlatProfile, TokenCurveProfile, latency_model
 from vllm_hybridspec.adaptive.patches import (

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vllm_hybridspec.patches  # noqa: F401  (the patch framework first: routing_wiring.patches imports its base)
 from vllm_hybridspec.adaptive.budget import _FORCED_BONUS, assign_drafts
 from vllm_hybridspec.routing import ExpertCost, naive_probe_worth, naive_routing_keep
 from vllm_hybridspec.routing_wiring import step as wiring

@@ -27,7 +27,8 @@ How to add a patch
                    ...
                return init_speculator
 
-3. Append it to `ALL_PATCHES` below and record what the component does with `status.record(...)`.
+3. Append it to `ALL_PATCHES` (assembled in `_assemble_all_patches` below) and record what the component does
+   with `status.record(...)`.
    tests/test_patches.py then checks that the target exists in the installed vLLM and that apply/revert
    round-trips. Import heavy vLLM modules inside `replacement`'s function body, not at module level:
    `register()` must stay cheap and must not initialise CUDA.
@@ -42,20 +43,40 @@ import os
 
 from vllm_hybridspec.patches.base import PROCESSES, PatchError, VllmPatch
 from vllm_hybridspec.patches.config_validation import ValidateHybridSpecConfig
-from vllm_hybridspec.gdn.patches import GDN_PATCHES
-from vllm_hybridspec.head_walk.patches import HEAD_WALK_PATCHES
-from vllm_hybridspec.adaptive.patches import ADAPTIVE_PATCHES
-from vllm_hybridspec.routing_wiring.patches import ROUTING_PATCHES
 
 logger = logging.getLogger("vllm.hybridspec")
 
-ALL_PATCHES: list[type[VllmPatch]] = [
-    ValidateHybridSpecConfig,
-    *GDN_PATCHES,  # block-parallel GDN verification (vllm_hybridspec/gdn)
-    *HEAD_WALK_PATCHES,  # DSpark's Markov walk through the resident-W2 megakernel (vllm_hybridspec/head_walk)
-    *ADAPTIVE_PATCHES,  # adaptive verification length through vLLM's adaptive verification (vllm_hybridspec/adaptive)
-    *ROUTING_PATCHES,  # first-router routing correction on the adaptive probes (vllm_hybridspec/routing_wiring)
-]
+
+def _assemble_all_patches() -> list[type[VllmPatch]]:
+    # The component modules import this package's base, so they are imported here, on first use of ALL_PATCHES,
+    # not while this package initialises (importing a component's patches first would otherwise be circular).
+    from vllm_hybridspec.gdn.patches import GDN_PATCHES
+    from vllm_hybridspec.head_walk.patches import HEAD_WALK_PATCHES
+    from vllm_hybridspec.adaptive.patches import ADAPTIVE_PATCHES
+    from vllm_hybridspec.routing_wiring.patches import ROUTING_PATCHES
+
+    return [
+        ValidateHybridSpecConfig,
+        *GDN_PATCHES,  # block-parallel GDN verification (vllm_hybridspec/gdn)
+        *HEAD_WALK_PATCHES,  # DSpark's Markov walk through the resident-W2 megakernel (vllm_hybridspec/head_walk)
+        *ADAPTIVE_PATCHES,  # adaptive verification length through vLLM's adaptive verification (vllm_hybridspec/adaptive)
+        *ROUTING_PATCHES,  # first-router routing correction on the adaptive probes (vllm_hybridspec/routing_wiring)
+    ]
+
+
+def _all_patches() -> list[type[VllmPatch]]:
+    patches = globals().get("ALL_PATCHES")
+    if patches is None:
+        patches = globals()["ALL_PATCHES"] = _assemble_all_patches()
+    return patches
+
+
+def __getattr__(name: str):
+    """`ALL_PATCHES` (list[type[VllmPatch]]), assembled on first access and then kept as a module attribute."""
+    if name == "ALL_PATCHES":
+        return _all_patches()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ALL_PATCHES", "PROCESSES", "PatchError", "VllmPatch", "apply_all", "manifest_table", "revert_all"]
 
@@ -70,7 +91,7 @@ def apply_all(vllm_version: str | None = None) -> list[type[VllmPatch]]:
     version = vllm_version or installed_vllm()[1]
     force = os.environ.get(SKIP_VERSION_CHECK_ENV, "") == "1"
     newly_applied = []
-    for patch in ALL_PATCHES:
+    for patch in _all_patches():
         if patch.is_applied() or patch.on_demand:
             continue
         if not force and Version(version) not in SpecifierSet(patch.vllm_versions):
@@ -82,13 +103,13 @@ def apply_all(vllm_version: str | None = None) -> list[type[VllmPatch]]:
 
 
 def revert_all() -> None:
-    for patch in reversed(ALL_PATCHES):
+    for patch in reversed(_all_patches()):
         patch.revert()
 
 
 def manifest_table() -> str:
     rows = ["| patch | target | what | why | vLLM | process |", "|---|---|---|---|---|---|"]
-    for patch in ALL_PATCHES:
+    for patch in _all_patches():
         rows.append(
             f"| {patch.__name__} | `{patch.target}` | {patch.what} | {patch.why} | {patch.vllm_versions} | {patch.process} |"
         )
