@@ -133,15 +133,25 @@ def barrier_errors(device: torch.device | str = "cuda") -> int:
     return int(sum(int(ws["err"].item()) for k, ws in _workspaces.items() if k[0] == str(torch.device(device))))
 
 
+# Tables derived from weights (folded gate / RNN projections, fp8 W2), kept across walks: key -> (sources, table).
 _tables: dict = {}
 
 
-def _cached(key, make):
+def _cached(kind: str, sources: tuple[torch.Tensor, ...], make):
+    """`make()` once per (kind, source tensors), identified by address, version, shape, strides, dtype, device.
+
+    The entry holds references to its source tensors: an address is only a sound identity while the tensor lives.
+    Keyed by address alone, a freed weight's address reused by a new weight of the same shape and dtype (the
+    allocator does this readily, torch's CUDA caching allocator even more so) returned the freed weight's table,
+    silently walking with the wrong weights. Pinned, the address cannot be reused while the entry exists, and any
+    in-place change of a source (or a view of it) bumps the shared version counter.
+    """
+    key = (kind,) + tuple(_tensor_key(t) for t in sources)
     if key not in _tables:
         if len(_tables) >= 8:
             _tables.pop(next(iter(_tables)))
-        _tables[key] = make()
-    return _tables[key]
+        _tables[key] = (tuple(sources), make())
+    return _tables[key][1]
 
 
 def _tensor_key(t: torch.Tensor):
@@ -285,7 +295,7 @@ def head_walk(
                f"gate_weights must be ([r, d + r]={rank, d_model + rank}, [r]), got {tuple(wg.shape)}, "
                f"{tuple(bg.shape)}")
         # The gate's token half depends only on x: fold it into a [V_target, r] table once per weight.
-        t1 = _cached(("gate", _tensor_key(w1), _tensor_key(wg)),
+        t1 = _cached("gate", (w1, wg),
                      lambda: (w1.float() @ wg[:, d_model:].float().t()).to(w1.dtype).contiguous())
         gh = (hidden.float() @ wg[:, :d_model].float().t() + bg.float()).contiguous()
     elif head == "rnn":
@@ -294,9 +304,9 @@ def head_walk(
         _check(wj.shape == (3 * rank, 2 * rank + d_model) and bj.shape == (3 * rank,),
                f"rnn_weights must be ([3r, 2r + d]={3 * rank, 2 * rank + d_model}, [3r]), got {tuple(wj.shape)}, "
                f"{tuple(bj.shape)}")
-        t3 = _cached(("rnn", _tensor_key(w1), _tensor_key(wj)),
+        t3 = _cached("rnn", (w1, wj),
                      lambda: (w1.float() @ wj[:, rank:2 * rank].float().t()).to(w1.dtype).contiguous())
-        ws = _cached(("rnn_s", _tensor_key(wj)), lambda: wj[:, :rank].float().contiguous())
+        ws = _cached("rnn_s", (wj,), lambda: wj[:, :rank].float().contiguous())
         hj = (hidden.float() @ wj[:, 2 * rank:].float().t() + bj.float()).contiguous()
     conf_h = conf_w = None
     if confidence_weights is not None:
@@ -311,7 +321,7 @@ def head_walk(
     w2_scale = None
     w2_rows = w2.t()  # [V, r] view
     if w2_dtype is not None:
-        w2_rows, w2_scale = _cached(("fp8", _tensor_key(w2)), lambda: quantize_w2_fp8(w2))
+        w2_rows, w2_scale = _cached("fp8", (w2,), lambda: quantize_w2_fp8(w2))
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
                     num_warps=num_warps, num_stages=num_stages)
