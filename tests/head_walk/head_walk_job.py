@@ -7,14 +7,15 @@ engine keeps). Prints the engines' outputs and the comparison as JSON.
 JOB: {"engines": [{"name", "model", "speculative_config", "additional_config", "llm_kwargs", "sampling"}],
       "prompts": [...], "max_tokens": N, "dense_target": {"out", "drafter", "tokenizer"} (optional)}.
 "sampling": {"temperature": T, "seed": S, "greedy_every": k} draws request i with seed S + i, except every k-th
-request, which stays greedy (absent: all greedy). Started by test_walk_e2e.py under `mrv2_env()`.
+request, which stays greedy (absent: all greedy). Started by test_walk_e2e.py under `mrv2_env()`; the engines run
+through tests/e2e_job.py.
 """
-import gc
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # interpreter_fixes (PYTHONSAFEPATH keeps it off)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for e2e_job
+import e2e_job  # noqa: E402
 
 
 def _valid_rows(spec, num_reqs):
@@ -111,6 +112,18 @@ def build_dense_target(out, drafter, tokenizer):
     tok.save_pretrained(out)
 
 
+def sampling_params(job, engine):
+    from vllm import SamplingParams
+
+    sampling = engine.get("sampling")
+    if not sampling:
+        return e2e_job.greedy_params(job, engine)
+    every = sampling.get("greedy_every", 0)
+    return [SamplingParams(temperature=0.0 if every and i % every == 0 else sampling["temperature"],
+                           seed=sampling["seed"] + i, max_tokens=job["max_tokens"], ignore_eos=True)
+            for i in range(len(job["prompts"]))]
+
+
 def run(job):
     import interpreter_fixes
 
@@ -119,50 +132,9 @@ def run(job):
         build_dense_target(**job["dense_target"])
     stats = new_stats()
     install_shadow_walk(stats)
-
-    from vllm import LLM, SamplingParams
-    from vllm.distributed import cleanup_dist_env_and_memory
-
-    from vllm_hybridspec import status
-    from vllm_hybridspec.metrics import spec_decode_metrics
-
-    results = {}
-    for engine in job["engines"]:
-        status.reset()
-        stats.update(new_stats())
-        kwargs = dict(model=engine["model"], enforce_eager=True, enable_prefix_caching=False,
-                      kv_cache_memory_bytes=256 * 2**20, max_model_len=512, max_num_seqs=8, disable_log_stats=False,
-                      seed=0)
-        for key in ("speculative_config", "additional_config"):
-            if engine.get(key) is not None:
-                kwargs[key] = engine[key]
-        kwargs.update(engine.get("llm_kwargs", {}))
-        llm = LLM(**kwargs)
-        sampling = engine.get("sampling")
-        if sampling:
-            every = sampling.get("greedy_every", 0)
-            params = [SamplingParams(temperature=0.0 if every and i % every == 0 else sampling["temperature"],
-                                     seed=sampling["seed"] + i, max_tokens=job["max_tokens"], ignore_eos=True)
-                      for i in range(len(job["prompts"]))]
-        else:
-            params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
-        outputs = llm.generate(job["prompts"], params, use_tqdm=False)
-        results[engine["name"]] = {
-            "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-            "texts": [o.outputs[0].text for o in outputs],
-            "metrics": spec_decode_metrics(llm),
-            "status": status.snapshot(),
-            "walk": dict(stats),
-        }
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
-    return results
+    return e2e_job.run(job, before_engine=lambda engine: stats.update(new_stats()),
+                       collect=lambda llm, engine: {"walk": dict(stats)}, sampling_params=sampling_params)
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        job = json.load(f)
-    results = run(job)
-    with open(sys.argv[2], "w") as f:
-        json.dump(results, f)
+    e2e_job.main(run)

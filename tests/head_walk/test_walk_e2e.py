@@ -8,14 +8,11 @@ drafter. Every draft step is walked twice on the same inputs, by vLLM's `_sample
   sampled requests and greedy ones in one batch).
 - reference: the tiny hybrid Qwen3-Next target (bf16) with the torch reference walk, drafts accepted.
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_tokens, mrv2_env
+from conftest import assert_same_tokens, mrv2_env, run_engines
 
 pytestmark = pytest.mark.e2e
 
@@ -45,18 +42,10 @@ def engines(tiny_models, module_tmp):
         "prompts": tiny_models.prompts[:NUM_PROMPTS],
         "max_tokens": MAX_TOKENS,
     }
-    job_file, out_file = module_tmp / "job.json", module_tmp / "out.json"
-    job_file.write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("head_walk_job.py")), str(job_file), str(out_file)],
-        env=mrv2_env(), cwd=module_tmp, capture_output=True, text=True, timeout=900,
-    )
-    log = proc.stdout + proc.stderr
-    (module_tmp / "engines.log").write_text(log)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine subprocess failed (rc {proc.returncode}):\n{log[-6000:]}")
-    assert "Using V2 Model Runner" in log
-    return json.loads(out_file.read_text())
+    results = run_engines(**job, env=mrv2_env(), tmp_path=module_tmp,
+                          job_script=Path(__file__).with_name("head_walk_job.py"))
+    assert "Using V2 Model Runner" in results["_log"]
+    return results
 
 
 def assert_drafts_equal_vllms(result, through_kernel):
