@@ -13,8 +13,7 @@ through tests/e2e_job.py.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # interpreter_fixes (PYTHONSAFEPATH keeps it off)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for e2e_job
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for e2e_job (PYTHONSAFEPATH keeps it off)
 import e2e_job  # noqa: E402
 
 
@@ -125,9 +124,6 @@ def sampling_params(job, engine):
 
 
 def run(job):
-    import interpreter_fixes
-
-    interpreter_fixes.apply_all()
     if job.get("dense_target"):
         build_dense_target(**job["dense_target"])
     stats = new_stats()

@@ -17,13 +17,11 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("HYBRIDSPEC_MRV2_SHIM") != "1":
     pytest.skip("needs mrv2_env(): TRITON_INTERPRET=1 and tests/mrv2_shim on PYTHONPATH", allow_module_level=True)
 
-import interpreter_fixes  # noqa: E402
 from head_walk_fakes import make_speculator, run_walk  # noqa: E402
 
 from vllm_hybridspec import status  # noqa: E402
 from vllm_hybridspec.head_walk import walk  # noqa: E402
 
-interpreter_fixes.apply_all()
 MEGAKERNEL = {"enabled": True, "head_walk": "megakernel"}
 
 

