@@ -328,3 +328,14 @@ def test_megakernel_and_sampled_walks_equal_vllms_in_the_mrv2_environment(tmp_pa
     print(log[-4000:])
     assert proc.returncode == 0, f"kernel_equivalence.py failed (rc {proc.returncode}):\n{log[-8000:]}"
     assert " passed" in log and " skipped" not in log, log[-2000:]
+
+
+@pytest.mark.parametrize("num_reqs, exchange", [(1, "flags"), (2, "counter"), (8, "counter")])
+def test_megakernel_exchange_follows_batch_size(monkeypatch, num_reqs, exchange):
+    import hybridspec_kernels.head_walk as kernels
+    from vllm_hybridspec.head_walk import walk
+
+    seen = {}
+    monkeypatch.setattr(kernels, "head_walk", lambda *args, **kwargs: seen.update(kwargs))
+    walk._backend(walk.WalkPlan(backend="megakernel"))(torch.zeros(num_reqs, 3, 5))
+    assert seen["exchange"] == exchange
