@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_hybridspec.adaptive.budget import _FORCED_BONUS, assign_drafts
+from vllm_hybridspec.adaptive.budget import assign_drafts
 from vllm_hybridspec.routing import ExpertCost, naive_probe_worth, naive_routing_keep
 from vllm_hybridspec.routing_wiring import step as wiring
 from vllm_hybridspec.routing_wiring.patches import CorrectMoeRouting, RejectDroppedProbes
@@ -134,8 +134,7 @@ def test_probes_are_the_pairs_past_the_policy_budget(seed):
     extra = rnd.randint(0, total - policy_budget)
     policy_counts = assign_drafts(conf, capacities, policy_budget, min_drafts=min_drafts)
     counts = assign_drafts(conf, capacities, policy_budget + extra, min_drafts=min_drafts)
-    is_probe, survival = wiring.mark_probes(conf, capacities, counts, policy_budget, min_drafts=min_drafts,
-                                            forced_bonus=_FORCED_BONUS)
+    is_probe, survival = wiring.mark_probes(conf, capacities, counts, policy_budget, min_drafts=min_drafts)
     # a request's last draft is a probe iff the larger split gave it more drafts than the policy's own
     assert is_probe.tolist() == (counts > policy_counts).tolist()
     assert int(is_probe.sum()) <= extra

@@ -53,6 +53,24 @@ def draft_budget(
     return lengths
 
 
+def rank_draft_pairs(
+    confidences: torch.Tensor, capacities: torch.Tensor, *, min_drafts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(survival [B, K], order [B*K]): every (request, position) pair ranked best first on the device.
+
+    Forced pairs (the first `min_drafts` of each request) come first, then the rest by survival; pairs past a
+    request's capacity come last. Ties keep (request, position) order, so a request's later draft never ranks
+    above its earlier one (survival does not grow along a request).
+    """
+    k = confidences.shape[-1]
+    positions = torch.arange(k, device=confidences.device)
+    valid = positions < capacities.unsqueeze(-1)
+    forced = valid & (positions < min_drafts)
+    survival = torch.cumprod(confidences.float().clamp(0.0, 1.0), dim=-1)
+    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, -1.0))
+    return survival, torch.sort(key.flatten(), descending=True, stable=True).indices
+
+
 def assign_drafts(
     confidences: torch.Tensor,
     capacities: torch.Tensor,
@@ -68,12 +86,7 @@ def assign_drafts(
     both: it used the same capacities and min_drafts).
     """
     batch, k = confidences.shape
-    positions = torch.arange(k, device=confidences.device)
-    valid = positions < capacities.unsqueeze(-1)
-    forced = valid & (positions < min_drafts)
-    survival = torch.cumprod(confidences.float().clamp(0.0, 1.0), dim=-1)
-    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, -1.0))
-    order = torch.sort(key.flatten(), descending=True, stable=True).indices
+    _, order = rank_draft_pairs(confidences, capacities, min_drafts=min_drafts)
     admitted = (torch.arange(batch * k, device=confidences.device) < budget).to(torch.int32)
     counts = torch.zeros(batch, dtype=torch.int32, device=confidences.device)
     counts.scatter_add_(0, torch.div(order, k, rounding_mode="floor"), admitted)

@@ -177,13 +177,11 @@ def manager_class() -> type:
                                                    min_drafts=self.min_drafts))
             counts = capacities
             if self.routing is not None and budget > self._policy_budget:
-                from vllm_hybridspec.adaptive.budget import _FORCED_BONUS
                 from vllm_hybridspec.routing_wiring import step as wiring
 
                 capacity_gpu = torch.from_numpy(capacity_np).to(counts.device)
                 probe, survival = wiring.mark_probes(self._confidence_probs[idx_mapping], capacity_gpu, counts,
-                                                     self._policy_budget, min_drafts=self.min_drafts,
-                                                     forced_bonus=_FORCED_BONUS)
+                                                     self._policy_budget, min_drafts=self.min_drafts)
             non_draft_gpu = self._num_non_draft_tokens[:num_reqs]
             async_tensor_h2d(non_draft, out=non_draft_gpu)
             self._cu_num_logits[:1].zero_()

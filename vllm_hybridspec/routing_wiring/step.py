@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vllm_hybridspec import status
+from vllm_hybridspec.adaptive.budget import rank_draft_pairs
 from vllm_hybridspec.adaptive.counters import LOG_EVERY_STEPS
 from vllm_hybridspec.routing.correction import ExpertCost, neutralize_routing, routing_keep_mask
 
@@ -237,16 +238,11 @@ def probe_requests(stale_confidences: torch.Tensor, lengths: torch.Tensor, capac
 
 
 def mark_probes(confidences: torch.Tensor, capacities: torch.Tensor, counts: torch.Tensor, policy_budget: int,
-                *, min_drafts: int, forced_bonus: float) -> tuple[torch.Tensor, torch.Tensor]:
+                *, min_drafts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(is_probe [B] bool, survival [B]) on the device: a request's last verified draft is its probe when
     it ranks past the policy's own budget in the survival order that split the drafts (`assign_drafts`)."""
     batch, k = confidences.shape
-    positions = torch.arange(k, device=confidences.device)
-    valid = positions < capacities.unsqueeze(-1)
-    forced = valid & (positions < min_drafts)
-    survival = torch.cumprod(confidences.float().clamp(0.0, 1.0), dim=-1)
-    key = torch.where(valid, survival + forced_bonus * forced, torch.full_like(survival, -1.0))
-    order = torch.sort(key.flatten(), descending=True, stable=True).indices
+    survival, order = rank_draft_pairs(confidences, capacities, min_drafts=min_drafts)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=order.device)
     last = (counts.long() - 1).clamp(min=0).unsqueeze(1)
