@@ -105,6 +105,18 @@ class Problem:
         self.work = torch.empty_like(self.base)
 
 
+def _draft_step(gumbel, p: Problem, i: int, logits_i):
+    """vLLM's `_sample_logits` for step i (Gumbel sample into the draft-logits cache, or argmax) + the store."""
+    if p.sampled:
+        draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
+                                     apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
+                                     logits_cache_col=p.step_cols[i], use_fp64=False)
+    else:
+        draft = logits_i.argmax(dim=-1)
+    p.draft_tokens[:, i] = draft
+    return draft
+
+
 def graph_loop(torch, F, gumbel, p: Problem) -> None:
     """vLLM 0.33 DSparkSpeculator._sample_sequential from the base logits on (full draft vocabulary)."""
     prev = p.input_ids[p.anchor_idx]
@@ -112,14 +124,7 @@ def graph_loop(torch, F, gumbel, p: Problem) -> None:
         markov_embed = F.embedding(prev, p.w1)
         bias = F.linear(markov_embed, p.w2)
         logits_i = p.base[:, i] + bias
-        if p.sampled:
-            draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
-                                         apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
-                                         logits_cache_col=p.step_cols[i], use_fp64=False)
-        else:
-            draft = logits_i.argmax(dim=-1)
-        p.draft_tokens[:, i] = draft
-        prev = draft
+        prev = _draft_step(gumbel, p, i, logits_i)
 
 
 def graph_topk(torch, F, gumbel, p: Problem) -> None:
@@ -134,14 +139,7 @@ def graph_topk(torch, F, gumbel, p: Problem) -> None:
         corrected = base_values[:, i].unsqueeze(-1).clone()
         corrected.baddbmm_(weight, markov_embed.unsqueeze(-1), beta=1.0, alpha=1.0)
         logits_i = p.work[:, i].scatter_(1, draft_indices[:, i], corrected.squeeze(-1))
-        if p.sampled:
-            draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
-                                         apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
-                                         logits_cache_col=p.step_cols[i], use_fp64=False)
-        else:
-            draft = logits_i.argmax(dim=-1)
-        p.draft_tokens[:, i] = draft
-        prev = draft
+        prev = _draft_step(gumbel, p, i, logits_i)
 
 
 class FusedStep:
