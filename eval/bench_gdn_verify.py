@@ -21,6 +21,7 @@ GPU (one call):   here  python eval/_vllm_sources.py .vendor/extracted     (carr
 CPU smoke:        python eval/bench_gdn_verify.py --quick --out /tmp/gdn_quick   (interpreter, tiny shapes)
 """
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -383,6 +384,166 @@ def nearest(table, B):
     return table[min(table, key=lambda key: (abs(key - B), key))] if table else None
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Diagnosis (v4, GPU call 1): compile report, leave-one-stage-out ladder, launch-shape candidates
+
+LADDER_BITS = [0, 1, 2, 4, 8, 1 | 2 | 4 | 8, 16, 32, 16 | 32, 64, 128, 256, 1 | 2 | 4 | 8 | 64 | 128, 512]
+LADDER_BITS_SHORT = [0, 1 | 2 | 4 | 8, 16, 32, 16 | 32, 64, 128, 256, 512]
+LADDER_BASES = [  # (name, config, batch, bits)
+    ("b1 per-head v2", VerifyConfig(block_v=32), 1, LADDER_BITS),
+    ("b32 whole-V rolled loop2", VerifyConfig(block_v=32, whole_v=True, loop_stages=2), 32, LADDER_BITS_SHORT),
+    ("b32 whole-V v2", VerifyConfig(block_v=32, whole_v=True), 32, [0, 1 | 2 | 4 | 8, 16, 16 | 32]),
+]
+CANDIDATES_LATENCY = [
+    VerifyConfig(block_v=32), VerifyConfig(block_v=32, num_warps=8), VerifyConfig(block_v=32, num_warps=2),
+    VerifyConfig(block_v=16), VerifyConfig(block_v=32, state_dot="bf16"),
+    VerifyConfig(block_v=32, state_dot="bf16", num_warps=8),
+]
+CANDIDATES_THROUGHPUT = [
+    VerifyConfig(block_v=32, whole_v=True), VerifyConfig(block_v=32, whole_v=True, loop_stages=1),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2), VerifyConfig(block_v=32, whole_v=True, loop_stages=3),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, num_warps=8),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, state_dot="bf16"),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=3, state_dot="bf16"),
+    VerifyConfig(block_v=64, whole_v=True, loop_stages=2, num_warps=8),
+    VerifyConfig(block_v=32, whole_v=True, group_heads=True, loop_stages=2),
+    VerifyConfig(block_v=32, whole_v=True, group_heads=True, loop_stages=2, state_dot="bf16"),
+]
+
+
+def _compile_one(gdn, seqlen, config):
+    """Compile (and run once) one kernel specialisation in a worker process; fills Triton's on-disk cache."""
+    t0 = time.time()
+    try:
+        s = make_stack(gdn, seqlen, 2, 1, "cuda", seed=0, vllm=False, fla=False)
+        ours_step(s, accept_counts(seqlen, 2, "all", "cuda"), reconstruct=False, config=config)()
+        torch.cuda.synchronize()
+        return repr(config), seqlen, round(time.time() - t0, 1), None
+    except Exception as exc:
+        return repr(config), seqlen, round(time.time() - t0, 1), repr(exc)[:300]
+
+
+def precompile(gdn, jobs, workers=14):
+    """Compile every (seqlen, config) in parallel worker processes (Triton compiles serially per process)."""
+    import concurrent.futures
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    t0 = time.time()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        results = list(pool.map(_compile_one, [gdn] * len(jobs), [L for L, _ in jobs], [c for _, c in jobs]))
+    failed = [r for r in results if r[3]]
+    print(f"precompile: {len(jobs)} kernels in {time.time() - t0:.0f} s, {len(failed)} failed", flush=True)
+    for r in failed:
+        print("  compile failed", r, flush=True)
+    return results
+
+
+def config_errors(gdn, device, configs):
+    """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    D = 2 * H * K + HV * V
+    lens = [17, 4, 1, 16, 9, 12]
+    B, T = len(lens), sum(lens)
+    torch.manual_seed(321)
+    act = torch.bfloat16 if ON_GPU else torch.float32
+    p = dict(
+        mixed_qkv=torch.randn(T, D, device=device).to(act), a=torch.randn(T, HV, device=device).to(act),
+        b=torch.randn(T, HV, device=device).to(act), conv_weight=(torch.randn(D, W, device=device) * 0.5).to(act),
+        conv_bias=None, A_log=torch.rand(HV, device=device) * 2 - 1, dt_bias=torch.randn(HV, device=device),
+        conv_state=torch.randn(B + 2, W - 1, D, device=device).to(act),
+        ssm_state=torch.randn(B + 2, HV, V, K, device=device) * 0.1,
+        state_indices=torch.tensor([3, 1, 0, 2, 7, 5], dtype=torch.int32, device=device),
+        cu_seqlens=torch.tensor([0] + [sum(lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=device),
+    )
+    ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
+    ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
+    errors = {}
+    for config in configs:
+        try:
+            out = torch.full((T, HV, V), float("nan"), dtype=act, device=device)
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
+            errors[repr(config)] = rel_err(out, ref)
+        except Exception as exc:
+            errors[repr(config)] = repr(exc)[:200]
+    return errors
+
+
+def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
+    """One GPU call: precompile everything, check every candidate, then time the ladder and the candidates."""
+    t0 = time.time()
+    latency_jobs = [(L, c) for c in CANDIDATES_LATENCY for L in (16, 4)]
+    jobs = [(16, dataclasses.replace(c, skip_stages=bit)) for _, c, _, bits in LADDER_BASES for bit in bits]
+    jobs += latency_jobs + [(16, c) for c in CANDIDATES_THROUGHPUT]
+    jobs = list(dict.fromkeys(jobs))
+    doc = dict(compile=precompile(gdn, jobs) if ON_GPU else [])
+    doc["errors"] = config_errors(gdn, device, CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT)
+    for k, v in doc["errors"].items():
+        print("error", v, k, flush=True)
+    rows = doc["rows"] = []
+
+    def save():
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "gdn_verify_diag.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    save()
+    stacks = {}
+
+    def stack(L, B):
+        if (L, B) not in stacks:
+            stacks.clear()
+            if ON_GPU:
+                torch.cuda.empty_cache()
+            stacks[(L, B)] = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
+        return stacks[(L, B)]
+
+    def timed(kind, name, L, B, config):
+        if time.time() - t0 > budget_s:
+            return
+        s = stack(L, B)
+        try:
+            us = time_step(ours_step(s, accept_counts(L, B, "all", device), reconstruct=False, config=config),
+                           rep_ms) * 1e3 / num_layers
+            rows.append(dict(kind=kind, name=name, L=L, B=B, config=repr(config), us=round(us, 3)))
+        except Exception as exc:
+            rows.append(dict(kind=kind, name=name, L=L, B=B, config=repr(config), error=repr(exc)[:200]))
+        print(rows[-1], flush=True)
+
+    name, base, B, bits = LADDER_BASES[0]
+    for bit in bits:
+        timed("ladder", f"{name} skip={bit}", 16, B, dataclasses.replace(base, skip_stages=bit))
+    save()
+    for B in (1, 8):
+        for L in ((16, 4) if B == 1 else (16,)):
+            for c in CANDIDATES_LATENCY:
+                timed("candidate", "latency", L, B, c)
+    save()
+    for B in (8, 32, 64):
+        for c in CANDIDATES_THROUGHPUT:
+            timed("candidate", "throughput", 16, B, c)
+    save()
+    for name, base, B, bits in LADDER_BASES[1:]:
+        for bit in bits:
+            timed("ladder", f"{name} skip={bit}", 16, B, dataclasses.replace(base, skip_stages=bit))
+    save()
+    print(f"{'kind':9} {'name':34} {'L':>3} {'B':>3} {'us':>8}  config")
+    for r in rows:
+        cfg = r["config"].replace("VerifyConfig(", "").replace("big_dot='tf32', ", "").replace(
+            "state_as_a=False, transposed=False, fuse_qk=False, prefetch=False, ", "")
+        print(f"{r['kind']:9} {r['name'][:34]:34} {r['L']:>3} {r['B']:>3} {r.get('us', float('nan')):8.2f}  {cfg[:90]}")
+
+
+def ncu_target(gdn, device):
+    """Eager launches for Nsight Compute: v2 per-head at batch 1 and the rolled whole-V kernel at batch 32."""
+    for B, config in ((1, VerifyConfig(block_v=32)), (32, VerifyConfig(block_v=32, whole_v=True, loop_stages=2)),
+                      (32, VerifyConfig(block_v=32, whole_v=True))):
+        s = make_stack(gdn, 16, B, 1, device, seed=1, vllm=False, fla=False)
+        run = ours_step(s, accept_counts(16, B, "all", device), reconstruct=False, config=config)
+        run()
+        torch.cuda.synchronize()
+        run()
+        torch.cuda.synchronize()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 layers (CPU interpreter smoke)")
@@ -398,6 +559,10 @@ def main():
     parser.add_argument("--write-tuned", default=None,
                         help="write the sweep's fastest verify config per batch here (tuned_verify_configs.json)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="v4 diagnosis: stage ladder + launch candidates (GPU), writes gdn_verify_diag.json")
+    parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")
     args = parser.parse_args()
@@ -410,6 +575,10 @@ def main():
             [int(x) for x in args.batches.split(",")], args.layers
     if not ON_GPU:
         fix_interpreter_masks()
+    if args.ncu_target:
+        return ncu_target(gdn, device)
+    if args.diagnose:
+        return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     vk = load_vllm_kernels(args.extracted)
     fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"

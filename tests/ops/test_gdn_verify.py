@@ -224,6 +224,9 @@ def test_every_accept_position_over_layers(length):
                  id="transposed-grouped-prefetch"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, prefetch=True), False,
                  id="grouped-prefetch"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2), False, id="whole-v-rolled-loop"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, loop_stages=1, num_warps=2), True,
+                 id="grouped-rolled-loop"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -240,6 +243,31 @@ def test_launch_configs_match_naive(config, outer_loop):
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-5
     assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
+
+
+@needs_kernels
+@pytest.mark.parametrize("config", [
+    pytest.param(VerifyConfig(block_v=16, state_dot="fp16"), id="per-head-fp16-state-product"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, state_dot="fp16"), id="rolled-fp16"),
+])
+def test_16bit_state_products_match_naive(config):
+    """16-bit state-product operands: error at the operand rounding (fp16 ~5e-4), not wrong indexing."""
+    lens = [11, 1, 16, 5]
+    p = make_problem(lens, head_v_dim=32, seed=21, null_requests=(1,))
+    ws = workspace_for(p)
+    out = torch.full((sum(lens), 4, 32), float("nan"), device=DEVICE)
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
+    live = torch.cat([torch.arange(0, 11), torch.arange(12, 33)])
+    ref = naive_gdn_verify(**cpu(p))
+    assert rel_err(out[live], ref[live]) < 3e-3
+    assert torch.equal(out[11:12], torch.zeros_like(out[11:12]))
+    num_accepted = torch.tensor([11, 1, 7, 2], dtype=torch.int32)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4), ws, p["state_indices"],
+                    num_accepted.to(DEVICE), p["cu_seqlens"], block_v=16)
+    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 3e-3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -332,6 +360,14 @@ def test_accepts_row_strided_inputs(config):
 def test_rejects_bad_configs():
     with pytest.raises(ValueError, match="fuse_qk needs transposed"):
         VerifyConfig(fuse_qk=True)
+    with pytest.raises(ValueError, match="state_dot must be"):
+        VerifyConfig(state_dot="fp8")
+    with pytest.raises(ValueError, match="state_dot bf16/fp16 needs the plain layout"):
+        VerifyConfig(state_dot="bf16", transposed=True)
+    with pytest.raises(ValueError, match="loop_stages needs the plain layout"):
+        VerifyConfig(loop_stages=2, prefetch=True)
+    with pytest.raises(ValueError, match="loop_stages must be"):
+        VerifyConfig(loop_stages=7)
 
 
 def test_accepts_strided_slot_dimension(small):

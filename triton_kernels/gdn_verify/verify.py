@@ -76,6 +76,49 @@ def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constex
     return tl.load(ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]).to(tl.float32)
 
 
+@triton.jit
+def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x, ws_row,
+                 bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
+                 H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+                 SKIP: tl.constexpr):
+    """Value columns v0 .. v0+BV of head i_hv: outputs O and the workspace's u and raw v. b_k / b_q [BT, K] are
+    the normalised k / q in the state product's operand dtype (fp32 for tf32 dots, or 16-bit)."""
+    o_v = v0 + tl.arange(0, BV)
+    o_xv = 2 * H * K + i_hv * V + o_v
+    if SKIP & 16:  # synthetic block: no load
+        b_h = (o_v[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
+    else:
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
+    if SKIP & 64:
+        b_v = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    else:
+        b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+    if SKIP & 32:  # keep the load alive, no product
+        b_row = tl.sum(b_h, 1)
+        b_ks = b_gamma[:, None] * b_row[None, :]
+        b_qs = b_beta[:, None] * b_row[None, :]
+    elif b_k.dtype == tl.float32:
+        b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
+        b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
+    else:
+        b_h16 = tl.trans(b_h.to(b_k.dtype))
+        b_ks = tl.dot(b_k, b_h16)
+        b_qs = tl.dot(b_q, b_h16)
+    if SKIP & 128:
+        b_u = tl.sum(b_inv, 1)[:, None] * b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks)
+        b_o = b_gamma[:, None] * b_qs + tl.sum(b_attn, 1)[:, None] * b_u
+    else:
+        b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
+        b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
+    p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
+    tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
+    if not (SKIP & 256):
+        tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
+        b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
+        tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+
+
 @triton.jit(do_not_specialize=["scale", "WS_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
@@ -84,6 +127,7 @@ def _gdn_verify_kernel(
     BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
+    STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -91,7 +135,14 @@ def _gdn_verify_kernel(
     TRANSPOSED carries the value side as [BV, BT] (value columns in rows): the state block [BV, K] is the MMA's
     A operand in its stored order and the results stay in that orientation (no transpose of the large block).
     PREFETCH issues each state block's load one step ahead (the first before the q/k conv) so its latency
-    overlaps the q/k / gate / Neumann work."""
+    overlaps the q/k / gate / Neumann work. STATE_DOT "bf16" / "fp16" rounds the state block and q/k to 16 bits
+    for the two state products (fp32 accumulation). LOOP_STAGES > 0 walks the value blocks in a rolled loop
+    (tl.range, software-pipelined with that many stages) instead of unrolling it.
+
+    SKIP is a bit mask of stages to leave out, for timing only (outputs are wrong when nonzero): 1 q/k conv (one
+    plain load instead), 2 q/k norms, 4 Gram products, 8 Neumann steps, 16 state load (a synthetic block), 32 state
+    products (a row sum instead), 64 v conv (one plain load), 128 small [BT, BT] x [BT, BV] products, 256 workspace
+    stores, 512 everything after reading the request's slot (launch floor)."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -100,6 +151,8 @@ def _gdn_verify_kernel(
     o_t = tl.arange(0, BT)
     m_t = o_t < seqlen
     o_k = tl.arange(0, K)
+    if SKIP & 512:
+        return
     if slot <= 0:  # vLLM's null block: a padding row of a CUDA-graph batch
         for j in tl.static_range(HEADS_PER_PROGRAM):
             for i_vb in tl.static_range(V_PER_PROGRAM // BV):
@@ -112,20 +165,41 @@ def _gdn_verify_kernel(
         b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hg * HEADS_PER_PROGRAM,
                                 i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
     conv_window = conv_state + slot * stride_conv_slot
-    b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
-    b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                            HAS_BIAS)
-    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
+    causal = o_t[:, None] >= o_t[None, :]
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    if SKIP & 1:
+        b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
+        b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
+    else:
+        b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
+                                HAS_BIAS)
+        b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
+                                HAS_BIAS)
+    if not (SKIP & 2):
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    if SKIP & 4:
+        b_kk = eye * 0.5
+        b_qk = eye * 0.25
+    else:
+        b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
+        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
+    if STATE_DOT == "bf16":  # 16-bit copies for the state products, made once per program
+        b_k16 = b_k.to(tl.bfloat16)
+        b_q16 = b_q.to(tl.bfloat16)
+    elif STATE_DOT == "fp16":
+        b_k16 = b_k.to(tl.float16)
+        b_q16 = b_q.to(tl.float16)
+    else:
+        b_k16 = b_k
+        b_q16 = b_q
     if STATE_AS_A or TRANSPOSED:
         b_kT = tl.trans(b_k)  # [K, BT], converted once for every state block
         b_qT = tl.trans(b_q)
         if FUSE_QK:  # [K, 2 BT], column 2t = k_t, 2t + 1 = q_t: one product per state block
             b_kqT = tl.reshape(tl.join(b_kT, b_qT), [K, 2 * BT])
-    causal = o_t[:, None] >= o_t[None, :]
-    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     ws_row = i_n.to(tl.int64) * WS_LEN + o_t
 
     for j in tl.static_range(HEADS_PER_PROGRAM):
@@ -143,17 +217,30 @@ def _gdn_verify_kernel(
         # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^L = 0 for L tokens, so ceil(log2 L) - 1 steps suffice
         b_inv = eye - b_A
         b_pow = b_A
-        for _ in tl.static_range(NEUMANN_STEPS):
+        for _ in tl.static_range(0 if SKIP & 8 else NEUMANN_STEPS):
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
         b_attn = decay * b_qk
         if TRANSPOSED:
             b_invT = tl.trans(b_inv)
             b_attnT = tl.trans(b_attn)
-        if i_vs == 0:
-            tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
+        if not (SKIP & 256):
+            if i_vs == 0:
+                tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
 
-        for i_vb in tl.static_range(V_PER_PROGRAM // BV):
+        if LOOP_STAGES > 0 and not (TRANSPOSED or PREFETCH or STATE_AS_A):
+            for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
+                _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
+                             ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
+                             b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
+                             SMALL_DOT, SKIP)
+        elif not (TRANSPOSED or PREFETCH or STATE_AS_A):
+            for i_vb in tl.static_range(V_PER_PROGRAM // BV):
+                _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
+                             ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
+                             b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
+                             SMALL_DOT, SKIP)
+        for i_vb in tl.static_range(V_PER_PROGRAM // BV if (TRANSPOSED or PREFETCH or STATE_AS_A) else 0):
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
             o_xv = 2 * H * K + i_hv * V + o_v
             if PREFETCH:
@@ -195,12 +282,13 @@ def _gdn_verify_kernel(
             b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
             tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
 
-    if (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0):  # one program per k-head
-        tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
-        for i_part in tl.static_range(2):  # raw q and k channels of this k-head
-            o_xqk = (i_part * H + i_h) * K + o_k
-            b_xqk = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xqk[None, :], mask=m_t[:, None], other=0.0)
-            tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
+    if not (SKIP & 256):
+        if (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0):  # one program per k-head
+            tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
+            for i_part in tl.static_range(2):  # raw q and k channels of this k-head
+                o_xqk = (i_part * H + i_h) * K + o_k
+                b_xqk = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xqk[None, :], mask=m_t[:, None], other=0.0)
+                tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
 
 
 def _check_contiguous(name, t, ndim):
@@ -252,6 +340,11 @@ class VerifyConfig:
     transposed: bool = False
     fuse_qk: bool = False  # with transposed: one S_block @ [k_t, q_t interleaved]^T product instead of two
     prefetch: bool = False  # load each state block one step ahead (the first one before the q/k conv)
+    # v4: operand dtype of the two state products: "fp32" (big_dot precision) or 16-bit ("bf16" as vLLM's prefill
+    # path rounds the state in its dots, "fp16" as the interpreter-testable twin); fp32 accumulation either way
+    state_dot: str = "fp32"
+    loop_stages: int = 0  # > 0: value blocks walked in a rolled tl.range loop pipelined with this many stages
+    skip_stages: int = 0  # timing experiments only (wrong outputs): stage bit mask, see _gdn_verify_kernel
     # The last four are opt-in experiments: all measured slower than the defaults on the H200 (1.2-2x,
     # eval/notes/gdn_verify.md, v3); block_v=64 with transposed + fuse_qk does not compile with Triton 3.6.
 
@@ -262,6 +355,14 @@ class VerifyConfig:
             raise ValueError(f"big_dot must be tf32, tf32x3 or ieee, got {self.big_dot}")
         if self.fuse_qk and not self.transposed:
             raise ValueError("fuse_qk needs transposed=True")
+        if self.state_dot not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"state_dot must be fp32, bf16 or fp16, got {self.state_dot}")
+        if self.state_dot != "fp32" and (self.transposed or self.state_as_a or self.prefetch):
+            raise ValueError("state_dot bf16/fp16 needs the plain layout (no transposed, state_as_a or prefetch)")
+        if self.loop_stages and (self.transposed or self.state_as_a or self.prefetch):
+            raise ValueError("loop_stages needs the plain layout (no transposed, state_as_a or prefetch)")
+        if not 0 <= self.loop_stages <= 4:
+            raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
 
 # Written by eval/bench_gdn_verify.py --write-tuned from its sweep: {"device": name, "verify": {batch: config}}.
@@ -405,6 +506,7 @@ def gdn_verify(
         NEUMANN_STEPS=max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1), HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
         TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
+        STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages,
         num_warps=config.num_warps,
     )
     return out

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The gdn_verify engineer's device calls. Every step is guarded (set +e, timeout); results land under $OUT.
+#   MODE=diag   (call 1) bench_gdn_verify.py --diagnose: parallel precompile, bf16 error of every candidate, the
+#               leave-one-stage-out ladder and the launch candidates -> $OUT/diag/gdn_verify_diag.json; then ncu
+#               (--clock-control none) on the per-head (b1) and whole-V (b32) kernels if the runtime allows it.
+#   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the grid with the sweep and
+#               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
+# Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
+# Device:  HYBRIDSPEC_COMMIT=<sha> MODE=diag bash eval/run_gpu_gdn.sh
+set +e
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
+OUT=${OUT:-/tmp/hybridspec_out}
+MODE=${MODE:-diag}
+COMMIT=${HYBRIDSPEC_COMMIT:-unknown}
+mkdir -p /tmp/pk
+ln -sfn "$PWD/triton_kernels" /tmp/pk/hybridspec_kernels
+export PYTHONPATH=/tmp/pk
+T0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+
+if [ "$MODE" = diag ]; then
+    mkdir -p "$OUT/diag"
+    timeout ${DIAG_S:-170} python3 eval/bench_gdn_verify.py --diagnose --out "$OUT/diag" --budget-s ${DIAG_BUDGET_S:-125} \
+        > "$OUT/diag/diag.log" 2>&1
+    echo "== diag rc=$? at $(( $(date +%s) - T0 )) s"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        timeout ${NCU_S:-40} "$NCU" --clock-control none -k regex:_gdn_verify_kernel -c 6 --section SpeedOfLight \
+            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 eval/bench_gdn_verify.py --ncu-target > "$OUT/diag/ncu.txt" 2>&1
+        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "Duration|Registers Per|Achieved Occ|Memory Throughput|Stall|Theoretical Occ|One or More|==PROF==|==ERROR==" "$OUT/diag/ncu.txt" | head -40
+    fi
+    grep -E "^error|precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-160
+    sed -n '/^kind /,$p' "$OUT/diag/diag.log"
+    tail -3 "$OUT/diag/diag.log"
+fi
+
+if [ "$MODE" = final ]; then
+    mkdir -p "$OUT/gdn"
+    timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/ops/test_gdn_verify.py \
+        > "$OUT/gdn/pytest.log" 2>&1
+    echo "== pytest rc=$? at $(( $(date +%s) - T0 )) s"; tail -3 "$OUT/gdn/pytest.log"
+    timeout ${BENCH_S:-220} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set final \
+        --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
+        --command "python eval/bench_gdn_verify.py --sweep --sweep-set final (eval/run_gpu_gdn.sh MODE=final, commit $COMMIT)" \
+        > "$OUT/gdn/bench.log" 2>&1
+    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -v "^sweep " "$OUT/gdn/bench.log" | tail -30
+fi
+ls -la "$OUT"/*
