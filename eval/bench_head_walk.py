@@ -8,8 +8,9 @@ Variants, all timed as CUDA-graph replays of one whole walk (B rows x N steps, r
     fused_step   vLLM's one-launch-per-step fused Markov kernel (models/deepseek_v41/amd/ops/fused_markov.py,
                  run unchanged on the H200; built for <= 8 rows; it always samples, so greedy runs it at T = 0)
     ours_step    our kernel one launch per step (lockstep: the launch boundary is the barrier)
-    ours         our kernel, one persistent launch per walk
+    ours         our kernel, one persistent launch per walk, exchange='auto' (what the vLLM wiring runs)
     ours_sync    ours on a vocabulary of 64 rows per program: the step chain without the vocabulary work
+    ladder       our kernel with one launch option changed (exchange, key reduction, streamed tile rows, ...)
 Floors: hbm_stream_us = N x W2 bytes / HBM (re-reading W2 every step, what any non-resident walk pays);
 hbm_once_us = (W2 once + U + draft logits) / HBM (the least our walk must move); mma_us = 2 B V r N / peak.
 
@@ -322,7 +323,7 @@ def run_gpu(args) -> dict:
                     del p
                     torch.cuda.empty_cache()
     # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
-    for exchange in ("counter", "flags"):
+    for exchange in EXCHANGE_LADDER:
         sms = props.multi_processor_count
         try:
             p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
@@ -338,7 +339,7 @@ def run_gpu(args) -> dict:
         except Exception as exc:
             checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
-    for name, vocab, rows, kw in TUNE_CASES:
+    for name, vocab, rows, kw in ([] if args.no_ladder else TUNE_CASES):
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -372,12 +373,14 @@ def run_gpu(args) -> dict:
 
 
 def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model=512):
-    """A bf16 gated-Markov or RNN walk problem and its head_walk keyword arguments."""
+    """A bf16 Markov, gated-Markov or RNN walk problem and its head_walk keyword arguments."""
     gen = torch.Generator(device=device).manual_seed(rows * 10 + sampled)
     rnd = lambda *s, scale: (torch.randn(*s, generator=gen, device=device) * scale).to(torch.bfloat16)  # noqa: E731
     p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16, seed=rows)
     hidden = rnd(rows, steps, d_model, scale=0.5)
-    if head == "gated_markov":
+    if head == "markov":
+        kw = {}
+    elif head == "gated_markov":
         kw = dict(gate_weights=(rnd(RANK, d_model + RANK, scale=0.05), rnd(RANK, scale=0.1)))
     else:
         kw = dict(rnn_weights=(rnd(3 * RANK, 2 * RANK + d_model, scale=0.05), rnd(3 * RANK, scale=0.1)))
@@ -387,20 +390,32 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
     return p, kw
 
 
-# Launch configurations tried beside the defaults (greedy, block 15).
+# The exchanges a ladder compares (the default is exchange='auto').
+EXCHANGE_LADDER = ("counter", "flags", "tagged")
+# Launch configurations tried beside the defaults (greedy, block 15): each changes one option, so the rows tell
+# which change bought what.
 TUNE_CASES = [
+    ("counter_v32k_b1", 32000, 1, dict(exchange="counter")),
     ("flags_v32k_b1", 32000, 1, dict(exchange="flags")),
+    ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
+    ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
     ("flags_v32k_b8", 32000, 8, dict(exchange="flags")),
-    ("flags_v32k_b32", 32000, 32, dict(exchange="flags")),
-    ("tile128_v32k_b1", 32000, 1, dict(tile_rows=128)),
-    ("stages3_v152k_b1", 151936, 1, dict(num_stages=3)),
-    ("res1_tile128_stages4_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1, num_stages=4)),
-    ("off_stages4_v152k_b1", 151936, 1, dict(residency="off", num_stages=4)),
-    ("fp8_v152k_b1", 151936, 1, dict(fp8=True)),
-    ("fp8_stages3_v152k_b1", 151936, 1, dict(fp8=True, num_stages=3)),
+    ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
+    ("counter_v32k_b32", 32000, 32, dict(exchange="counter")),
+    ("tagged_v32k_b32", 32000, 32, dict(exchange="tagged")),
+    ("counter_v32k_b64", 32000, 64, dict(exchange="counter")),
+    ("tagged_v32k_b64", 32000, 64, dict(exchange="tagged")),
+    ("counter_v152k_b1", 151936, 1, dict(exchange="counter")),
     ("flags_v152k_b1", 151936, 1, dict(exchange="flags")),
+    ("tagged_v152k_b1", 151936, 1, dict(exchange="tagged")),
+    ("tile_keys_v152k_b1", 151936, 1, dict(keys_once=False)),
+    ("stream128_v152k_b1", 151936, 1, dict(stream_rows=128)),
+    ("stream256_v152k_b1", 151936, 1, dict(stream_rows=256)),
+    ("res1_tile128_stages4_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1, num_stages=4)),
+    ("stages3_v152k_b1", 151936, 1, dict(num_stages=3)),
 ]
-HEAD_CASES = [(rows, head, sampled) for rows in (1, 16) for head in ("gated_markov", "rnn") for sampled in (False, True)]
+HEAD_CASES = [(rows, head, sampled) for rows in (1, 64) for head in ("markov", "gated_markov", "rnn")
+              for sampled in (False, True)]
 
 
 def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -> list:
@@ -503,8 +518,9 @@ def precompile(args, sms: int) -> None:
     jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
     jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False, variants=[{"fp8": True}, {"residency": "off"}]))
     jobs.append(dict(kind="ours", vocab=64 * sms, rows=1, sampled=False,
-                     variants=[{"tile_rows": 64}, {"tile_rows": 64, "exchange": "flags"}]))
-    jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in TUNE_CASES]
+                     variants=[{"tile_rows": 64, "exchange": e} for e in EXCHANGE_LADDER]))
+    if not args.no_ladder:
+        jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in TUNE_CASES]
     start = time.time()
     pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))
     try:
@@ -552,20 +568,23 @@ def summarize(rows, checks=()) -> dict:
         "speedup_fused_step_v32k_blk15_b1_sampled": pick(32000, 15, 1, "speedup_fused_step", "sampled"),
         "ours_us_v32k_blk15_b1": pick(32000, 15, 1, "ours_us"),
         "graph_loop_us_v32k_blk15_b1": pick(32000, 15, 1, "graph_loop_us"),
-        **flags_summary(rows, checks),
+        **ladder_summary(rows, checks),
     }
 
 
-def flags_summary(rows, checks) -> dict:
-    """exchange='flags' (a tuning row) against the graph loop timed in the same run."""
+def ladder_summary(rows, checks) -> dict:
+    """Each exchange of the ladder at 32k / block 15 / batch 1 against the graph loop timed in the same run."""
     out = {}
     for c in checks:
-        if c.get("check") == "tune_flags_v32k_b1" and c.get("us") and c.get("equal_default"):
-            loop = [r for r in rows if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (32000, 15, 1, "greedy")
-                    and r.get("run") == c.get("run") and r.get("graph_loop_us")]
-            if loop:
-                out["ours_flags_us_v32k_blk15_b1"] = c["us"]
-                out["speedup_graph_loop_v32k_blk15_b1_flags"] = round(loop[0]["graph_loop_us"] / c["us"], 2)
+        name = c.get("check", "")
+        if not (name.startswith("tune_") and name.endswith("_v32k_b1") and c.get("us") and c.get("equal_default")):
+            continue
+        loop = [r for r in rows if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (32000, 15, 1, "greedy")
+                and r.get("run") == c.get("run") and r.get("graph_loop_us")]
+        if loop:
+            variant = name[len("tune_"):-len("_v32k_b1")]
+            out[f"ours_{variant}_us_v32k_blk15_b1"] = c["us"]
+            out[f"speedup_graph_loop_v32k_blk15_b1_{variant}"] = round(loop[0]["graph_loop_us"] / c["us"], 2)
     return out
 
 
@@ -700,6 +719,8 @@ def main():
     parser.add_argument("--merge", type=Path, nargs="+", help="results of several GPU runs, oldest first")
     parser.add_argument("--merge-commits", nargs="+", help="the commit each merged run ran (if its file lacks it)")
     parser.add_argument("--compile-timeout-s", type=float, default=150.0)
+    parser.add_argument("--precompile-only", action="store_true", help="compile everything the run needs, then exit")
+    parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
     args = parser.parse_args()
     if args.prepare:
         prepare()
@@ -711,6 +732,11 @@ def main():
             shutil.copy(args.finalize / f"{BENCH}{suffix}", dest / f"{BENCH}{suffix}")
         plot(src, dest / f"{BENCH}.png")
         print(f"results in {dest}")
+        return
+    if args.precompile_only:
+        import torch
+
+        precompile(args, torch.cuda.get_device_properties(0).multi_processor_count)
         return
     if args.out is None:
         parser.error("--out is required (eval/results is written by --finalize from a GPU run)")
@@ -728,6 +754,9 @@ def main():
               f"loop {r.get('graph_loop_us')}, topk {r.get('graph_topk_us')}, fused {r.get('fused_step_us')}, "
               f"step {r.get('ours_step_us')} -> x{r.get('speedup_graph_loop')} loop, x{r.get('speedup_fused_step')} "
               f"fused, tol {r.get('ours_tolerated')}")
+    for c in result["checks"]:
+        if "us" in c or "ours_us" in c or "error" in c:
+            print(json.dumps(c))
 
 
 if __name__ == "__main__":

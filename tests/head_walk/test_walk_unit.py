@@ -330,12 +330,15 @@ def test_megakernel_and_sampled_walks_equal_vllms_in_the_mrv2_environment(tmp_pa
     assert " passed" in log and " skipped" not in log, log[-2000:]
 
 
-@pytest.mark.parametrize("num_reqs, exchange", [(1, "flags"), (2, "counter"), (8, "counter")])
-def test_megakernel_exchange_follows_batch_size(monkeypatch, num_reqs, exchange):
+@pytest.mark.parametrize("num_reqs", [1, 2, 8])
+def test_megakernel_leaves_the_exchange_to_the_kernel(monkeypatch, num_reqs):
+    """The wiring runs what the benchmark's headline rows time: the kernel's own choice by batch size."""
     import hybridspec_kernels.head_walk as kernels
+    from hybridspec_kernels.head_walk.walk import EXCHANGES, choose_exchange
     from vllm_hybridspec.head_walk import walk
 
     seen = {}
     monkeypatch.setattr(kernels, "head_walk", lambda *args, **kwargs: seen.update(kwargs))
     walk._backend(walk.WalkPlan(backend="megakernel"))(torch.zeros(num_reqs, 3, 5))
-    assert seen["exchange"] == exchange
+    assert seen["exchange"] == "auto"
+    assert choose_exchange(num_reqs) in EXCHANGES[1:]

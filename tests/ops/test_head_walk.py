@@ -255,6 +255,9 @@ def test_sampled_drafts_follow_softmax():
     (dict(top_k=5), "top_k/top_p"),
     (dict(temperature=torch.ones(2)), "go together"),
     (dict(w2_dtype=torch.float16), "w2_dtype"),
+    (dict(exchange="barrier"), "exchange must be"),
+    (dict(stream_rows=48), "stream_rows"),
+    (dict(num_warps=3), "num_warps"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -263,6 +266,23 @@ def test_bad_input_raises(change, message):
     args.update({k: v for k, v in change.items() if k in args})
     with pytest.raises(ValueError, match=message):
         head_walk(args["U"], args["w1"], args["w2"], args["x0"], **kwargs)
+
+
+@needs_kernels
+@pytest.mark.parametrize("opts", [
+    pytest.param(dict(keys_once=False), id="key-reduction-per-tile"),
+    pytest.param(dict(residency="off", stream_rows=16), id="all-streamed-16-row-tiles"),
+    pytest.param(dict(residency="off", stream_rows=32, keys_once=False), id="all-streamed-per-tile-keys"),
+])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_launch_options_keep_the_walk(opts, sampled):
+    """Tuning options change where the work happens, never the tokens: partly streamed shards (1031 rows over 3
+    programs: 256 resident + 128 streamed rows each), fully streamed ones, one key reduction per tile."""
+    p = make_problem(3, 5, 1031, seed=11)
+    kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, programs=3, lockstep=True, **opts, **kw)
+    assert torch.equal(tokens, ref)
 
 
 @needs_kernels
@@ -318,3 +338,22 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
     lock_tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
     assert torch.equal(tokens, lock_tokens)
     assert_walk_tolerated(p, tokens, head_kw, sampled)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_exchanges_agree(rows, sampled):
+    """counter, flags and tagged exchanges pick the same tokens, and no wait gives up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
+    p.req = torch.arange(rows, device=DEVICE)
+    kw = sampling_kwargs(p) if sampled else {}
+    errors = barrier_errors(DEVICE)
+    walks = {ex: head_walk(p.U, p.w1, p.w2, p.x0, exchange=ex, **kw)[0] for ex in ("counter", "flags", "tagged")}
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    assert torch.equal(walks["counter"], walks["flags"]) and torch.equal(walks["counter"], walks["tagged"])
+    assert_walk_tolerated(p, walks["tagged"], {}, sampled)

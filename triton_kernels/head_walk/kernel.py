@@ -140,11 +140,74 @@ def _publish_and_wait(keys_ptr, slot, pid, o_b, best, tag, num_rows, err_ptr, NU
 
 
 @triton.jit
+def _publish_relaxed(ptrs, keys):
+    """st.relaxed.gpu of every key: no fence and no atomic round trip, since each key proves itself by its tag."""
+    tl.inline_asm_elementwise("st.relaxed.gpu.global.b64 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,l", [ptrs, keys],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin_tagged(ptrs, tag, err_ptrs, SPIN_LIMIT: tl.constexpr):
+    """Each thread spins on its own slots inside PTX until the slot carries `tag` and returns the key: the wait
+    costs no CTA-wide sync per poll (Triton's while loop needs a reduced scalar condition, a bar.sync each poll).
+    A thread that gives up marks err_ptrs and returns the stale key."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.u32 %hwn, 0;
+        HW_SPIN:
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        add.u32 %hwn, %hwn, 1;
+        setp.lt.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_SPIN;
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""",
+        "=l,l,r,r,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_ptrs], dtype=tl.int64,
+        is_pure=False, pack=1)
+
+
+@triton.jit
+def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr,
+                     BP: tl.constexpr, KB: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Tagged exchange: every key carries the step's tag (bits 18-31), so each slot is its own arrival flag and
+    publishing is a plain relaxed store. Every thread spins on its own slots of all programs' keys; one CTA-wide
+    max over them is the winner. KB = 1 (one batch row): column 0 only, the winner is a scalar; KB = BP: all
+    columns, winners [BP].
+
+    Slot reuse (slot = k % 2) is safe: a program writes step k's keys only after it read all of step k - 1's,
+    which every program published after it had read all of step k - 2's from the same slot (the key it
+    publishes depends on the keys it read, so the read completes first)."""
+    tagged = best | (tag.to(tl.int64) << 18)
+    base = keys_ptr + slot * NUM_PROGS * BP
+    _publish_relaxed(base + pid * BP + tl.arange(0, BP), tagged)
+    o_p = tl.arange(0, PP)
+    # Padding lanes poll this program's own slot, which holds this step's key already.
+    prog = tl.where(o_p < NUM_PROGS, o_p, pid)
+    if KB == 1:
+        keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_ptr + 0 * o_p, SPIN_LIMIT)
+    else:
+        o_k = tl.arange(0, KB)
+        zero = tl.full([PP, KB], 0, tl.int32)
+        keys = _spin_tagged(base + prog[:, None] * BP + o_k[None, :], zero + tag, err_ptr + zero, SPIN_LIMIT)
+    return tl.max(keys, axis=0)
+
+
+@triton.jit
 def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
                 w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
                 KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Best key per row over one tile of vocabulary rows: [BP].
+    """Keys of one tile of vocabulary rows for every batch row: [rows, BP] (the caller reduces them: one max
+    over the int64 keys is the argmax with the first of equal maxima, one CTA-wide reduction instead of two).
 
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
@@ -178,9 +241,20 @@ def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, 
         ids = target_ids
     else:
         ids = rows
-    best = tl.max(scored, axis=0)
-    first = tl.min(tl.where(scored == best[None, :], ids[:, None], NO_ID), axis=0)
-    return _ordered_keys(best, first)
+    # ids joined to an accumulator-shaped tensor, so the keys stay in the accumulator's layout (else Triton
+    # moves the whole [rows, BP] key tile into the ids' layout through shared memory before reducing it).
+    ids2d = ids[:, None] + (acc != acc).to(tl.int32)
+    return _ordered_keys(scored, ids2d)
+
+
+@triton.jit
+def _fold(acc_keys, best, keys, KEYS_ONCE: tl.constexpr):
+    """KEYS_ONCE: an elementwise running max, reduced once per step (no CTA-wide reduction per tile)."""
+    if KEYS_ONCE:
+        acc_keys = tl.maximum(acc_keys, keys)
+    else:
+        best = tl.maximum(best, tl.max(keys, axis=0))
+    return acc_keys, best
 
 
 @triton.jit
@@ -202,6 +276,19 @@ def _pick(keys_ptr, slot, o_b, m_b, d2t_ptr, NUM_PROGS: tl.constexpr, PP: tl.con
                        mask=(o_p < NUM_PROGS)[:, None], other=-9223372036854775807 - 1, volatile=True)
         best = tl.maximum(best, tl.max(keys, axis=0))
     ids = ID_MASK - (best & ID_MASK)
+    if HAS_D2T and not KEY_BY_TARGET:
+        ids = ids + tl.load(d2t_ptr + ids, mask=m_b, other=0)
+    return tl.where(m_b, ids, 0)
+
+
+@triton.jit
+def _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
+                KB: tl.constexpr):
+    """[BP] target ids from the tagged exchange's winning keys (a scalar when KB = 1)."""
+    if KB == 1:
+        ids = tl.where(o_b == 0, ID_MASK - (best0 & ID_MASK), 0)
+    else:
+        ids = ID_MASK - (winners & ID_MASK)
     if HAS_D2T and not KEY_BY_TARGET:
         ids = ids + tl.load(d2t_ptr + ids, mask=m_b, other=0)
     return tl.where(m_b, ids, 0)
@@ -232,12 +319,19 @@ def head_walk_kernel(
     NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
-    SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, FLAGS: tl.constexpr,
+    SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
+    KEYS_ONCE: tl.constexpr, KB: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
-    # the batch rows have BP entries.
+    # the batch rows have BP entries; KB = 1 when the walk has one row (the tagged exchange then polls one
+    # column), else BP. EXCHANGE (with MULTI): 0 counter barrier + key read, 1 flags (row 0's key
+    # is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin). KEYS_ONCE: one
+    # CTA-wide key reduction per step instead of one per tile.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
+    FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
+    TAGGED: tl.constexpr = MULTI and EXCHANGE == 2
+    HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
     m_b = o_b < num_rows
@@ -272,7 +366,7 @@ def head_walk_kernel(
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
     stream_begin = shard_begin + RES_TILES * RT
 
-    if FLAGS:
+    if FLAGS or TAGGED:
         gen = tl.load(gen_ptr + pid)
     # Base logits of the resident tiles are loaded one step ahead, so their latency hides behind the barrier.
     k_first = tl.minimum(k_begin, num_steps - 1)
@@ -293,9 +387,12 @@ def head_walk_kernel(
             tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
 
     best0 = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
+    winners = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
     for k in range(k_begin, k_end):
         if k > k_begin:
-            if FLAGS and MULTI and num_rows == 1:
+            if TAGGED:
+                x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
+            elif FLAGS and num_rows == 1:
                 x0 = ID_MASK - (best0 & ID_MASK)
                 if HAS_D2T and not KEY_BY_TARGET:
                     x0 = x0 + tl.load(d2t_ptr + x0)
@@ -370,33 +467,45 @@ def head_walk_kernel(
             pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
             seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
         best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+        res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
+        stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
         if RES_TILES >= 1:
-            best = tl.maximum(best, _score_tile(
+            keys = _score_tile(
                 w_res0, u_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
-            best = tl.maximum(best, _score_tile(
+            keys = _score_tile(
                 w_res1, u_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 3:
-            best = tl.maximum(best, _score_tile(
+            keys = _score_tile(
                 w_res2, u_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 4:
-            best = tl.maximum(best, _score_tile(
+            keys = _score_tile(
                 w_res3, u_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         for row0 in range(stream_begin, shard_end, ST):
             rows = row0 + tl.arange(0, ST)
             w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
-            best = tl.maximum(best, _score_tile(
+            tile_keys = _score_tile(
                 w, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
                 w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION))
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+            stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+        if KEYS_ONCE:
+            if RES_TILES >= 1:
+                best = tl.maximum(best, tl.max(res_keys, axis=0))
+            if HAS_STREAM:
+                best = tl.maximum(best, tl.max(stream_keys, axis=0))
         k_next = tl.minimum(k + 1, num_steps - 1)
         if RES_TILES >= 1:
             u_res0 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + o_t, shard_end, o_b, m_b)
@@ -406,7 +515,15 @@ def head_walk_kernel(
             u_res2 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b)
         if RES_TILES >= 4:
             u_res3 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b)
-        if MULTI and FLAGS:
+        if TAGGED:
+            tag = (((gen + k) % 16383) + 1).to(tl.int32)
+            if KB == 1:
+                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, NUM_PROGS, PP, BP, KB,
+                                         SPIN_LIMIT)
+            else:
+                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, NUM_PROGS, PP, BP, KB,
+                                           SPIN_LIMIT)
+        elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,
                                       SPIN_LIMIT)
@@ -417,10 +534,13 @@ def head_walk_kernel(
             else:
                 tl.debug_barrier()
 
-    if FLAGS:
-        if MULTI:
-            tl.store(gen_ptr + pid, gen + (k_end - k_begin))
-    if DO_FINAL:
+    if FLAGS or TAGGED:
+        tl.store(gen_ptr + pid, gen + (k_end - k_begin))
+    if DO_FINAL and TAGGED:
+        x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
+        if pid == 0:
+            tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)
+    elif DO_FINAL:
         x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)

@@ -23,6 +23,12 @@ from .kernel import MAX_TOKENS, head_walk_kernel
 
 HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
 RESIDENCIES = ("auto", "full", "partial", "off")
+# How the programs of a persistent walk agree on each step's token: "counter" (grid barrier on a counter, then
+# every program reads all keys), "flags" (tagged keys, row 0's key written last with release semantics is the
+# arrival flag), "tagged" (every key carries the step's tag: relaxed stores, each thread spins on its own
+# slots, one CTA-wide max), "auto" (choose_exchange).
+EXCHANGES = ("auto", "counter", "flags", "tagged")
+EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2}
 MAX_ROWS_PER_LAUNCH = 64
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
@@ -40,10 +46,11 @@ class WalkConfig:
     resident_tiles: int
     stream_rows: int  # rows of one streamed tile
     multi: bool  # persistent, grid barriers between steps
-    flags: bool  # exchange through tagged keys instead of a counter barrier
+    exchange: str  # with multi: 'counter' barrier, 'flags' (row 0's key is the arrival flag) or 'tagged'
     lockstep: bool  # one launch per step
     num_warps: int
     num_stages: int
+    keys_once: bool = True  # one CTA-wide key reduction per step, not one per tile
 
 
 def _interpreting() -> bool:
@@ -55,22 +62,34 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def choose_exchange(num_rows: int) -> str:
+    """The exchange `exchange='auto'` uses for a walk of num_rows batch rows."""
+    return "tagged"
+
+
 def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
-              tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "counter",
-              num_warps: int | None = None, num_stages: int | None = None) -> WalkConfig:
+              tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
+              num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
+              keys_once: bool = True) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
-    if exchange not in ("counter", "flags"):
-        raise ValueError(f"exchange must be 'counter' or 'flags', got {exchange!r}")
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+    if exchange == "auto":
+        exchange = choose_exchange(num_rows)
+    if stream_rows is not None and (stream_rows < 16 or stream_rows & (stream_rows - 1)):
+        raise ValueError(f"stream_rows must be a power of two >= 16, got {stream_rows}")
+    if num_warps is not None and num_warps not in (4, 8, 16):
+        raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
     if tile_rows is None:
         tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
-    stream_rows = 64
+    stream_rows = stream_rows or 64
     on_gpu = device.type == "cuda" and not _interpreting()
     max_programs = _num_sms(device) if on_gpu else 1
     if programs is not None:
@@ -105,8 +124,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         num_stages = 1 if chunk_rows <= resident_tiles * tile_rows else 2
     return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
-                      flags=multi and exchange == "flags", lockstep=lockstep and num_programs > 1,
-                      num_warps=num_warps or 8, num_stages=num_stages)
+                      exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
+                      num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once)
 
 
 _workspaces: dict = {}
@@ -197,9 +216,11 @@ def head_walk(
     lockstep: bool = False,
     tile_rows: int | None = None,
     resident_tiles: int | None = None,
-    exchange: str = "counter",
+    exchange: str = "auto",
     num_warps: int | None = None,
     num_stages: int | None = None,
+    stream_rows: int | None = None,
+    keys_once: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -232,8 +253,9 @@ def head_walk(
         residency: "auto" | "full" (error if W2 does not fit on chip) | "partial" | "off" (stream all of W2).
         w2_dtype: None or torch.float8_e4m3fn (W2 quantized once per weight, one scale per vocabulary row).
         out: optional [B, N] int64 token buffer.
-        programs, lockstep, tile_rows, resident_tiles, exchange ('counter' barrier or 'flags' tagged keys),
-            num_warps, num_stages: launch overrides for tests and tuning.
+        exchange: how the programs agree on each step's token (EXCHANGES; 'auto': choose_exchange).
+        programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
+            W2 tile), keys_once (False: one key reduction per tile): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -324,7 +346,7 @@ def head_walk(
         w2_rows, w2_scale = _cached("fp8", (w2,), lambda: quantize_w2_fp8(w2))
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
-                    num_warps=num_warps, num_stages=num_stages)
+                    num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -381,7 +403,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SAMPLED=temperature is not None, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
         STORE_LOGITS=draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,
         MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
-        DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32", FLAGS=cfg.flags,
+        DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
+        EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)

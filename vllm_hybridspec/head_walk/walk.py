@@ -280,10 +280,9 @@ def _backend(plan: WalkPlan) -> Callable[..., Any]:
     w2_dtype = torch.float8_e4m3fn if plan.w2_fp8 else None
 
     def megakernel(base_logits: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        # Tagged-key exchange beats the counter barrier for a single request and loses from batch 8 on
-        # (eval/results/head_walk.json: ours_flags_us_v32k_blk15_b1 vs ours_us_v32k_blk15_b1).
-        exchange = "flags" if base_logits.shape[0] == 1 else "counter"
-        head_walk(base_logits, *args, residency=plan.residency, w2_dtype=w2_dtype, exchange=exchange, **kwargs)
+        # The kernel's exchange='auto' picks the exchange by batch size (choose_exchange, from the measured
+        # ladder in eval/results/head_walk.json), the same choice its benchmark's headline rows time.
+        head_walk(base_logits, *args, residency=plan.residency, w2_dtype=w2_dtype, exchange="auto", **kwargs)
 
     return megakernel
 
