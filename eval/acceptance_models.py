@@ -115,6 +115,7 @@ class Trace:
     true_conf: torch.Tensor
     accepted_all: torch.Tensor
     feature: torch.Tensor
+    num_drafts: int | None = None  # drafts available per round (None: all K); a recording's own K
 
     @property
     def rounds(self) -> int:
@@ -142,17 +143,23 @@ def draw_trace(model: AcceptanceModel, rounds: int, batch: int, num_drafts: int,
 
 def load_recorded_traces(path: str | Path, num_drafts: int) -> list[dict]:
     """Rounds recorded from real (e.g. tiny CPU) runs, JSONL, one object per request-round:
-    {"request": id, "accepted": drafts accepted with all `num_drafts` verified, "confidences": [K floats]}.
+    {"drafter": name, "request": id, "accepted": drafts accepted with all K verified, "confidences": [K floats]}
+    with K <= `num_drafts` (eval/record_tiny_traces.py writes them; lines holding "meta" are skipped).
     Replaying a shorter length n accepts min(accepted, n): exact under greedy verification."""
     rows = []
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if not line.strip():
             continue
         row = json.loads(line)
+        if "meta" in row:
+            continue
         conf = row.get("confidences")
-        if not isinstance(conf, list) or len(conf) != num_drafts or "accepted" not in row:
-            raise ValueError(f"{path}:{i + 1}: need 'accepted' and {num_drafts} 'confidences'")
-        rows.append({"request": row.get("request", 0), "accepted": int(row["accepted"]), "confidences": conf})
+        if not isinstance(conf, list) or not 1 <= len(conf) <= num_drafts or "accepted" not in row:
+            raise ValueError(f"{path}:{i + 1}: need 'accepted' and 1..{num_drafts} 'confidences'")
+        if not 0 <= int(row["accepted"]) <= len(conf):
+            raise ValueError(f"{path}:{i + 1}: 'accepted' must be in 0..{len(conf)}, got {row['accepted']}")
+        rows.append({"drafter": str(row.get("drafter", "recorded")), "request": row.get("request", 0),
+                     "accepted": int(row["accepted"]), "confidences": [float(c) for c in conf]})
     if not rows:
         raise ValueError(f"{path}: no recorded rounds")
     return rows
@@ -160,14 +167,18 @@ def load_recorded_traces(path: str | Path, num_drafts: int) -> list[dict]:
 
 def trace_from_recorded(rows: list[dict], rounds: int, batch: int, num_drafts: int) -> Trace:
     """Builds a Trace by cycling each of `batch` streams through the recorded rounds (stream b starts at an
-    offset so that the streams are not in lockstep). The confidences are used as calibrated estimates."""
+    offset so that the streams are not in lockstep). Positions past the recording's K get confidence ~0 and
+    `Trace.num_drafts` = K: a replay never verifies more drafts than were recorded."""
+    k = max(len(row["confidences"]) for row in rows)
+    if any(len(row["confidences"]) != k for row in rows):
+        raise ValueError("recorded rounds must all have the same number of confidences")
     n = len(rows)
-    conf = torch.empty(rounds, batch, num_drafts)
+    conf = torch.full((rounds, batch, num_drafts), 1e-6)
     accepted = torch.empty(rounds, batch, dtype=torch.long)
     for b in range(batch):
         for r in range(rounds):
             row = rows[(r + b * max(1, n // max(batch, 1))) % n]
-            conf[r, b] = torch.tensor(row["confidences"], dtype=torch.float32)
-            accepted[r, b] = min(row["accepted"], num_drafts)
+            conf[r, b, :k] = torch.tensor(row["confidences"], dtype=torch.float32)
+            accepted[r, b] = min(row["accepted"], k)
     conf = conf.clamp(1e-6, 1 - 1e-6)
-    return Trace(conf, accepted, torch.log(conf / (1 - conf)))
+    return Trace(conf, accepted, torch.log(conf / (1 - conf)), num_drafts=k)

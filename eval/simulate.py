@@ -57,6 +57,7 @@ from vllm_hybridspec.policy import (  # noqa: E402
     ThroughputTracker,
     VerifyLatencyModel,
     choose_verify_lengths,
+    prefix_scan_budget,
     vllm_adaptive_lengths,
 )
 from vllm_hybridspec.routing import expert_cost_from_profile, probe_worth  # noqa: E402
@@ -164,7 +165,7 @@ class Cell:
     def _calibrate(self) -> torch.Tensor:
         cal = OnlineAcceptanceCalibrator(NUM_DRAFTS, refit_interval=1, min_observations=256, damping=50.0)
         trace, warmup = self.trace, min(self.args.warmup, self.trace.rounds)
-        full = torch.full((self.batch,), NUM_DRAFTS)
+        full = torch.full((self.batch,), trace.num_drafts or NUM_DRAFTS)
         for start in range(0, warmup, CHUNK):
             sl = slice(start, min(start + CHUNK, warmup))
             for feature, accepted in zip(trace.feature[sl], trace.accepted_all[sl]):
@@ -185,7 +186,8 @@ class Cell:
         policy, kernels = label.split("@")
         args, batch, trace = self.args, self.batch, self.trace
         out = Outcome()
-        cap = torch.full((batch,), NUM_DRAFTS)
+        available = trace.num_drafts or NUM_DRAFTS
+        cap = torch.full((batch,), available)
         routing_gen = torch.Generator().manual_seed(self.seed + 7)
         stale_last = torch.ones(batch, NUM_DRAFTS)
         lat, plan = self.lat_time[kernels], self.lat_plan[kernels]
@@ -205,13 +207,20 @@ class Cell:
                 continue
             extra_us = torch.zeros(chunk, dtype=torch.float64)
             if policy == "fixed_dflash":
-                n = torch.full((chunk, batch), NUM_DRAFTS)
+                n = torch.full((chunk, batch), available)
             elif policy == "vllm_adaptive":
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
                 n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), plan, budget_confidences=stale).long()
             else:
-                decision = choose_verify_lengths(conf, cap.expand(chunk, batch), plan,
-                                                 rate_threshold=tracker.rate if long_run_rate else None)
+                # Last round's confidences (the previous row of the chunk): information that does not depend on
+                # this round's drafts, so the rule may use it (lossless; see length_policy's docstring).
+                stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
+                rule = args.length_rule
+                decision = choose_verify_lengths(
+                    conf, cap.expand(chunk, batch), plan, rate_threshold=tracker.rate if long_run_rate else None,
+                    lookahead=rule != "greedy", forecast_confidences=stale if rule != "greedy" else None,
+                    budget_floor=(prefix_scan_budget(stale, cap.expand(chunk, batch), plan)
+                                  if rule == "lookahead_floor" else None))
                 n = decision.num_drafts.long()
             stale_last = conf[-1]
             verified = n
@@ -255,7 +264,7 @@ class Cell:
         else:
             with_probe, without = self.lat_probe_pass
             pass_us = (with_probe.verify_us(batch, x) - without.verify_us(batch, x)).clamp(min=0.0)
-        probing = (n < NUM_DRAFTS) & probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k,
+        probing = (n < (self.trace.num_drafts or NUM_DRAFTS)) & probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k,
                                                  threshold=threshold, overhead_us=float(pass_us.mean()) / batch)
 
         p_new = min(max(cost.mean_new_experts / args.top_k, 0.0), 1.0)
@@ -273,6 +282,23 @@ class Cell:
         probe_us = (probing * cost.probe_token_us).sum(-1).double()
         kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
         return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
+
+
+def batch_points(batch_sizes: list[int]) -> dict[str, str]:
+    """How the profile prices each simulated concurrency: a measured batch, interpolated between two, or
+    extrapolated linearly from the two outermost (LatencyProfile.interpolate)."""
+    out = {}
+    for c in CONCURRENCY:
+        if c in batch_sizes:
+            out[f"c{c}"] = "measured"
+        elif len(batch_sizes) > 1 and batch_sizes[0] < c < batch_sizes[-1]:
+            lo = max(b for b in batch_sizes if b < c)
+            hi = min(b for b in batch_sizes if b > c)
+            out[f"c{c}"] = f"interpolated between batch {lo} and {hi}"
+        else:
+            ends = batch_sizes[-2:] if c > batch_sizes[-1] else batch_sizes[:2]
+            out[f"c{c}"] = f"EXTRAPOLATED linearly from batch {' and '.join(map(str, ends))}"
+    return out
 
 
 def _seed(task: str, c: int) -> int:
@@ -298,7 +324,10 @@ def build_traces(args) -> dict[str, dict[int, am.Trace]]:
     if args.traces:
         rows = am.load_recorded_traces(args.traces, NUM_DRAFTS)
         rounds = args.warmup + max(1, int(args.rounds_scale * 1500))
-        traces["recorded"] = {c: am.trace_from_recorded(rows, rounds, c, NUM_DRAFTS) for c in CONCURRENCY}
+        for drafter in dict.fromkeys(row["drafter"] for row in rows):
+            mine = [row for row in rows if row["drafter"] == drafter]
+            traces["recorded" if drafter == "recorded" else f"recorded_{drafter}"] = {c: am.trace_from_recorded(mine, rounds, c, NUM_DRAFTS)
+                                             for c in CONCURRENCY}
     return traces, models
 
 
@@ -378,7 +407,8 @@ def sensitivity(args, profiles, drafter, tasks, kernels):
     variants = [("routing_rho", rho) for rho in sorted(by_rho)]
     variants += [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
                 ("cross_layer_corr", 0.0), ("cross_layer_corr", 1.0), ("probe_cost", "separate"),
-                ("long_run_rate", 1), ("convexify", 1), ("drafter_scale", 0.5),
+                ("long_run_rate", 1), ("convexify", 1), ("length_rule", "greedy"),
+                ("length_rule", "lookahead_floor"), ("drafter_scale", 0.5),
                 ("drafter_scale", 2.0)]
     for key, value in variants:
         a = argparse.Namespace(**{**base_args, "rounds_scale": args.rounds_scale * 0.5,
@@ -417,6 +447,8 @@ def markdown(summary, rows, assumptions, device, profile_path):
              "variant (GDN verify path) that prices the verify pass.", "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
+    lines += ["", f"Profile batches measured: {assumptions['profile_batch_sizes']}. How each concurrency is priced: "
+              + "; ".join(f"{c}: {how}" for c, how in assumptions["batch_points"].items()) + "."]
     labels = _labels(rows)
     for task in dict.fromkeys(r["task"] for r in rows):
         lines += ["", f"## {task}: tokens/s (ratio vs fixed_dflash@baseline; mean verified drafts)", "",
@@ -489,6 +521,10 @@ def parse_args(argv=None):
                     help="price tokens at the long-run achieved rate (1) or each round's own rate (0)")
     ap.add_argument("--convexify", type=int, choices=(0, 1), default=0,
                     help="policies see the lower convex hull of T(L) (VerifyLatencyModel(convexify=True))")
+    ap.add_argument("--length-rule", choices=("lookahead", "greedy", "lookahead_floor"), default="lookahead",
+                    help="hybridspec's admission test: lookahead (a later stop, later pairs forecast from last "
+                         "round, beats stopping now), greedy (the next pair alone raises the rate), "
+                         "lookahead_floor (+ at least the best prefix of last round's ranking)")
     ap.add_argument("--moe-layers", type=int, default=40)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -509,14 +545,17 @@ def main(argv=None):
                           flops_per_us=drafter.flops_per_us / args.drafter_scale)
     device = next(iter(profiles.values())).device
     rows, tputs, traces, models = run_all(args, profiles, drafter)
-    tasks = [t for t in traces if t != "recorded"]
+    tasks = [t for t in traces if not t.startswith("recorded")]
     labels = {label for (_, _, label) in tputs}
     summary = summarize(tputs, tasks, labels)
+    summary["extrapolated_concurrency"] = [c for c, how in batch_points(
+        next(iter(profiles.values())).batch_sizes).items() if how.startswith("EXTRAPOLATED")]
     system = summary["hybridspec_system"]
-    if "recorded" in traces:
-        summary["recorded_traces_vs_fixed"] = {f"c{c}": round(tputs[("recorded", c, system)]
-                                                              / tputs[("recorded", c, "fixed_dflash@baseline")], 3)
-                                               for c in CONCURRENCY}
+    for task in traces:
+        if task.startswith("recorded"):
+            summary[f"{task}_vs_fixed"] = {f"c{c}": round(tputs[(task, c, system)]
+                                                          / tputs[(task, c, "fixed_dflash@baseline")], 3)
+                                           for c in CONCURRENCY}
     bench = Path(args.profile).parent / "verify_profile.json"
     bench_doc = json.loads(bench.read_text()) if bench.is_file() else {}
     assumptions = {
@@ -526,12 +565,14 @@ def main(argv=None):
         "profile_measured": {k: bench_doc.get(k) for k in ("commit", "date", "command")},
         "profile_summary": bench_doc.get("summary"),
         "profile_batch_sizes": next(iter(profiles.values())).batch_sizes,
+        "batch_points": batch_points(next(iter(profiles.values())).batch_sizes),
         "num_drafts": NUM_DRAFTS, "drafter": asdict(drafter),
         "drafter_us": {f"c{c}": round(drafter.time_us(c), 1) for c in CONCURRENCY},
         "feature_noise": args.feature_noise, "persistence": args.persistence,
         "cross_layer_corr": args.cross_layer_corr, "probe_cost": args.probe_cost,
         "decision_us": args.decision_us, "long_run_rate": bool(args.long_run_rate),
-        "convexify": bool(args.convexify), "moe_layers": args.moe_layers, "top_k": args.top_k,
+        "convexify": bool(args.convexify), "length_rule": args.length_rule,
+        "moe_layers": args.moe_layers, "top_k": args.top_k,
         "warmup_rounds": args.warmup, "rounds_scale": args.rounds_scale,
         "acceptance_models": {t: asdict(m) | {"tau_15": round(m.tau(NUM_DRAFTS), 3)} for t, m in models.items()},
         "published": am.PUBLISHED,

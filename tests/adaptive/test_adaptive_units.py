@@ -50,6 +50,20 @@ def test_draft_budget_flat_profile_verifies_every_surviving_draft():
     assert int(capped.sum()) == 2
 
 
+def test_draft_budget_scans_past_a_step_in_the_cost():
+    """T jumps at L = 3 -> 4 and is flat behind it (a kernel switch): the host budget is the best prefix over every
+    count (last step's confidences make a global scan lossless), not the first count where the next draft stops
+    paying."""
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    rows = [1000, 1050, 1100, 1600, 1610, 1620, 1630, 1640]
+    profile = LatencyProfile("d", "m", "v", [1], list(range(1, 9)), [rows])
+    latency = latency_model(profile, max_batch=1, max_len=8)
+    lengths = draft_budget(torch.full((1, 7), 0.9), torch.tensor([7]), latency, min_drafts=0, max_drafts=7,
+                           max_budget=99)
+    assert lengths.tolist() == [7]
+
+
 def test_draft_budget_trims_unlikely_drafts_on_a_costly_profile():
     # 9 ms fixed + 1 ms per token: a draft pays off only if it survives with more than ~0.2
     latency = latency_model(TokenCurveProfile([(1, 10.0), (64, 73.0)], "test"), max_batch=2, max_len=5)

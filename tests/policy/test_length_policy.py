@@ -5,7 +5,9 @@ from vllm_hybridspec.policy import (
     VerifyLatencyModel,
     choose_verify_lengths,
     naive_choose_verify_lengths,
+    naive_prefix_scan_budget,
     naive_vllm_adaptive_lengths,
+    prefix_scan_budget,
     survival_probabilities,
     vllm_adaptive_lengths,
 )
@@ -173,3 +175,105 @@ def test_bad_inputs_raise(profile):
         choose_verify_lengths(conf, num, lat, min_drafts=4, max_drafts=2)
     with pytest.raises(ValueError, match="budget_confidences"):
         vllm_adaptive_lengths(conf, num, lat, budget_confidences=conf[:2])
+
+
+@pytest.mark.parametrize("batch,k", [(1, 1), (1, 15), (3, 5), (7, 15), (33, 7), (64, 15)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lookahead_and_floor_match_naive_reference(profile, batch, k, seed):
+    lat = _model(profile, k=k)
+    conf, num = _random_case(seed, batch, k)
+    last_round = torch.rand(batch, k, generator=torch.Generator().manual_seed(seed + 50)) ** 0.3
+    rate = float(choose_verify_lengths(conf, num, lat).tokens_per_us)
+    for kwargs in ({"lookahead": True}, {"lookahead": True, "forecast_confidences": last_round},
+                   {"lookahead": True, "forecast_confidences": last_round, "rate_threshold": 0.7 * rate},
+                   {"lookahead": True, "min_drafts": 2, "max_drafts": 9}, {"budget_floor": 5},
+                   {"lookahead": True, "forecast_confidences": last_round, "budget_floor": 3}):
+        got = choose_verify_lengths(conf, num, lat, **kwargs).num_drafts.tolist()
+        naive_kwargs = {**kwargs, **({"forecast_confidences": last_round.tolist()}
+                                     if "forecast_confidences" in kwargs else {})}
+        want = naive_choose_verify_lengths(conf.tolist(), num.tolist(), lambda x: float(lat.round_us(batch, x)),
+                                           **naive_kwargs)
+        assert got == want, kwargs
+    for kwargs in ({}, {"min_drafts": 2}, {"max_drafts": 3}):
+        got = int(prefix_scan_budget(conf, num, lat, **kwargs))
+        assert got == naive_prefix_scan_budget(conf.tolist(), num.tolist(), lambda x: float(lat.round_us(batch, x)),
+                                               **kwargs), kwargs
+
+
+def _stepped_model(batch, rows):
+    """A profile whose row at `batch` is `rows` (L = 1..len): shapes a greedy admission handles badly."""
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    lengths = list(range(1, len(rows) + 1))
+    return VerifyLatencyModel(LatencyProfile("d", "m", "v", [batch], lengths, [rows]), batch, len(rows))
+
+
+def test_lookahead_passes_a_step_greedy_stops_at():
+    """T jumps at L = 3 -> 4 (a kernel switch) and is flat behind it: verifying all 7 drafts is worth it, yet
+    the next pair alone never pays for the jump."""
+    lat = _stepped_model(1, [1000, 1050, 1100, 1600, 1610, 1620, 1630, 1640])
+    conf, num = torch.full((1, 7), 0.9), torch.tensor([7])
+    greedy = choose_verify_lengths(conf, num, lat).num_drafts.item()
+    ahead = choose_verify_lengths(conf, num, lat, lookahead=True, forecast_confidences=conf).num_drafts.item()
+    assert greedy == 2 and ahead == 7
+    rate = lambda n: float(choose_verify_lengths(conf, num, lat, min_drafts=n, max_drafts=n).tokens_per_us)
+    assert rate(7) > rate(2)
+
+
+def test_lookahead_on_a_concave_cost_reaches_the_cheap_tail():
+    """Concave T (unique experts saturate at large batch): the first tokens are dear, the later ones cheap."""
+    batch = 4
+    lat = _stepped_model(batch, [1000 + 3000 * (1 - 0.6 ** (n - 1)) for n in range(1, 17)])
+    conf, num = torch.full((batch, 15), 0.93), torch.full((batch,), 15)
+    greedy = choose_verify_lengths(conf, num, lat).num_drafts
+    ahead = choose_verify_lengths(conf, num, lat, lookahead=True, forecast_confidences=conf).num_drafts
+    rate = lambda n: float(choose_verify_lengths(conf, num, lat, min_drafts=int(n.max()),
+                                                 max_drafts=int(n.max())).tokens_per_us)
+    assert int(greedy.sum()) < int(ahead.sum())
+    assert rate(ahead) > rate(greedy)
+
+
+def test_lookahead_still_stops_when_nothing_later_pays():
+    """Hopeless drafts: no later stop beats verifying none, whatever T looks like."""
+    lat = _stepped_model(1, [1000, 1400, 1800, 2200, 2600])
+    conf, num = torch.full((1, 4), 0.05), torch.tensor([4])
+    assert choose_verify_lengths(conf, num, lat, lookahead=True).num_drafts.item() == 0
+
+
+def test_prefix_scan_finds_the_global_best_prefix():
+    lat = _stepped_model(1, [1000, 1050, 1100, 1600, 1610, 1620, 1630, 1640])
+    conf, num = torch.full((1, 7), 0.9), torch.tensor([7])
+    assert int(prefix_scan_budget(conf, num, lat)) == 7
+    assert int(prefix_scan_budget(torch.zeros(1, 7), num, lat)) == 0
+    assert int(prefix_scan_budget(torch.zeros(1, 7), num, lat, min_drafts=2)) == 2
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lookahead_admission_is_a_stopping_time(profile, seed):
+    """As test_admission_is_a_stopping_time, for the lookahead (with last round's forecast) and a floor."""
+    g = torch.Generator().manual_seed(seed)
+    lat = _model(profile)
+    batch, k = 6, 15
+    conf = torch.rand(batch, k, generator=g) ** 0.4
+    last_round = torch.rand(batch, k, generator=g) ** 0.3
+    num = torch.full((batch,), k)
+    kwargs = dict(lookahead=True, forecast_confidences=last_round,
+                  budget_floor=prefix_scan_budget(last_round, num, lat))
+    base = choose_verify_lengths(conf, num, lat, **kwargs).num_drafts
+    b = int(torch.randint(0, batch, (1,), generator=g))
+    for m in range(k - 1):
+        changed = conf.clone()
+        changed[b, m + 1:] = torch.rand(k - m - 1, generator=g)
+        other = choose_verify_lengths(changed, num, lat, **kwargs).num_drafts
+        assert min(int(base[b]), m + 1) == min(int(other[b]), m + 1)
+
+
+def test_lookahead_bad_inputs_raise(profile):
+    lat = _model(profile, max_batch=8)
+    conf, num = torch.rand(4, 15), torch.full((4,), 15)
+    with pytest.raises(ValueError, match="padded_weight = 0"):
+        choose_verify_lengths(conf, num, lat, lookahead=True, padded_weight=0.5)
+    with pytest.raises(ValueError, match="forecast_confidences must match"):
+        choose_verify_lengths(conf, num, lat, lookahead=True, forecast_confidences=conf[:2])
+    with pytest.raises(ValueError, match="min_drafts"):
+        prefix_scan_budget(conf, num, lat, min_drafts=3, max_drafts=1)

@@ -17,7 +17,12 @@ import pytest
 import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
-from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths, vllm_adaptive_lengths
+from vllm_hybridspec.policy import (
+    VerifyLatencyModel,
+    choose_verify_lengths,
+    prefix_scan_budget,
+    vllm_adaptive_lengths,
+)
 from policy_fixtures import one_thread  # noqa: F401  (pytest fixtures)
 
 VOCAB, K, M, BATCH = 4, 4, 3, 4
@@ -132,6 +137,28 @@ def test_policy_output_follows_target(toy):
     rule = lambda conf, drafts, prevs: choose_verify_lengths(conf, torch.full(conf.shape[:-1], K), latency).num_drafts
     tokens, lengths = _simulate(rule, TRIALS, seed=1, p=p, q=q)
     # The policy must actually vary the lengths, or the test would prove nothing about it.
+    assert (lengths > 0).sum() >= 3, lengths
+    pvalue, tv = _chi_square_pvalue(tokens, p)
+    assert pvalue > 1e-3, (pvalue, tv)
+    assert tv < 0.02
+
+
+def test_lookahead_policy_output_follows_target(toy):
+    """The lookahead with last round's confidences as forecast and a floor from last round's best prefix (the
+    simulator's `hybridspec`, plus the floor): both read the previous round, which the rule carries over."""
+    p, q = toy
+    latency = _latency()
+    last = {}
+
+    def rule(conf, drafts, prevs):
+        num = torch.full(conf.shape[:-1], K)
+        forecast = last.get("conf", torch.ones_like(conf))
+        decision = choose_verify_lengths(conf, num, latency, lookahead=True, forecast_confidences=forecast,
+                                         budget_floor=prefix_scan_budget(forecast, num, latency))
+        last["conf"] = conf
+        return decision.num_drafts
+
+    tokens, lengths = _simulate(rule, TRIALS, seed=4, p=p, q=q)
     assert (lengths > 0).sum() >= 3, lengths
     pvalue, tv = _chi_square_pvalue(tokens, p)
     assert pvalue > 1e-3, (pvalue, tv)

@@ -56,9 +56,26 @@ def test_recorded_traces_roundtrip(am, tmp_path):
     trace = am.trace_from_recorded(rows, 7, 3, 15)
     assert trace.accepted_all.shape == (7, 3) and trace.true_conf.shape == (7, 3, 15)
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"accepted": 1, "confidences": [0.5] * 3}))
+    bad.write_text(json.dumps({"accepted": 1, "confidences": [0.5] * 16}))
     with pytest.raises(ValueError, match="confidences"):
         am.load_recorded_traces(bad, 15)
+    bad.write_text(json.dumps({"accepted": 4, "confidences": [0.5] * 3}))
+    with pytest.raises(ValueError, match="accepted"):
+        am.load_recorded_traces(bad, 15)
+
+
+def test_short_recordings_replay_with_their_own_k(am, tmp_path):
+    """A tiny run records K = 4 drafts: the replay never verifies more than 4 (meta lines are skipped)."""
+    path = tmp_path / "t.jsonl"
+    lines = [json.dumps({"meta": {"command": "x"}})]
+    lines += [json.dumps({"drafter": "dflash", "accepted": i % 5, "confidences": [0.9, 0.8, 0.7, 0.6]})
+              for i in range(10)]
+    path.write_text("\n".join(lines))
+    rows = am.load_recorded_traces(path, 15)
+    assert len(rows) == 10 and rows[0]["drafter"] == "dflash"
+    trace = am.trace_from_recorded(rows, 12, 2, 15)
+    assert trace.num_drafts == 4 and int(trace.accepted_all.max()) <= 4
+    assert float(trace.true_conf[..., 4:].max()) < 1e-5
 
 
 def test_simulate_end_to_end_on_synthetic_profile(tmp_path):

@@ -3,8 +3,10 @@
 vLLM fixes the number of tokens of a step on the host before the forward (every shape depends on it), so the
 policy runs in two halves, as vLLM's own adaptive verification does:
 
-1. `draft_budget` (host, at scheduling): `choose_verify_lengths` on the PREVIOUS step's confidences (the copy
-   vLLM already brings to the host without a sync) gives the number of drafts the batch verifies.
+1. `draft_budget` (host, at scheduling): `prefix_scan_budget` on the PREVIOUS step's confidences (the copy
+   vLLM already brings to the host without a sync) gives the number of drafts the batch verifies: the best
+   prefix of the survival ranking over EVERY count, so a step, a dip or a concave stretch of T(L) cannot
+   stop it early (a global scan is lossless here because its input is last step's).
 2. `assign_drafts` (device, no sync): the budget goes to the best (request, position) pairs ranked by the
    CURRENT survival probabilities - the order in which `choose_verify_lengths` admits pairs - with each
    request's first `min_drafts` drafts forced in and nothing past `max_drafts`.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths
+from vllm_hybridspec.policy import VerifyLatencyModel, prefix_scan_budget
 
 # Forced positions rank above any survival probability (<= 1); out-of-range slots below any (>= 0).
 _FORCED_BONUS = 2.0
@@ -33,16 +35,17 @@ def draft_budget(
     max_drafts: int,
     max_budget: int,
 ) -> torch.Tensor:
-    """Per-request verify lengths chosen by our policy on stale confidences; their sum is the step's budget.
+    """Per-request verify lengths from stale confidences (best prefix, split by rank); their sum is the budget.
 
     stale_confidences: [B, K] float, last step's conditional acceptance estimates (1.0 for new requests).
     scheduled_drafts: [B] int, drafts the scheduler gave each request.
     Returns [B] int32 drafts per request, capped so that the sum is at most `max_budget`
     (vLLM's single-chunk logits limit).
     """
-    lengths = choose_verify_lengths(
-        stale_confidences, scheduled_drafts, latency, min_drafts=min_drafts, max_drafts=max_drafts
-    ).num_drafts
+    budget = int(prefix_scan_budget(stale_confidences, scheduled_drafts, latency, min_drafts=min_drafts,
+                                    max_drafts=max_drafts))
+    capacities = scheduled_drafts.long().clamp(min=0, max=max_drafts)
+    lengths = assign_drafts(stale_confidences, capacities, budget, min_drafts=min_drafts)
     total = int(lengths.sum())
     if total > max_budget:  # rare: trim the longest requests first (the tail positions are worth least)
         excess = total - max_budget

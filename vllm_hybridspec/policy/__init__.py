@@ -8,7 +8,8 @@ Runtime flow per step (all device tensors, no host sync; see each function's doc
 
     features = max_prob_log_odds(draft_logits)          # [B, K], prefix-only scores (or DSpark's conf logits)
     conf = calibrator.predict(features)                 # [B, K] conditional acceptance estimates
-    decision = choose_verify_lengths(conf, num_drafts, latency, min_drafts=..., max_drafts=...)
+    decision = choose_verify_lengths(conf, num_drafts, latency, min_drafts=..., max_drafts=...,
+                                     lookahead=True, forecast_confidences=last_round_conf)
     ... verify decision.num_drafts[b] drafts per request (+ a probe, see vllm_hybridspec.routing) ...
     calibrator.observe(features, num_verified, num_accepted)
     latency.observe(decision.verify_us, measured_verify_us)
@@ -18,10 +19,15 @@ from vllm_hybridspec.policy.latency_model import ThroughputTracker, VerifyLatenc
 from vllm_hybridspec.policy.length_policy import (
     LengthDecision,
     choose_verify_lengths,
+    prefix_scan_budget,
     survival_probabilities,
     vllm_adaptive_lengths,
 )
-from vllm_hybridspec.policy.naive import naive_choose_verify_lengths, naive_vllm_adaptive_lengths
+from vllm_hybridspec.policy.naive import (
+    naive_choose_verify_lengths,
+    naive_prefix_scan_budget,
+    naive_vllm_adaptive_lengths,
+)
 
 __all__ = [
     "LengthDecision",
@@ -31,7 +37,9 @@ __all__ = [
     "choose_verify_lengths",
     "max_prob_log_odds",
     "naive_choose_verify_lengths",
+    "naive_prefix_scan_budget",
     "naive_vllm_adaptive_lengths",
+    "prefix_scan_budget",
     "survival_probabilities",
     "vllm_adaptive_lengths",
 ]

@@ -62,11 +62,14 @@ class VerifyLatencyModel:
         rows = [[profile.interpolate(max(b, 1), length) for length in range(1, max_len + 1)]
                 for b in range(max_batch + 1)]
         table = torch.tensor(rows, dtype=torch.float64)
-        # A measured table has noise; a cost that falls as L grows would make the greedy admission jump
-        # over it, so the table is made non-decreasing in L (as vLLM does with its cost curves).
-        table = torch.cummax(table, dim=1).values
         if convexify:
+            # The hull of the raw row: a dip (T(5) < T(4)) is a real point the hull can rest on, which a
+            # non-decreasing clamp applied first would have erased.
             table = torch.stack([_lower_convex_hull(row) for row in table])
+        # A measured table has noise; a cost that falls as L grows would make the greedy admission jump
+        # over it, so the table is made non-decreasing in L (as vLLM does with its cost curves). After the
+        # hull this keeps convexity (the max of two convex functions).
+        table = torch.cummax(table, dim=1).values
         # float64: the policy compares rates of admissions that differ by a fraction of a microsecond at
         # batch 64; the tables are small (max_batch x max_len), so double precision costs nothing.
         self.table_us = table.to(device=device)

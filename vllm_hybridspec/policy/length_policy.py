@@ -13,6 +13,18 @@ depends on the total verified tokens; `padded_weight` > 0 moves it towards the l
 all (request, position) pairs by survival probability, admit them one by one while the rate rises, stop at
 the first pair that would lower it. Everything runs as torch ops on the device with static shapes.
 
+A measured T(L) is neither smooth nor convex: MoE kernel heuristics make T(4) > T(5) at batch 1, a batch
+row extrapolated from two measured ones amplifies such kinks, and the growth of unique experts makes T
+concave in L at large batch (each extra token costs less than the one before). "Does the NEXT pair raise the
+rate?" then stops in front of a step whose flat part behind it is worth reaching (the c64 collapse to ~3
+drafts per request in eval/results/simulate.md before the lookahead existed). With `lookahead=True` the test
+at rank r is instead "does SOME later stopping count m >= r beat stopping at r - 1?", with the pairs ranked
+r + 1..m forecast from what is lossless to know at rank r: min(s_r, f_j), where s_r bounds every later pair
+(the ranking is descending) and f is the descending survival curve of `forecast_confidences` - LAST round's
+confidences, which do not depend on this round's drafts (without them, s_r: optimistic). Candidate stops are
+r, every count where the mean verified length is an integer (the profile's own points, T is linear in
+between), the last pair, and where the forecast stops being flat.
+
 "The rate rises" means s_r > rho * (T_r - T_{r-1}): the pair's expected token is worth more than the time it
 adds, priced at rho tokens/us. By default rho is this round's own rate G_{r-1} / T_{r-1} (the per-round
 objective above). Passing `rate_threshold` = the long-run achieved rate (`ThroughputTracker`) instead
@@ -28,9 +40,12 @@ rejection sampling):
   2. Ranking is a stable descending sort of s; s is non-increasing along a request, so a request's own
      later pairs (b, j > k) never rank above (b, k).
   3. Whether (b, k) is admitted depends only on the pairs ranked at or above it (the rate at each of those
-     ranks), never on lower-ranked ones - that is why the scan stops at the FIRST drop instead of taking
-     the best prefix overall. Those pairs are (b, j <= k), functions of x_{b,<k}, and other requests'
-     drafts, which are independent of request b's draft tokens given the contexts.
+     ranks), never on lower-ranked ones - that is why the scan stops at the FIRST failed test instead of
+     taking the best prefix overall. Those pairs are (b, j <= k), functions of x_{b,<k}, and other
+     requests' drafts, which are independent of request b's draft tokens given the contexts. The
+     lookahead keeps this: its test at rank r reads s_r, the gain and time of ranks < r, T, and last
+     round's confidences (`forecast_confidences`) - never a pair ranked below r. A `budget_floor` (pairs
+     admitted by rank whatever the test says) must likewise come from last round (`prefix_scan_budget`).
   Hence "verify position k" is a stopping time of the draft sequence: it is decided by x_{<k} (and
   independent randomness) alone. Conditioned on x_{<k} having been accepted and on the decision to verify
   k, x_k is still distributed as q(. | x_{<k}), so the accept/residual step at k emits a token from
@@ -117,8 +132,11 @@ def choose_verify_lengths(
     max_drafts: int | None = None,
     padded_weight: float = 0.0,
     rate_threshold: torch.Tensor | float | None = None,
+    budget_floor: torch.Tensor | int | None = None,
+    lookahead: bool = False,
+    forecast_confidences: torch.Tensor | None = None,
 ) -> LengthDecision:
-    """Batch-aware verification lengths (greedy admission by survival, stop at the first drop).
+    """Batch-aware verification lengths (admission by survival, stop at the first pair that fails the test).
 
     Args:
         confidences: [..., B, K] conditional acceptance probability of draft k given drafts < k accepted;
@@ -130,12 +148,25 @@ def choose_verify_lengths(
         max_drafts: verify at most this many (None: K).
         padded_weight: 0 = verified tokens are packed (vLLM), 1 = every request costs as much as the longest.
         rate_threshold: price of a token in tokens/us (scalar or [...]); None or NaN = this round's rate.
+        budget_floor: admit at least this many pairs by rank (scalar or [...] integer), whatever the stopping
+            rule says - e.g. `prefix_scan_budget` of LAST round's confidences. It must not depend on this
+            round's drafts (see the module docstring).
+        lookahead: admit a pair when some later stopping count beats stopping before it (robust to a
+            non-convex or concave T; see the module docstring), instead of when the pair alone raises the
+            rate. Needs padded_weight = 0.
+        forecast_confidences: [..., B, K] LAST round's confidences, the lookahead's forecast of the pairs
+            ranked below the one tested (None: each is forecast at the tested pair's survival).
 
     Returns a `LengthDecision`.
     """
     _check_inputs(confidences, num_drafts, latency)
     if not 0.0 <= padded_weight <= 1.0:
         raise ValueError(f"padded_weight must be in [0, 1], got {padded_weight}")
+    if lookahead and padded_weight != 0.0:
+        raise ValueError("lookahead prices admitted counts on the packed curve: it needs padded_weight = 0")
+    if forecast_confidences is not None and forecast_confidences.shape != confidences.shape:
+        raise ValueError(f"forecast_confidences must match confidences {tuple(confidences.shape)}, "
+                         f"got {tuple(forecast_confidences.shape)}")
     if min_drafts < 0 or (max_drafts is not None and max_drafts < min_drafts):
         raise ValueError(f"need 0 <= min_drafts <= max_drafts, got {min_drafts}, {max_drafts}")
     *lead, batch, k = confidences.shape
@@ -166,12 +197,22 @@ def choose_verify_lengths(
     previous_round = torch.cat([round0_us, round_us[..., :-1]], dim=-1)
     previous_gain = torch.cat([torch.full_like(round0_us, float(batch)), gains[..., :-1]], dim=-1)
     added_us = round_us - previous_round
-    rises = survival_sorted * previous_round > previous_gain * added_us
+    rho = None
     if rate_threshold is not None:
         rho = torch.as_tensor(rate_threshold, dtype=torch.float64, device=device)
         rho = rho.reshape(rho.shape + (1,)) if rho.dim() else rho
-        rises = torch.where(torch.isnan(rho), rises, survival_sorted > rho * added_us)
+    if lookahead:
+        rises = _worth_reaching(survival_sorted, valid_sorted, previous_gain, previous_round, latency, batch, k,
+                                rho, forecast_confidences, capacity)
+    else:
+        rises = survival_sorted * previous_round > previous_gain * added_us
+        if rho is not None:
+            rises = torch.where(torch.isnan(rho), rises, survival_sorted > rho * added_us)
     step_ok = valid_sorted & (forced_sorted | rises)
+    if budget_floor is not None:
+        floor = torch.as_tensor(budget_floor, device=device).long()
+        floor = floor.reshape(floor.shape + (1,)) if floor.dim() else floor
+        step_ok = step_ok | (valid_sorted & (rank <= floor))
     admitted = torch.cumprod(step_ok.to(torch.int32), dim=-1).to(torch.int32)
 
     counts = torch.zeros(*lead, batch, dtype=torch.int32, device=device)
@@ -251,3 +292,94 @@ def vllm_adaptive_lengths(
     counts = torch.zeros(*lead, batch, dtype=torch.int32, device=device)
     counts.scatter_add_(-1, torch.div(order, k, rounding_mode="floor"), admitted)
     return counts
+
+
+def prefix_scan_budget(
+    confidences: torch.Tensor,
+    num_drafts: torch.Tensor,
+    latency: VerifyLatencyModel,
+    *,
+    min_drafts: int = 0,
+    max_drafts: int | None = None,
+) -> torch.Tensor:
+    """[...] int64: the number m of best-ranked pairs that maximises the round's expected rate, scanned over
+    EVERY prefix m (not stopped at the first drop), so a step or a dip in T(L) cannot trap it.
+
+    Ranking and objective are `choose_verify_lengths`'s (forced pairs first, then survival). The best prefix
+    of a round depends on all of its pairs, later drafts included: admitting the top m of the SAME round's
+    ranking is not lossless. Use it on confidences that do not depend on this round's drafts - last round's
+    (vLLM's rule, `vllm_hybridspec.adaptive.budget`), or as `choose_verify_lengths(budget_floor=...)`.
+    """
+    _check_inputs(confidences, num_drafts, latency)
+    if min_drafts < 0 or (max_drafts is not None and max_drafts < min_drafts):
+        raise ValueError(f"need 0 <= min_drafts <= max_drafts, got {min_drafts}, {max_drafts}")
+    *lead, batch, k = confidences.shape
+    device = confidences.device
+    capacity = num_drafts.long().clamp(min=0, max=k if max_drafts is None else min(max_drafts, k))
+    survival = survival_probabilities(confidences, capacity)
+    positions = torch.arange(k, device=device)
+    valid = positions < capacity.unsqueeze(-1)
+    forced = valid & (positions < min_drafts)
+    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, _INVALID_KEY))
+    key_sorted, order = torch.sort(key.flatten(-2), dim=-1, descending=True, stable=True)
+    survival_sorted = survival.flatten(-2).gather(-1, order).double()
+    rank = torch.arange(1, batch * k + 1, device=device, dtype=torch.float64)
+    rates = (batch + torch.cumsum(survival_sorted, dim=-1)) / latency.round_us(batch, 1.0 + rank / batch)
+    num_forced = forced.flatten(-2).sum(-1, keepdim=True)
+    eligible = (key_sorted > _INVALID_KEY) & (rank >= num_forced)
+    rates = torch.where(eligible, rates, torch.full_like(rates, -1.0))
+    rate0 = (batch / latency.round_us(batch, 1.0)).expand(*lead, 1)
+    rate0 = torch.where(num_forced > 0, torch.full_like(rate0, -1.0), rate0)
+    return torch.argmax(torch.cat([rate0, rates], dim=-1), dim=-1)
+
+
+def _worth_reaching(survival_sorted, valid_sorted, previous_gain, previous_round, latency, batch, k, rho,
+                    forecast_confidences, capacity):
+    """[..., N] bool: rank r is admitted iff SOME stopping count m >= r beats stopping at r - 1, with the pairs
+    ranked r + 1..m forecast from what is known at rank r (see `choose_verify_lengths`, lookahead).
+
+    Forecast of the pair at global rank j > r: min(s_r, f_j), f = the descending survival curve of
+    `forecast_confidences` (last round's: it does not depend on this round's drafts), or s_r without one
+    (optimistic). Candidate stops m: r itself, every count at which the mean verified length is an integer
+    (the profile's own points; T is linear in m between them) and the last valid pair.
+    """
+    device = survival_sorted.device
+    lead = survival_sorted.shape[:-1]
+    n = batch * k
+    rank = torch.arange(1, n + 1, device=device)
+    curve = latency.round_us(batch, 1.0 + torch.arange(n + 1, device=device, dtype=torch.float64) / batch)
+    num_valid = valid_sorted.sum(-1, keepdim=True)                                       # [..., 1]
+    if forecast_confidences is None:
+        at_least = torch.full(survival_sorted.shape, n, dtype=torch.long, device=device)
+        forecast_cum = torch.zeros(*lead, n + 1, dtype=torch.float64, device=device)
+    else:
+        forecast = survival_probabilities(forecast_confidences, capacity).flatten(-2).double()
+        forecast = torch.sort(forecast, dim=-1, descending=True).values
+        forecast_cum = torch.cat([torch.zeros_like(forecast[..., :1]), torch.cumsum(forecast, dim=-1)], dim=-1)
+        # p_r = how many forecast pairs are worth at least s_r: ranks up to p_r are forecast at s_r.
+        at_least = torch.searchsorted(-forecast.contiguous(), -survival_sorted.contiguous(), right=True)
+    knots = torch.arange(1, k + 1, device=device) * batch                                # [k]
+    # [..., N, k + 3]: r, the knots, the last valid pair, p_r (where the forecast stops being flat).
+    stops = torch.cat([rank.unsqueeze(-1).expand(*lead, n, 1), knots.expand(*lead, n, k),
+                       num_valid.unsqueeze(-1).expand(*lead, n, 1), at_least.unsqueeze(-1)], dim=-1)
+    usable = (stops >= rank.unsqueeze(-1)) & (stops <= num_valid.unsqueeze(-1))
+    stops = torch.where(usable, stops, rank.unsqueeze(-1).expand_as(stops))
+    optimistic_until = at_least.unsqueeze(-1).expand_as(stops)
+
+    s_r = survival_sorted.unsqueeze(-1)                                                  # [..., N, 1]
+    r = rank.unsqueeze(-1)
+    capped = (torch.minimum(stops, optimistic_until) - r).clamp(min=0)
+    tail_from = torch.maximum(optimistic_until, r.expand_as(stops))
+    tail = (forecast_cum.unsqueeze(-2).expand(*lead, n, n + 1).gather(-1, stops)
+            - forecast_cum.unsqueeze(-2).expand(*lead, n, n + 1).gather(-1, tail_from.clamp(max=n)))
+    added_gain = s_r + s_r * capped + tail.clamp(min=0.0) * (stops > tail_from)
+    stop_us = curve[stops]
+    if rho is None:
+        better = added_gain * previous_round.unsqueeze(-1) > previous_gain.unsqueeze(-1) * (
+            stop_us - previous_round.unsqueeze(-1))
+    else:
+        own = added_gain * previous_round.unsqueeze(-1) > previous_gain.unsqueeze(-1) * (
+            stop_us - previous_round.unsqueeze(-1))
+        priced = added_gain > rho.unsqueeze(-1) * (stop_us - previous_round.unsqueeze(-1))
+        better = torch.where(torch.isnan(rho.unsqueeze(-1)), own, priced)
+    return (better & usable).any(-1)

@@ -2,12 +2,43 @@
 from __future__ import annotations
 
 
+def _survivals(confidences, cap):
+    out = []
+    for b, row in enumerate(confidences):
+        s = 1.0
+        for j in range(cap[b]):
+            s *= min(max(row[j], 0.0), 1.0)
+            out.append(s)
+    return sorted(out, reverse=True)
+
+
+def _worth_reaching(r, s, gain, last_round, round_us, batch, k, num_valid, forecast, rate_threshold):
+    """Lookahead test of rank r (1-based) worth s: does any candidate stop m >= r beat stopping at r - 1?"""
+    stops = {r, num_valid} | {j * batch for j in range(1, k + 1)}
+    if forecast is not None:
+        stops.add(sum(1 for f in forecast if f >= s))
+    for m in stops:
+        if not r <= m <= num_valid:
+            continue
+        later = [s if forecast is None else min(s, forecast[j - 1]) for j in range(r + 1, m + 1)]
+        added = s + sum(later)
+        cost = round_us(1.0 + m / batch) - last_round
+        if rate_threshold is None and added * last_round > gain * cost:
+            return True
+        if rate_threshold is not None and added > rate_threshold * cost:
+            return True
+    return False
+
+
 def naive_choose_verify_lengths(confidences, num_drafts, round_us, *, min_drafts=0, max_drafts=None,
-                                padded_weight=0.0, rate_threshold=None) -> list[int]:
+                                padded_weight=0.0, rate_threshold=None, budget_floor=None, lookahead=False,
+                                forecast_confidences=None) -> list[int]:
     """confidences: [B][K] floats; num_drafts: [B] ints; round_us(x) -> float round time at x verified
     tokens per request. Returns drafts to verify per request."""
     batch, k = len(confidences), len(confidences[0])
     cap = [max(0, min(n, k if max_drafts is None else min(max_drafts, k))) for n in num_drafts]
+    num_valid = sum(cap)
+    forecast = None if forecast_confidences is None else _survivals(forecast_confidences, cap)
     pairs = []  # (key, flat index, survival)
     for b in range(batch):
         s = 1.0
@@ -26,11 +57,14 @@ def naive_choose_verify_lengths(confidences, num_drafts, round_us, *, min_drafts
         new_longest = max(longest, j + 2)
         x = (1 - padded_weight) * (1.0 + admitted / batch) + padded_weight * new_longest
         new_round = round_us(x)
-        if rate_threshold is None:
+        if lookahead:
+            rises = _worth_reaching(admitted, s, gain, last_round, round_us, batch, k, num_valid, forecast,
+                                    rate_threshold)
+        elif rate_threshold is None:
             rises = s * last_round > gain * (new_round - last_round)
         else:
             rises = s > rate_threshold * (new_round - last_round)
-        if not forced and not rises:
+        if not forced and not rises and not (budget_floor is not None and admitted <= budget_floor):
             break
         counts[b] += 1
         gain, longest, last_round = new_gain, new_longest, new_round
@@ -63,3 +97,22 @@ def naive_vllm_adaptive_lengths(confidences, num_drafts, round_us, budget_confid
     for _, flat in ranked[:budget]:
         counts[flat // k] += 1
     return counts
+
+
+def naive_prefix_scan_budget(confidences, num_drafts, round_us, *, min_drafts=0, max_drafts=None) -> int:
+    """The best prefix count of the ranking (forced pairs first), by brute force over every count."""
+    batch, k = len(confidences), len(confidences[0])
+    cap = [max(0, min(n, k if max_drafts is None else min(max_drafts, k))) for n in num_drafts]
+    forced, rest = [], []
+    for b in range(batch):
+        s = 1.0
+        for j in range(cap[b]):
+            s *= min(max(confidences[b][j], 0.0), 1.0)
+            (forced if j < min_drafts else rest).append(s)
+    ranked = sorted(forced, reverse=True) + sorted(rest, reverse=True)
+    best, budget = None, 0
+    for m in range(len(forced), len(ranked) + 1):
+        rate = (batch + sum(ranked[:m])) / round_us(1.0 + m / batch)
+        if best is None or rate > best:
+            best, budget = rate, m
+    return budget
