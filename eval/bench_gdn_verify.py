@@ -392,12 +392,16 @@ LADDER_BITS_SHORT = [0, 1 | 2 | 4 | 8, 16, 32, 16 | 32, 64, 128, 256, 512]
 LADDER_BASES = [  # (name, config, batch, bits)
     ("b1 per-head v2", VerifyConfig(block_v=32), 1, LADDER_BITS),
     ("b32 whole-V rolled loop2", VerifyConfig(block_v=32, whole_v=True, loop_stages=2), 32, LADDER_BITS_SHORT),
-    ("b32 whole-V v2", VerifyConfig(block_v=32, whole_v=True), 32, [0, 1 | 2 | 4 | 8, 16, 16 | 32]),
+    ("b32 whole-V v2", VerifyConfig(block_v=32, whole_v=True), 32, [1 | 2 | 4 | 8, 16 | 32]),
 ]
 CANDIDATES_LATENCY = [
     VerifyConfig(block_v=32), VerifyConfig(block_v=32, num_warps=8), VerifyConfig(block_v=32, num_warps=2),
     VerifyConfig(block_v=16), VerifyConfig(block_v=32, state_dot="bf16"),
     VerifyConfig(block_v=32, state_dot="bf16", num_warps=8),
+    VerifyConfig(block_v=32, hoist=True), VerifyConfig(block_v=32, hoist=True, num_warps=8),
+    VerifyConfig(block_v=32, hoist=True, state_dot="bf16"),
+    VerifyConfig(block_v=32, two_pass=True), VerifyConfig(block_v=16, two_pass=True),
+    VerifyConfig(block_v=32, two_pass=True, prep_warps=8),
 ]
 CANDIDATES_THROUGHPUT = [
     VerifyConfig(block_v=32, whole_v=True), VerifyConfig(block_v=32, whole_v=True, loop_stages=1),
@@ -408,6 +412,10 @@ CANDIDATES_THROUGHPUT = [
     VerifyConfig(block_v=64, whole_v=True, loop_stages=2, num_warps=8),
     VerifyConfig(block_v=32, whole_v=True, group_heads=True, loop_stages=2),
     VerifyConfig(block_v=32, whole_v=True, group_heads=True, loop_stages=2, state_dot="bf16"),
+    VerifyConfig(block_v=32, two_pass=True), VerifyConfig(block_v=64, two_pass=True, num_warps=8),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),
+    VerifyConfig(block_v=32, two_pass=True, state_dot="bf16"),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, state_dot="bf16"),
 ]
 
 
@@ -423,7 +431,7 @@ def _compile_one(gdn, seqlen, config):
         return repr(config), seqlen, round(time.time() - t0, 1), repr(exc)[:300]
 
 
-def precompile(gdn, jobs, workers=14):
+def precompile(gdn, jobs, workers=15):
     """Compile every (seqlen, config) in parallel worker processes (Triton compiles serially per process)."""
     import concurrent.futures
     import multiprocessing
@@ -468,6 +476,14 @@ def config_errors(gdn, device, configs):
     return errors
 
 
+def short_config(text):
+    """repr(VerifyConfig) without the fields at their defaults."""
+    import re
+    defaults = {f"{f.name}={getattr(VerifyConfig(), f.name)!r}" for f in dataclasses.fields(VerifyConfig)}
+    inner = re.sub(r"^VerifyConfig\((.*)\)$", r"\1", text)
+    return ",".join(part for part in inner.split(", ") if part not in defaults) or "default"
+
+
 def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     """One GPU call: precompile everything, check every candidate, then time the ladder and the candidates."""
     t0 = time.time()
@@ -478,7 +494,7 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     doc = dict(compile=precompile(gdn, jobs) if ON_GPU else [])
     doc["errors"] = config_errors(gdn, device, CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT)
     for k, v in doc["errors"].items():
-        print("error", v, k, flush=True)
+        print("error", f"{v:.3g}" if isinstance(v, float) else v, short_config(k), flush=True)
     rows = doc["rows"] = []
 
     def save():
@@ -512,12 +528,11 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     for bit in bits:
         timed("ladder", f"{name} skip={bit}", 16, B, dataclasses.replace(base, skip_stages=bit))
     save()
-    for B in (1, 8):
-        for L in ((16, 4) if B == 1 else (16,)):
-            for c in CANDIDATES_LATENCY:
-                timed("candidate", "latency", L, B, c)
+    for L in (16, 4):
+        for c in CANDIDATES_LATENCY:
+            timed("candidate", "latency", L, 1, c)
     save()
-    for B in (8, 32, 64):
+    for B in (32, 8):
         for c in CANDIDATES_THROUGHPUT:
             timed("candidate", "throughput", 16, B, c)
     save()
@@ -525,17 +540,50 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
         for bit in bits:
             timed("ladder", f"{name} skip={bit}", 16, B, dataclasses.replace(base, skip_stages=bit))
     save()
+    try:
+        doc["compiled"] = compiled_report()
+    except Exception as exc:
+        doc["compiled"] = repr(exc)
+    save()
+    for r in doc["compiled"] if isinstance(doc["compiled"], list) else []:
+        print("compiled", r["kernel"][5:], r["regs"], r["spills"], r["shared"], r["warps"], r["consts"][:150])
     print(f"{'kind':9} {'name':34} {'L':>3} {'B':>3} {'us':>8}  config")
     for r in rows:
-        cfg = r["config"].replace("VerifyConfig(", "").replace("big_dot='tf32', ", "").replace(
-            "state_as_a=False, transposed=False, fuse_qk=False, prefetch=False, ", "")
+        cfg = short_config(r["config"])
         print(f"{r['kind']:9} {r['name'][:34]:34} {r['L']:>3} {r['B']:>3} {r.get('us', float('nan')):8.2f}  {cfg[:90]}")
+
+
+def compiled_report():
+    """Registers / spills / shared memory of every compiled gdn_verify kernel in this process (Triton's caches)."""
+    from hybridspec_kernels.gdn_verify import two_pass, verify
+    keep = ("BT", "BV", "V_PER_PROGRAM", "HEADS_PER_PROGRAM", "NEUMANN_STEPS", "STATE_DOT", "LOOP_STAGES", "SKIP",
+            "HOIST", "HPG")
+    rows = []
+    for fn in (verify._gdn_verify_kernel, two_pass._gdn_verify_prep_kernel, two_pass._gdn_verify_state_kernel):
+        for entry in getattr(fn, "device_caches", {}).values():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            for kernel in getattr(cache, "values", lambda: [])():
+                try:
+                    kernel._init_handles()
+                except Exception:
+                    pass
+                consts = getattr(getattr(kernel, "src", None), "constants", {}) or {}
+                named = {}
+                for k, v in consts.items():
+                    name = k if isinstance(k, str) else fn.arg_names[k[0]] if isinstance(k, tuple) else str(k)
+                    if name in keep:
+                        named[name] = v
+                rows.append(dict(kernel=fn.__name__, regs=getattr(kernel, "n_regs", None),
+                                 spills=getattr(kernel, "n_spills", None),
+                                 shared=getattr(kernel.metadata, "shared", None),
+                                 warps=getattr(kernel.metadata, "num_warps", None), consts=str(named)))
+    return rows
 
 
 def ncu_target(gdn, device):
     """Eager launches for Nsight Compute: v2 per-head at batch 1 and the rolled whole-V kernel at batch 32."""
     for B, config in ((1, VerifyConfig(block_v=32)), (32, VerifyConfig(block_v=32, whole_v=True, loop_stages=2)),
-                      (32, VerifyConfig(block_v=32, whole_v=True))):
+                      (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))):
         s = make_stack(gdn, 16, B, 1, device, seed=1, vllm=False, fla=False)
         run = ours_step(s, accept_counts(16, B, "all", device), reconstruct=False, config=config)
         run()

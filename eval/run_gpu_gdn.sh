@@ -20,12 +20,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
 if [ "$MODE" = diag ]; then
     mkdir -p "$OUT/diag"
-    timeout ${DIAG_S:-170} python3 eval/bench_gdn_verify.py --diagnose --out "$OUT/diag" --budget-s ${DIAG_BUDGET_S:-125} \
+    timeout ${DIAG_S:-150} python3 eval/bench_gdn_verify.py --diagnose --rep-ms 20 --out "$OUT/diag" --budget-s ${DIAG_BUDGET_S:-115} \
         > "$OUT/diag/diag.log" 2>&1
     echo "== diag rc=$? at $(( $(date +%s) - T0 )) s"
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ]; then
-        timeout ${NCU_S:-40} "$NCU" --clock-control none -k regex:_gdn_verify_kernel -c 6 --section SpeedOfLight \
+        timeout ${NCU_S:-35} "$NCU" --clock-control none -k regex:_gdn_verify -c 10 --section SpeedOfLight \
             --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
             python3 eval/bench_gdn_verify.py --ncu-target > "$OUT/diag/ncu.txt" 2>&1
         echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "Duration|Registers Per|Achieved Occ|Memory Throughput|Stall|Theoretical Occ|One or More|==PROF==|==ERROR==" "$OUT/diag/ncu.txt" | head -40

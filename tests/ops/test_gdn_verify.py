@@ -159,15 +159,17 @@ VERIFY_CASES = [
 
 
 @needs_kernels
+@pytest.mark.parametrize("config", [None, VerifyConfig(block_v=16, two_pass=True), VerifyConfig(hoist=True)],
+                         ids=["default", "two-pass", "hoisted"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
-def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype):
+def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
     lens = shape["lens"]
     ws = workspace_for(p)
     conv_before, ssm_before = p["conv_state"].clone(), p["ssm_state"].clone()
     out = torch.full((sum(lens), p["ssm_state"].shape[1], p["ssm_state"].shape[2]), float("nan"), dtype=dtype,
                      device=DEVICE)
-    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out)
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
     ref = naive_gdn_verify(**cpu(p))
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert rel_err(out, ref) < tol
@@ -186,8 +188,10 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype):
 
 
 @needs_kernels
+@pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2)],
+                         ids=["default", "two-pass"])
 @pytest.mark.parametrize("length", [17, 6])
-def test_every_accept_position_over_layers(length):
+def test_every_accept_position_over_layers(length, config):
     """Requests sharing one token block, accepting 0..L tokens; two layers with different states in one launch."""
     num_requests = length + 1
     layers = [make_problem([length] * num_requests, seed=10 + layer) for layer in range(2)]
@@ -197,7 +201,7 @@ def test_every_accept_position_over_layers(length):
     ws = workspace_for(shared, num_layers=len(layers), max_len=32)
     before = [(p["ssm_state"].clone(), p["conv_state"].clone()) for p in layers]
     for layer, p in enumerate(layers):
-        gdn_verify(**p, workspace=ws.layer(layer), max_seqlen=length)
+        gdn_verify(**p, workspace=ws.layer(layer), max_seqlen=length, config=config)
     num_accepted = torch.arange(num_requests, dtype=torch.int32)
     table = GDNStateTable([p["ssm_state"] for p in layers], [p["conv_state"] for p in layers], 4)
     gdn_reconstruct(table, ws, shared["state_indices"], num_accepted.to(DEVICE), shared["cu_seqlens"])
@@ -227,6 +231,10 @@ def test_every_accept_position_over_layers(length):
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2), False, id="whole-v-rolled-loop"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True, loop_stages=1, num_warps=2), True,
                  id="grouped-rolled-loop"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True), False, id="two-pass-per-block"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True), True, id="per-head-hoisted"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2, prep_warps=2), True,
+                 id="two-pass-whole-v-rolled"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -249,6 +257,8 @@ def test_launch_configs_match_naive(config, outer_loop):
 @pytest.mark.parametrize("config", [
     pytest.param(VerifyConfig(block_v=16, state_dot="fp16"), id="per-head-fp16-state-product"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, state_dot="fp16"), id="rolled-fp16"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, state_dot="fp16"), id="two-pass-fp16"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, state_dot="fp16"), id="hoisted-fp16"),
 ])
 def test_16bit_state_products_match_naive(config):
     """16-bit state-product operands: error at the operand rounding (fp16 ~5e-4), not wrong indexing."""
@@ -366,6 +376,10 @@ def test_rejects_bad_configs():
         VerifyConfig(state_dot="bf16", transposed=True)
     with pytest.raises(ValueError, match="loop_stages needs the plain layout"):
         VerifyConfig(loop_stages=2, prefetch=True)
+    with pytest.raises(ValueError, match="two_pass needs the plain layout"):
+        VerifyConfig(two_pass=True, group_heads=True)
+    with pytest.raises(ValueError, match="hoist needs one value block"):
+        VerifyConfig(hoist=True, whole_v=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
 

@@ -77,23 +77,34 @@ def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constex
 
 
 @triton.jit
-def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x, ws_row,
-                 bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
-                 H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                 SKIP: tl.constexpr):
-    """Value columns v0 .. v0+BV of head i_hv: outputs O and the workspace's u and raw v. b_k / b_q [BT, K] are
-    the normalised k / q in the state product's operand dtype (fp32 for tf32 dots, or 16-bit)."""
+def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, bos, o_t, m_t, o_k,
+                       i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
+                       W: tl.constexpr, BV: tl.constexpr, H: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       SKIP: tl.constexpr):
+    """What value block v0 .. v0+BV of head i_hv reads: state block [BV, K], conv'd v [BT, BV], raw v [BT, BV]."""
     o_v = v0 + tl.arange(0, BV)
     o_xv = 2 * H * K + i_hv * V + o_v
     if SKIP & 16:  # synthetic block: no load
         b_h = (o_v[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
     else:
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
+    b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
     if SKIP & 64:
-        b_v = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_v = b_xv.to(tl.float32)
     else:
         b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+    return b_h, b_v, b_xv
+
+
+@triton.jit
+def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
+                      b_gamma, scale, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
+                      BV: tl.constexpr, H: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+                      SKIP: tl.constexpr):
+    """Outputs O and the workspace's u and raw v of one value block. b_k / b_q [BT, K] are the normalised k / q in
+    the state product's operand dtype (fp32 for tf32 dots, or 16-bit)."""
+    o_v = v0 + tl.arange(0, BV)
+    o_xv = 2 * H * K + i_hv * V + o_v
     if SKIP & 32:  # keep the load alive, no product
         b_row = tl.sum(b_h, 1)
         b_ks = b_gamma[:, None] * b_row[None, :]
@@ -115,8 +126,20 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
     if not (SKIP & 256):
         tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
-        b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
         tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+
+
+@triton.jit
+def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x, ws_row,
+                 bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
+                 H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+                 SKIP: tl.constexpr):
+    """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
+    b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot,
+                                        bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H, HAS_BIAS, SKIP)
+    _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
+                      b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
 
 @triton.jit(do_not_specialize=["scale", "WS_LEN"])
@@ -127,7 +150,7 @@ def _gdn_verify_kernel(
     BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
-    STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr,
+    STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -142,7 +165,11 @@ def _gdn_verify_kernel(
     SKIP is a bit mask of stages to leave out, for timing only (outputs are wrong when nonzero): 1 q/k conv (one
     plain load instead), 2 q/k norms, 4 Gram products, 8 Neumann steps, 16 state load (a synthetic block), 32 state
     products (a row sum instead), 64 v conv (one plain load), 128 small [BT, BT] x [BT, BV] products, 256 workspace
-    stores, 512 everything after reading the request's slot (launch floor)."""
+    stores, 512 everything after reading the request's slot (launch floor).
+
+    HOIST (one value block and one head per program): every global load of the program (state block, v conv
+    inputs, gates, raw q/k) is issued at the start, before the first cross-thread step; otherwise loads placed
+    after a barrier wait for the whole q/k / Neumann chain before they are even issued."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -165,6 +192,18 @@ def _gdn_verify_kernel(
         b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hg * HEADS_PER_PROGRAM,
                                 i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
     conv_window = conv_state + slot * stride_conv_slot
+    writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
+    m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
+    if HOIST:
+        b_h0, b_v0, b_xv0 = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+                                               stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K, V, D, W,
+                                               BV, H, HAS_BIAS, SKIP)
+        b_a0 = tl.load(a + (bos + o_t) * stride_a + i_hg, mask=m_t, other=0.0).to(tl.float32)
+        b_b0 = tl.load(b + (bos + o_t) * stride_b + i_hg, mask=m_t, other=0.0).to(tl.float32)
+        b_xq0 = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None],
+                        other=0.0)
+        b_xk0 = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :],
+                        mask=m_w[:, None], other=0.0)
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     if SKIP & 1:
@@ -204,11 +243,15 @@ def _gdn_verify_kernel(
 
     for j in tl.static_range(HEADS_PER_PROGRAM):
         i_hv = i_hg * HEADS_PER_PROGRAM + j
-        gate = tl.load(a + (bos + o_t) * stride_a + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        if HOIST:
+            gate = b_a0
+            b_beta = b_b0
+        else:
+            gate = tl.load(a + (bos + o_t) * stride_a + i_hv, mask=m_t, other=0.0).to(tl.float32)
+            b_beta = tl.load(b + (bos + o_t) * stride_b + i_hv, mask=m_t, other=0.0).to(tl.float32)
         gate += tl.load(dt_bias + i_hv).to(tl.float32)
         softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
         b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
-        b_beta = tl.load(b + (bos + o_t) * stride_b + i_hv, mask=m_t, other=0.0).to(tl.float32)
         b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
         b_G = tl.cumsum(b_g, 0)
         b_gamma = tl.exp(b_G)
@@ -228,7 +271,10 @@ def _gdn_verify_kernel(
             if i_vs == 0:
                 tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
 
-        if LOOP_STAGES > 0 and not (TRANSPOSED or PREFETCH or STATE_AS_A):
+        if HOIST:
+            _value_block_math(b_h0, b_v0, b_xv0, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k16, b_q16,
+                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
+        elif LOOP_STAGES > 0 and not (TRANSPOSED or PREFETCH or STATE_AS_A):
             for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
@@ -282,8 +328,14 @@ def _gdn_verify_kernel(
             b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
             tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
 
-    if not (SKIP & 256):
-        if (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0):  # one program per k-head
+    if SKIP & 256:
+        pass
+    elif HOIST:
+        tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
+        tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq0, mask=m_w[:, None])
+        tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk0, mask=m_w[:, None])
+    else:
+        if writer:
             tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
             for i_part in tl.static_range(2):  # raw q and k channels of this k-head
                 o_xqk = (i_part * H + i_h) * K + o_k
@@ -343,8 +395,13 @@ class VerifyConfig:
     # v4: operand dtype of the two state products: "fp32" (big_dot precision) or 16-bit ("bf16" as vLLM's prefill
     # path rounds the state in its dots, "fp16" as the interpreter-testable twin); fp32 accumulation either way
     state_dot: str = "fp32"
+    hoist: bool = False  # one value block and head per program: issue all its loads first (see the kernel)
     loop_stages: int = 0  # > 0: value blocks walked in a rolled tl.range loop pipelined with this many stages
     skip_stages: int = 0  # timing experiments only (wrong outputs): stage bit mask, see _gdn_verify_kernel
+    # two launches: a per-(k-head, request) prep pass (conv, norms, Gram, gates, Neumann) and a state pass per
+    # value block that reads its results from a scratch buffer (two_pass.py); prep_warps = the prep's num_warps
+    two_pass: bool = False
+    prep_warps: int = 4
     # The last four are opt-in experiments: all measured slower than the defaults on the H200 (1.2-2x,
     # eval/notes/gdn_verify.md, v3); block_v=64 with transposed + fuse_qk does not compile with Triton 3.6.
 
@@ -359,8 +416,15 @@ class VerifyConfig:
             raise ValueError(f"state_dot must be fp32, bf16 or fp16, got {self.state_dot}")
         if self.state_dot != "fp32" and (self.transposed or self.state_as_a or self.prefetch):
             raise ValueError("state_dot bf16/fp16 needs the plain layout (no transposed, state_as_a or prefetch)")
+        if self.hoist and (self.whole_v or self.group_heads or self.transposed or self.state_as_a or self.prefetch
+                           or self.two_pass):
+            raise ValueError("hoist needs one value block and one head per program in the plain layout")
         if self.loop_stages and (self.transposed or self.state_as_a or self.prefetch):
             raise ValueError("loop_stages needs the plain layout (no transposed, state_as_a or prefetch)")
+        if self.two_pass and (self.transposed or self.state_as_a or self.prefetch or self.group_heads
+                              or self.skip_stages):
+            raise ValueError("two_pass needs the plain layout (no transposed, state_as_a, prefetch, group_heads or "
+                             "skip_stages)")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -495,6 +559,12 @@ def gdn_verify(
     config = config or default_verify_config(num_requests)
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
+    neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
+    if config.two_pass:
+        from .two_pass import launch_two_pass
+        return launch_two_pass(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+                               state_indices, cu_seqlens, workspace, out, scale, config, num_k_heads, block_t,
+                               neumann_steps, config.big_dot, SMALL_DOT_PRECISION)
     heads_per_program = num_v_heads // num_k_heads if config.group_heads else 1
     grid = (head_v_dim // v_per_program, num_v_heads // heads_per_program, num_requests)
     _gdn_verify_kernel[grid](
@@ -503,10 +573,10 @@ def gdn_verify(
         conv_state.stride(0), ssm_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, HEADS_PER_PROGRAM=heads_per_program, V_PER_PROGRAM=v_per_program,
-        NEUMANN_STEPS=max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1), HAS_BIAS=conv_bias is not None,
+        NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
         TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
-        STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages,
+        STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         num_warps=config.num_warps,
     )
     return out
