@@ -12,7 +12,11 @@ Policies (kernels = the profile variant whose T(B, L) prices the verify pass):
     fixed_dflash_ours       the same on our GDN verify kernels                               (ours)
     vllm_adaptive           vLLM 0.33's adaptive rule: budget from last round's confidences,
                             global top-budget by survival                                     (ours)
-    hybridspec              our length policy (choose_verify_lengths)                         (ours)
+    hybridspec_host         what vllm_hybridspec/adaptive runs today: the step's budget is the best prefix
+                            of LAST round's ranking (prefix_scan_budget, min_verify_length 1), split
+                            over requests by the current ranking                               (ours)
+    hybridspec              our length policy on the device: lookahead admission on the current
+                            confidences, forecast from last round (choose_verify_lengths)     (ours)
     hybridspec_rc           + first-router routing correction, probe priced by the profile    (ours_probe)
 
 Round time = drafter(B) + T_kernels(B, 1 + verified drafts / B) (vLLM packs per-request lengths), plus for
@@ -67,7 +71,7 @@ DEFAULT_PROFILE = EVAL / "results" / "latency_profile_qwen36_35b_a3b_h200.json"
 CONCURRENCY = (1, 4, 16, 64)
 NUM_DRAFTS = 15
 CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
-POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec", "hybridspec_rc")
+POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec_host", "hybridspec", "hybridspec_rc")
 KERNELS = ("baseline", "ours")
 
 
@@ -175,7 +179,7 @@ class Cell:
     def available(self) -> list[str]:
         out = ["ar@baseline"]
         for k, profile in self.profiles.items():
-            out += [f"fixed_dflash@{k}", f"vllm_adaptive@{k}", f"hybridspec@{k}"]
+            out += [f"fixed_dflash@{k}", f"vllm_adaptive@{k}", f"hybridspec_host@{k}", f"hybridspec@{k}"]
             rc_ok = profile.per_layer_type is not None and profile.unique_experts is not None
             if rc_ok and (self.args.probe_cost == "integrated" or self.lat_probe_pass is not None):
                 out.append(f"hybridspec_rc@{k}")
@@ -211,6 +215,14 @@ class Cell:
             elif policy == "vllm_adaptive":
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
                 n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), plan, budget_confidences=stale).long()
+            elif policy == "hybridspec_host":
+                # vllm_hybridspec.adaptive.budget: the host fixes the step's token count from last round, the
+                # device gives the budget to the best pairs of the current ranking (an infinite price admits
+                # nothing beyond the floor and the forced first draft).
+                stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
+                budget = prefix_scan_budget(stale, cap.expand(chunk, batch), plan, min_drafts=1)
+                n = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
+                                          rate_threshold=float("inf"), budget_floor=budget).num_drafts.long()
             else:
                 # Last round's confidences (the previous row of the chunk): information that does not depend on
                 # this round's drafts, so the rule may use it (lossless; see length_policy's docstring).
@@ -257,15 +269,17 @@ class Cell:
         integrated = args.probe_cost == "integrated"
         cost = expert_cost_from_profile(self.profiles[kernels], batch, length, num_moe_layers=args.moe_layers,
                                         top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
-                                        dropped_token_runs_non_moe=integrated)
+                                        dropped_token_runs_non_moe=integrated,
+                                        anchor_to_t=args.probe_pricing == "profile")
         x = 1.0 + n.sum(-1).double() / batch
         if integrated:
             pass_us = torch.full_like(x, args.decision_us)
         else:
             with_probe, without = self.lat_probe_pass
             pass_us = (with_probe.verify_us(batch, x) - without.verify_us(batch, x)).clamp(min=0.0)
-        probing = (n < (self.trace.num_drafts or NUM_DRAFTS)) & probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k,
-                                                 threshold=threshold, overhead_us=float(pass_us.mean()) / batch)
+        worth = probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k, threshold=threshold,
+                            overhead_us=float(pass_us.mean()) / batch)
+        probing = (n < (self.trace.num_drafts or NUM_DRAFTS)) & worth
 
         p_new = min(max(cost.mean_new_experts / args.top_k, 0.0), 1.0)
         shape = (chunk, batch)
@@ -280,7 +294,19 @@ class Cell:
         keep = probing & (value_us > threshold * cost.probe_cost_us(n0))
         fixed_us = probing.any(-1).double() * pass_us
         probe_us = (probing * cost.probe_token_us).sum(-1).double()
-        kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
+        if args.probe_pricing == "expert_fit":
+            kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
+        else:
+            # A kept probe is one more verified token: it costs what T charges for one (the same truth as a
+            # verified draft), shifted by how far its new experts are from the average token's - the part of
+            # the cost the keep rule selects on. Pricing it from the MoE fit alone made kept probes several
+            # times cheaper than drafts where T is extrapolated (c16, c64): a gain of pricing, not of routing.
+            lat = self.lat_time[kernels]
+            kept = keep.sum(-1).double()
+            extra_t = lat.verify_us(batch, x + kept / batch) - lat.verify_us(batch, x)
+            mean_new = cost.mean_new_experts * args.moe_layers
+            shift = (keep * cost.per_expert_layer_us * (total_new - mean_new)).sum(-1).double()
+            kept_us = (extra_t * lat.correction() - kept * cost.probe_token_us + shift).clamp(min=0.0)
         return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
 
 
@@ -333,6 +359,7 @@ def build_traces(args) -> dict[str, dict[int, am.Trace]]:
 
 def run_all(args, profiles, drafter):
     traces, models = build_traces(args)
+    points = batch_points(next(iter(profiles.values())).batch_sizes)
     rows, tputs = [], {}
     for task, by_c in traces.items():
         for c, trace in by_c.items():
@@ -342,7 +369,8 @@ def run_all(args, profiles, drafter):
                 tputs[(task, c, label)] = 1e6 * outcome.tokens / outcome.time_us
             for label, outcome in results.items():
                 policy, kernels = label.split("@")
-                row = {"task": task, "concurrency": c, "policy": policy, "kernels": kernels, **outcome.row(c)}
+                row = {"task": task, "concurrency": c, "policy": policy, "kernels": kernels,
+                       "profile_batch": points[f"c{c}"], **outcome.row(c)}
                 row["vs_ar"] = round(tputs[(task, c, label)] / tputs[(task, c, "ar@baseline")], 3)
                 row["vs_fixed_dflash"] = round(tputs[(task, c, label)] / tputs[(task, c, "fixed_dflash@baseline")], 3)
                 rows.append(row)
@@ -407,6 +435,7 @@ def sensitivity(args, profiles, drafter, tasks, kernels):
     variants = [("routing_rho", rho) for rho in sorted(by_rho)]
     variants += [("feature_noise", 0.0), ("feature_noise", 2.0), ("persistence", 0.0), ("persistence", 0.9),
                 ("cross_layer_corr", 0.0), ("cross_layer_corr", 1.0), ("probe_cost", "separate"),
+                ("probe_pricing", "expert_fit"),
                 ("long_run_rate", 1), ("convexify", 1), ("length_rule", "greedy"),
                 ("length_rule", "lookahead_floor"), ("drafter_scale", 0.5),
                 ("drafter_scale", 2.0)]
@@ -514,6 +543,9 @@ def parse_args(argv=None):
                     help="P(an MoE layer's new-expert count equals layer 0's) for probe tokens")
     ap.add_argument("--probe-cost", choices=("integrated", "separate"), default="integrated",
                     help="how the routing-correction probe is priced (see Cell._routing_correction)")
+    ap.add_argument("--probe-pricing", choices=("profile", "expert_fit"), default="profile",
+                    help="a kept probe costs T's marginal token +- its new experts vs the average (profile), or "
+                         "only the MoE fit's token + expert cost (expert_fit, the first session's model)")
     ap.add_argument("--decision-us", type=float, default=5.0,
                     help="routing-correction decision kernels per probing round (integrated probe)")
     ap.add_argument("--drafter-scale", type=float, default=1.0, help="multiply the drafter time model")
@@ -536,6 +568,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     started = time.time()
+    command = "python eval/simulate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"command: {command.strip()}", flush=True)
     if not args.profile.is_file():
         raise SystemExit(f"latency profile not found: {args.profile} (run eval/bench_verify_profile.py first)")
     profiles = load_variants(args.profile)
@@ -570,6 +604,7 @@ def main(argv=None):
         "drafter_us": {f"c{c}": round(drafter.time_us(c), 1) for c in CONCURRENCY},
         "feature_noise": args.feature_noise, "persistence": args.persistence,
         "cross_layer_corr": args.cross_layer_corr, "probe_cost": args.probe_cost,
+        "probe_pricing": args.probe_pricing,
         "decision_us": args.decision_us, "long_run_rate": bool(args.long_run_rate),
         "convexify": bool(args.convexify), "length_rule": args.length_rule,
         "moe_layers": args.moe_layers, "top_k": args.top_k,
@@ -581,14 +616,13 @@ def main(argv=None):
     extra = {"assumptions": assumptions}
     if not args.no_sensitivity:
         extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks, system.split("@")[1])
-    command = "python eval/simulate.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     write_results(BENCH, rows, summary, command.strip(), device, out_dir=args.out, extra=extra,
                   markdown=markdown(summary, rows, assumptions, device, assumptions["profile"]))
     if not args.no_plot:
         plot(rows, args.out / f"{BENCH}.png", device)
     print(json.dumps(summary, indent=1))
-    print(f"done in {time.time() - started:.0f} s")
+    print(f"done in {time.time() - started:.0f} s: {command.strip()}")
     return summary
 
 

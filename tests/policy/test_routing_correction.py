@@ -183,6 +183,20 @@ def test_expert_cost_separates_expert_loads_from_token_compute(profile):
     assert cost.keep_token_us == pytest.approx(2.5, rel=1e-6)
 
 
+def test_expert_cost_anchored_to_t_prices_the_average_probe_as_one_token_of_t(profile):
+    """anchor_to_t: a probe with the average new-expert count costs what T charges for one more token (the
+    MoE fit keeps only the per-expert slope), so a kept probe is never priced below the drafts around it."""
+    for batch, length in ((1, 3.0), (8, 6.0), (20, 9.5)):
+        cost = expert_cost_from_profile(profile, batch, length, num_moe_layers=MOE_LAYERS, top_k=TOP_K,
+                                        anchor_to_t=True)
+        t_token = (profile.interpolate(batch, length + 1) - profile.interpolate(batch, length)) / batch
+        mean_cost = cost.probe_token_us + float(cost.probe_cost_us(torch.tensor(cost.mean_new_experts)))
+        assert mean_cost == pytest.approx(max(t_token, mean_cost - cost.keep_token_us), rel=1e-6)
+        plain = expert_cost_from_profile(profile, batch, length, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
+        assert cost.per_expert_layer_us == plain.per_expert_layer_us
+        assert cost.mean_new_experts == plain.mean_new_experts
+
+
 def test_token_dependent_keep_is_lossy_under_sampling():
     """Why only greedy requests may keep a probe: dropping a draft because of ITS OWN routing (a function
     of the token) biases speculative sampling. Exact emitted distribution at the probe's position."""

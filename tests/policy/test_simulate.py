@@ -97,6 +97,14 @@ def test_simulate_end_to_end_on_synthetic_profile(tmp_path):
     labels = {f'{r["policy"]}@{r["kernels"]}' for r in doc["rows"]}
     assert labels == {f"{p}@{k}" for p in simulate.POLICIES for k in simulate.KERNELS} - {"ar@ours"}
     assert {r["task"] for r in doc["rows"]} == {"gsm8k", "mt-bench", "recorded"}
+    assert "recorded_vs_fixed" in summary
+    # The synthetic profile measures batches 1, 8, 32 (as the H200 re-measurement): c64 is extrapolated.
+    assert doc["assumptions"]["batch_points"]["c1"] == "measured"
+    assert doc["assumptions"]["batch_points"]["c16"].startswith("interpolated between batch 8 and 32")
+    assert doc["assumptions"]["batch_points"]["c64"].startswith("EXTRAPOLATED")
+    assert summary["extrapolated_concurrency"] == ["c64"]
+    assert {r["profile_batch"] for r in doc["rows"] if r["concurrency"] == 64} == {doc["assumptions"]["batch_points"]["c64"]}
+    assert "EXTRAPOLATED" in (out / "simulate.md").read_text()
     assert (out / "simulate.md").read_text().startswith("# simulate (SIMULATED")
     assert (out / "simulate.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="not found"):

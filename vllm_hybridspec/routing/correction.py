@@ -129,6 +129,7 @@ def expert_cost_from_profile(
     top_k: int,
     cross_layer_correlation: float = 1.0,
     dropped_token_runs_non_moe: bool = True,
+    anchor_to_t: bool = False,
 ) -> ExpertCost:
     """Fits `ExpertCost` at (batch, verified length per request) from a profile with MoE breakdown.
 
@@ -141,6 +142,11 @@ def expert_cost_from_profile(
     added token (one length step adds `batch` tokens). `dropped_token_runs_non_moe` (static shapes, the
     default) books that non-MoE time as `probe_token_us` (paid by every probe); otherwise it goes to
     `keep_token_us` (paid only by kept probes).
+
+    `anchor_to_t`: set keep_token_us so that a probe with the average new-expert count costs what T itself
+    charges for one more verified token at (batch, length) (the fit keeps only the per-expert slope). The
+    MoE fit alone can price a token far below T where T is extrapolated in batch, which makes kept probes
+    look cheaper than the drafts the length policy just declined.
     """
     if profile.per_layer_type is None or "moe" not in profile.per_layer_type or profile.unique_experts is None:
         raise ValueError(
@@ -159,12 +165,18 @@ def expert_cost_from_profile(
     non_moe = [[t - m for t, m in zip(t_row, m_row)] for t_row, m_row in zip(profile.t_us, moe)]
     token_us = max(at(non_moe, batch, length + 1) - at(non_moe, batch, length), 0.0) / batch
     new_experts = (at(unique, batch, length + 1) - at(unique, batch, length)) / batch
+    mean_new = min(max(new_experts, 0.0), float(top_k))
+    probe_token_us = token_us if dropped_token_runs_non_moe else 0.0
+    keep_token_us = moe_token_us + (0.0 if dropped_token_runs_non_moe else token_us)
+    if anchor_to_t:
+        t_token_us = max(profile.interpolate(batch, length + 1) - profile.interpolate(batch, length), 0.0) / batch
+        keep_token_us = max(t_token_us - probe_token_us - per_expert_layer_us * mean_new * num_moe_layers, 0.0)
     return ExpertCost(
-        probe_token_us=token_us if dropped_token_runs_non_moe else 0.0,
-        keep_token_us=moe_token_us + (0.0 if dropped_token_runs_non_moe else token_us),
+        probe_token_us=probe_token_us,
+        keep_token_us=keep_token_us,
         per_expert_layer_us=per_expert_layer_us,
         num_moe_layers=num_moe_layers,
-        mean_new_experts=min(max(new_experts, 0.0), float(top_k)),
+        mean_new_experts=mean_new,
         cross_layer_correlation=cross_layer_correlation,
     )
 

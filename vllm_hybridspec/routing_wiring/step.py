@@ -214,8 +214,8 @@ def routing_cost(profile: Any, batch: int, length: float, *, num_moe_layers: int
     from vllm_hybridspec.routing.correction import expert_cost_from_profile
 
     if getattr(profile, "per_layer_type", None) and getattr(profile, "unique_experts", None):
-        return expert_cost_from_profile(profile, batch, length, num_moe_layers=num_moe_layers, top_k=top_k), \
-            "the profile's MoE breakdown"
+        return expert_cost_from_profile(profile, batch, length, num_moe_layers=num_moe_layers, top_k=top_k,
+                                        anchor_to_t=True), "the profile's MoE breakdown, anchored to T"
     slope = max(profile.interpolate(batch, length + 1) - profile.interpolate(batch, length), 0.0) / batch
     cost = ExpertCost(probe_token_us=0.0, keep_token_us=0.0, per_expert_layer_us=slope / (top_k * num_moe_layers),
                       num_moe_layers=num_moe_layers, mean_new_experts=top_k / 2)
