@@ -339,7 +339,11 @@ def run_gpu(args) -> dict:
         except Exception as exc:
             checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
+    t_ladder = time.time()
     for name, vocab, rows, kw in ([] if args.no_ladder else TUNE_CASES):
+        if time.time() - t_ladder > args.ladder_budget_s:
+            print(f"ladder budget reached, skipping {name}", flush=True)
+            continue
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -398,9 +402,12 @@ TUNE_CASES = [
     ("counter_v32k_b1", 32000, 1, dict(exchange="counter")),
     ("flags_v32k_b1", 32000, 1, dict(exchange="flags")),
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
+    ("warps16_v32k_b1", 32000, 1, dict(num_warps=16)),
+    ("warps4_v32k_b1", 32000, 1, dict(num_warps=4)),
     ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
     ("flags_v32k_b8", 32000, 8, dict(exchange="flags")),
     ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
+    ("warps16_v32k_b8", 32000, 8, dict(num_warps=16)),
     ("counter_v32k_b32", 32000, 32, dict(exchange="counter")),
     ("tagged_v32k_b32", 32000, 32, dict(exchange="tagged")),
     ("counter_v32k_b64", 32000, 64, dict(exchange="counter")),
@@ -408,13 +415,17 @@ TUNE_CASES = [
     ("counter_v152k_b1", 151936, 1, dict(exchange="counter")),
     ("flags_v152k_b1", 151936, 1, dict(exchange="flags")),
     ("tagged_v152k_b1", 151936, 1, dict(exchange="tagged")),
+    ("counter_v152k_b32", 151936, 32, dict(exchange="counter")),
+    ("tagged_v152k_b32", 151936, 32, dict(exchange="tagged")),
     ("tile_keys_v152k_b1", 151936, 1, dict(keys_once=False)),
+    ("no_prefetch_v152k_b1", 151936, 1, dict(prefetch=False)),
+    ("no_prefetch_stages3_v152k_b1", 151936, 1, dict(prefetch=False, num_stages=3)),
     ("stream128_v152k_b1", 151936, 1, dict(stream_rows=128)),
-    ("stream256_v152k_b1", 151936, 1, dict(stream_rows=256)),
-    ("res1_tile128_stages4_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1, num_stages=4)),
-    ("stages3_v152k_b1", 151936, 1, dict(num_stages=3)),
+    ("warps16_v152k_b1", 151936, 1, dict(num_warps=16)),
+    ("res1_tile128_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1)),
+    ("no_prefetch_v152k_b32", 151936, 32, dict(prefetch=False)),
 ]
-HEAD_CASES = [(rows, head, sampled) for rows in (1, 64) for head in ("markov", "gated_markov", "rnn")
+HEAD_CASES = [(rows, head, sampled) for rows in (1, 8, 64) for head in ("markov", "gated_markov", "rnn")
               for sampled in (False, True)]
 
 
@@ -446,6 +457,8 @@ def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -
                         equal_lockstep=bool(torch.equal(tokens, step_tokens)), tolerated=round(tol, 4),
                         agree_naive=round(float((tokens == ref).float().mean()), 3), ours_us=round(us, 1)))
         print(json.dumps(out[-1]), flush=True)
+    if time.time() - t_heads > args.heads_budget_s:
+        return out
     p = Problem(torch, 1, 15, 151936, RANK, False, device, torch.bfloat16, seed=9)
     for name, kw in (("fp8_w2", dict(w2_dtype=torch.float8_e4m3fn)), ("residency_off", dict(residency="off"))):
         tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
@@ -714,6 +727,7 @@ def main():
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--compile-workers", type=int, default=12)
     parser.add_argument("--heads-budget-s", type=float, default=40.0)
+    parser.add_argument("--ladder-budget-s", type=float, default=120.0)
     parser.add_argument("--from-log", type=Path, help="rebuild results from the JSON lines of a GPU run's log")
     parser.add_argument("--log-command", default="", help="the command that produced --from-log")
     parser.add_argument("--merge", type=Path, nargs="+", help="results of several GPU runs, oldest first")

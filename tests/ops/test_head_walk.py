@@ -273,11 +273,13 @@ def test_bad_input_raises(change, message):
     pytest.param(dict(keys_once=False), id="key-reduction-per-tile"),
     pytest.param(dict(residency="off", stream_rows=16), id="all-streamed-16-row-tiles"),
     pytest.param(dict(residency="off", stream_rows=32, keys_once=False), id="all-streamed-per-tile-keys"),
+    pytest.param(dict(prefetch=False), id="streamed-tiles-loaded-when-used"),
 ])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_launch_options_keep_the_walk(opts, sampled):
     """Tuning options change where the work happens, never the tokens: partly streamed shards (1031 rows over 3
-    programs: 256 resident + 128 streamed rows each), fully streamed ones, one key reduction per tile."""
+    programs: 256 resident + 128 streamed rows each), fully streamed ones, one key reduction per tile, no
+    register double-buffer for the streamed tiles."""
     p = make_problem(3, 5, 1031, seed=11)
     kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
@@ -342,7 +344,7 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_exchanges_agree(rows, sampled):
     """counter, flags and tagged exchanges pick the same tokens, and no wait gives up."""

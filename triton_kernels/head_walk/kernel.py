@@ -189,62 +189,119 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl
     tagged = best | (tag.to(tl.int64) << 18)
     base = keys_ptr + slot * NUM_PROGS * BP
     _publish_relaxed(base + pid * BP + tl.arange(0, BP), tagged)
-    o_p = tl.arange(0, PP)
     # Padding lanes poll this program's own slot, which holds this step's key already.
-    prog = tl.where(o_p < NUM_PROGS, o_p, pid)
     if KB == 1:
+        o_p = tl.arange(0, PP)
+        prog = tl.where(o_p < NUM_PROGS, o_p, pid)
         keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_ptr + 0 * o_p, SPIN_LIMIT)
+        winner = tl.max(keys, axis=0)
     else:
+        # At most 2048 slots a pass (8 a thread), so the polled keys and their addresses stay in registers.
+        PCH: tl.constexpr = PP if PP * KB <= 2048 else 2048 // KB
         o_k = tl.arange(0, KB)
-        zero = tl.full([PP, KB], 0, tl.int32)
-        keys = _spin_tagged(base + prog[:, None] * BP + o_k[None, :], zero + tag, err_ptr + zero, SPIN_LIMIT)
-    return tl.max(keys, axis=0)
+        zero = tl.full([PCH, KB], 0, tl.int32)
+        winner = tl.full([KB], -9223372036854775807 - 1, dtype=tl.int64)
+        for p0 in tl.static_range(0, PP, PCH):
+            o_c = p0 + tl.arange(0, PCH)
+            prog_c = tl.where(o_c < NUM_PROGS, o_c, pid)
+            keys = _spin_tagged(base + prog_c[:, None] * BP + o_k[None, :], zero + tag, err_ptr + zero, SPIN_LIMIT)
+            winner = tl.maximum(winner, tl.max(keys, axis=0))
+    return winner
 
 
 @triton.jit
 def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
                 w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
-                KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_ROW: tl.constexpr):
     """Keys of one tile of vocabulary rows for every batch row: [rows, BP] (the caller reduces them: one max
     over the int64 keys is the argmax with the first of equal maxima, one CTA-wide reduction instead of two).
+    ONE_ROW (a walk of one batch row; temp, seed, pos, req_safe, valid are then scalars): keys [rows].
 
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
     """
     m_v = rows < vocab
     acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
+    if ONE_ROW:
+        keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
+                          d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET)
+    else:
+        if W2_SCALED:
+            acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[:, None]
+        out_ty = u_ptr.dtype.element_ty
+        # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
+        # more rounding (a torch add).
+        bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
+        if u is None:
+            u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
+        logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
+        if HAS_D2T:
+            target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+        else:
+            target_ids = rows
+        if STORE_LOGITS:
+            tl.store(dl_ptr + req_safe[None, :] * stride_dlr + step * stride_dlk + target_ids[:, None],
+                     logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
+        if SAMPLED:
+            hot = temp != 0.0
+            noise = _gumbel_noise(seed[None, :], pos[None, :], target_ids[:, None])
+            scored = tl.where(hot[None, :], logits / tl.where(hot, temp, 1.0)[None, :] + noise, logits)
+        else:
+            scored = logits
+        scored = tl.where(m_v[:, None], scored, float("-inf"))
+        if KEY_BY_TARGET:
+            ids = target_ids
+        else:
+            ids = rows
+        # ids joined to an accumulator-shaped tensor, so the keys stay in the accumulator's layout (else Triton
+        # moves the whole [rows, BP] key tile into the ids' layout through shared memory before reducing it).
+        ids2d = ids[:, None] + (acc != acc).to(tl.int32)
+        keys = _ordered_keys(scored, ids2d)
+    return keys
+
+
+@triton.jit
+def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
+               stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
+               STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr):
+    """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
+    (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
+    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
+    m_v = rows < vocab
+    acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
     if W2_SCALED:
-        acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[:, None]
+        acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)
     out_ty = u_ptr.dtype.element_ty
-    # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
-    # more rounding (a torch add).
     bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
     if u is None:
-        u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
+        u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
     logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
     if HAS_D2T:
         target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
     else:
         target_ids = rows
     if STORE_LOGITS:
-        tl.store(dl_ptr + req_safe[None, :] * stride_dlr + step * stride_dlk + target_ids[:, None],
-                 logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
+        tl.store(dl_ptr + req_safe * stride_dlr + step * stride_dlk + target_ids, logits.to(dl_ptr.dtype.element_ty),
+                 mask=m_v & valid)
     if SAMPLED:
         hot = temp != 0.0
-        noise = _gumbel_noise(seed[None, :], pos[None, :], target_ids[:, None])
-        scored = tl.where(hot[None, :], logits / tl.where(hot, temp, 1.0)[None, :] + noise, logits)
+        scored = tl.where(hot, logits / tl.where(hot, temp, 1.0) + _gumbel_noise(seed, pos, target_ids), logits)
     else:
         scored = logits
-    scored = tl.where(m_v[:, None], scored, float("-inf"))
+    scored = tl.where(m_v, scored, float("-inf"))
     if KEY_BY_TARGET:
         ids = target_ids
     else:
         ids = rows
-    # ids joined to an accumulator-shaped tensor, so the keys stay in the accumulator's layout (else Triton
-    # moves the whole [rows, BP] key tile into the ids' layout through shared memory before reducing it).
-    ids2d = ids[:, None] + (acc != acc).to(tl.int32)
-    return _ordered_keys(scored, ids2d)
+    return _ordered_keys(scored, ids + (acc != acc).to(tl.int32))
+
+
+@triton.jit
+def _load_u_row(u_ptr, stride_uk, step, rows, vocab):
+    """[rows] of the base logits U[0, step, rows]."""
+    return tl.load(u_ptr + step * stride_uk + rows, mask=rows < vocab, other=0.0)
 
 
 @triton.jit
@@ -255,6 +312,15 @@ def _fold(acc_keys, best, keys, KEYS_ONCE: tl.constexpr):
     else:
         best = tl.maximum(best, tl.max(keys, axis=0))
     return acc_keys, best
+
+
+@triton.jit
+def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b, ONE_ROW: tl.constexpr):
+    if ONE_ROW:
+        u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
+    else:
+        u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
+    return u
 
 
 @triton.jit
@@ -320,18 +386,20 @@ def head_walk_kernel(
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
-    KEYS_ONCE: tl.constexpr, KB: tl.constexpr,
+    KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
-    # the batch rows have BP entries; KB = 1 when the walk has one row (the tagged exchange then polls one
-    # column), else BP. EXCHANGE (with MULTI): 0 counter barrier + key read, 1 flags (row 0's key
-    # is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin). KEYS_ONCE: one
-    # CTA-wide key reduction per step instead of one per tile.
+    # the batch rows have BP entries; KB = 1 when the walk has one row (then scored as [rows] vectors, and the
+    # tagged exchange polls one column), else BP. EXCHANGE (with MULTI): 0 counter barrier + key read, 1 flags
+    # (row 0's key is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin).
+    # KEYS_ONCE: one CTA-wide key reduction per step instead of one per tile. PREFETCH: streamed tiles are
+    # double-buffered in registers.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE == 2
     HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
+    ONE_ROW: tl.constexpr = KB == 1
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
     m_b = o_b < num_rows
@@ -354,6 +422,20 @@ def head_walk_kernel(
     if SAMPLED:
         temp = tl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(tl.float32)
         seed0 = tl.load(seed_ptr + req_safe, mask=valid, other=0).to(tl.int64)
+    if ONE_ROW:
+        # One batch row: its request's scalars stand in for the [BP] vectors (_score_row).
+        if HAS_REQ:
+            req_safe = tl.load(req_ptr).to(tl.int64)
+            valid = req_safe >= 0
+            req_safe = tl.where(valid, req_safe, 0)
+        else:
+            req_safe = tl.full([], 0, dtype=tl.int64)
+            valid = tl.full([], 1, dtype=tl.int1)
+        temp = tl.full([], 0.0, dtype=tl.float32)
+        seed0 = tl.full([], 0, dtype=tl.int64)
+        if SAMPLED:
+            temp = tl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(tl.float32)
+            seed0 = tl.load(seed_ptr + req_safe, mask=valid, other=0).to(tl.int64)
 
     # Resident tiles: loaded once, loop-invariant dot operands for every step (Triton keeps them in shared memory).
     if RES_TILES >= 1:
@@ -365,31 +447,37 @@ def head_walk_kernel(
     if RES_TILES >= 4:
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
     stream_begin = shard_begin + RES_TILES * RT
+    o_s = tl.arange(0, ST)
+    STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH
+    if STREAM_PREFETCH:
+        w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
+        u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1), stream_begin + o_s,
+                              shard_end, o_b, m_b, ONE_ROW)
 
     if FLAGS or TAGGED:
         gen = tl.load(gen_ptr + pid)
-    # Base logits of the resident tiles are loaded one step ahead, so their latency hides behind the barrier.
-    k_first = tl.minimum(k_begin, num_steps - 1)
-    if RES_TILES >= 1:
-        u_res0 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + o_t, shard_end, o_b, m_b)
-    if RES_TILES >= 2:
-        u_res1 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + RT + o_t, shard_end, o_b, m_b)
-    if RES_TILES >= 3:
-        u_res2 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b)
-    if RES_TILES >= 4:
-        u_res3 = _load_u(u_ptr, stride_ub, stride_uk, k_first, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b)
 
     if k_begin == 0:
         x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
+        x0 = tl.load(first_ptr).to(tl.int64)
     else:
         x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
+        x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
 
     best0 = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
     winners = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
     for k in range(k_begin, k_end):
-        if k > k_begin:
+        if k > k_begin and TAGGED and ONE_ROW:
+            # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
+            x0 = ID_MASK - (best0 & ID_MASK)
+            if HAS_D2T and not KEY_BY_TARGET:
+                x0 = x0 + tl.load(d2t_ptr + x0)
+            x = tl.where(o_b == 0, x0, 0)
+            if pid == 0:
+                tl.store(tok_ptr + (k - 1), x0)
+        elif k > k_begin:
             if TAGGED:
                 x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
             elif FLAGS and num_rows == 1:
@@ -401,8 +489,28 @@ def head_walk_kernel(
                 x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
             if pid == 0:
                 tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
-        # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
-        e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :], other=0.0).to(tl.float32)
+            if ONE_ROW:
+                x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
+        # Base logits of the resident tiles, issued beside the W1 gather so their latency hides behind it. (A
+        # prefetch one step ahead, carried through the loop, made Triton convert them to the accumulator's
+        # layout through shared memory every step: 2-4 more CTA-wide syncs on the step chain.)
+        if RES_TILES >= 1:
+            u_res0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + o_t, shard_end, o_b, m_b, ONE_ROW)
+        if RES_TILES >= 2:
+            u_res1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + RT + o_t, shard_end, o_b, m_b, ONE_ROW)
+        if RES_TILES >= 3:
+            u_res2 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        if RES_TILES >= 4:
+            u_res3 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        if ONE_ROW:
+            # [R, BP]: W1[x] in column 0, gathered from a scalar address.
+            e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
+                        other=0.0).to(tl.float32)
+        else:
+            # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
+            e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :], other=0.0).to(tl.float32)
         if HAS_CONF:
             if pid == 0:
                 wc = tl.load(conf_w_ptr + o_r)
@@ -461,60 +569,81 @@ def head_walk_kernel(
             m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
         m_dot = m.to(w2_dot_ty)
 
-        pos = tl.full([BP], 0, dtype=tl.int64)
         seed = seed0
+        if ONE_ROW:
+            pos = tl.full([], 0, dtype=tl.int64)
+            if SAMPLED:
+                pos = tl.load(pos_ptr + k).to(tl.int64) + DRAFT_NOISE_SALT
+            best = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
+            res_keys = tl.full([RT], -9223372036854775807 - 1, dtype=tl.int64)
+            stream_keys = tl.full([ST], -9223372036854775807 - 1, dtype=tl.int64)
+        else:
+            pos = tl.full([BP], 0, dtype=tl.int64)
+            if SAMPLED:
+                pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
+            best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+            res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
+            stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
         if SAMPLED:
-            pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
             seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
-        best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
-        res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
-        stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
         if RES_TILES >= 1:
             keys = _score_tile(
                 w_res0, u_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
             res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
             keys = _score_tile(
                 w_res1, u_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
             res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 3:
             keys = _score_tile(
                 w_res2, u_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
             res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 4:
             keys = _score_tile(
                 w_res3, u_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
             res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-        for row0 in range(stream_begin, shard_end, ST):
-            rows = row0 + tl.arange(0, ST)
-            w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
-            tile_keys = _score_tile(
-                w, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
-                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION)
-            stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+        if STREAM_PREFETCH:
+            # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
+            # scored, and the step's first tile was loaded before the previous exchange.
+            for row0 in range(stream_begin, shard_end, ST):
+                rows = row0 + tl.arange(0, ST)
+                w = w_next
+                u_tile = u_next
+                w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows + ST, shard_end, o_r)
+                u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows + ST, shard_end, o_b, m_b, ONE_ROW)
+                tile_keys = _score_tile(
+                    w, u_tile, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
+                stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+            k_ahead = tl.minimum(k + 1, num_steps - 1)
+            w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
+            u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_ahead, stream_begin + o_s, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        else:
+            for row0 in range(stream_begin, shard_end, ST):
+                rows = row0 + tl.arange(0, ST)
+                w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
+                tile_keys = _score_tile(
+                    w, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
+                stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
         if KEYS_ONCE:
             if RES_TILES >= 1:
                 best = tl.maximum(best, tl.max(res_keys, axis=0))
             if HAS_STREAM:
                 best = tl.maximum(best, tl.max(stream_keys, axis=0))
-        k_next = tl.minimum(k + 1, num_steps - 1)
-        if RES_TILES >= 1:
-            u_res0 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + o_t, shard_end, o_b, m_b)
-        if RES_TILES >= 2:
-            u_res1 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + RT + o_t, shard_end, o_b, m_b)
-        if RES_TILES >= 3:
-            u_res2 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b)
-        if RES_TILES >= 4:
-            u_res3 = _load_u(u_ptr, stride_ub, stride_uk, k_next, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b)
+        if ONE_ROW:
+            best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
         if TAGGED:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             if KB == 1:

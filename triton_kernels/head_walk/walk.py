@@ -51,6 +51,7 @@ class WalkConfig:
     num_warps: int
     num_stages: int
     keys_once: bool = True  # one CTA-wide key reduction per step, not one per tile
+    prefetch: bool = True  # streamed W2 / U tiles double-buffered in registers
 
 
 def _interpreting() -> bool:
@@ -71,7 +72,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
-              keys_once: bool = True) -> WalkConfig:
+              keys_once: bool = True, prefetch: bool = True) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -120,12 +121,15 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
     if num_stages is None:
-        # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for.
-        num_stages = 1 if chunk_rows <= resident_tiles * tile_rows else 2
+        # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for. Triton does not
+        # pipeline the streamed tiles' loads either (no cp.async / TMA in the sm_90 SASS): the register
+        # double-buffer (prefetch) is the pipeline.
+        num_stages = 1 if chunk_rows <= resident_tiles * tile_rows or prefetch else 2
     return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
                       exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
-                      num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once)
+                      num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
+                      prefetch=prefetch)
 
 
 _workspaces: dict = {}
@@ -221,6 +225,7 @@ def head_walk(
     num_stages: int | None = None,
     stream_rows: int | None = None,
     keys_once: bool = True,
+    prefetch: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -255,7 +260,8 @@ def head_walk(
         out: optional [B, N] int64 token buffer.
         exchange: how the programs agree on each step's token (EXCHANGES; 'auto': choose_exchange).
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
-            W2 tile), keys_once (False: one key reduction per tile): launch overrides for tests and tuning.
+            W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
+            used): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -346,7 +352,8 @@ def head_walk(
         w2_rows, w2_scale = _cached("fp8", (w2,), lambda: quantize_w2_fp8(w2))
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
-                    num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once)
+                    num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
+                    prefetch=prefetch)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -405,6 +412,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
         DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
