@@ -293,8 +293,12 @@ def run_gpu(args) -> dict:
                     for name, fn in variants.items():
                         try:
                             p.draft_tokens.fill_(-1)
+                            errors_before = barrier_errors(device)
                             fn()
                             torch.cuda.synchronize()
+                            if barrier_errors(device) != errors_before:
+                                # A wait that gives up takes ~0.3 s a step: never time such a walk.
+                                raise RuntimeError("a grid barrier / exchange wait gave up")
                             tokens[name] = p.draft_tokens.clone()
                             us, spread = time_graph(torch, fn)
                             row[f"{name}_us"] = round(us, 1)
