@@ -435,6 +435,7 @@ HEAD_CASES = [(rows, head, sampled) for rows in (1, 8, 64) for head in ("markov"
 
 def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -> list:
     """bf16 gated Markov / RNN / fp8 W2 on the persistent kernel: identical to lockstep, tolerated vs naive."""
+    from hybridspec_kernels.head_walk import barrier_errors
     from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
 
     out = []
@@ -443,7 +444,13 @@ def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -
         if time.time() - t_heads > args.heads_budget_s:
             break
         p, kw = head_case(torch, device, rows, head, sampled)
+        errors_before = barrier_errors(device)
         tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, **kw)
+        torch.cuda.synchronize()
+        if barrier_errors(device) != errors_before:
+            out.append(dict(check=f"{head}_{'sampled' if sampled else 'greedy'}_b{rows}", error="a wait gave up"))
+            print(json.dumps(out[-1]), flush=True)
+            continue
         step_tokens, _, _ = head_walk(p.base, p.w1, p.w2.t(), p.first, lockstep=True, **kw)
         ref, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
         scored = logits
