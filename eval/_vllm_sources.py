@@ -173,6 +173,79 @@ GDN_VERIFY_MODULES = [
 ]
 
 
+def extract_definitions(module_path, names, dest, out_name, preamble, replace=None):
+    """Copy only the named top-level definitions (functions with their decorators, assignments) of one vLLM
+    module into dest/vllm_extracted/<out_name>.py, after `preamble` (the caller's imports and stand-ins for
+    what the definitions use). For modules whose top-level imports pull in half of vLLM (fused_moe.py).
+
+    `replace` maps exact source lines (stripped) to their replacement (indentation kept), e.g. an indented
+    vLLM import inside a function. Any vLLM import left in the copied text is refused.
+    Returns the importable dotted name.
+    """
+    import ast
+    module = _module_name(module_path)
+    source = _read_source(module)
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    found = {}
+    for node in tree.body:
+        node_names = [node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else \
+            [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        for name in node_names:
+            if name in names:
+                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+                found[name] = "\n".join(lines[start - 1:node.end_lineno])
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ImportError(f"{module} has no top-level definition(s) {missing}")
+    body = "\n\n\n".join(found[n] for n in names)
+    out_lines = []
+    for line in body.splitlines():
+        stripped = line.strip()
+        if replace and stripped in replace:
+            line = line[: len(line) - len(line.lstrip())] + replace[stripped]
+        elif _FROM_IMPORT.match(line) or re.match(r"^\s*import vllm\b", line):
+            raise ImportError(f"{module}: copied definitions import vLLM: {stripped}")
+        out_lines.append(line)
+    root = Path(dest) / PACKAGE
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "__init__.py").exists():
+        (root / "__init__.py").write_text('"""vLLM kernel sources copied by eval/_vllm_sources.py (do not commit)."""\n')
+    if not (root / "_shim.py").exists():
+        (root / "_shim.py").write_text(SHIM)
+    header = f'"""Definitions {", ".join(names)} copied from {module} (vLLM, Apache-2.0) by eval/_vllm_sources.py."""\n'
+    (root / f"{out_name}.py").write_text(header + preamble.strip("\n") + "\n\n\n" + "\n".join(out_lines) + "\n")
+    return f"{PACKAGE}.{out_name}"
+
+
+def extract_wheel_files(prefix, dest_dir, accept=lambda name: True):
+    """Copy data files of the wheel under `prefix` (e.g. the fused-MoE config folder) into dest_dir; returns
+    the copied file names."""
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    copied = []
+    tree_dir = VENDOR_TREE / prefix
+    if tree_dir.is_dir():
+        for f in sorted(tree_dir.iterdir()):
+            if f.is_file() and accept(f.name):
+                (dest_dir / f.name).write_bytes(f.read_bytes())
+                copied.append(f.name)
+        if copied:
+            return copied
+    wheels = sorted((REPO / ".vendor").glob(VENDOR_WHEEL_GLOB))
+    if not wheels:
+        raise FileNotFoundError(f"neither {tree_dir} nor a {VENDOR_WHEEL_GLOB} under {REPO / '.vendor'}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        for info in wheel.infolist():
+            name = info.filename
+            if name.startswith(prefix.rstrip("/") + "/") and not name.endswith("/"):
+                base = name.rsplit("/", 1)[-1]
+                if "/" not in name[len(prefix.rstrip("/")) + 1:] and accept(base):
+                    (dest_dir / base).write_bytes(wheel.read(name))
+                    copied.append(base)
+    return copied
+
+
 def fix_interpreter_masks():
     """Triton interpreter only: vLLM's causal_conv1d_update builds a mask as (int64 scalar < int) & bool tensor,
     which the interpreter keeps as int64 and then refuses in tl.load/tl.store ('mask has unsupported dtype');

@@ -82,33 +82,54 @@ def check_gdn(model: VerifyModel, batch: int, length: int, gen, naive) -> dict[s
     return r
 
 
-MOE_PATTERNS = ((1, 0.0), (5, 0.3), (4, 1.0), (16, 0.0), (16, 1.0), (136, 0.95), (544, 0.3))
+MOE_PATTERNS = ((1, 0.0), (5, 0.3), (4, 1.0), (9, 0.0), (16, 0.0), (16, 1.0), (64, 0.0), (136, 0.95), (544, 0.3))
+MOE_TIME_TOKENS = (1, 4, 16, 64, 136, 544)
 
 
-def check_moe_option(layer, shape, om, mode, gen, patterns=MOE_PATTERNS, time_tokens=(1, 16, 136)) -> dict:
-    """One MoE configuration (opt-flag constraints already set by the caller) against the torch reference on
-    routing patterns of the sweep (tokens, rho), incl. the fully shared one; eager event timing of a layer."""
+def _graph_time_us(fn, reps=20) -> float:
+    """Median replay time of `fn` captured in a CUDA graph (the sweep times MoE inside graphs too)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    return sorted(s.elapsed_time(e) * 1e3 for s, e in ev)[reps // 2]
+
+
+def check_moe_option(layer, shape, kernels, gen, patterns=MOE_PATTERNS, time_tokens=MOE_TIME_TOKENS) -> dict:
+    """One MoE configuration (kernels.moe_impl / moe_routing, OAI opt-flag constraints set by the caller) against
+    the torch reference on routing patterns of the sweep (tokens, rho), incl. fully shared ones and both sides of
+    vLLM's switch to moe_align_block_size; CUDA-graph timing of the routed experts at `time_tokens`."""
     from .routing import synthetic_routing
     dev, dt = layer.w1.device, layer.w1.dtype
     errs, times = {}, {}
     for tokens, rho in patterns:
-        ids = torch.from_numpy(synthetic_routing(1, tokens, 1, shape.num_experts, shape.top_k, rho, seed=tokens)[0]).to(dev)
+        ids16 = torch.from_numpy(synthetic_routing(1, tokens, 1, shape.num_experts, shape.top_k, rho, seed=tokens)[0]).to(dev)
+        ids = ids16.to(torch.int32) if layer.layout == "vllm" else ids16
         x = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(dt)
-        bias = torch.full((tokens, shape.num_experts), float("-inf"), device=dev, dtype=dt).scatter_(1, ids.long(), 0.0)
-        out = routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
-        ref = torch_moe(x, torch.nn.functional.linear(x, layer.w_router), ids, layer)
+        bias = torch.full((tokens, shape.num_experts), float("-inf"), device=dev, dtype=dt).scatter_(1, ids16.long(), 0.0)
+        out = routed_experts(x, layer, ids, shape.top_k, kernels, bias)
+        ref = torch_moe(x, torch.nn.functional.linear(x, layer.w_router), ids16, layer)
         errs[f"T{tokens}_rho{rho}"] = rel_err(out, ref)
-        if tokens in time_tokens and dev.type == "cuda":
-            for _ in range(3):
-                routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
-            for s, e in ev:
-                s.record()
-                routed_experts(x, layer, ids, shape.top_k, om, mode, bias)
-                e.record()
-            torch.cuda.synchronize()
-            times[f"T{tokens}"] = sorted(s.elapsed_time(e) * 1e3 for s, e in ev)[10]
-    return {"errs": errs, "max_err": max(v if v == v else float("inf") for v in errs.values()), "eager_us": times}
+    if dev.type == "cuda":
+        for tokens in time_tokens:
+            ids16 = torch.from_numpy(synthetic_routing(1, tokens, 1, shape.num_experts, shape.top_k, 0.0,
+                                                       seed=tokens)[0]).to(dev)
+            ids = ids16.to(torch.int32) if layer.layout == "vllm" else ids16
+            x = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(dt)
+            bias = torch.full((tokens, shape.num_experts), float("-inf"), device=dev, dtype=dt).scatter_(1, ids16.long(), 0.0)
+            times[f"T{tokens}"] = _graph_time_us(lambda: routed_experts(x, layer, ids, shape.top_k, kernels, bias))
+    return {"errs": errs, "max_err": max(v if v == v else float("inf") for v in errs.values()), "graph_us": times}
 
 
 def check_attention(mode: str, device, dtype, gen, B=2, H=16, KV=2, L=5, S=300, D=256) -> float:
@@ -145,4 +166,18 @@ def check_ours_standalone(ours, device, gen) -> dict[str, float]:
         out = ours.gdn_verify(x, a, b, cw, None, A_log, dtb, conv, ssm, idx, cu, ws.layer(0), max_seqlen=L)
         ref = ours.naive_gdn_verify(x, a, b, cw, None, A_log, dtb, conv, ssm, idx, cu)
         r[f"ours_standalone_{str(dt).split('.')[-1]}"] = rel_err(out.cpu(), ref)
+    return r
+
+
+def check_moe_align(device, shape, gen) -> dict[str, float]:
+    """moe_align.py (vLLM's expert alignment, one Triton launch) vs its host reference: 0.0 = same grouping."""
+    from .moe_align import alignment_mismatch, moe_align_block_size, naive_moe_align_block_size
+    from .routing import synthetic_routing
+    r = {}
+    for tokens, rho, block in ((9, 0.0, 16), (136, 0.95, 16), (544, 0.3, 64)):
+        ids = torch.from_numpy(synthetic_routing(1, tokens, 1, shape.num_experts, shape.top_k, rho,
+                                                 seed=tokens)[0]).to(device=device, dtype=torch.int32)
+        out = moe_align_block_size(ids, block, shape.num_experts)
+        bad = alignment_mismatch(out, naive_moe_align_block_size(ids, block, shape.num_experts), block)
+        r[f"moe_align_T{tokens}_bs{block}"] = 0.0 if bad is None else 1.0
     return r

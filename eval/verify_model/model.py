@@ -9,8 +9,9 @@ Mixer / MoE implementations are pluggable (`Kernels`): on the GPU the GDN core i
 (causal_conv1d_update + fused_sigmoid_gating_delta_rule_update, per-token state writes into L slots) or ours
 (hybridspec_kernels.gdn_verify + one gdn_reconstruct launch for all layers); attention is torch SDPA (flash with
 native GQA and bottom-right causal mask, or memory-efficient with the query heads folded per KV head); MoE is
-OpenAI's triton_kernels (routing with imposed expert ids + two matmul_ogs). On the CPU every piece has a
-torch path with the same math (tiny shapes, smoke tests).
+vLLM 0.33's fused-MoE Triton kernel with its launcher and config lookup (vllm_moe.py) or OpenAI's triton_kernels
+(routing with imposed expert ids + two matmul_ogs), each with its own weight layout. On the CPU every piece has
+a torch path with the same math (tiny shapes, smoke tests), and the Triton ones run under the interpreter.
 
 `forward(..., parts=...)` runs only the ops of the listed layer types and feeds the others' outputs from
 static buffers, so each layer type can be captured and timed on its own (the per-layer-type breakdown).
@@ -37,13 +38,17 @@ class Kernels:
     """Which implementation runs each piece. `vllm_gdn` is a namespace with vLLM's `causal_conv1d_update` and
     `fused_sigmoid_gating_delta_rule_update`; `ours_gdn` one with `gdn_verify`, `gdn_reconstruct` and the
     workspace / state-table classes; `oai_moe` one with `routing`, `matmul_ogs`, `FusedActivation`, `FnSpecs`,
-    `swiglu_fn`. None means the torch path."""
+    `swiglu_fn`; `vllm_moe` the namespace of kernels_loader.load_vllm_moe. None means the torch path.
+    `moe_impl` picks the MoE kernels and the expert weight layout: "vllm" (w13 [E, 2I, H] gate|up halves,
+    SiLU-and-mul, w2 [E, H, I]) or "oai" (w1 [E, H, 2I] interleaved, OAI swiglu, w2 [E, I, H])."""
     fused: str = "triton"            # "triton" | "torch" for fused_ops
     vllm_gdn: object | None = None
     ours_gdn: object | None = None
     oai_moe: object | None = None
     attention: str = "flash_gqa"     # "flash_gqa" | "efficient_folded" | "math"
-    moe_routing: str = "provided"    # impose ids: "provided" (routing's expt_indx) | "mask" (-inf router bias)
+    moe_routing: str = "provided"    # OAI: impose ids by "provided" (routing's expt_indx) | "mask" (-inf router bias)
+    moe_impl: str = "vllm"           # "vllm" | "oai" (see above)
+    vllm_moe: object | None = None
 
 
 def _normal_(t: torch.Tensor, std: float, gen: torch.Generator | None = None) -> torch.Tensor:
@@ -78,13 +83,21 @@ class AttentionLayer:
 
 
 class MoELayer:
-    def __init__(self, s: TargetShape, device, dtype, gen):
+    def __init__(self, s: TargetShape, device, dtype, gen, layout: str = "vllm"):
+        if layout not in ("vllm", "oai"):
+            raise ValueError(f"layout must be 'vllm' or 'oai', got {layout!r}")
         std = s.hidden ** -0.5
         E, I, H = s.num_experts, s.expert_inter, s.hidden
+        self.layout = layout
         self.w_router = _normal_(torch.empty(E, H, device=device, dtype=dtype), std, gen)
-        # OAI matmul_ogs layout [E, K, N]; w1's N interleaves (gate, linear) pairs for its fused swiglu
-        self.w1 = _normal_(torch.empty(E, H, 2 * I, device=device, dtype=dtype), std, gen)
-        self.w2 = _normal_(torch.empty(E, I, H, device=device, dtype=dtype), I ** -0.5, gen)
+        if layout == "vllm":
+            # vLLM's [E, N, K]: w1 = w13 rows [gate (I) | up (I)], w2 [E, H, I]
+            self.w1 = _normal_(torch.empty(E, 2 * I, H, device=device, dtype=dtype), std, gen)
+            self.w2 = _normal_(torch.empty(E, H, I, device=device, dtype=dtype), I ** -0.5, gen)
+        else:
+            # OAI matmul_ogs layout [E, K, N]; w1's N interleaves (gate, linear) pairs for its fused swiglu
+            self.w1 = _normal_(torch.empty(E, H, 2 * I, device=device, dtype=dtype), std, gen)
+            self.w2 = _normal_(torch.empty(E, I, H, device=device, dtype=dtype), I ** -0.5, gen)
         self.w_shared_gu = _normal_(torch.empty(2 * s.shared_inter, H, device=device, dtype=dtype), std, gen)
         self.w_shared_down = _normal_(torch.empty(H, s.shared_inter, device=device, dtype=dtype), s.shared_inter ** -0.5, gen)
         self.w_shared_gate = _normal_(torch.empty(1, H, device=device, dtype=dtype), std, gen)
@@ -104,6 +117,7 @@ class PassBuffers:
     ours_state_indices: torch.Tensor  # [B] int32     ours: one committed slot per request
     ours_num_accepted: torch.Tensor  # [B] int32      ours: tokens reconstruction applies (all: worst case)
     expert_ids: torch.Tensor         # [num_moe_layers, T, top_k] int16 (imposed routing)
+    expert_ids32: torch.Tensor       # the same, int32 (vLLM's topk_ids dtype)
     attn_mask: torch.Tensor | None   # additive [G*L, S] (folded efficient path only)
     router_bias: torch.Tensor | None  # [num_moe_layers, T, E] 0 at imposed ids, -inf elsewhere ("mask" mode)
     static_x: torch.Tensor           # [T, hidden] stand-in input of a skipped op
@@ -130,7 +144,8 @@ class VerifyModel:
         self.mixers, self.moes, self.norm_w = [], [], []
         for t in self.layer_types:
             self.mixers.append(GDNLayer(s, device, dtype, gen) if t == "gdn" else AttentionLayer(s, device, dtype, gen))
-            self.moes.append(MoELayer(s, device, dtype, gen))
+            self.moes.append(MoELayer(s, device, dtype, gen, layout=kernels.moe_impl if kernels.moe_impl == "oai"
+                                      else "vllm"))
             self.norm_w.append([1.0 + _normal_(torch.empty(s.hidden, device=device, dtype=dtype), 0.1, gen)
                                 for _ in range(2)])
         self.gdn_layers = [m for m in self.mixers if isinstance(m, GDNLayer)]
@@ -204,7 +219,7 @@ class VerifyModel:
             mask = mask_full[:, :S]
         static_x = _normal_(torch.empty(T, s.hidden, device=dev, dtype=self.dtype), 1.0)
         bias = None
-        if self.k.moe_routing == "mask":
+        if self.k.moe_impl == "oai" and self.k.moe_routing == "mask":
             bias = torch.full((n_moe, T, s.num_experts), float("-inf"), device=dev, dtype=self.dtype)
             bias.scatter_(2, ids.long(), 0.0)
         return PassBuffers(
@@ -213,7 +228,7 @@ class VerifyModel:
             num_accepted=torch.ones(batch, device=dev, dtype=torch.int32),
             ours_state_indices=1 + torch.arange(batch, device=dev, dtype=torch.int32) * self.max_len,
             ours_num_accepted=torch.full((batch,), length, device=dev, dtype=torch.int32),
-            expert_ids=ids, attn_mask=mask, router_bias=bias, static_x=static_x,
+            expert_ids=ids, expert_ids32=ids.to(torch.int32), attn_mask=mask, router_bias=bias, static_x=static_x,
         )
 
     def set_routing(self, buf: PassBuffers, ids: np.ndarray) -> None:
@@ -222,6 +237,7 @@ class VerifyModel:
         if tuple(ids.shape) != want:
             raise ValueError(f"expert ids must be {want}, got {tuple(ids.shape)}")
         buf.expert_ids.copy_(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int16)))
+        buf.expert_ids32.copy_(buf.expert_ids)
         if buf.router_bias is not None:
             buf.router_bias.fill_(float("-inf"))
             buf.router_bias.scatter_(2, buf.expert_ids.long(), 0.0)
@@ -234,17 +250,16 @@ class VerifyModel:
 
     def gdn_mixer(self, layer: GDNLayer, x, buf: PassBuffers, variant: str, gdn_index: int):
         s, T = self.s, x.shape[0]
-        if variant == "baseline":
-            # vLLM: one merged in_proj_qkvz GEMM; its conv kernel reads the strided mixed_qkv slice
-            qkvz = F.linear(x, layer.w_qkvz)
-            mixed_qkv = qkvz[:, :s.gdn_conv_dim]
-            z = qkvz[:, s.gdn_conv_dim:].view(T, s.gdn_v_heads, s.gdn_head_dim)
-        else:
-            # gdn_verify takes a contiguous mixed_qkv: project qkv and z separately (same weights, two GEMMs)
-            mixed_qkv = F.linear(x, layer.w_qkvz[:s.gdn_conv_dim])
-            z = F.linear(x, layer.w_qkvz[s.gdn_conv_dim:]).view(T, s.gdn_v_heads, s.gdn_head_dim)
+        # one merged in_proj_qkvz GEMM; vLLM's conv kernel and gdn_verify both read the strided mixed_qkv slice
+        qkvz = F.linear(x, layer.w_qkvz)
+        mixed_qkv = qkvz[:, :s.gdn_conv_dim]
+        z = qkvz[:, s.gdn_conv_dim:].view(T, s.gdn_v_heads, s.gdn_head_dim)
         ba = F.linear(x, layer.w_ba)
-        b, a = fused_ops.split_columns(ba, [s.gdn_v_heads, s.gdn_v_heads], backend=self.k.fused)
+        if variant == "baseline":
+            # vLLM's gating kernel wants contiguous a / b
+            b, a = fused_ops.split_columns(ba, [s.gdn_v_heads, s.gdn_v_heads], backend=self.k.fused)
+        else:  # gdn_verify reads row-strided a / b: column views, no copy
+            b, a = ba[:, :s.gdn_v_heads], ba[:, s.gdn_v_heads:]
         if variant == "baseline":
             core = self._gdn_core_baseline(layer, mixed_qkv, a, b, buf)
         else:
@@ -312,9 +327,9 @@ class VerifyModel:
         return F.linear(y, layer.w_o)
 
     def moe(self, layer: MoELayer, x, buf: PassBuffers, moe_index: int):
-        ids = buf.expert_ids[moe_index]
+        ids = buf.expert_ids32[moe_index] if layer.layout == "vllm" else buf.expert_ids[moe_index]
         bias = None if buf.router_bias is None else buf.router_bias[moe_index]
-        routed = routed_experts(x, layer, ids, self.s.top_k, self.k.oai_moe, self.k.moe_routing, bias)
+        routed = routed_experts(x, layer, ids, self.s.top_k, self.k, bias)
         shared = F.linear(fused_ops.silu_mul(F.linear(x, layer.w_shared_gu), backend=self.k.fused),
                           layer.w_shared_down)
         gate = F.linear(x, layer.w_shared_gate)
@@ -361,10 +376,20 @@ class VerifyModel:
         return F.linear(x, self.moes[0].w_router)
 
 
-def routed_experts(x, layer: MoELayer, ids, top_k, om, mode="provided", bias=None):
-    """Router GEMM (run for its cost) + routed experts on the imposed ids [T, top_k] (int16, rows sorted).
-    om: OpenAI triton_kernels namespace, or None for the torch path. mode "provided" passes the ids to
-    routing(); "mask" adds a -inf bias outside them to the router logits (in the GEMM) and lets top-k pick."""
+def routed_experts(x, layer: MoELayer, ids, top_k, k: Kernels, bias=None):
+    """Router GEMM (run for its cost: it gives the routing weights) + routed experts on the imposed ids
+    [T, top_k] (rows sorted; int32 for the vLLM layout, int16 for OAI), on the kernels of the layer's layout.
+    vLLM: renormalised softmax over the imposed ids + vLLM's fused experts. OAI (k.oai_moe): k.moe_routing
+    "provided" passes the ids to routing(); "mask" adds a -inf bias outside them to the router logits (in the
+    GEMM) and lets its top-k pick. Without the kernels (None) the torch path."""
+    if layer.layout == "vllm":
+        logits = F.linear(x, layer.w_router)
+        if k.vllm_moe is None:
+            return torch_moe(x, logits, ids, layer)
+        from .vllm_moe import fused_experts, imposed_topk_weights
+        weights = imposed_topk_weights(logits, ids, backend=k.fused)
+        return fused_experts(k.vllm_moe, x, layer.w1, layer.w2, weights, ids, fused=k.fused)
+    om, mode = k.oai_moe, k.moe_routing
     if om is None:
         return torch_moe(x, F.linear(x, layer.w_router), ids, layer)
     if mode == "mask":
@@ -419,16 +444,22 @@ def naive_attention(q, k, v):
 
 
 def torch_moe(x, logits, ids, layer: MoELayer):
-    """Routed experts with imposed ids: softmax over the chosen logits, OAI swiglu on interleaved w1 columns."""
+    """Routed experts with imposed ids: softmax over the chosen logits; vLLM layout: SiLU(gate) * up on the two
+    halves of w13 rows; OAI layout: OAI swiglu on interleaved w1 columns."""
     idx = ids.long()
     w = torch.gather(logits.float(), 1, idx).softmax(-1)
-    out = torch.zeros(x.shape[0], layer.w2.shape[2], dtype=torch.float32, device=x.device)
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     for e in idx.unique().tolist():
         rows, slot = (idx == e).nonzero(as_tuple=True)
-        hcat = x[rows].float() @ layer.w1[e].float()
-        g, lin = hcat[:, 0::2], hcat[:, 1::2]
-        act = g * torch.sigmoid(SWIGLU_ALPHA * g) * (lin + 1)
-        out.index_add_(0, rows, (act @ layer.w2[e].float()) * w[rows, slot][:, None])
+        if layer.layout == "vllm":
+            hcat = x[rows].float() @ layer.w1[e].float().t()
+            gate, up = hcat.chunk(2, dim=1)
+            y = (F.silu(gate) * up) @ layer.w2[e].float().t()
+        else:
+            hcat = x[rows].float() @ layer.w1[e].float()
+            g, lin = hcat[:, 0::2], hcat[:, 1::2]
+            y = (g * torch.sigmoid(SWIGLU_ALPHA * g) * (lin + 1)) @ layer.w2[e].float()
+        out.index_add_(0, rows, y * w[rows, slot][:, None])
     return out.to(x.dtype)
 
 

@@ -1,6 +1,7 @@
 """CPU pieces of the verify-latency profile (eval/bench_verify_profile.py): the LatencyProfile format, the
-synthetic routing model, the fused elementwise kernels (Triton interpreter vs their torch math) and the
-whole script end to end in its tiny mode (torch paths, wall clock)."""
+synthetic routing model, the fused elementwise kernels (Triton interpreter vs their torch math), vLLM's
+expert alignment (moe_align.py) and fused-MoE kernel (extracted from the wheel) vs torch references, and the
+whole script end to end in its tiny mode (torch paths, wall clock) and on the Triton kernels (interpreter)."""
 import json
 import os
 import sys
@@ -20,10 +21,14 @@ sys.path.insert(0, str(EVAL))
 
 import bench_verify_profile as bench  # noqa: E402
 from verify_model import fused_ops  # noqa: E402
+from verify_model import moe_align  # noqa: E402
 from verify_model.routing import synthetic_routing, unique_experts  # noqa: E402
 
 lp = bench.load_latency_profile_module()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REPO = EVAL.parent
+HAS_WHEEL_SOURCES = (REPO / ".vendor" / "vllm033").exists() or any((REPO / ".vendor").glob("vllm-0.33.0-*.whl"))
+needs_wheel = pytest.mark.skipif(not HAS_WHEEL_SOURCES, reason="vLLM 0.33 wheel (sources) not under .vendor/")
 
 
 def _profile(**kw):
@@ -156,3 +161,85 @@ def test_tiny_bench_end_to_end(tmp_path):
     bench.plot(tmp_path / "verify_profile.json")
     assert (tmp_path / "verify_profile_T_of_L.png").stat().st_size > 0
     assert (tmp_path / "verify_profile_breakdown.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("T, k, E, block", [(1, 4, 16, 16), (3, 4, 16, 4), (7, 8, 256, 16), (37, 8, 256, 16),
+                                            (5, 2, 7, 3), (200, 8, 64, 32), (33, 10, 512, 16)])
+def test_moe_align_matches_reference(T, k, E, block):
+    g = torch.Generator().manual_seed(T * 31 + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).int().to(DEVICE)
+    out = moe_align.moe_align_block_size(ids, block, E)
+    ref = moe_align.naive_moe_align_block_size(ids, block, E)
+    assert moe_align.alignment_mismatch(out, ref, block) is None
+    # the checker itself notices a wrong grouping
+    swapped = out[0].clone()
+    used = int(ref[2][0])
+    first_expert_end = block * (1 + int((ref[1][:used // block] == ref[1][0]).sum()) - 1)
+    if first_expert_end < used:
+        swapped[[0, first_expert_end]] = swapped[[first_expert_end, 0]]
+        assert moe_align.alignment_mismatch((swapped, out[1], out[2]), ref, block) is not None
+
+
+def test_moe_align_rejects_bad_input():
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="int32/int64"):
+        moe_align.moe_align_block_size(ids.float(), 16, 4)
+    with pytest.raises(ValueError, match="expert_map"):
+        moe_align.moe_align_block_size(ids, 16, 4, expert_map=torch.arange(4))
+    with pytest.raises(ValueError, match="block_size"):
+        moe_align.moe_align_block_size(ids, 0, 4)
+
+
+@needs_wheel
+@pytest.mark.parametrize("T, rho", [(1, 0.0), (3, 1.0), (9, 0.3), (40, 0.0)])
+def test_vllm_fused_moe_matches_torch(T, rho):
+    """vLLM's fused_moe_kernel + launcher + config rule (extracted) on both expert-assignment paths (one block
+    per route at T * top_k * 4 <= E, moe_align_block_size above) vs the torch reference; fp32 on the CPU."""
+    from verify_model import kernels_loader as kl
+    from verify_model.model import Kernels, MoELayer, routed_experts, torch_moe
+    from verify_model.routing import synthetic_routing
+    from verify_model.shapes import TINY
+    from verify_model.vllm_moe import imposed_topk_weights
+    if not (kl.EXTRACTED_DIR / "vllm_extracted" / f"{kl.FUSED_MOE_OUT}.py").exists():
+        kl.prepare_sources()
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    shape = TINY
+    E = 64 if T == 1 else shape.num_experts       # T = 1: 1 * 4 * 4 <= 64, the one-block-per-route path
+    shape = shape.__class__(**{**{f: getattr(shape, f) for f in shape.__dataclass_fields__}, "num_experts": E})
+    g = torch.Generator(device=DEVICE).manual_seed(T)
+    layer = MoELayer(shape, DEVICE, dtype, g, layout="vllm")
+    kernels = Kernels(fused="triton", vllm_moe=kl.load_vllm_moe("lookup"))
+    ids = torch.from_numpy(synthetic_routing(1, T, 1, E, shape.top_k, rho, seed=T)[0]).to(DEVICE)
+    x = torch.randn(T, shape.hidden, device=DEVICE, generator=g).to(dtype)
+    out = routed_experts(x, layer, ids.int(), shape.top_k, kernels)
+    ref = torch_moe(x, torch.nn.functional.linear(x, layer.w_router), ids, layer)
+    assert _rel(out, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+    logits = torch.randn(T, E, device=DEVICE, generator=g)
+    assert _rel(imposed_topk_weights(logits, ids.int()), imposed_topk_weights(logits, ids.int(), backend="torch")) < 1e-6
+
+
+@needs_wheel
+def test_interpreted_bench_end_to_end(tmp_path):
+    """The GPU code path on the CPU: MoE probe (child process), checks on the Triton kernels (vLLM GDN + MoE,
+    ours), calibration, sweep, the extra-shape section, results and profile files."""
+    if DEVICE != "cpu":
+        pytest.skip("interpreter run")
+    from verify_model import kernels_loader as kl
+    if not (kl.EXTRACTED_DIR / "vllm_extracted" / f"{kl.FUSED_MOE_OUT}.py").exists():
+        kl.prepare_sources()
+    bench.main(["--tiny", "--interpret", "--batches", "1", "--lengths", "4,16", "--calibrate-iters", "1",
+                "--moe-options", "vllm_fused_lookup,vllm_fused_tuned", "--extra-shape", "tiny", "--extra-layers", "4",
+                "--extra-lengths", "4", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "verify_profile.json").read_text())
+    assert doc["checks"]["moe_option"] in ("vllm_fused_lookup", "vllm_fused_tuned")
+    assert doc["meta"]["moe"]["impl"] == "vllm"
+    bad = {k: v for k, v in doc["checks"].items() if isinstance(v, float) and not k.endswith("states_changed")
+           and not v < 1e-4}
+    assert not bad
+    assert {r["variant"] for r in doc["rows"]} == {"baseline", "ours", "ours_probe"}
+    assert {r["L"] for r in doc["extra_shape"]["rows"]} == {4} and not doc["extra_shape"]["checks"] == {}
+    for rho in doc["rhos"]:
+        assert "baseline_growth_4_to_16" in doc["summary"]["by_rho"][str(rho)]
+    profile = lp.LatencyProfile.load(tmp_path / "latency_profile_tiny_cpu.json")
+    assert profile.batch_sizes == [1] and profile.lengths == [4, 16]
+    assert lp.LatencyProfile.load(tmp_path / "latency_profile_tiny_extra_cpu.json").lengths == [4]
