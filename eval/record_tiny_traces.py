@@ -2,6 +2,7 @@
 
     python eval/record_tiny_traces.py                       # -> eval/results/traces_tiny.jsonl
     python eval/record_tiny_traces.py --prompts 8 --max-tokens 48 --out /tmp/t.jsonl
+    python eval/record_tiny_traces.py --summarize eval/results/traces_tiny.jsonl   # calibration per position
 
 Runs the tiny hybrid GDN target (vllm_hybridspec.tiny) with its DFlash and DSpark drafters under Model Runner
 V2 (the test-only interpreter shim, as tests/adaptive does), greedy, with hybridspec's adaptive verification
@@ -88,16 +89,50 @@ def run_job(job_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps({"rows": rows, "engines": summary}))
 
 
+def summarize(path: Path) -> dict:
+    """Per drafter and position k: mean confidence vs the empirical P(draft k accepted | drafts < k accepted),
+    over the rounds that reached k; and the rank correlation-free check of usefulness: the mean accepted drafts
+    of rounds whose first confidence is above / below its median."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "meta" not in r]
+    out = {}
+    for drafter in dict.fromkeys(r["drafter"] for r in rows):
+        mine = [r for r in rows if r["drafter"] == drafter]
+        k = len(mine[0]["confidences"])
+        positions = []
+        for j in range(k):
+            reached = [r for r in mine if r["accepted"] >= j]
+            if not reached:
+                break
+            accepted = sum(1 for r in reached if r["accepted"] > j) / len(reached)
+            conf = sum(r["confidences"][j] for r in reached) / len(reached)
+            positions.append({"k": j + 1, "rounds": len(reached), "mean_confidence": round(conf, 3),
+                              "empirical_acceptance": round(accepted, 3)})
+        first = sorted(r["confidences"][0] for r in mine)
+        median = first[len(first) // 2]
+        high = [r["accepted"] for r in mine if r["confidences"][0] >= median]
+        low = [r["accepted"] for r in mine if r["confidences"][0] < median]
+        out[drafter] = {"rounds": len(mine), "mean_accepted": round(sum(r["accepted"] for r in mine) / len(mine), 3),
+                        "positions": positions,
+                        "mean_accepted_first_conf_above_median": round(sum(high) / max(len(high), 1), 3),
+                        "mean_accepted_first_conf_below_median": round(sum(low) / max(len(low), 1), 3)}
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--prompts", type=int, default=8, help="prompts of the tiny corpus")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--drafters", nargs="+", default=["dflash", "dspark"], choices=["dflash", "dspark"])
+    ap.add_argument("--summarize", type=Path, help="print calibration statistics of a recorded file and exit")
     ap.add_argument("--job", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.job:
         return run_job(*args.job)
+    if args.summarize:
+        print(json.dumps(summarize(args.summarize), indent=1))
+        return None
 
     from vllm_hybridspec.tiny import ensure_tiny_models
 

@@ -407,6 +407,10 @@ def summarize(tputs, tasks, labels):
                                                                for c in CONCURRENCY[1:]), 3),
         "vllm_adaptive_vs_fixed_same_kernels": {f"c{c}": round(ratio(f"vllm_adaptive@{kernels}", fixed_same, c), 3)
                                                 for c in CONCURRENCY},
+        # What vllm_hybridspec/adaptive runs today (host budget from last round): the device-side lookahead's
+        # gain over it needs the step's token count decided on the device.
+        "hybridspec_host_vs_fixed_same_kernels": {f"c{c}": round(ratio(f"hybridspec_host@{kernels}", fixed_same, c), 3)
+                                                  for c in CONCURRENCY},
         "hybridspec_vs_vllm_adaptive": {f"c{c}": round(ratio(best, f"vllm_adaptive@{kernels}", c), 3)
                                         for c in CONCURRENCY},
         "aggregation": f"geometric mean over tasks {list(tasks)}",
@@ -427,8 +431,26 @@ def profiles_by_rho(profile_path: Path) -> dict[str, dict[str, LatencyProfile]]:
             for rho, plist in doc.get("profiles_by_rho", {}).items()}
 
 
+class PerRequestBeyondMeasured:
+    """A profile whose batches beyond the largest measured one cost that batch's time per request
+    (T(B, L) = T(B_max, L) * B / B_max: no further batching gain), instead of the linear extrapolation from the
+    two largest measured batches, which multiplies their difference - and any kink in it - by
+    (B - B_max) / (B_max - B_prev). Everything else is the wrapped profile's."""
+
+    def __init__(self, profile: LatencyProfile):
+        self._profile = profile
+        self._largest = profile.batch_sizes[-1]
+
+    def interpolate(self, batch: float, L: float) -> float:
+        scale = max(1.0, batch / self._largest)
+        return self._profile.interpolate(min(batch, self._largest), L) * scale
+
+    def __getattr__(self, name):
+        return getattr(self._profile, name)
+
+
 def sensitivity(args, profiles, drafter, tasks, kernels):
-    """c1 and c16 ratios of the HybridSpec system under other assumptions (smaller traces)."""
+    """c1, c16 and c64 ratios of the HybridSpec system under other assumptions (smaller traces)."""
     out = []
     base_args = vars(args).copy()
     by_rho = profiles_by_rho(args.profile)
@@ -438,17 +460,19 @@ def sensitivity(args, profiles, drafter, tasks, kernels):
                 ("probe_pricing", "expert_fit"),
                 ("long_run_rate", 1), ("convexify", 1), ("length_rule", "greedy"),
                 ("length_rule", "lookahead_floor"), ("drafter_scale", 0.5),
-                ("drafter_scale", 2.0)]
+                ("drafter_scale", 2.0), ("batch_extrapolation", "per_request")]
     for key, value in variants:
         a = argparse.Namespace(**{**base_args, "rounds_scale": args.rounds_scale * 0.5,
                                   **({} if key == "routing_rho" else {key: value})})
         cell_profiles = by_rho[value] if key == "routing_rho" else profiles
+        if key == "batch_extrapolation":
+            cell_profiles = {name: PerRequestBeyondMeasured(p) for name, p in profiles.items()}
         d = DrafterCost(launch_us=drafter.launch_us * a.drafter_scale,
                         hbm_bytes_per_us=drafter.hbm_bytes_per_us / a.drafter_scale,
                         flops_per_us=drafter.flops_per_us / a.drafter_scale)
         traces, _ = build_traces(argparse.Namespace(**{**vars(a), "traces": None}))
         entry = {"assumption": key, "value": value}
-        for c in (1, 16):
+        for c in (1, 16, 64):
             t = {}
             for task in tasks:
                 cell = Cell(traces[task][c], c, cell_profiles, d, a, seed=_seed(task, c))
@@ -473,7 +497,11 @@ def markdown(summary, rows, assumptions, device, profile_path):
     lines = [f"# simulate (SIMULATED tokens/s from the latency profile measured on {device})", "",
              f"Profile: `{profile_path}`. Acceptance: models fitted to published DFlash acceptance lengths "
              "(eval/acceptance_models.py); see eval/notes/simulate.md. `name@kernels`: kernels = the profile "
-             "variant (GDN verify path) that prices the verify pass.", "",
+             "variant (GDN verify path) that prices the verify pass. `hybridspec` = the length policy deciding on "
+             "the device from this round's confidences (lookahead admission); `hybridspec_host` = what the vLLM "
+             "wiring (vllm_hybridspec/adaptive) runs today: the step's budget from last round's confidences, "
+             "fixed on the host; `recorded_*` = replayed tiny-model traces (K = 4, eval/record_tiny_traces.py).",
+             "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
     lines += ["", f"Profile batches measured: {assumptions['profile_batch_sizes']}. How each concurrency is priced: "
