@@ -468,6 +468,20 @@ def _json_safe(obj):
     return obj
 
 
+def device_tag(device: str) -> str:
+    return "h200" if "H200" in device else "cpu" if device.startswith("cpu") else device.split()[-1].lower()
+
+
+def profile_meta(meta: dict) -> dict:
+    """The profile files carry the MoE choice in brief (the probe details stay in the result file)."""
+    moe = meta.get("moe") or {}
+    if "probe" not in moe:
+        return meta
+    option = moe.get("option")
+    return {**meta, "moe": {"option": option.get("name") if isinstance(option, dict) else option,
+                            "impl": moe.get("impl"), "configs": (moe.get("configs") or {}).get("source")}}
+
+
 def extra_prefix(shape_name: str) -> str:
     return "qwen3_next_" if shape_name.startswith("qwen3_next") else f"{shape_name}_"
 
@@ -479,13 +493,9 @@ def write_all(out_dir, args, device, rows, calibration, rhos, variants, checks, 
     summary["calibrated_rho"] = rho_cal
     summary["moe_option"] = checks.get("moe_option")
     summary["by_rho"] = {str(r): summarize(rows, r, variants) for r in rhos}
-    moe = meta.get("moe", {})
-    # the profile files carry the MoE choice in brief (the probe details stay in the result file)
-    meta = {**meta, "moe": {"option": (moe.get("option") or {}).get("name"), "impl": moe.get("impl"),
-                            "configs": (moe.get("configs") or {}).get("source")}}
-    full_meta = {**meta, "moe": moe}
+    full_meta, meta = meta, profile_meta(meta)
     extra_profiles = []
-    dev_tag = "h200" if "H200" in device else "cpu" if device.startswith("cpu") else device.split()[-1].lower()
+    dev_tag = device_tag(device)
     if extra and extra.get("rows"):
         prefix = extra_prefix(extra["shape"])
         for r in rhos:
@@ -783,20 +793,21 @@ def run_extra_shape(args, kernels, device, dtype, timer, rhos, variants, rho_cal
     t0 = time.time()
     if gpu:
         log(f"{xshape.name}: {torch.cuda.memory_allocated() / 2**30:.1f} GiB still allocated before the build")
-    while True:
+    model = None
+    while model is None:
         try:
             model = VerifyModel(xshape, device=device, dtype=dtype, max_batch=1, max_len=max(xlengths),
                                 ctx_len=args.ctx, kernels=kernels, seed=3)
-            break
         except torch.cuda.OutOfMemoryError:
             half = xshape.num_layers // 2 // xshape.full_attention_interval * xshape.full_attention_interval
             if half < xshape.full_attention_interval:
                 raise
             log(f"{xshape.name}: out of memory at {xshape.num_layers} layers, trying {half}")
+            xshape = xshape.with_layers(half)
+        if model is None:  # outside the except block: the half-built model is unreferenced now
             import gc
             gc.collect()
             torch.cuda.empty_cache()
-            xshape = xshape.with_layers(half)
     if gpu:
         torch.cuda.synchronize()
         log(f"{xshape.name}: {xshape.num_layers} of {full} layers built in {time.time() - t0:.1f}s, "
@@ -893,14 +904,14 @@ def rebuild_profiles(json_path: Path):
     model_name, device = doc["profiles"][0]["model"], doc["device"]
     variants = list(dict.fromkeys(r["variant"] for r in doc["rows"]))
     rho_cal = doc["calibration"]["rho"]
-    profiles = build_profiles(lp, doc["rows"], device, model_name, rho_cal, variants, doc["meta"])
+    profiles = build_profiles(lp, doc["rows"], device, model_name, rho_cal, variants, profile_meta(doc["meta"]))
     doc["profiles"] = [p.to_dict() for p in profiles]
     doc["profiles_by_rho"] = {str(round(r, 4)): [p.to_dict() for p in build_profiles(lp, doc["rows"], device,
                                                                                       model_name, r, variants,
-                                                                                      doc["meta"])]
+                                                                                      profile_meta(doc["meta"]))]
                               for r in doc["rhos"]}
     json_path.write_text(json.dumps(_json_safe(doc), indent=1) + "\n")
-    dev_tag = "h200" if "H200" in device else device.split()[-1].lower()
+    dev_tag = device_tag(device)
     lp.save_profiles(json_path.with_name(PROFILE_FILE.format(model=model_name, device=dev_tag)), profiles,
                      doc["default_variant"])
 
