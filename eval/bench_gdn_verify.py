@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -350,14 +351,38 @@ SWEEP_VERIFY_FINAL = [c for c in SWEEP_VERIFY if c.transposed or c.prefetch
                       or c in (VerifyConfig(block_v=32), VerifyConfig(block_v=32, whole_v=True),
                                VerifyConfig(block_v=32, state_as_a=True),
                                VerifyConfig(block_v=32, whole_v=True, state_as_a=True))]
+# --sweep-set v4: the v2 winners (reference) and the v4 forms; only state_dot="fp32" configs can become defaults
+_LF = dict(loads_first=True)
+SWEEP_VERIFY_V4 = [
+    VerifyConfig(block_v=32), VerifyConfig(block_v=32, whole_v=True),
+    VerifyConfig(block_v=32, hoist=True, **_LF), VerifyConfig(block_v=32, hoist=True, num_warps=8, **_LF),
+    VerifyConfig(block_v=32, hoist=True, num_warps=8, state_dot="bf16", **_LF),
+    VerifyConfig(block_v=16, hoist=True, **_LF),
+    VerifyConfig(block_v=32, two_pass=True, **_LF), VerifyConfig(block_v=32, two_pass=True, prep_warps=8, **_LF),
+    VerifyConfig(block_v=64, two_pass=True, num_warps=8, **_LF),
+    VerifyConfig(block_v=32, two_pass=True, state_dot="bf16", **_LF),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, **_LF),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, state_dot="bf16", **_LF),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, **_LF),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, state_dot="bf16", **_LF),
+]
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 
 
-def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON):
+def default_eligible(config):
+    """Configs a sweep may make the default: tf32 state products (tf32x3 and 16-bit operands are timed as the
+    price / gain of another precision, not chosen), no timing-only stage skips."""
+    return config.big_dot == "tf32" and config.state_dot == "fp32" and not config.skip_stages
+
+
+def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
+          errors=None):
     """Launch configs of ours per batch size (verify alone, reconstruction alone); returns rows and the fastest
-    verify config (tf32 only: tf32x3 is timed as the price of more precision) and reconstruction config per batch."""
+    eligible verify config (`default_eligible`, and bf16 output error below 1e-2 in `errors` when given) and
+    reconstruction config per batch."""
     rows, best_verify, best_recon = [], {}, {}
+    errors = errors or {}
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
@@ -367,8 +392,10 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
             except Exception as exc:  # a config that fails to compile is reported, not fatal
                 rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), error=repr(exc)[:300]))
                 continue
-            rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3)))
-            if config.big_dot == "tf32" and us < best_verify.get(B, (None, float("inf")))[1]:
+            err = errors.get(repr(config))
+            rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
+            correct = err is None or (isinstance(err, float) and err < 1e-2)
+            if default_eligible(config) and correct and us < best_verify.get(B, (None, float("inf")))[1]:
                 best_verify[B] = (config, us)
         for recon in recon_configs if B in (1, max(batches)) else []:
             us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
@@ -378,6 +405,24 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         del s
         torch.cuda.empty_cache()
     return rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_recon.items()}
+
+
+def distinct_specialisations(lens):
+    """One length per distinct (block_t, Neumann steps) pair: the only ways the verify kernels depend on L."""
+    seen = {}
+    for L in sorted(lens):
+        key = (max(16, triton.next_power_of_2(L)), max(0, math.ceil(math.log2(max(L, 1))) - 1))
+        seen.setdefault(key, L)
+    return list(seen.values())
+
+
+def wait_for_file(path, limit_s=120):
+    """Block until `path` exists (None: no wait): a GPU test run sharing the device marks its end with it."""
+    t0 = time.time()
+    while path and not os.path.exists(path) and time.time() - t0 < limit_s:
+        time.sleep(0.5)
+    if path:
+        print(f"waited {time.time() - t0:.0f} s for {path}", flush=True)
 
 
 def nearest(table, B):
@@ -602,7 +647,7 @@ def main():
     parser.add_argument("--rep-ms", type=int, default=40)
     parser.add_argument("--sweep", action="store_true",
                         help="first time launch configs of ours per batch and use the fastest (GPU only)")
-    parser.add_argument("--sweep-set", choices=["full", "final"], default="full",
+    parser.add_argument("--sweep-set", choices=["full", "final", "v4"], default="full",
                         help="final: only the v2 winners and the v3 candidates, default reconstruction")
     parser.add_argument("--write-tuned", default=None,
                         help="write the sweep's fastest verify config per batch here (tuned_verify_configs.json)")
@@ -611,6 +656,10 @@ def main():
                         help="v4 diagnosis: stage ladder + launch candidates (GPU), writes gdn_verify_diag.json")
     parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
+    parser.add_argument("--precompile", action="store_true",
+                        help="compile every sweep config for every length in parallel worker processes first")
+    parser.add_argument("--wait-file", default=None,
+                        help="before any timing, wait until this file exists (a GPU test run sharing the device)")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")
     args = parser.parse_args()
@@ -632,55 +681,78 @@ def main():
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"
     print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
 
+    if args.precompile and ON_GPU:
+        configs = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4}[args.sweep_set]
+        precompile(gdn, [(L, c) for c in configs for L in distinct_specialisations(lens + [16, 17])])
+    wait_for_file(args.wait_file)
     check = check_correctness(gdn, device, vk)
     print("correctness", json.dumps(check), flush=True)
 
     sweep_rows, best_verify, best_recon = [], {}, {}
     if args.sweep and ON_GPU:
-        final = args.sweep_set == "final"
+        configs = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4}[args.sweep_set]
+        wait_for_file(args.wait_file)
+        errors = config_errors(gdn, device, configs)
+        extra_errors = {short_config(k): v for k, v in errors.items()}
+        print("config errors", json.dumps(extra_errors), flush=True)
         sweep_rows, best_verify, best_recon = sweep(
-            gdn, device, num_layers, args.rep_ms, batches, configs=SWEEP_VERIFY_FINAL if final else SWEEP_VERIFY,
-            recon_configs=[DEFAULT_RECON] if final else SWEEP_RECON)
+            gdn, device, num_layers, args.rep_ms, batches, configs=configs,
+            recon_configs=SWEEP_RECON if args.sweep_set == "full" else [DEFAULT_RECON], errors=errors)
         if args.write_tuned and best_verify:
             write_tuned_verify_configs(args.write_tuned, device_name, best_verify,
                                        f"eval/bench_gdn_verify.py sweep, L=16, commit "
                                        f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
         for r in sweep_rows:
-            print("sweep", r, flush=True)
+            print("sweep", r["part"], "B", r["B"], r.get("us", r.get("error")), "err", r.get("out_rel_err"),
+                  short_config(r["config"]) if r["part"] == "verify" else r["config"], flush=True)
 
     rows = []
-    for L in lens:
-        for B in batches:
-            s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
-            config, recon = nearest(best_verify, B), nearest(best_recon, B)
-            row = dict(L=L, B=B)
-            for pattern in ("all", "random"):
-                n = accept_counts(L, B, pattern, device)
-                row[f"vllm_us_{pattern}"] = time_step(vllm_step(s, n, vk), args.rep_ms) * 1e3 / num_layers
-                row[f"ours_us_{pattern}"] = time_step(ours_step(s, n, config=config, recon=recon),
-                                                      args.rep_ms) * 1e3 / num_layers
-                row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
-            n = accept_counts(L, B, "all", device)
-            row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False, config=config),
-                                              args.rep_ms) * 1e3 / num_layers
-            row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False, recon=recon),
-                                                   args.rep_ms) * 1e3 / num_layers
-            row["fla_us"] = time_step(fla_step(s, vk, fla_fn), args.rep_ms) * 1e3 / num_layers if fla_fn else None
-            verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
-            row["ours_MB"] = (verify_b + recon_b) / 1e6
-            row["ours_floor_us"] = (verify_b + recon_b) / HBM_BYTES_PER_S * 1e6
-            row["ours_TBps"] = (verify_b + recon_b) / (row["ours_us_all"] * 1e-6) / 1e12
-            row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
-            row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
-            row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
-            row["verify_config"] = repr(config or default_verify_config(B))
-            row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
-            rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
-            print(rows[-1], flush=True)
-            del s
-            if ON_GPU:
-                torch.cuda.empty_cache()
+    t_grid = time.time()
+    first = [(4, 1), (16, 1), (16, 32)]  # the summary's cells first, in case the time budget ends the grid
+    cells = [c for c in first if c[0] in lens and c[1] in batches]
+    cells += [(L, B) for L in lens for B in batches if (L, B) not in cells]
+    for L, B in cells:
+        if time.time() - t_grid > args.budget_s:
+            print(f"time budget: grid stopped before L={L} B={B}", flush=True)
+            continue
+        s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
+        config, recon = nearest(best_verify, B), nearest(best_recon, B)
+        row = dict(L=L, B=B)
+        for pattern in ("all", "random"):
+            n = accept_counts(L, B, pattern, device)
+            row[f"vllm_us_{pattern}"] = time_step(vllm_step(s, n, vk), args.rep_ms) * 1e3 / num_layers
+            row[f"ours_us_{pattern}"] = time_step(ours_step(s, n, config=config, recon=recon),
+                                                  args.rep_ms) * 1e3 / num_layers
+            row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
+        n = accept_counts(L, B, "all", device)
+        row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False, config=config),
+                                          args.rep_ms) * 1e3 / num_layers
+        row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False, recon=recon),
+                                               args.rep_ms) * 1e3 / num_layers
+        row["fla_us"] = None
+        if fla_fn:
+            try:
+                row["fla_us"] = time_step(fla_step(s, vk, fla_fn), args.rep_ms) * 1e3 / num_layers
+            except Exception as exc:  # reported, not fatal
+                fla_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                print("fla failed:", fla_error, flush=True)
+                fla_fn = None
+        verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
+        row["ours_MB"] = (verify_b + recon_b) / 1e6
+        row["ours_floor_us"] = (verify_b + recon_b) / HBM_BYTES_PER_S * 1e6
+        row["ours_TBps"] = (verify_b + recon_b) / (row["ours_us_all"] * 1e-6) / 1e12
+        row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
+        row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
+        row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
+        row["verify_config"] = repr(config or default_verify_config(B))
+        row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
+        rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+        print(rows[-1], flush=True)
+        del s
+        if ON_GPU:
+            torch.cuda.empty_cache()
 
+    rows.sort(key=lambda r: (r["L"], r["B"]))
     ws_per_request = GDNVerifyWorkspace.allocate(1, 1, VLLM_NUM_SPEC_FOR_STATE_RATIO + 1, gdn["num_k_heads"],
                                                  gdn["num_v_heads"], gdn["head_k_dim"], gdn["head_v_dim"],
                                                  torch.bfloat16, "cpu").bytes_per_request()

@@ -37,14 +37,23 @@ fi
 
 if [ "$MODE" = final ]; then
     mkdir -p "$OUT/gdn"
-    timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/ops/test_gdn_verify.py \
-        > "$OUT/gdn/pytest.log" 2>&1
-    echo "== pytest rc=$? at $(( $(date +%s) - T0 )) s"; tail -3 "$OUT/gdn/pytest.log"
-    timeout ${BENCH_S:-220} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set final \
-        --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
-        --command "python eval/bench_gdn_verify.py --sweep --sweep-set final (eval/run_gpu_gdn.sh MODE=final, commit $COMMIT)" \
+    # FLA from the carried wheel (.whl, pure Python): the second baseline
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        && export PYTHONPATH=/tmp/pk:/tmp/site
+    rm -f /tmp/gpu_tests_done
+    # the GPU tests compile while the bench precompiles (16 cores); the bench times nothing before they end
+    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/ops/test_gdn_verify.py \
+        > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"; touch /tmp/gpu_tests_done ) &
+    timeout ${BENCH_S:-270} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set v4 --precompile \
+        --wait-file /tmp/gpu_tests_done --budget-s ${GRID_S:-150} --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
+        --command "python eval/bench_gdn_verify.py --sweep --sweep-set v4 --precompile (eval/run_gpu_gdn.sh MODE=final, commit $COMMIT)" \
         > "$OUT/gdn/bench.log" 2>&1
     echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
-    grep -v "^sweep " "$OUT/gdn/bench.log" | tail -30
+    wait
+    tail -4 "$OUT/gdn/pytest.log"
+    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-1500
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-200
+    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
+    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-1500; echo
 fi
 ls -la "$OUT"/*

@@ -159,8 +159,10 @@ VERIFY_CASES = [
 
 
 @needs_kernels
-@pytest.mark.parametrize("config", [None, VerifyConfig(block_v=16, two_pass=True), VerifyConfig(hoist=True)],
-                         ids=["default", "two-pass", "hoisted"])
+@pytest.mark.parametrize("config", [None, VerifyConfig(block_v=16, two_pass=True), VerifyConfig(hoist=True),
+                                    VerifyConfig(hoist=True, loads_first=True),
+                                    VerifyConfig(block_v=16, two_pass=True, loads_first=True)],
+                         ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -233,6 +235,11 @@ def test_every_accept_position_over_layers(length, config):
                  id="grouped-rolled-loop"),
     pytest.param(VerifyConfig(block_v=16, two_pass=True), False, id="two-pass-per-block"),
     pytest.param(VerifyConfig(block_v=16, hoist=True), True, id="per-head-hoisted"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, loads_first=True), False, id="per-head-hoisted-loads-first"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, loads_first=True), False,
+                 id="whole-v-rolled-loads-first"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loads_first=True), True,
+                 id="two-pass-loads-first"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2, prep_warps=2), True,
                  id="two-pass-whole-v-rolled"),
 ])
@@ -259,6 +266,8 @@ def test_launch_configs_match_naive(config, outer_loop):
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, state_dot="fp16"), id="rolled-fp16"),
     pytest.param(VerifyConfig(block_v=16, two_pass=True, state_dot="fp16"), id="two-pass-fp16"),
     pytest.param(VerifyConfig(block_v=16, hoist=True, state_dot="fp16"), id="hoisted-fp16"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, loads_first=True, state_dot="fp16", num_warps=8),
+                 id="hoisted-loads-first-fp16"),
 ])
 def test_16bit_state_products_match_naive(config):
     """16-bit state-product operands: error at the operand rounding (fp16 ~5e-4), not wrong indexing."""
@@ -378,6 +387,8 @@ def test_rejects_bad_configs():
         VerifyConfig(loop_stages=2, prefetch=True)
     with pytest.raises(ValueError, match="two_pass needs the plain layout"):
         VerifyConfig(two_pass=True, group_heads=True)
+    with pytest.raises(ValueError, match="loads_first needs the plain layout"):
+        VerifyConfig(loads_first=True, transposed=True)
     with pytest.raises(ValueError, match="hoist needs one value block"):
         VerifyConfig(hoist=True, whole_v=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
@@ -484,12 +495,14 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
 @pytest.mark.parametrize("state_dtype,config,outer_loop", [
     pytest.param(torch.float32, VerifyConfig(), True, id="fp32-state-per-head"),
     pytest.param(torch.float32, VerifyConfig(whole_v=True, group_heads=True), False, id="fp32-state-grouped"),
-    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8), True,
-                 id="bf16-state-grouped-bv64"),
     pytest.param(torch.float32, VerifyConfig(block_v=16, big_dot="tf32x3"), False, id="fp32-state-tf32x3"),
-    pytest.param(torch.float32, VerifyConfig(whole_v=True, state_as_a=True), False, id="fp32-state-as-a"),
-    pytest.param(torch.float32, VerifyConfig(transposed=True, fuse_qk=True, prefetch=True), False,
-                 id="fp32-state-transposed-fused"),
+    pytest.param(torch.float32, VerifyConfig(hoist=True, loads_first=True, num_warps=8), False,
+                 id="fp32-state-hoisted-loads-first"),
+    pytest.param(torch.float32, VerifyConfig(two_pass=True, loads_first=True), True, id="fp32-state-two-pass"),
+    pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2, loads_first=True), False,
+                 id="bf16-state-two-pass-rolled"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, loop_stages=2, loads_first=True, state_dot="bf16"), False,
+                 id="fp32-state-rolled-bf16-products"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, transposed=True, fuse_qk=True, prefetch=True), True,
                  id="bf16-state-transposed-whole-v"),
 ])

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import _causal_conv_silu, _value_block
+from .verify import _causal_conv_silu, _conv_math, _conv_taps, _state_block, _value_block, _value_block_math, _value_block_taps
 
 
 @triton.jit(do_not_specialize=["WS_LEN"])
@@ -25,7 +25,7 @@ def _gdn_verify_prep_kernel(
     stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
-    SMALL_DOT: tl.constexpr,
+    SMALL_DOT: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):
     """Program (k-head, request). Every load is issued before the first cross-thread step (the q/k norms)."""
     i_h, i_n = tl.program_id(0), tl.program_id(1)
@@ -47,9 +47,18 @@ def _gdn_verify_prep_kernel(
     b_xq = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None], other=0.0)
     b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
                    other=0.0)
-    b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W, HAS_BIAS)
-    b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                            HAS_BIAS)
+    if LOADS_FIRST:
+        b_qx, b_qs, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
+                                            D, W, BW, HAS_BIAS)
+        b_kx, b_ks, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
+                                            (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
+        b_q = _conv_math(b_qx, b_qs, b_qw, b_qb, m_t)
+        b_k = _conv_math(b_kx, b_ks, b_kw, b_kb, m_t)
+    else:
+        b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
+                                HAS_BIAS)
+        b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
+                                HAS_BIAS)
     softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
     b_g = tl.where(m_t[:, None], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[None, :] * softplus, 0.0)
     b_beta = tl.where(m_t[:, None], tl.sigmoid(b_b), 0.0)
@@ -89,6 +98,7 @@ def _gdn_verify_state_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    BW: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -106,6 +116,11 @@ def _gdn_verify_state_kernel(
         return
     i_h = i_hv // (HV // H)
     ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    conv_window = conv_state + slot * stride_conv_slot
+    if LOADS_FIRST and V_PER_PROGRAM == BV:  # one block: v taps, G, q/k, factors, then the state block last
+        b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+                                                         stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, i_vs * BV, HV, K,
+                                                         V, D, W, BW, BV, H, HAS_BIAS)
     b_k = tl.load(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
     b_q = tl.load(q_hat + ((i_n * BT + o_t[:, None]) * H + i_h) * K + o_k[None, :])
     b_G = tl.load(ws_g + ws_row * HV + i_hv, mask=m_t, other=0.0)
@@ -120,45 +135,52 @@ def _gdn_verify_state_kernel(
     elif STATE_DOT == "fp16":
         b_k = b_k.to(tl.float16)
         b_q = b_q.to(tl.float16)
-    conv_window = conv_state + slot * stride_conv_slot
-    if LOOP_STAGES > 0:
+    if LOADS_FIRST and V_PER_PROGRAM == BV:
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+        b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+        _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k, b_q, b_m,
+                          b_attn, b_one, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, 0)
+    elif LOOP_STAGES > 0:
         for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
-                         b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0)
+                         b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
+                         LOADS_FIRST)
     else:
         for i_vb in tl.static_range(V_PER_PROGRAM // BV):
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
-                         b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0)
+                         b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
+                         LOADS_FIRST)
 
 
-def launch_two_pass(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
+def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
                     cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot):
-    """The two launches; shapes already checked by gdn_verify."""
+    """The two launches; shapes already checked by gdn_verify. conv_w: [D, W], or [W, D] with config.loads_first."""
     num_requests = cu_seqlens.shape[0] - 1
     _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
-    conv_dim, width = conv_weight.shape
+    conv_dim, width = conv_w.shape[::-1] if config.loads_first else conv_w.shape
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"two_pass needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
     q_hat = torch.empty(num_requests, block_t, num_k_heads, head_k_dim, dtype=torch.float32, device=out.device)
     wy = torch.empty(num_requests, num_v_heads, 2, block_t, block_t, dtype=torch.float32, device=out.device)
     _gdn_verify_prep_kernel[(num_k_heads, num_requests)](
-        mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
+        mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
         workspace.g, workspace.x, q_hat, wy, mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t,
         HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
-        SMALL_DOT=small_dot, num_warps=config.prep_warps,
+        SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
+        num_warps=config.prep_warps,
     )
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     _gdn_verify_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
-        mixed_qkv, conv_weight, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
+        mixed_qkv, conv_w, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
         workspace.k, workspace.g, workspace.x, q_hat, wy, scale, mixed_qkv.stride(0), conv_state.stride(0),
         ssm_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
         D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
         BIG_DOT=big_dot, SMALL_DOT=small_dot, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages,
-        num_warps=config.num_warps,
+        BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, num_warps=config.num_warps,
     )
     return out

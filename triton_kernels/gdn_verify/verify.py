@@ -12,6 +12,7 @@ S_0 the committed state [V, K], and rows t of Q, K, V the L2-normalised q_t, k_t
 (I + A)^-1 is the product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^BT = 0), a few [BT, BT] dots.
 The conv (depth W, causal, SiLU) runs in the same program from the committed window and the raw inputs.
 """
+import collections
 import functools
 import json
 import math
@@ -47,6 +48,39 @@ def _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o
                       other=0.0)
         b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
         acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w[None, :]
+    acc = acc * tl.sigmoid(acc)
+    return tl.where(m_t[:, None], acc, 0.0)
+
+
+@triton.jit
+def _conv_taps(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
+               BW: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Loads only, for `_conv_math`: taps [BW, BT, C] (tap j of token t is input row t + j - (W-1); x rows and
+    committed-window rows in two complementary masked loads), weights [BW, BT, C] from the transposed [W, D]
+    weights (contiguous along C like the inputs, so all three loads get one register layout and the tap sum stays
+    inside each thread), bias [BT, C]. A load whose result needs a layout conversion is followed at once by a
+    barrier, and every load after it in the program waits for that barrier: `_causal_conv_silu`'s per-tap weight
+    vectors did that (one serial HBM round trip per tap)."""
+    o_w = tl.arange(0, BW)
+    src = o_w[:, None] + o_t[None, :] - (W - 1)  # [BW, BT]
+    m_tap = (o_w[:, None] < W) & m_t[None, :]
+    b_x = tl.load(x + (bos + src)[:, :, None] * stride_x + o_c[None, None, :], mask=(m_tap & (src >= 0))[:, :, None],
+                  other=0.0)
+    b_s = tl.load(conv_window + (src + (W - 1))[:, :, None] * D + o_c[None, None, :],
+                  mask=(m_tap & (src < 0))[:, :, None], other=0.0)
+    b_w = tl.load(conv_wT + (o_w[:, None] * D + 0 * o_t[None, :])[:, :, None] + o_c[None, None, :],
+                  mask=(o_w < W)[:, None, None], other=0.0)
+    if HAS_BIAS:
+        b_b = tl.load(conv_b + 0 * o_t[:, None] + o_c[None, :]).to(tl.float32)
+    else:
+        b_b = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
+    return b_x, b_s, b_w, b_b
+
+
+@triton.jit
+def _conv_math(b_x, b_s, b_w, b_b, m_t):
+    """[BT, C] = silu(sum over taps of (x or window row) * weight + bias), zero past the request's length."""
+    acc = tl.sum((b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w.to(tl.float32), 0) + b_b
     acc = acc * tl.sigmoid(acc)
     return tl.where(m_t[:, None], acc, 0.0)
 
@@ -97,6 +131,21 @@ def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot
 
 
 @triton.jit
+def _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, bos, o_t, m_t, o_k,
+                      i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
+                      W: tl.constexpr, BW: tl.constexpr, BV: tl.constexpr, H: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The v side of `_value_block_loads` as raw taps (loads only; `_conv_math` finishes the conv). The state block
+    is left to the caller, to be loaded last: its copy into shared memory (the MMA operand) is followed by a
+    barrier that would hold back every load after it."""
+    o_v = v0 + tl.arange(0, BV)
+    o_xv = 2 * H * K + i_hv * V + o_v
+    b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
+    b_vx, b_vs, b_vw, b_vb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, BW,
+                                        HAS_BIAS)
+    return b_xv, b_vx, b_vs, b_vw, b_vb
+
+
+@triton.jit
 def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                       BV: tl.constexpr, H: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
@@ -134,10 +183,18 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                  bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                 SKIP: tl.constexpr):
+                 SKIP: tl.constexpr, BW: tl.constexpr = 4, LOADS_FIRST: tl.constexpr = False):
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
-    b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot,
-                                        bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H, HAS_BIAS, SKIP)
+    if LOADS_FIRST:
+        b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+                                                         stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
+                                                         W, BW, BV, H, HAS_BIAS)
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K)
+        b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+    else:
+        b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+                                            stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H,
+                                            HAS_BIAS, SKIP)
     _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
@@ -151,6 +208,7 @@ def _gdn_verify_kernel(
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
+    LOADS_FIRST: tl.constexpr, BW: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -194,19 +252,37 @@ def _gdn_verify_kernel(
     conv_window = conv_state + slot * stride_conv_slot
     writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
-    if HOIST:
+    if HOIST and LOADS_FIRST:  # the state block is loaded after the q/k taps (see _value_block_taps)
+        b_xv0, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K,
+                                                          V, D, W, BW, BV, H, HAS_BIAS)
+    elif HOIST:
         b_h0, b_v0, b_xv0 = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K, V, D, W,
                                                BV, H, HAS_BIAS, SKIP)
+    if HOIST:
         b_a0 = tl.load(a + (bos + o_t) * stride_a + i_hg, mask=m_t, other=0.0).to(tl.float32)
         b_b0 = tl.load(b + (bos + o_t) * stride_b + i_hg, mask=m_t, other=0.0).to(tl.float32)
+        b_dtb0 = tl.load(dt_bias + i_hg).to(tl.float32)
+        b_alog0 = tl.load(A_log + i_hg).to(tl.float32)
         b_xq0 = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None],
                         other=0.0)
         b_xk0 = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :],
                         mask=m_w[:, None], other=0.0)
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    if SKIP & 1:
+    if LOADS_FIRST:
+        b_qx, b_qs_, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
+                                             D, W, BW, HAS_BIAS)
+        b_kx, b_ks_, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
+                                             (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
+        if HOIST:
+            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+        b_q = _conv_math(b_qx, b_qs_, b_qw, b_qb, m_t)
+        b_k = _conv_math(b_kx, b_ks_, b_kw, b_kb, m_t)
+        if HOIST:
+            b_v0 = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+    elif SKIP & 1:
         b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
                       other=0.0).to(tl.float32)
         b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
@@ -244,14 +320,16 @@ def _gdn_verify_kernel(
     for j in tl.static_range(HEADS_PER_PROGRAM):
         i_hv = i_hg * HEADS_PER_PROGRAM + j
         if HOIST:
-            gate = b_a0
+            gate = b_a0 + b_dtb0
             b_beta = b_b0
+            b_alog = b_alog0
         else:
             gate = tl.load(a + (bos + o_t) * stride_a + i_hv, mask=m_t, other=0.0).to(tl.float32)
             b_beta = tl.load(b + (bos + o_t) * stride_b + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        gate += tl.load(dt_bias + i_hv).to(tl.float32)
+            gate += tl.load(dt_bias + i_hv).to(tl.float32)
+            b_alog = tl.load(A_log + i_hv).to(tl.float32)
         softplus = tl.where(gate <= 20.0, tl.log(1.0 + tl.exp(gate)), gate)
-        b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus, 0.0)
+        b_g = tl.where(m_t, -tl.exp(b_alog) * softplus, 0.0)
         b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
         b_G = tl.cumsum(b_g, 0)
         b_gamma = tl.exp(b_G)
@@ -279,13 +357,13 @@ def _gdn_verify_kernel(
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST)
         elif not (TRANSPOSED or PREFETCH or STATE_AS_A):
             for i_vb in tl.static_range(V_PER_PROGRAM // BV):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST)
         for i_vb in tl.static_range(V_PER_PROGRAM // BV if (TRANSPOSED or PREFETCH or STATE_AS_A) else 0):
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
             o_xv = 2 * H * K + i_hv * V + o_v
@@ -343,6 +421,27 @@ def _gdn_verify_kernel(
                 tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
 
 
+_CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device) -> (source, version, [W, D] copy)
+
+
+def transposed_conv_weight(conv_weight):
+    """[W, D] contiguous copy of conv_weight [D, W] for the loads-first conv, cached per weight: the entry pins its
+    source (so the address cannot be reused by another tensor while cached) and is rebuilt when the weight is
+    modified in place (version counter, shared by views). Called eagerly before CUDA-graph capture in vLLM (the
+    warm-up runs), so a captured step holds no copy."""
+    key = (conv_weight.data_ptr(), tuple(conv_weight.shape), conv_weight.stride(), conv_weight.dtype,
+           conv_weight.device)
+    hit = _CONV_WT_CACHE.get(key)
+    if hit is not None and hit[1] == conv_weight._version:
+        _CONV_WT_CACHE.move_to_end(key)
+        return hit[2]
+    copy = conv_weight.t().contiguous()
+    _CONV_WT_CACHE[key] = (conv_weight, conv_weight._version, copy)
+    while len(_CONV_WT_CACHE) > 256:
+        _CONV_WT_CACHE.popitem(last=False)
+    return copy
+
+
 def _check_contiguous(name, t, ndim):
     if t.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
@@ -395,6 +494,8 @@ class VerifyConfig:
     # v4: operand dtype of the two state products: "fp32" (big_dot precision) or 16-bit ("bf16" as vLLM's prefill
     # path rounds the state in its dots, "fp16" as the interpreter-testable twin); fp32 accumulation either way
     state_dot: str = "fp32"
+    # v4: conv inputs as [BT, W, C] taps + a [W, C] weight tile, every load of a conv issued before its math
+    loads_first: bool = False
     hoist: bool = False  # one value block and head per program: issue all its loads first (see the kernel)
     loop_stages: int = 0  # > 0: value blocks walked in a rolled tl.range loop pipelined with this many stages
     skip_stages: int = 0  # timing experiments only (wrong outputs): stage bit mask, see _gdn_verify_kernel
@@ -421,6 +522,8 @@ class VerifyConfig:
             raise ValueError("hoist needs one value block and one head per program in the plain layout")
         if self.loop_stages and (self.transposed or self.state_as_a or self.prefetch):
             raise ValueError("loop_stages needs the plain layout (no transposed, state_as_a or prefetch)")
+        if self.loads_first and (self.transposed or self.state_as_a or self.prefetch or self.skip_stages):
+            raise ValueError("loads_first needs the plain layout (no transposed, state_as_a, prefetch or skip_stages)")
         if self.two_pass and (self.transposed or self.state_as_a or self.prefetch or self.group_heads
                               or self.skip_stages):
             raise ValueError("two_pass needs the plain layout (no transposed, state_as_a, prefetch, group_heads or "
@@ -560,15 +663,16 @@ def gdn_verify(
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
+    conv_w = transposed_conv_weight(conv_weight) if config.loads_first else conv_weight
     if config.two_pass:
         from .two_pass import launch_two_pass
-        return launch_two_pass(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+        return launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                                state_indices, cu_seqlens, workspace, out, scale, config, num_k_heads, block_t,
                                neumann_steps, config.big_dot, SMALL_DOT_PRECISION)
     heads_per_program = num_v_heads // num_k_heads if config.group_heads else 1
     grid = (head_v_dim // v_per_program, num_v_heads // heads_per_program, num_requests)
     _gdn_verify_kernel[grid](
-        mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
+        mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
         out, workspace.u, workspace.k, workspace.g, workspace.x, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
         conv_state.stride(0), ssm_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
@@ -577,6 +681,7 @@ def gdn_verify(
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
         TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
         STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
+        LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width),
         num_warps=config.num_warps,
     )
     return out
