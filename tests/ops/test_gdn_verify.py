@@ -524,6 +524,16 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
 
 
+def test_transposed_conv_weight_cache_follows_in_place_updates():
+    from hybridspec_kernels.gdn_verify.verify import transposed_conv_weight
+
+    w = torch.randn(24, 4)
+    first = transposed_conv_weight(w.view(24, 4))
+    assert torch.equal(first, w.t()) and transposed_conv_weight(w.view(24, 4)) is first  # fresh views hit
+    w.mul_(2.0)
+    assert torch.equal(transposed_conv_weight(w.view(24, 4)), w.t())
+
+
 def test_tuned_configs_round_trip(tmp_path):
     """The bench's --write-tuned file holds configs that `default_verify_config` can rebuild."""
     import json

@@ -427,8 +427,8 @@ _CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device
 def transposed_conv_weight(conv_weight):
     """[W, D] contiguous copy of conv_weight [D, W] for the loads-first conv, cached per weight: the entry pins its
     source (so the address cannot be reused by another tensor while cached) and is rebuilt when the weight is
-    modified in place (version counter, shared by views). Called eagerly before CUDA-graph capture in vLLM (the
-    warm-up runs), so a captured step holds no copy."""
+    modified in place (version counter, shared by views). A first call inside CUDA-graph capture is not cached
+    (the copy is part of that graph); vLLM's eager warm-up runs fill the cache before capture."""
     key = (conv_weight.data_ptr(), tuple(conv_weight.shape), conv_weight.stride(), conv_weight.dtype,
            conv_weight.device)
     hit = _CONV_WT_CACHE.get(key)
@@ -436,6 +436,8 @@ def transposed_conv_weight(conv_weight):
         _CONV_WT_CACHE.move_to_end(key)
         return hit[2]
     copy = conv_weight.t().contiguous()
+    if conv_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        return copy  # recorded into the graph, filled at replay: a cached copy would be empty for other graphs
     _CONV_WT_CACHE[key] = (conv_weight, conv_weight._version, copy)
     while len(_CONV_WT_CACHE) > 256:
         _CONV_WT_CACHE.popitem(last=False)
