@@ -183,7 +183,7 @@ def ours_fn(head_walk, p: Problem, **kw):
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def time_graph(torch, fn, trials=7, replays=20):
+def time_graph(torch, fn, trials=5, replays=10):
     """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -265,9 +265,57 @@ def run_gpu(args) -> dict:
     if args.compile_workers > 0:
         precompile(args, props.multi_processor_count)
     rows_out, checks = [], []
+    # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
+    for exchange in EXCHANGE_LADDER:
+        sms = props.multi_processor_count
+        try:
+            p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
+            fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
+            errors_before = barrier_errors(device)
+            fn()
+            torch.cuda.synchronize()
+            if barrier_errors(device) != errors_before:
+                raise RuntimeError("grid barrier gave up")
+            us, _ = time_graph(torch, fn)
+            checks.append(dict(check=f"ours_sync_floor_{exchange}", steps=15, programs=sms, us=round(us, 1),
+                               us_per_step=round(us / 15, 2)))
+        except Exception as exc:
+            checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+        print(json.dumps(checks[-1]), flush=True)
+    t_ladder = time.time()
+    for name, vocab, rows, kw in ([] if args.no_ladder else TUNE_CASES):
+        if time.time() - t_ladder > args.ladder_budget_s:
+            print(f"ladder budget reached, skipping {name}", flush=True)
+            continue
+        try:
+            kw = dict(kw)
+            if kw.pop("fp8", False):
+                kw["w2_dtype"] = torch.float8_e4m3fn
+            p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
+            ours_fn(head_walk, p, lockstep=True)()
+            step_tokens = p.draft_tokens.clone()
+            errors_before = barrier_errors(device)
+            fn = ours_fn(head_walk, p, **kw)
+            p.draft_tokens.fill_(-1)
+            fn()
+            torch.cuda.synchronize()
+            row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15,
+                       equal_step=bool(torch.equal(step_tokens, p.draft_tokens)),
+                       barrier_errors=barrier_errors(device) - errors_before)
+            if row["barrier_errors"] == 0 and row["equal_step"]:
+                us, spread = time_graph(torch, fn)
+                row.update(us=round(us, 1), spread=round(spread, 3))
+        except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
+            row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        checks.append(row)
+        print(json.dumps(row), flush=True)
+    rule = exchange_rule(checks)
+    checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
+    print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
-    for vocab in args.vocabs:
-        for steps in args.steps:
+    # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
+    for steps in args.steps:
+        for vocab in args.vocabs:
             for rows in args.batches:
                 for mode in args.modes:
                     if time.time() - t_start > args.budget_s:
@@ -281,7 +329,9 @@ def run_gpu(args) -> dict:
                                hbm_once_us=round((w2_bytes + rows * steps * vocab * 2 * (2 if sampled else 1))
                                                  / bw / 1e3, 1),
                                mma_us=round(2 * rows * vocab * RANK * steps / MMA_PEAK_TFLOPS / 1e6, 2))
-                    variants = {"ours": ours_fn(head_walk, p), "ours_step": ours_fn(head_walk, p, lockstep=True)}
+                    row["ours_exchange"] = pick_exchange(rule, rows)
+                    variants = {"ours": ours_fn(head_walk, p, exchange=row["ours_exchange"]),
+                                "ours_step": ours_fn(head_walk, p, lockstep=True)}
                     if sampled and gumbel is None:
                         pass
                     else:
@@ -326,50 +376,6 @@ def run_gpu(args) -> dict:
                     print(json.dumps(row), flush=True)
                     del p
                     torch.cuda.empty_cache()
-    # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
-    for exchange in EXCHANGE_LADDER:
-        sms = props.multi_processor_count
-        try:
-            p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
-            fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
-            errors_before = barrier_errors(device)
-            fn()
-            torch.cuda.synchronize()
-            if barrier_errors(device) != errors_before:
-                raise RuntimeError("grid barrier gave up")
-            us, _ = time_graph(torch, fn)
-            checks.append(dict(check=f"ours_sync_floor_{exchange}", steps=15, programs=sms, us=round(us, 1),
-                               us_per_step=round(us / 15, 2)))
-        except Exception as exc:
-            checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
-        print(json.dumps(checks[-1]), flush=True)
-    t_ladder = time.time()
-    for name, vocab, rows, kw in ([] if args.no_ladder else TUNE_CASES):
-        if time.time() - t_ladder > args.ladder_budget_s:
-            print(f"ladder budget reached, skipping {name}", flush=True)
-            continue
-        try:
-            kw = dict(kw)
-            if kw.pop("fp8", False):
-                kw["w2_dtype"] = torch.float8_e4m3fn
-            p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
-            ours_fn(head_walk, p)()
-            default_tokens = p.draft_tokens.clone()
-            errors_before = barrier_errors(device)
-            fn = ours_fn(head_walk, p, **kw)
-            p.draft_tokens.fill_(-1)
-            fn()
-            torch.cuda.synchronize()
-            row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15,
-                       equal_default=bool(torch.equal(default_tokens, p.draft_tokens)),
-                       barrier_errors=barrier_errors(device) - errors_before)
-            if row["barrier_errors"] == 0:
-                us, spread = time_graph(torch, fn)
-                row.update(us=round(us, 1), spread=round(spread, 3))
-        except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
-            row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        checks.append(row)
-        print(json.dumps(row), flush=True)
     try:
         checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
     except Exception as exc:  # reported, the sweep's results are still written
@@ -378,6 +384,30 @@ def run_gpu(args) -> dict:
     errors = barrier_errors(device)
     checks.append(dict(check="barrier_errors", value=errors))
     return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
+
+
+def exchange_rule(checks) -> dict:
+    """{ladder batch size: fastest exchange} from this run's 32k ladder rows (tokens equal to the one-launch-
+    per-step walk, no wait gave up); the sweep's `ours` and the wiring (choose_exchange) follow it."""
+    best = {}
+    for c in checks:
+        name = c.get("check", "")
+        for exchange in EXCHANGE_LADDER:
+            prefix = f"tune_{exchange}_v32k_b"
+            if name.startswith(prefix) and c.get("us") and c.get("equal_step"):
+                rows = int(name[len(prefix):])
+                if rows not in best or c["us"] < best[rows][1]:
+                    best[rows] = (exchange, c["us"])
+    return {rows: exchange for rows, (exchange, _) in sorted(best.items())}
+
+
+def pick_exchange(rule: dict, rows: int) -> str:
+    """The rule's exchange for the smallest ladder batch >= rows (the largest one above them all); 'auto'
+    when the ladder measured nothing."""
+    if not rule:
+        return "auto"
+    sizes = sorted(rule)
+    return rule[next((b for b in sizes if b >= rows), sizes[-1])]
 
 
 def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model=512):
@@ -407,7 +437,6 @@ TUNE_CASES = [
     ("flags_v32k_b1", 32000, 1, dict(exchange="flags")),
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
     ("warps16_v32k_b1", 32000, 1, dict(num_warps=16)),
-    ("warps4_v32k_b1", 32000, 1, dict(num_warps=4)),
     ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
     ("flags_v32k_b8", 32000, 8, dict(exchange="flags")),
     ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
@@ -423,13 +452,12 @@ TUNE_CASES = [
     ("tagged_v152k_b32", 151936, 32, dict(exchange="tagged")),
     ("tile_keys_v152k_b1", 151936, 1, dict(keys_once=False)),
     ("no_prefetch_v152k_b1", 151936, 1, dict(prefetch=False)),
-    ("no_prefetch_stages3_v152k_b1", 151936, 1, dict(prefetch=False, num_stages=3)),
     ("stream128_v152k_b1", 151936, 1, dict(stream_rows=128)),
     ("warps16_v152k_b1", 151936, 1, dict(num_warps=16)),
     ("res1_tile128_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1)),
     ("no_prefetch_v152k_b32", 151936, 32, dict(prefetch=False)),
 ]
-HEAD_CASES = [(rows, head, sampled) for rows in (1, 8, 64) for head in ("markov", "gated_markov", "rnn")
+HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
 
 
@@ -534,8 +562,9 @@ def precompile(args, sms: int) -> None:
     for vocab in args.vocabs:
         for rows in args.batches:
             for mode in args.modes:
+                # Every exchange: the sweep runs the one this run's ladder finds fastest for the batch size.
                 jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
-                                 variants=[{}, {"lockstep": True}]))
+                                 variants=[{"exchange": e} for e in EXCHANGE_LADDER] + [{"lockstep": True}]))
                 if rows in args.fused_batches and vocab in args.fused_vocabs and mode == "greedy":
                     jobs.append(dict(kind="fused", vocab=vocab, rows=rows, sampled=False,
                                      vllm_sources=args.vllm_sources))
@@ -601,7 +630,7 @@ def ladder_summary(rows, checks) -> dict:
     out = {}
     for c in checks:
         name = c.get("check", "")
-        if not (name.startswith("tune_") and name.endswith("_v32k_b1") and c.get("us") and c.get("equal_default")):
+        if not (name.startswith("tune_") and name.endswith("_v32k_b1") and c.get("us") and c.get("equal_step")):
             continue
         loop = [r for r in rows if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (32000, 15, 1, "greedy")
                 and r.get("run") == c.get("run") and r.get("graph_loop_us")]
@@ -682,9 +711,9 @@ def markdown(rows, summary, result) -> str:
     if result.get("runs"):
         lines += ["", "runs (each row's `run`; ratios only within a run):", ""]
         lines += [f"- run {r['run']}: commit {r['commit'][:10]}, {r['date']}, `{r['command']}`" for r in result["runs"]]
-    cols = ["run", "vocab", "steps", "batch", "mode", "ours_us", "ours_us_per_step", "ours_step_us", "graph_loop_us",
-            "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step", "hbm_stream_us",
-            "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
+    cols = ["run", "vocab", "steps", "batch", "mode", "ours_exchange", "ours_us", "ours_us_per_step", "ours_step_us",
+            "graph_loop_us", "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step",
+            "hbm_stream_us", "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
     if result["checks"]:
@@ -730,7 +759,7 @@ def main():
     parser.add_argument("--out", type=Path)
     parser.add_argument("--vllm-sources", default=str(EXTRACT_DIR))
     parser.add_argument("--vocabs", type=int, nargs="+", default=[32000, 151936])
-    parser.add_argument("--steps", type=int, nargs="+", default=[7, 15])
+    parser.add_argument("--steps", type=int, nargs="+", default=[15, 7])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
     parser.add_argument("--fused-batches", type=int, nargs="+", default=[1, 8])

@@ -147,10 +147,12 @@ def _publish_relaxed(ptrs, keys):
 
 
 @triton.jit
-def _spin_tagged(ptrs, tag, err_ptrs, SPIN_LIMIT: tl.constexpr):
+def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
     """Each thread spins on its own slots inside PTX until the slot carries `tag` and returns the key: the wait
     costs no CTA-wide sync per poll (Triton's while loop needs a reduced scalar condition, a bar.sync each poll).
-    A thread that gives up marks err_ptrs and returns the stale key."""
+    A thread that gives up sets the int32 flag at err_addr (an address as int64: the asm's operands are
+    broadcast together, and Triton 3.6 refuses to combine pointers of two element types) and returns the stale
+    key."""
     return tl.inline_asm_elementwise(
         """{
         .reg .pred %hwp;
@@ -171,7 +173,7 @@ def _spin_tagged(ptrs, tag, err_ptrs, SPIN_LIMIT: tl.constexpr):
         st.relaxed.gpu.global.b32 [$4], %hwg;
         HW_DONE:
         }""",
-        "=l,l,r,r,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_ptrs], dtype=tl.int64,
+        "=l,l,r,r,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr], dtype=tl.int64,
         is_pure=False, pack=1)
 
 
@@ -187,13 +189,14 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl
     which every program published after it had read all of step k - 2's from the same slot (the key it
     publishes depends on the keys it read, so the read completes first)."""
     tagged = best | (tag.to(tl.int64) << 18)
+    err_addr = err_ptr.to(tl.int64)
     base = keys_ptr + slot * NUM_PROGS * BP
     _publish_relaxed(base + pid * BP + tl.arange(0, BP), tagged)
     # Padding lanes poll this program's own slot, which holds this step's key already.
     if KB == 1:
         o_p = tl.arange(0, PP)
         prog = tl.where(o_p < NUM_PROGS, o_p, pid)
-        keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_ptr + 0 * o_p, SPIN_LIMIT)
+        keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p, SPIN_LIMIT)
         winner = tl.max(keys, axis=0)
     else:
         # At most 2048 slots a pass (8 a thread), so the polled keys and their addresses stay in registers.
@@ -204,7 +207,7 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl
         for p0 in tl.static_range(0, PP, PCH):
             o_c = p0 + tl.arange(0, PCH)
             prog_c = tl.where(o_c < NUM_PROGS, o_c, pid)
-            keys = _spin_tagged(base + prog_c[:, None] * BP + o_k[None, :], zero + tag, err_ptr + zero, SPIN_LIMIT)
+            keys = _spin_tagged(base + prog_c[:, None] * BP + o_k[None, :], zero + tag, err_addr + zero, SPIN_LIMIT)
             winner = tl.maximum(winner, tl.max(keys, axis=0))
     return winner
 
@@ -489,7 +492,8 @@ def head_walk_kernel(
                 x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
             if pid == 0:
                 tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
-            if ONE_ROW:
+            if ONE_ROW and not FLAGS:
+                # (flags with one row has x0 already, from its flags)
                 x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
         # Base logits of the resident tiles, issued beside the W1 gather so their latency hides behind it. (A
         # prefetch one step ahead, carried through the loop, made Triton convert them to the accumulator's

@@ -141,7 +141,8 @@ def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) 
     key = (str(device), programs, block_rows, rank)
     if key not in _workspaces:
         _workspaces[key] = {
-            "keys": torch.empty(2, programs, block_rows, dtype=torch.int64, device=device),
+            # Zeros: tag 0 never matches a step's tag, where leftover memory could (flags / tagged exchanges).
+            "keys": torch.zeros(2, programs, block_rows, dtype=torch.int64, device=device),
             "count": torch.zeros(1, dtype=torch.int64, device=device),
             "gen": torch.zeros(programs, dtype=torch.int64, device=device),
             "err": torch.zeros(1, dtype=torch.int32, device=device),
