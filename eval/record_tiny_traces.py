@@ -125,6 +125,7 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=8, help="prompts of the tiny corpus")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--drafters", nargs="+", default=["dflash", "dspark"], choices=["dflash", "dspark"])
+    ap.add_argument("--work", type=Path, help="scratch folder for the job, profile and engine log")
     ap.add_argument("--summarize", type=Path, help="print calibration statistics of a recorded file and exit")
     ap.add_argument("--job", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -138,7 +139,7 @@ def main(argv=None):
 
     tiny = ensure_tiny_models(Path(os.environ.get("HYBRIDSPEC_TINY_CACHE", REPO / ".tiny")),
                               log=lambda m: print(m, file=sys.stderr))
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / "record_tiny_traces"
+    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / "record_tiny_traces"
     work.mkdir(parents=True, exist_ok=True)
     profile = work / "profile.json"
     from vllm_hybridspec.latency_profile import LatencyProfile
@@ -186,6 +187,7 @@ def main(argv=None):
     for name, acc in by.items():
         print(f"{name}: {len(acc)} request-rounds, mean accepted {sum(acc) / len(acc):.2f} of {K}")
     print(f"wrote {args.out}")
+    return meta
 
 
 if __name__ == "__main__":
