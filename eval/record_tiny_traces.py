@@ -85,7 +85,8 @@ def run_job(job_path: str, out_path: str) -> None:
     reset = _install_recorder(rows, drafter)
     job = json.loads(Path(job_path).read_text())
     results = e2e_job.run(job, before_engine=reset, max_num_seqs=job["max_num_seqs"])
-    summary = {name: {"metrics": r["metrics"], "generate_seconds": r["generate_seconds"]} for name, r in results.items()}
+    summary = {name: {"metrics": r["metrics"], "generate_seconds": r["generate_seconds"]}
+               for name, r in results.items()}
     Path(out_path).write_text(json.dumps({"rows": rows, "engines": summary}))
 
 

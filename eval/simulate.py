@@ -352,8 +352,8 @@ def build_traces(args) -> dict[str, dict[int, am.Trace]]:
         rounds = args.warmup + max(1, int(args.rounds_scale * 1500))
         for drafter in dict.fromkeys(row["drafter"] for row in rows):
             mine = [row for row in rows if row["drafter"] == drafter]
-            traces["recorded" if drafter == "recorded" else f"recorded_{drafter}"] = {c: am.trace_from_recorded(mine, rounds, c, NUM_DRAFTS)
-                                             for c in CONCURRENCY}
+            task = "recorded" if drafter == "recorded" else f"recorded_{drafter}"
+            traces[task] = {c: am.trace_from_recorded(mine, rounds, c, NUM_DRAFTS) for c in CONCURRENCY}
     return traces, models
 
 
