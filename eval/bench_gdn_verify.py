@@ -535,6 +535,9 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     latency_jobs = [(L, c) for c in CANDIDATES_LATENCY for L in (16, 4)]
     jobs = [(16, dataclasses.replace(c, skip_stages=bit)) for _, c, _, bits in LADDER_BASES for bit in bits]
     jobs += latency_jobs + [(16, c) for c in CANDIDATES_THROUGHPUT]
+    # config_errors runs the mixed-length problem (L = 17: block_t 32, 4 Neumann steps); v4 call 1 lost its timing
+    # half compiling these serially
+    jobs += [(17, c) for c in CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT]
     jobs = list(dict.fromkeys(jobs))
     doc = dict(compile=precompile(gdn, jobs) if ON_GPU else [])
     doc["errors"] = config_errors(gdn, device, CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT)
