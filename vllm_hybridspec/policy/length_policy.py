@@ -19,11 +19,11 @@ concave in L at large batch (each extra token costs less than the one before). "
 rate?" then stops in front of a step whose flat part behind it is worth reaching (the c64 collapse to ~3
 drafts per request in eval/results/simulate.md before the lookahead existed). With `lookahead=True` the test
 at rank r is instead "does SOME later stopping count m >= r beat stopping at r - 1?", with the pairs ranked
-r + 1..m forecast from what is lossless to know at rank r: min(s_r, f_j), where s_r bounds every later pair
-(the ranking is descending) and f is the descending survival curve of `forecast_confidences` - LAST round's
-confidences, which do not depend on this round's drafts (without them, s_r: optimistic). Candidate stops are
-r, every count where the mean verified length is an integer (the profile's own points, T is linear in
-between), the last pair, and where the forecast stops being flat.
+r + 1..m forecast from what is lossless to know at rank r: s_r * f_j / f_r, where f is the descending
+survival curve of `forecast_confidences` - LAST round's confidences, which do not depend on this round's
+drafts: last round's shape at this round's level (never above s_r, which bounds every later pair since the
+ranking descends; without a forecast, s_r itself: optimistic). Candidate stops are r, every count where the
+mean verified length is an integer (the profile's own points, T is linear in between) and the last pair.
 
 "The rate rises" means s_r > rho * (T_r - T_{r-1}): the pair's expected token is worth more than the time it
 adds, priced at rho tokens/us. By default rho is this round's own rate G_{r-1} / T_{r-1} (the per-round
@@ -338,10 +338,11 @@ def _worth_reaching(survival_sorted, valid_sorted, previous_gain, previous_round
     """[..., N] bool: rank r is admitted iff SOME stopping count m >= r beats stopping at r - 1, with the pairs
     ranked r + 1..m forecast from what is known at rank r (see `choose_verify_lengths`, lookahead).
 
-    Forecast of the pair at global rank j > r: min(s_r, f_j), f = the descending survival curve of
-    `forecast_confidences` (last round's: it does not depend on this round's drafts), or s_r without one
-    (optimistic). Candidate stops m: r itself, every count at which the mean verified length is an integer
-    (the profile's own points; T is linear in m between them) and the last valid pair.
+    Forecast of the pair at global rank j > r: s_r * f_j / f_r, f = the descending survival curve of
+    `forecast_confidences` (last round's: it does not depend on this round's drafts) - last round's shape,
+    scaled to this round's level at rank r, and never above s_r since f descends; s_r itself without a
+    forecast (optimistic). Candidate stops m: r itself, every count at which the mean verified length is an
+    integer (the profile's own points; T is linear in m between them) and the last valid pair.
     """
     device = survival_sorted.device
     lead = survival_sorted.shape[:-1]
@@ -349,30 +350,26 @@ def _worth_reaching(survival_sorted, valid_sorted, previous_gain, previous_round
     rank = torch.arange(1, n + 1, device=device)
     curve = latency.round_us(batch, 1.0 + torch.arange(n + 1, device=device, dtype=torch.float64) / batch)
     num_valid = valid_sorted.sum(-1, keepdim=True)                                       # [..., 1]
-    if forecast_confidences is None:
-        at_least = torch.full(survival_sorted.shape, n, dtype=torch.long, device=device)
-        forecast_cum = torch.zeros(*lead, n + 1, dtype=torch.float64, device=device)
-    else:
-        forecast = survival_probabilities(forecast_confidences, capacity).flatten(-2).double()
-        forecast = torch.sort(forecast, dim=-1, descending=True).values
-        forecast_cum = torch.cat([torch.zeros_like(forecast[..., :1]), torch.cumsum(forecast, dim=-1)], dim=-1)
-        # p_r = how many forecast pairs are worth at least s_r: ranks up to p_r are forecast at s_r.
-        at_least = torch.searchsorted(-forecast.contiguous(), -survival_sorted.contiguous(), right=True)
     knots = torch.arange(1, k + 1, device=device) * batch                                # [k]
-    # [..., N, k + 3]: r, the knots, the last valid pair, p_r (where the forecast stops being flat).
+    # [..., N, k + 2]: r, the knots, the last valid pair.
     stops = torch.cat([rank.unsqueeze(-1).expand(*lead, n, 1), knots.expand(*lead, n, k),
-                       num_valid.unsqueeze(-1).expand(*lead, n, 1), at_least.unsqueeze(-1)], dim=-1)
+                       num_valid.unsqueeze(-1).expand(*lead, n, 1)], dim=-1)
     usable = (stops >= rank.unsqueeze(-1)) & (stops <= num_valid.unsqueeze(-1))
     stops = torch.where(usable, stops, rank.unsqueeze(-1).expand_as(stops))
-    optimistic_until = at_least.unsqueeze(-1).expand_as(stops)
 
     s_r = survival_sorted.unsqueeze(-1)                                                  # [..., N, 1]
-    r = rank.unsqueeze(-1)
-    capped = (torch.minimum(stops, optimistic_until) - r).clamp(min=0)
-    tail_from = torch.maximum(optimistic_until, r.expand_as(stops))
-    tail = (forecast_cum.unsqueeze(-2).expand(*lead, n, n + 1).gather(-1, stops)
-            - forecast_cum.unsqueeze(-2).expand(*lead, n, n + 1).gather(-1, tail_from.clamp(max=n)))
-    added_gain = s_r + s_r * capped + tail.clamp(min=0.0) * (stops > tail_from)
+    later = (stops - rank.unsqueeze(-1)).double()                                        # pairs r + 1..m
+    if forecast_confidences is None:
+        forecast_gain = s_r * later
+    else:
+        forecast = survival_probabilities(forecast_confidences, capacity).flatten(-2).double()
+        forecast = torch.sort(forecast, dim=-1, descending=True).values                  # [..., N]
+        cum = torch.cat([torch.zeros_like(forecast[..., :1]), torch.cumsum(forecast, dim=-1)], dim=-1)
+        at_r = forecast.unsqueeze(-1)                                                    # f_r, [..., N, 1]
+        scale = torch.where(at_r > 0, s_r / at_r.clamp(min=1e-300), torch.zeros_like(at_r))
+        cum_rows = cum.unsqueeze(-2).expand(*lead, n, n + 1)
+        forecast_gain = scale * (cum_rows.gather(-1, stops) - cum[..., 1:].unsqueeze(-1))
+    added_gain = s_r + forecast_gain.clamp(min=0.0)
     stop_us = curve[stops]
     if rho is None:
         better = added_gain * previous_round.unsqueeze(-1) > previous_gain.unsqueeze(-1) * (

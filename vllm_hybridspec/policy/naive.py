@@ -15,12 +15,11 @@ def _survivals(confidences, cap):
 def _worth_reaching(r, s, gain, last_round, round_us, batch, k, num_valid, forecast, rate_threshold):
     """Lookahead test of rank r (1-based) worth s: does any candidate stop m >= r beat stopping at r - 1?"""
     stops = {r, num_valid} | {j * batch for j in range(1, k + 1)}
-    if forecast is not None:
-        stops.add(sum(1 for f in forecast if f >= s))
+    scale = None if forecast is None else (s / forecast[r - 1] if forecast[r - 1] > 0 else 0.0)
     for m in stops:
         if not r <= m <= num_valid:
             continue
-        later = [s if forecast is None else min(s, forecast[j - 1]) for j in range(r + 1, m + 1)]
+        later = [s if forecast is None else scale * forecast[j - 1] for j in range(r + 1, m + 1)]
         added = s + sum(later)
         cost = round_us(1.0 + m / batch) - last_round
         if rate_threshold is None and added * last_round > gain * cost:
