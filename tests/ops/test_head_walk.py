@@ -287,6 +287,15 @@ def test_launch_options_keep_the_walk(opts, sampled):
     assert torch.equal(tokens, ref)
 
 
+def test_auto_exchange_follows_the_measured_rule():
+    """exchange='auto': tagged keys for one row, the counter barrier from two rows on (eval/results/head_walk.json,
+    ours_exchange_rule); the vLLM wiring passes 'auto'."""
+    from hybridspec_kernels.head_walk.walk import choose_exchange
+
+    assert choose_exchange(1) == "tagged"
+    assert {choose_exchange(n) for n in (2, 8, 32, 64, 200)} == {"counter"}
+
+
 @needs_kernels
 def test_full_residency_that_cannot_fit_raises():
     if not INTERPRETED:

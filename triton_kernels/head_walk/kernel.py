@@ -178,6 +178,44 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
 
 
 @triton.jit
+def _load_relaxed(ptrs):
+    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_tagged(ptrs, first, tag, err_addr, SPIN_LIMIT: tl.constexpr):
+    """_spin_tagged for slots already read once (`first`, from _load_relaxed): a thread owning several slots
+    issues all their first reads before it waits on any, so slots that have arrived cost one round trip
+    together, not one each (_spin_tagged's loop reads its slots one after another)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.b64 $0, $5;
+        mov.u32 %hwn, 0;
+        HW_CHECK:
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        setp.ge.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_FAIL;
+        add.u32 %hwn, %hwn, 1;
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        bra HW_CHECK;
+        HW_FAIL:
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""",
+        "=l,l,r,r,l,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr, first], dtype=tl.int64,
+        is_pure=False, pack=1)
+
+
+@triton.jit
 def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr,
                      BP: tl.constexpr, KB: tl.constexpr, SPIN_LIMIT: tl.constexpr):
     """Tagged exchange: every key carries the step's tag (bits 18-31), so each slot is its own arrival flag and
@@ -207,7 +245,8 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl
         for p0 in tl.static_range(0, PP, PCH):
             o_c = p0 + tl.arange(0, PCH)
             prog_c = tl.where(o_c < NUM_PROGS, o_c, pid)
-            keys = _spin_tagged(base + prog_c[:, None] * BP + o_k[None, :], zero + tag, err_addr + zero, SPIN_LIMIT)
+            ptrs = base + prog_c[:, None] * BP + o_k[None, :]
+            keys = _wait_tagged(ptrs, _load_relaxed(ptrs), zero + tag, err_addr + zero, SPIN_LIMIT)
             winner = tl.maximum(winner, tl.max(keys, axis=0))
     return winner
 
