@@ -447,6 +447,8 @@ CANDIDATES_LATENCY = [
     VerifyConfig(block_v=32, hoist=True, state_dot="bf16"),
     VerifyConfig(block_v=32, two_pass=True), VerifyConfig(block_v=16, two_pass=True),
     VerifyConfig(block_v=32, two_pass=True, prep_warps=8),
+    VerifyConfig(block_v=32, weight_tiles=True), VerifyConfig(block_v=32, weight_tiles=True, num_warps=8),
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8),
 ]
 CANDIDATES_THROUGHPUT = [
     VerifyConfig(block_v=32, whole_v=True), VerifyConfig(block_v=32, whole_v=True, loop_stages=1),
@@ -461,6 +463,8 @@ CANDIDATES_THROUGHPUT = [
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),
     VerifyConfig(block_v=32, two_pass=True, state_dot="bf16"),
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, state_dot="bf16"),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, weight_tiles=True),
 ]
 
 

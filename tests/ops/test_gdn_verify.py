@@ -161,8 +161,10 @@ VERIFY_CASES = [
 @needs_kernels
 @pytest.mark.parametrize("config", [None, VerifyConfig(block_v=16, two_pass=True), VerifyConfig(hoist=True),
                                     VerifyConfig(hoist=True, loads_first=True),
-                                    VerifyConfig(block_v=16, two_pass=True, loads_first=True)],
-                         ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first"])
+                                    VerifyConfig(block_v=16, two_pass=True, loads_first=True),
+                                    VerifyConfig(hoist=True, weight_tiles=True)],
+                         ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
+                              "hoisted-weight-tiles"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -240,6 +242,12 @@ def test_every_accept_position_over_layers(length, config):
                  id="whole-v-rolled-loads-first"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loads_first=True), True,
                  id="two-pass-loads-first"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8), True,
+                 id="per-head-hoisted-weight-tiles"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, weight_tiles=True), False,
+                 id="whole-v-rolled-weight-tiles"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True), False,
+                 id="two-pass-weight-tiles"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2, prep_warps=2), True,
                  id="two-pass-whole-v-rolled"),
 ])
@@ -389,6 +397,10 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, group_heads=True)
     with pytest.raises(ValueError, match="loads_first needs the plain layout"):
         VerifyConfig(loads_first=True, transposed=True)
+    with pytest.raises(ValueError, match="weight_tiles needs the plain layout"):
+        VerifyConfig(weight_tiles=True, loads_first=True)
+    with pytest.raises(ValueError, match="weight_tiles needs the plain layout"):
+        VerifyConfig(weight_tiles=True, skip_stages=1)
     with pytest.raises(ValueError, match="hoist needs one value block"):
         VerifyConfig(hoist=True, whole_v=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
@@ -503,6 +515,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="bf16-state-two-pass-rolled"),
     pytest.param(torch.float32, VerifyConfig(whole_v=True, loop_stages=2, loads_first=True, state_dot="bf16"), False,
                  id="fp32-state-rolled-bf16-products"),
+    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8), True,
+                 id="fp32-state-hoisted-weight-tiles"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, transposed=True, fuse_qk=True, prefetch=True), True,
                  id="bf16-state-transposed-whole-v"),
 ])

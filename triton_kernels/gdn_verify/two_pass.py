@@ -25,7 +25,7 @@ def _gdn_verify_prep_kernel(
     stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
-    SMALL_DOT: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr,
+    SMALL_DOT: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr,
 ):
     """Program (k-head, request). Every load is issued before the first cross-thread step (the q/k norms)."""
     i_h, i_n = tl.program_id(0), tl.program_id(1)
@@ -56,9 +56,9 @@ def _gdn_verify_prep_kernel(
         b_k = _conv_math(b_kx, b_ks, b_kw, b_kb, m_t)
     else:
         b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
-                                HAS_BIAS)
+                                HAS_BIAS, WT)
         b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                                HAS_BIAS)
+                                HAS_BIAS, WT)
     softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
     b_g = tl.where(m_t[:, None], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[None, :] * softplus, 0.0)
     b_beta = tl.where(m_t[:, None], tl.sigmoid(b_b), 0.0)
@@ -98,7 +98,7 @@ def _gdn_verify_state_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    BW: tl.constexpr, LOADS_FIRST: tl.constexpr,
+    BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr,
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -145,21 +145,22 @@ def _gdn_verify_state_kernel(
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST)
+                         LOADS_FIRST, WT)
     else:
         for i_vb in tl.static_range(V_PER_PROGRAM // BV):
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST)
+                         LOADS_FIRST, WT)
 
 
 def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
                     cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot):
-    """The two launches; shapes already checked by gdn_verify. conv_w: [D, W], or [W, D] with config.loads_first."""
+    """The two launches; shapes already checked by gdn_verify. conv_w: [D, W], or [W, D] with config.loads_first
+    or config.weight_tiles."""
     num_requests = cu_seqlens.shape[0] - 1
     _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
-    conv_dim, width = conv_w.shape[::-1] if config.loads_first else conv_w.shape
+    conv_dim, width = conv_w.shape[::-1] if config.loads_first or config.weight_tiles else conv_w.shape
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"two_pass needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
@@ -171,7 +172,7 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t,
         HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
         SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
-        num_warps=config.prep_warps,
+        WT=config.weight_tiles, num_warps=config.prep_warps,
     )
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
@@ -181,6 +182,7 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
         ssm_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
         D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
         BIG_DOT=big_dot, SMALL_DOT=small_dot, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages,
-        BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, num_warps=config.num_warps,
+        BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, WT=config.weight_tiles,
+        num_warps=config.num_warps,
     )
     return out

@@ -35,10 +35,17 @@ SMALL_DOT_PRECISION = "ieee"
 
 @triton.jit
 def _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr,
-                      W: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """[BT, C] = silu(causal depth-W conv) over channels o_c; tap W-1 is the current token."""
+                      W: tl.constexpr, HAS_BIAS: tl.constexpr, WT: tl.constexpr = False):
+    """[BT, C] = silu(causal depth-W conv) over channels o_c; tap W-1 is the current token.
+
+    WT: conv_w is the transposed [W, D] copy and each tap's weights are loaded as a [BT, C] broadcast tile, in
+    the inputs' own register layout. The default [D, W] weight vector (stride W, one scalar per thread) is
+    redistributed through shared memory, and that conversion's barrier holds back every later load (triton 3.6
+    SASS: 4 of 15 loads of a q conv issued before its first barrier, all 15 with WT)."""
     acc = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
-    if HAS_BIAS:
+    if HAS_BIAS and WT:
+        acc += tl.load(conv_b + o_c[None, :] + 0 * o_t[:, None]).to(tl.float32)
+    elif HAS_BIAS:
         acc += tl.load(conv_b + o_c).to(tl.float32)[None, :]
     for j in tl.static_range(W):
         src = o_t + (j - (W - 1))  # token index; negative indices live in the committed window
@@ -46,8 +53,47 @@ def _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o
                       other=0.0)
         b_s = tl.load(conv_window + (src + (W - 1))[:, None] * D + o_c[None, :], mask=(m_t & (src < 0))[:, None],
                       other=0.0)
-        b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
-        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w[None, :]
+        if WT:
+            b_w = tl.load(conv_w + j * D + o_c[None, :] + 0 * o_t[:, None]).to(tl.float32)
+        else:
+            b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)[None, :]
+        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w
+    acc = acc * tl.sigmoid(acc)
+    return tl.where(m_t[:, None], acc, 0.0)
+
+
+@triton.jit
+def _conv_tap_load(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, j: tl.constexpr, D: tl.constexpr,
+                   W: tl.constexpr):
+    """Tap j (< 4) of a conv as two [BT, C] loads in the inputs' layout: input rows (x, or the committed window
+    for negative token indices, one load through a per-row pointer choice) and the weight tile of the transposed
+    [W, D] weights. Zero tiles for j >= W."""
+    src = o_t + (j - (W - 1))
+    p_in = tl.where((src >= 0)[:, None], x + (bos + src)[:, None] * stride_x + o_c[None, :],
+                    conv_window + (src + (W - 1))[:, None] * D + o_c[None, :])
+    b_in = tl.load(p_in, mask=(m_t & (j < W))[:, None], other=0.0)
+    b_w = tl.load(conv_wT + j * D + o_c[None, :] + 0 * o_t[:, None], mask=(o_t >= 0)[:, None] & (j < W), other=0.0)
+    return b_in, b_w
+
+
+@triton.jit
+def _conv4_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr):
+    """Every load of a depth-W (<= 4) conv, issued before any of its math (`_conv4_math`)."""
+    tl.static_assert(W <= 4, "the split conv supports W <= 4")
+    i0, w0 = _conv_tap_load(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 0, D, W)
+    i1, w1 = _conv_tap_load(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 1, D, W)
+    i2, w2 = _conv_tap_load(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 2, D, W)
+    i3, w3 = _conv_tap_load(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 3, D, W)
+    return i0, w0, i1, w1, i2, w2, i3, w3
+
+
+@triton.jit
+def _conv4_math(i0, w0, i1, w1, i2, w2, i3, w3, conv_b, o_t, m_t, o_c, HAS_BIAS: tl.constexpr):
+    """silu(sum_j input_j * weight_j + bias), zero past the request's length: `_causal_conv_silu` on loaded taps."""
+    acc = i0.to(tl.float32) * w0.to(tl.float32) + i1.to(tl.float32) * w1.to(tl.float32)
+    acc += i2.to(tl.float32) * w2.to(tl.float32) + i3.to(tl.float32) * w3.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + o_c[None, :] + 0 * o_t[:, None]).to(tl.float32)
     acc = acc * tl.sigmoid(acc)
     return tl.where(m_t[:, None], acc, 0.0)
 
@@ -114,19 +160,26 @@ def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constex
 def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, bos, o_t, m_t, o_k,
                        i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                        W: tl.constexpr, BV: tl.constexpr, H: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       SKIP: tl.constexpr):
-    """What value block v0 .. v0+BV of head i_hv reads: state block [BV, K], conv'd v [BT, BV], raw v [BT, BV]."""
+                       SKIP: tl.constexpr, WT: tl.constexpr = False, WITH_STATE: tl.constexpr = True):
+    """What value block v0 .. v0+BV of head i_hv reads: state block [BV, K], conv'd v [BT, BV], raw v [BT, BV].
+    With WT (weight tiles) the state block comes last (its copy into shared memory ends in a barrier), or not at
+    all (WITH_STATE=False: the caller loads it later; 0.0 in its place)."""
     o_v = v0 + tl.arange(0, BV)
     o_xv = 2 * H * K + i_hv * V + o_v
     if SKIP & 16:  # synthetic block: no load
         b_h = (o_v[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
-    else:
+    elif not WT:
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
     b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
     if SKIP & 64:
         b_v = b_xv.to(tl.float32)
     else:
-        b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+        b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS, WT)
+    if WT and not (SKIP & 16):
+        if WITH_STATE:
+            b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)
+        else:
+            b_h = 0.0
     return b_h, b_v, b_xv
 
 
@@ -183,7 +236,7 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                  bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                 SKIP: tl.constexpr, BW: tl.constexpr = 4, LOADS_FIRST: tl.constexpr = False):
+                 SKIP: tl.constexpr, BW: tl.constexpr = 4, LOADS_FIRST: tl.constexpr = False, WT: tl.constexpr = False):
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
     if LOADS_FIRST:
         b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
@@ -194,7 +247,7 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
     else:
         b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                             stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H,
-                                            HAS_BIAS, SKIP)
+                                            HAS_BIAS, SKIP, WT)
     _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
@@ -208,7 +261,7 @@ def _gdn_verify_kernel(
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
-    LOADS_FIRST: tl.constexpr, BW: tl.constexpr,
+    LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -256,10 +309,15 @@ def _gdn_verify_kernel(
         b_xv0, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                           stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K,
                                                           V, D, W, BW, BV, H, HAS_BIAS)
-    elif HOIST:
+    elif HOIST and WT and W <= 4:  # every load first (v, gates, raw q/k, q/k taps, state block), then the math
+        o_xv0 = 2 * H * K + i_hg * V + i_vs * BV + tl.arange(0, BV)
+        b_xv0 = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv0[None, :], mask=m_t[:, None], other=0.0)
+        v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t, o_xv0,
+                                                              D, W)
+    elif HOIST:  # with WT the state block is loaded after the q/k convs
         b_h0, b_v0, b_xv0 = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K, V, D, W,
-                                               BV, H, HAS_BIAS, SKIP)
+                                               BV, H, HAS_BIAS, SKIP, WT, not WT)
     if HOIST:
         b_a0 = tl.load(a + (bos + o_t) * stride_a + i_hg, mask=m_t, other=0.0).to(tl.float32)
         b_b0 = tl.load(b + (bos + o_t) * stride_b + i_hg, mask=m_t, other=0.0).to(tl.float32)
@@ -271,7 +329,16 @@ def _gdn_verify_kernel(
                         mask=m_w[:, None], other=0.0)
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    if LOADS_FIRST:
+    if HOIST and WT and W <= 4 and not (SKIP & 1):
+        q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
+                                                              i_h * K + o_k, D, W)
+        k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
+                                                              (H + i_h) * K + o_k, D, W)
+        b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+        b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
+        b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k, HAS_BIAS)
+        b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
+    elif LOADS_FIRST:
         b_qx, b_qs_, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
                                              D, W, BW, HAS_BIAS)
         b_kx, b_ks_, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
@@ -289,9 +356,11 @@ def _gdn_verify_kernel(
                       other=0.0).to(tl.float32)
     else:
         b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
-                                HAS_BIAS)
+                                HAS_BIAS, WT)
         b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                                HAS_BIAS)
+                                HAS_BIAS, WT)
+        if HOIST and WT and not (SKIP & 16) and W > 4:
+            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
     if not (SKIP & 2):
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -357,13 +426,13 @@ def _gdn_verify_kernel(
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT)
         elif not (TRANSPOSED or PREFETCH or STATE_AS_A):
             for i_vb in tl.static_range(V_PER_PROGRAM // BV):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT)
         for i_vb in tl.static_range(V_PER_PROGRAM // BV if (TRANSPOSED or PREFETCH or STATE_AS_A) else 0):
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
             o_xv = 2 * H * K + i_hv * V + o_v
@@ -498,6 +567,9 @@ class VerifyConfig:
     state_dot: str = "fp32"
     # v4: conv inputs as [BT, W, C] taps + a [W, C] weight tile, every load of a conv issued before its math
     loads_first: bool = False
+    # v5 (offline-checked with triton 3.6, not timed): the 2-D conv with each tap's weights loaded as a [BT, C]
+    # tile of the cached [W, D] transposed weights: no layout conversion, so no barrier between a conv's loads
+    weight_tiles: bool = False
     hoist: bool = False  # one value block and head per program: issue all its loads first (see the kernel)
     loop_stages: int = 0  # > 0: value blocks walked in a rolled tl.range loop pipelined with this many stages
     skip_stages: int = 0  # timing experiments only (wrong outputs): stage bit mask, see _gdn_verify_kernel
@@ -526,6 +598,10 @@ class VerifyConfig:
             raise ValueError("loop_stages needs the plain layout (no transposed, state_as_a or prefetch)")
         if self.loads_first and (self.transposed or self.state_as_a or self.prefetch or self.skip_stages):
             raise ValueError("loads_first needs the plain layout (no transposed, state_as_a, prefetch or skip_stages)")
+        if self.weight_tiles and (self.loads_first or self.transposed or self.state_as_a or self.prefetch
+                                  or self.skip_stages):
+            raise ValueError("weight_tiles needs the plain layout (no loads_first, transposed, state_as_a, prefetch "
+                             "or skip_stages)")
         if self.two_pass and (self.transposed or self.state_as_a or self.prefetch or self.group_heads
                               or self.skip_stages):
             raise ValueError("two_pass needs the plain layout (no transposed, state_as_a, prefetch, group_heads or "
@@ -665,7 +741,7 @@ def gdn_verify(
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
-    conv_w = transposed_conv_weight(conv_weight) if config.loads_first else conv_weight
+    conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles else conv_weight
     if config.two_pass:
         from .two_pass import launch_two_pass
         return launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
@@ -683,7 +759,7 @@ def gdn_verify(
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
         TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
         STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
-        LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width),
+        LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
         num_warps=config.num_warps,
     )
     return out
