@@ -366,6 +366,22 @@ SWEEP_VERIFY_V4 = [
     VerifyConfig(block_v=32, whole_v=True, loop_stages=2, **_LF),
     VerifyConfig(block_v=32, whole_v=True, loop_stages=2, state_dot="bf16", **_LF),
 ]
+# --sweep-set v5: the current winners (v2 per-head b1, v2 whole-V b8, two-pass whole-V rolled loads_first b32/b64)
+# against the v5 weight_tiles forms (never timed before) and the rolled forms without loads_first
+SWEEP_VERIFY_V5 = [
+    VerifyConfig(block_v=32), VerifyConfig(block_v=32, whole_v=True),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, **_LF),
+    VerifyConfig(block_v=32, num_warps=8),
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True), VerifyConfig(block_v=32, hoist=True, weight_tiles=True,
+                                                                          num_warps=8),
+    VerifyConfig(block_v=32, weight_tiles=True), VerifyConfig(block_v=32, weight_tiles=True, num_warps=8),
+    VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, weight_tiles=True),
+]
+SWEEP_SETS = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 
@@ -654,7 +670,7 @@ def main():
     parser.add_argument("--rep-ms", type=int, default=40)
     parser.add_argument("--sweep", action="store_true",
                         help="first time launch configs of ours per batch and use the fastest (GPU only)")
-    parser.add_argument("--sweep-set", choices=["full", "final", "v4"], default="full",
+    parser.add_argument("--sweep-set", choices=sorted(SWEEP_SETS), default="full",
                         help="final: only the v2 winners and the v3 candidates, default reconstruction")
     parser.add_argument("--write-tuned", default=None,
                         help="write the sweep's fastest verify config per batch here (tuned_verify_configs.json)")
@@ -689,7 +705,7 @@ def main():
     print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
 
     if args.precompile and ON_GPU:
-        configs = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4}[args.sweep_set]
+        configs = SWEEP_SETS[args.sweep_set]
         precompile(gdn, [(L, c) for c in configs for L in distinct_specialisations(lens + [16, 17])])
     wait_for_file(args.wait_file)
     check = check_correctness(gdn, device, vk)
@@ -697,7 +713,7 @@ def main():
 
     sweep_rows, best_verify, best_recon = [], {}, {}
     if args.sweep and ON_GPU:
-        configs = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4}[args.sweep_set]
+        configs = SWEEP_SETS[args.sweep_set]
         wait_for_file(args.wait_file)
         errors = config_errors(gdn, device, configs)
         extra_errors = {short_config(k): v for k, v in errors.items()}

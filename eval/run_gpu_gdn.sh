@@ -3,6 +3,7 @@
 #   MODE=diag   (call 1) bench_gdn_verify.py --diagnose: parallel precompile, bf16 error of every candidate, the
 #               leave-one-stage-out ladder and the launch candidates -> $OUT/diag/gdn_verify_diag.json; then ncu
 #               (--clock-control none) on the per-head (b1) and whole-V (b32) kernels if the runtime allows it.
+#   MODE=final2 (v5 call) as final with --sweep-set v5 and only the weight_tiles GPU tests.
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -55,5 +56,28 @@ if [ "$MODE" = final ]; then
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-200
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
     cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-1500; echo
+fi
+if [ "$MODE" = final2 ]; then
+    # v5 call: the weight_tiles forms against the current winners, then the full grid; --write-tuned
+    mkdir -p "$OUT/gdn"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        && export PYTHONPATH=/tmp/pk:/tmp/site
+    rm -f /tmp/gpu_tests_done
+    # only the new forms' GPU tests (the bench's bf16-vs-float64 gate covers every swept config's outputs)
+    ( timeout ${TEST_S:-80} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k weight-tiles \
+        tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
+      touch /tmp/gpu_tests_done ) &
+    timeout ${BENCH_S:-200} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set v5 --precompile \
+        --wait-file /tmp/gpu_tests_done --budget-s ${GRID_S:-100} --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
+        --command "python eval/bench_gdn_verify.py --sweep --sweep-set v5 --precompile (eval/run_gpu_gdn.sh MODE=final2, commit $COMMIT)" \
+        > "$OUT/gdn/bench.log" 2>&1
+    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    tail -4 "$OUT/gdn/pytest.log"
+    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-1800
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-160
+    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
+    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-1800; echo
+    echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -517,6 +517,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-rolled-bf16-products"),
     pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8), True,
                  id="fp32-state-hoisted-weight-tiles"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True), False,
+                 id="fp32-state-two-pass-rolled-weight-tiles"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, transposed=True, fuse_qk=True, prefetch=True), True,
                  id="bf16-state-transposed-whole-v"),
 ])
