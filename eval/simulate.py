@@ -39,6 +39,7 @@ are not counted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -65,13 +66,19 @@ from vllm_hybridspec.policy import (  # noqa: E402
     vllm_adaptive_lengths,
 )
 from vllm_hybridspec.routing import expert_cost_from_profile, probe_worth  # noqa: E402
+from vllm_hybridspec.routing.correction import fit_moe_time  # noqa: E402
 
 BENCH = "simulate"
 DEFAULT_PROFILE = EVAL / "results" / "latency_profile_qwen36_35b_a3b_h200.json"
 CONCURRENCY = (1, 4, 16, 64)
 NUM_DRAFTS = 15
 CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
-POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec_host", "hybridspec", "hybridspec_rc")
+POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec_host", "hybridspec_neutralise", "hybridspec",
+            "hybridspec_rc")
+# What vllm_hybridspec runs inside vLLM today (the system headline is chosen among these); the others are
+# simulated policies the wiring cannot run yet (hybridspec / hybridspec_rc decide the step's token count on
+# the device, which vLLM fixes on the host before the forward).
+WIRED = ("hybridspec_host",)
 KERNELS = ("baseline", "ours")
 
 
@@ -127,6 +134,7 @@ class Outcome:
     accepted: float = 0.0
     probes: float = 0.0
     probes_kept: float = 0.0
+    neutralised: float = 0.0
 
     def row(self, batch: int) -> dict:
         n = max(self.rounds * batch, 1)
@@ -137,6 +145,7 @@ class Outcome:
             "round_us": round(self.time_us / max(self.rounds, 1), 1),
             "probes_per_round": round(self.probes / max(self.rounds, 1), 3),
             "probe_keep_rate": round(self.probes_kept / self.probes, 3) if self.probes else None,
+            "neutralised_per_request": round(self.neutralised / n, 3),
         }
 
 
@@ -164,6 +173,10 @@ class Cell:
         self.lat_probe_pass = None
         if "ours_probe" in profiles and "ours" in profiles:
             self.lat_probe_pass = (lat(profiles["ours_probe"], 0.0), lat(profiles["ours"], 0.0))
+        self.non_moe = {}  # kernels -> (T without the MoE layers, MoE compute per routed token)
+        for k, p in self.profiles.items():
+            if p.per_layer_type is not None and "moe" in p.per_layer_type and p.unique_experts is not None:
+                self.non_moe[k] = (lat(_without_moe(p), 0.0), fit_moe_time(p)[1])
         self.estimates = self._calibrate()
 
     def _calibrate(self) -> torch.Tensor:
@@ -181,6 +194,8 @@ class Cell:
         for k, profile in self.profiles.items():
             out += [f"fixed_dflash@{k}", f"vllm_adaptive@{k}", f"hybridspec_host@{k}", f"hybridspec@{k}"]
             rc_ok = profile.per_layer_type is not None and profile.unique_experts is not None
+            if k in self.non_moe:  # neutralised tokens are priced from the profile's non-MoE time
+                out.append(f"hybridspec_neutralise@{k}")
             if rc_ok and (self.args.probe_cost == "integrated" or self.lat_probe_pass is not None):
                 out.append(f"hybridspec_rc@{k}")
         return out
@@ -215,7 +230,7 @@ class Cell:
             elif policy == "vllm_adaptive":
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
                 n = vllm_adaptive_lengths(conf, cap.expand(chunk, batch), plan, budget_confidences=stale).long()
-            elif policy == "hybridspec_host":
+            elif policy in ("hybridspec_host", "hybridspec_neutralise"):
                 # vllm_hybridspec.adaptive.budget: the host fixes the step's token count from last round, the
                 # device gives the budget to the best pairs of the current ranking (an infinite price admits
                 # nothing beyond the floor and the forced first draft).
@@ -223,6 +238,18 @@ class Cell:
                 budget = prefix_scan_budget(stale, cap.expand(chunk, batch), plan, min_drafts=1)
                 n = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
                                           rate_threshold=float("inf"), budget_floor=budget).num_drafts.long()
+                if policy == "hybridspec_neutralise":
+                    # vllm_hybridspec.adaptive.budget.device_verify_lengths: the lookahead on this round's confidences
+                    # picks how many of the scheduled drafts are verified; the rest of the host's tokens
+                    # still run (static shapes) but without experts, priced like dropped probes.
+                    device = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
+                                                   lookahead=True, forecast_confidences=stale).num_drafts.long()
+                    verified_n = torch.minimum(n, device)
+                    neutral = (n - verified_n).sum(-1)
+                    extra_us = self._neutralised_us(kernels, n, verified_n)
+                    if counted:
+                        out.neutralised += float(neutral.sum())
+                    n = verified_n
             else:
                 # Last round's confidences (the previous row of the chunk): information that does not depend on
                 # this round's drafts, so the rule may use it (lossless; see length_policy's docstring).
@@ -254,6 +281,26 @@ class Cell:
                 out.accepted += float(accepted.sum())
         return out
 
+    def _neutralised_us(self, kernels, scheduled, verified):
+        """[chunk] time of the neutralised tokens (scheduled - verified drafts, [chunk, B] each) on top of
+        T(B, verified): they still run every non-MoE layer (the profile's non-MoE time at the scheduled length
+        minus at the verified one) and, routed at weight 0 to experts the step runs anyway, the MoE kernel's
+        per-token compute (the MoE fit's token slope); no expert weights of their own."""
+        non_moe, moe_token_us = self.non_moe[kernels]
+        batch = self.batch
+        x_sched = 1.0 + scheduled.sum(-1).double() / batch
+        x_verified = 1.0 + verified.sum(-1).double() / batch
+        neutral = (scheduled - verified).sum(-1).double()
+        return ((non_moe.verify_us(batch, x_sched) - non_moe.verify_us(batch, x_verified)).clamp(min=0.0)
+                + moe_token_us * neutral)
+
+    def _expert_cost(self, kernels, length, integrated=True):
+        args = self.args
+        return expert_cost_from_profile(self.profiles[kernels], self.batch, length, num_moe_layers=args.moe_layers,
+                                        top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
+                                        dropped_token_runs_non_moe=integrated,
+                                        anchor_to_t=args.probe_pricing == "profile")
+
     def _routing_correction(self, n, decision, gen, threshold, kernels):
         """Probe / keep / drop for one chunk; returns (verified drafts, extra time per round, probes, kept).
 
@@ -267,10 +314,7 @@ class Cell:
         chunk = n.shape[0]
         length = 1.0 + float(n.float().mean())
         integrated = args.probe_cost == "integrated"
-        cost = expert_cost_from_profile(self.profiles[kernels], batch, length, num_moe_layers=args.moe_layers,
-                                        top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
-                                        dropped_token_runs_non_moe=integrated,
-                                        anchor_to_t=args.probe_pricing == "profile")
+        cost = self._expert_cost(kernels, length, integrated)
         x = 1.0 + n.sum(-1).double() / batch
         if integrated:
             pass_us = torch.full_like(x, args.decision_us)
@@ -308,6 +352,14 @@ class Cell:
             shift = (keep * cost.per_expert_layer_us * (total_new - mean_new)).sum(-1).double()
             kept_us = (extra_t * lat.correction() - kept * cost.probe_token_us + shift).clamp(min=0.0)
         return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
+
+
+def _without_moe(profile):
+    """The profile's time without its MoE layers (same batch extrapolation as the profile itself)."""
+    if isinstance(profile, PerRequestBeyondMeasured):
+        return PerRequestBeyondMeasured(_without_moe(profile._profile))
+    table = [[t - m for t, m in zip(t_row, m_row)] for t_row, m_row in zip(profile.t_us, profile.per_layer_type["moe"])]
+    return dataclasses.replace(profile, t_us=table, per_layer_type=None, unique_experts=None)
 
 
 def batch_points(batch_sizes: list[int]) -> dict[str, str]:
@@ -378,43 +430,62 @@ def run_all(args, profiles, drafter):
     return rows, tputs, traces, models
 
 
-def system_choice(tputs, tasks, labels) -> tuple[str, str]:
-    """(policy, kernels) of the HybridSpec system: the routing-corrected policy where it was simulated, on the
-    kernels (GDN verify variant, a config choice) that give it the higher c1 throughput."""
-    policy = "hybridspec_rc" if any(label.startswith("hybridspec_rc@") for label in labels) else "hybridspec"
-    candidates = [label.split("@")[1] for label in labels if label.startswith(policy + "@")]
-    kernels = max(candidates, key=lambda k: geomean([tputs[(t, 1, f"{policy}@{k}")] for t in tasks]))
-    return policy, kernels
+def system_choice(tputs, tasks, labels, policies=None) -> tuple[str, str]:
+    """(policy, kernels) of the HybridSpec system: among `policies` (default: the WIRED ones, what the vLLM
+    plugin runs), the one and the kernels (GDN verify variant, a config choice) with the highest c1 throughput."""
+    policies = WIRED if policies is None else policies
+    candidates = [label for label in labels if label.split("@")[0] in policies]
+    if not candidates:
+        raise ValueError(f"none of the policies {policies} was simulated")
+    best = max(candidates, key=lambda label: geomean([tputs[(t, 1, label)] for t in tasks]))
+    return tuple(best.split("@"))
 
 
 def summarize(tputs, tasks, labels):
     policy, kernels = system_choice(tputs, tasks, labels)
     best, fixed_same = f"{policy}@{kernels}", f"fixed_dflash@{kernels}"
     ratio = lambda a, b, c: geomean([tputs[(t, c, a)] / tputs[(t, c, b)] for t in tasks])
-    rc, plain = f"hybridspec_rc@{kernels}", f"hybridspec@{kernels}"
+    unwired = "hybridspec_rc" if any(label.startswith("hybridspec_rc@") for label in labels) else "hybridspec"
+    device_policy, device_kernels = system_choice(tputs, tasks, labels, policies=(unwired,))
+    device_best = f"{device_policy}@{device_kernels}"
+    rc, plain = f"hybridspec_rc@{device_kernels}", f"hybridspec@{device_kernels}"
     summary = {
+        # The headline: what users get from the plugin in vLLM (a WIRED policy).
         "hybridspec_system": best,
+        "hybridspec_system_wired": True,
         "speedup_vs_ar_c1": round(ratio(best, "ar@baseline", 1), 3),
         "speedup_vs_fixed_c1": round(ratio(best, "fixed_dflash@baseline", 1), 3),
         "min_ratio_vs_fixed_c4_to_c64": round(min(ratio(best, "fixed_dflash@baseline", c)
                                                   for c in CONCURRENCY[1:]), 3),
-        "gain_from_routing_correction_c1": round(ratio(rc, plain, 1), 3) if rc in labels else None,
-        "gain_from_routing_correction": ({f"c{c}": round(ratio(rc, plain, c), 3) for c in CONCURRENCY}
-                                         if rc in labels else None),
         # The same comparisons with every policy on the system's kernels: what the length policy alone adds.
         "speedup_vs_fixed_same_kernels_c1": round(ratio(best, fixed_same, 1), 3),
         "min_ratio_vs_fixed_same_kernels_c4_to_c64": round(min(ratio(best, fixed_same, c)
                                                                for c in CONCURRENCY[1:]), 3),
         "vllm_adaptive_vs_fixed_same_kernels": {f"c{c}": round(ratio(f"vllm_adaptive@{kernels}", fixed_same, c), 3)
                                                 for c in CONCURRENCY},
-        # What vllm_hybridspec/adaptive runs today (host budget from last round): the device-side lookahead's
-        # gain over it needs the step's token count decided on the device.
         "hybridspec_host_vs_fixed_same_kernels": {f"c{c}": round(ratio(f"hybridspec_host@{kernels}", fixed_same, c), 3)
                                                   for c in CONCURRENCY},
         "hybridspec_vs_vllm_adaptive": {f"c{c}": round(ratio(best, f"vllm_adaptive@{kernels}", c), 3)
                                         for c in CONCURRENCY},
+        # NOT WIRED: the length policy deciding the step's token count on the device from this round's
+        # confidences (+ routing correction on top of it). vLLM fixes the count on the host before the forward.
+        "device_decided_policy": device_best,
+        "device_decided_wired": False,
+        "device_decided_speedup_vs_fixed_c1": round(ratio(device_best, "fixed_dflash@baseline", 1), 3),
+        "device_decided_min_ratio_vs_fixed_c4_to_c64": round(min(ratio(device_best, "fixed_dflash@baseline", c)
+                                                                 for c in CONCURRENCY[1:]), 3),
+        "device_decided_vs_system": {f"c{c}": round(ratio(device_best, best, c), 3) for c in CONCURRENCY},
+        # Routing correction as simulated: on the device-decided policy (hybridspec_rc vs hybridspec, NOT WIRED;
+        # the wiring plans its probes from the host budget instead).
+        "gain_from_routing_correction_c1": round(ratio(rc, plain, 1), 3) if rc in labels else None,
+        "gain_from_routing_correction": ({f"c{c}": round(ratio(rc, plain, c), 3) for c in CONCURRENCY}
+                                         if rc in labels else None),
         "aggregation": f"geometric mean over tasks {list(tasks)}",
     }
+    neutralise = f"hybridspec_neutralise@{kernels}"
+    if neutralise in labels:
+        summary["hybridspec_neutralise_vs_host_same_kernels"] = {
+            f"c{c}": round(ratio(neutralise, f"hybridspec_host@{kernels}", c), 3) for c in CONCURRENCY}
     if "fixed_dflash@ours" in labels:
         summary["ours_kernels_vs_baseline_fixed_dflash"] = {
             f"c{c}": round(ratio("fixed_dflash@ours", "fixed_dflash@baseline", c), 3) for c in CONCURRENCY}
@@ -449,8 +520,9 @@ class PerRequestBeyondMeasured:
         return getattr(self._profile, name)
 
 
-def sensitivity(args, profiles, drafter, tasks, kernels):
-    """c1, c16 and c64 ratios of the HybridSpec system under other assumptions (smaller traces)."""
+def sensitivity(args, profiles, drafter, tasks, system, device_label):
+    """c1, c16 and c64 ratios of the HybridSpec system (and of the device-decided policy, not wired) under other
+    assumptions (smaller traces)."""
     out = []
     base_args = vars(args).copy()
     by_rho = profiles_by_rho(args.profile)
@@ -477,17 +549,19 @@ def sensitivity(args, profiles, drafter, tasks, kernels):
             for task in tasks:
                 cell = Cell(traces[task][c], c, cell_profiles, d, a, seed=_seed(task, c))
                 labels = cell.available()
-                wanted = {"ar@baseline", "fixed_dflash@baseline", f"hybridspec@{kernels}", f"hybridspec_rc@{kernels}"}
+                wanted = {"ar@baseline", "fixed_dflash@baseline", system, device_label,
+                          f"hybridspec@{device_label.split('@')[1]}"}
                 for label in wanted & set(labels):
                     outcome = cell.run(label)
                     t[(task, label)] = outcome.tokens / outcome.time_us
-            best = f"hybridspec_rc@{kernels}" if f"hybridspec_rc@{kernels}" in labels else f"hybridspec@{kernels}"
             tp = lambda task, label: t[(task, label)]
-            entry[f"vs_ar_c{c}"] = round(geomean([tp(x, best) / tp(x, "ar@baseline") for x in tasks]), 3)
-            entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, best) / tp(x, "fixed_dflash@baseline") for x in tasks]), 3)
-            if best.startswith("hybridspec_rc"):
-                entry[f"rc_gain_c{c}"] = round(geomean([tp(x, best) / tp(x, f"hybridspec@{kernels}")
-                                                        for x in tasks]), 3)
+            entry[f"vs_ar_c{c}"] = round(geomean([tp(x, system) / tp(x, "ar@baseline") for x in tasks]), 3)
+            entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, system) / tp(x, "fixed_dflash@baseline") for x in tasks]), 3)
+            entry[f"device_decided_vs_fixed_c{c}"] = round(geomean([tp(x, device_label) / tp(x, "fixed_dflash@baseline")
+                                                                    for x in tasks]), 3)
+            if device_label.startswith("hybridspec_rc"):
+                plain = f"hybridspec@{device_label.split('@')[1]}"
+                entry[f"rc_gain_c{c}"] = round(geomean([tp(x, device_label) / tp(x, plain) for x in tasks]), 3)
         print("sensitivity", entry, flush=True)
         out.append(entry)
     return out
@@ -497,10 +571,15 @@ def markdown(summary, rows, assumptions, device, profile_path):
     lines = [f"# simulate (SIMULATED tokens/s from the latency profile measured on {device})", "",
              f"Profile: `{profile_path}`. Acceptance: models fitted to published DFlash acceptance lengths "
              "(eval/acceptance_models.py); see eval/notes/simulate.md. `name@kernels`: kernels = the profile "
-             "variant (GDN verify path) that prices the verify pass. `hybridspec` = the length policy deciding on "
-             "the device from this round's confidences (lookahead admission); `hybridspec_host` = what the vLLM "
-             "wiring (vllm_hybridspec/adaptive) runs today: the step's budget from last round's confidences, "
-             "fixed on the host; `recorded_*` = replayed tiny-model traces (K = 4, eval/record_tiny_traces.py).",
+             "variant (GDN verify path) that prices the verify pass. The headline (`hybridspec_system` and the "
+             "keys without a prefix) is a policy the vLLM wiring runs (`hybridspec_system_wired`). "
+             "`hybridspec_host` = the wiring's host budget: the step's token count from last round's confidences, "
+             "split on the device by the current ranking; `hybridspec_neutralise` = that, plus the lookahead on "
+             "this round's confidences picking on the device how many of the scheduled drafts are verified, the "
+             "rest neutralised (run without experts, never accepted; priced like dropped probes); `hybridspec` / "
+             "`hybridspec_rc` = the length policy deciding the step's token count on the device (NOT WIRED: vLLM "
+             "fixes it on the host; keys `device_decided_*`); `recorded_*` = replayed tiny-model traces (K = 4, "
+             "eval/record_tiny_traces.py). Wired now: " + ", ".join(WIRED) + ".",
              "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
@@ -643,7 +722,8 @@ def main(argv=None):
     }
     extra = {"assumptions": assumptions}
     if not args.no_sensitivity:
-        extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks, system.split("@")[1])
+        extra["sensitivity"] = sensitivity(args, profiles, drafter, tasks, system,
+                                           summary["device_decided_policy"])
     args.out.mkdir(parents=True, exist_ok=True)
     write_results(BENCH, rows, summary, command.strip(), device, out_dir=args.out, extra=extra,
                   markdown=markdown(summary, rows, assumptions, device, assumptions["profile"]))

@@ -76,7 +76,7 @@ class ExpertCost:
         return self.keep_token_us + self.per_expert_layer_us * (n0 + others)
 
 
-def _fit_moe_time(profile: LatencyProfile) -> tuple[float, float]:
+def fit_moe_time(profile: LatencyProfile) -> tuple[float, float]:
     """(s_u, s_t) of moe_us = a + s_u * unique + s_t * tokens, least squares over every (batch, L) point;
     a negative coefficient is refitted without its term."""
     points = [(u, b * length, m)
@@ -156,7 +156,7 @@ def expert_cost_from_profile(
     if batch < 1 or length < 1 or num_moe_layers < 1 or top_k < 1:
         raise ValueError("batch, length, num_moe_layers and top_k must be >= 1")
     moe, unique, lengths = profile.per_layer_type["moe"], profile.unique_experts, profile.lengths
-    per_unique_us, moe_token_us = _fit_moe_time(profile)
+    per_unique_us, moe_token_us = fit_moe_time(profile)
     per_expert_layer_us = per_unique_us / num_moe_layers
 
     def at(table, b, x):
