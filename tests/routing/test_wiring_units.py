@@ -1,6 +1,6 @@
 """Unit tests of the routing correction's wiring with fakes: step buffers, first-router decision against the
 naive reference, neutralised routing, invalid rows for the rejection sampler, probe marking against the device
-split, and the two patch wrappers."""
+split, the two patch wrappers, and the neutralised drafts of the device-side length cut."""
 import random
 from types import SimpleNamespace
 
@@ -112,10 +112,11 @@ def test_invalid_rows_and_dropped_accepted_count():
     cu = torch.tensor([0, 3, 6])
     drafts = torch.tensor([9, 11, 12, 9, 21, 22])  # token at each row; the probes are 12 and 22
     sampled = torch.tensor([[11, 12, 0], [21, 5, 0]])  # request 0: draft 11 accepted, then the target's 12
-    step.count_outcomes(invalid, greedy, drafts, sampled, torch.tensor([2, 2]), cu)  # both stop before the probe
+    step.count_outcomes(logits_indices, greedy, drafts, sampled, torch.tensor([2, 2]), cu)  # both stop before the probe
     assert step.snapshot()["dropped_accepted"] == 0
     assert step.snapshot()["dropped_would_accept"] == 1  # request 0's probe equalled the target's token
-    step.count_outcomes(invalid, greedy, drafts, sampled, torch.tensor([3, 1]), cu)  # a sampler ignoring the mask
+    # a sampler ignoring the mask
+    step.count_outcomes(logits_indices, greedy, drafts, sampled, torch.tensor([3, 1]), cu)
     assert step.snapshot()["dropped_accepted"] == 1
     assert step.snapshot()["dropped_would_accept"] == 1
     assert step.snapshot()["non_greedy_probes"] == 1
@@ -218,3 +219,93 @@ def test_moe_layer_count():
     assert wiring.moe_layer_count(SimpleNamespace(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[1])) == 2
     with pytest.raises(ValueError, match="no MoE layer"):
         wiring.moe_layer_count(SimpleNamespace(num_hidden_layers=2, mlp_only_layers=[0, 1]))
+
+
+def naive_neutral_mask(query_start_loc, scheduled, verified, max_tokens):
+    mask = [False] * max_tokens
+    for b, (s, v) in enumerate(zip(scheduled, verified)):
+        end = query_start_loc[b + 1]
+        for t in range(end - (s - v), end):
+            mask[t] = True
+    return mask
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_neutral_token_mask_matches_naive(seed):
+    rnd = random.Random(seed)
+    batch, k = rnd.randint(1, 7), rnd.randint(1, 6)
+    scheduled = [rnd.randint(0, k) for _ in range(batch)]
+    verified = [rnd.randint(0, s) for s in scheduled]
+    non_draft = [rnd.randint(1, 3) for _ in range(batch)]  # the last sampled token (+ a prefill chunk)
+    qsl = [0]
+    for s, n in zip(scheduled, non_draft):
+        qsl.append(qsl[-1] + s + n)
+    max_tokens = qsl[-1] + rnd.randint(0, 5)  # padding past the real tokens
+    padded_qsl = torch.tensor(qsl + [qsl[-1]] * 3, dtype=torch.int32)  # vLLM pads the boundaries
+    got = wiring.neutral_token_mask(padded_qsl, torch.tensor(scheduled, dtype=torch.int32),
+                                    torch.tensor(verified, dtype=torch.int32), max_tokens)
+    assert got.tolist() == naive_neutral_mask(qsl, scheduled, verified, max_tokens)
+
+
+def test_neutral_only_step_neutralises_and_invalidates():
+    """Routing correction off: no router decides, every router gives neutral tokens weight 0 on token 0's experts,
+    the rejection sampler sees them invalid, and the counters show the cut."""
+    step = wiring.RoutingStep(16, "cpu", None, 1, 1.0)
+    assert not step.decides_probes
+    # two requests: tokens 0..3 (last sampled + 3 drafts, the last two cut), 4..6 (2 drafts, none cut)
+    qsl = torch.tensor([0, 4, 7])
+    neutral = wiring.neutral_token_mask(qsl, torch.tensor([3, 2]), torch.tensor([1, 2]), 16)
+    step.write(torch.full((2,), -1), torch.zeros(2), 7, 1.0, neutral)
+    gen = torch.Generator().manual_seed(0)
+    weights, ids = random_routing(gen, 7, 2, 8)
+    for router in (object(), object()):  # every router, the first included
+        w, i = wiring.correct_routing(step, router, weights, ids)
+        assert w[2:4].eq(0).all() and torch.equal(w[[0, 1, 4, 5, 6]], weights[[0, 1, 4, 5, 6]])
+        assert torch.equal(i[2], ids[0]) and torch.equal(i[3], ids[0])  # no expert the step does not run
+    logits_indices = torch.arange(7)  # rows: request 0 = 0..3, request 1 = 4..6
+    greedy = torch.ones(7, dtype=torch.bool)
+    invalid = step.invalid_rows(logits_indices, greedy)
+    assert invalid.tolist() == [False, False, True, True, False, False, False]
+    cu = torch.tensor([0, 4, 7])
+    drafts = torch.tensor([5, 11, 12, 13, 5, 21, 22])
+    # request 0 verifies draft 11, then the target's token at row 1 equals the first neutral draft 12
+    sampled = torch.tensor([[11, 12, 0, 0], [21, 22, 9, 0]])
+    step.count_outcomes(logits_indices, greedy, drafts, sampled, torch.tensor([2, 3]), cu)
+    snap = step.snapshot()
+    assert snap["neutralised_drafts"] == 2 and snap["neutralising_steps"] == 1
+    assert snap["neutralised_accepted"] == 0 and snap["neutralised_would_accept"] == 1
+    assert snap["probes"] == 0
+    step.count_outcomes(logits_indices, greedy, drafts, sampled, torch.tensor([4, 3]), cu)  # a sampler ignoring it
+    assert step.snapshot()["neutralised_accepted"] == 1
+    step.clear()
+    assert not step.neutral.any() and step.keep.all()
+    assert wiring.correct_routing(step, object(), weights, ids)[0].equal(weights)
+
+
+def test_probe_on_a_neutral_token_is_no_probe_and_neutral_tokens_are_no_base():
+    step = make_step(max_tokens=8, num_experts=4, threshold=1e6)
+    # request 0: tokens 0..2, probe at 2 but the device cut both drafts; request 1: tokens 3..5, probe at 5
+    neutral = torch.tensor([False, True, True, False, False, False, False, False])
+    step.write(torch.tensor([2, 5]), torch.tensor([0.5, 0.5]), 6, 0.1, neutral)
+    assert step.probe_mask.tolist() == [False, False, False, False, False, True, False, False]
+    # the neutral token 1 routes to expert 3: it is not part of the step's experts, so probe 5's expert 3 is new
+    ids = torch.tensor([[0, 1], [3, 1], [3, 1], [0, 1], [0, 1], [0, 3]], dtype=torch.int32)
+    weights = torch.rand(6, 2)
+    w, _ = wiring.correct_routing(step, object(), weights, ids)
+    assert not step.keep[5] and w[5].eq(0).all()  # threshold 1e6: a probe with a new expert is dropped
+    assert w[1:3].eq(0).all() and not step.keep[1:3].any()
+    snap = step.snapshot()
+    assert snap["probes"] == 1 and snap["neutralised_drafts"] == 2
+
+
+def test_neutral_mask_of_wrong_shape_is_refused():
+    step = make_step(max_tokens=8)
+    with pytest.raises(ValueError, match="neutral"):
+        step.write(torch.tensor([-1]), torch.tensor([0.0]), 4, 0.1, torch.zeros(5, dtype=torch.bool))
+
+
+def test_has_routed_experts():
+    assert wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2))
+    assert wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=4, num_local_experts=8))
+    assert not wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=4))  # a dense target
+    assert not wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=2, num_experts=4, mlp_only_layers=[0, 1]))

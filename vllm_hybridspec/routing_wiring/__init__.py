@@ -18,6 +18,12 @@ One verify step, with `hybridspec.routing_correction: true` (needs `verify_lengt
    keeping it would bias sampling (tests/policy/test_routing_correction.py), verifying one draft less never does.
    The step's buffers are cleared afterwards, so steps the manager does not plan (no drafts) route untouched.
 
+The device cut of the adaptive length (`device_verify_length`) uses the same machinery: the manager marks each
+request's drafts past the length policy's choice as neutral (`neutral_token_mask`); every router neutralises
+them, the rejection sampler sees them invalid (verification stops before the first), and the first router's base
+set leaves them out. Without the routing correction the step has no cost model and no router decides
+(`RoutingStep(cost=None)`); with it, a cut request's first cut draft is its probe.
+
 Lossless under greedy decoding: a dropped probe is never accepted and is its request's last token, so what the
 kept tokens compute does not depend on it; the bonus comes from the last kept draft's logits.
 

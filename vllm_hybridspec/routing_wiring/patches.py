@@ -31,8 +31,8 @@ class CorrectMoeRouting(VllmPatch):
 
 class RejectDroppedProbes(VllmPatch):
     target = "vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler.__call__"
-    what = ("marks dropped probe drafts (and every non-greedy request's probe) invalid for MRV2's rejection "
-            "sampler, so it verifies one draft less there; clears the step's probe buffers")
+    what = ("marks dropped probe drafts (and every non-greedy request's probe) and neutralised drafts invalid "
+            "for MRV2's rejection sampler, so verification stops before them; clears the step's buffers")
     why = ("the keep decision is made inside the forward, after vLLM fixed each request's logits; invalid_drafts "
            "is vLLM's own way to stop verification at a row, but only grammars feed it")
     vllm_versions = ">=0.32,<0.34"
@@ -53,8 +53,8 @@ class RejectDroppedProbes(VllmPatch):
             combined = ours if invalid_drafts is None else invalid_drafts | ours
             output = original(self, logits, input_batch, draft_logits, combined)
             draft_tokens = input_batch.input_ids[input_batch.logits_indices.long()]
-            routing.count_outcomes(ours, row_greedy, draft_tokens, output.sampled_token_ids, output.num_sampled,
-                                   input_batch.cu_num_logits)
+            routing.count_outcomes(input_batch.logits_indices, row_greedy, draft_tokens, output.sampled_token_ids,
+                                   output.num_sampled, input_batch.cu_num_logits)
             routing.clear()
             return output
 

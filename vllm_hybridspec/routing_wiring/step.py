@@ -17,30 +17,41 @@ logger = logging.getLogger("vllm.hybridspec")
 
 
 class RoutingStep:
-    """Static per-step buffers of the routing correction (one per engine process; all [max_tokens]).
+    """Static per-step buffers of the routing correction and of neutralised drafts (one per engine process;
+    all [max_tokens]).
 
     probe_mask: True at each probe token of the planned step (all False when nothing is planned).
     survival: the probe draft's survival probability (read where probe_mask).
-    keep: written by the first router: False only at dropped probes.
+    neutral: True at each draft token the device-side length decision did not admit (its request verifies
+        fewer drafts than the host scheduled): routed nowhere, never accepted.
+    keep: False at dropped probes and neutral tokens (the first router writes the probe part).
     num_tokens: [1] real tokens of the step (the base set excludes padding).
     tokens_per_us: [1] the price of a token (the length policy's marginal rate).
+
+    `cost=None`: no routing correction (no probe is ever planned, no router decides); the step only
+    neutralises the tokens the manager marks.
     """
 
-    def __init__(self, max_tokens: int, device: torch.device | str, cost: ExpertCost, num_experts: int,
+    def __init__(self, max_tokens: int, device: torch.device | str, cost: ExpertCost | None, num_experts: int,
                  threshold: float) -> None:
         if max_tokens < 1 or num_experts < 1 or not threshold > 0:
             raise ValueError("RoutingStep: max_tokens and num_experts must be >= 1 and threshold > 0")
         self.num_experts, self.threshold = num_experts, threshold
+        self.decides_probes = cost is not None
         self._cost_ab = torch.zeros(2, dtype=torch.float32, device=device)
-        self.set_cost(cost)
+        if cost is not None:
+            self.set_cost(cost)
         self.probe_mask = torch.zeros(max_tokens, dtype=torch.bool, device=device)
         self.survival = torch.zeros(max_tokens, dtype=torch.float32, device=device)
+        self.neutral = torch.zeros(max_tokens, dtype=torch.bool, device=device)
         self.keep = torch.ones(max_tokens, dtype=torch.bool, device=device)
         self.num_tokens = torch.zeros(1, dtype=torch.int64, device=device)
         self.tokens_per_us = torch.ones(1, dtype=torch.float32, device=device)
         # device counters: probes planned / kept, dropped probes accepted (must stay 0), non-greedy probes,
-        # dropped probes plain verification would have accepted
-        self._counts = torch.zeros(5, dtype=torch.int64, device=device)
+        # dropped probes plain verification would have accepted; neutralised drafts, neutralised drafts
+        # accepted (must stay 0), first neutralised drafts plain verification would have accepted, steps
+        # with a neutralised draft
+        self._counts = torch.zeros(9, dtype=torch.int64, device=device)
         self.first_router: Any = None
         self.planned = False  # a step has been written at least once (the sampler has something to do)
         self._planned_steps = 0
@@ -52,77 +63,115 @@ class RoutingStep:
         self._cost_ab.copy_(torch.tensor([a, float(cost.probe_cost_us(torch.tensor(1.0))) - a]))
 
     def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
-              tokens_per_us: float | torch.Tensor) -> None:
-        """Plans a step. probe_token_index: [B] token index of each request's probe, -1 for none.
-        probe_survival: [B] survival of those drafts."""
+              tokens_per_us: float | torch.Tensor, neutral: torch.Tensor | None = None) -> None:
+        """Plans a step. probe_token_index: [B] token index of each request's probe, -1 for none (always
+        -1 without routing correction). probe_survival: [B] survival of those drafts. neutral: [max_tokens]
+        bool, the draft tokens to neutralise (None: none); a probe on a neutral token is no probe."""
         if probe_token_index.shape != probe_survival.shape:
             raise ValueError("probe_token_index and probe_survival must both be [B]")
         if not 0 <= num_tokens <= self.probe_mask.shape[0]:
             raise ValueError(f"num_tokens {num_tokens} outside [0, {self.probe_mask.shape[0]}]")
-        self.keep.fill_(True)
+        if neutral is not None and neutral.shape != self.neutral.shape:
+            raise ValueError(f"neutral must be [{self.neutral.shape[0]}] bool, got {tuple(neutral.shape)}")
+        if neutral is None:
+            self.neutral.zero_()
+        else:
+            self.neutral.copy_(neutral)
+        self.keep.copy_(~self.neutral)
         has = probe_token_index >= 0
         # requests without a probe write into one spare slot past the buffers
         spare = self.probe_mask.shape[0]
         index = torch.where(has, probe_token_index, torch.full_like(probe_token_index, spare)).long()
         scratch = torch.zeros(spare + 1, dtype=torch.bool, device=self.probe_mask.device)
         scratch.scatter_(0, index, has)
-        self.probe_mask.copy_(scratch[:-1])
+        self.probe_mask.copy_(scratch[:-1] & ~self.neutral)
         values = torch.zeros(spare + 1, dtype=torch.float32, device=self.survival.device)
         values.scatter_(0, index, probe_survival.float())
         self.survival.copy_(values[:-1])
         self.num_tokens.fill_(num_tokens)
         self.tokens_per_us.copy_(torch.as_tensor(tokens_per_us, dtype=torch.float32).reshape(1))
-        self._counts[0] += has.sum()
+        self._counts[0] += self.probe_mask.sum()
+        neutralised = self.neutral.sum()
+        self._counts[5] += neutralised
+        self._counts[8] += (neutralised > 0).long()
         self.planned = True
         self._planned_steps += 1
         if self._planned_steps % LOG_EVERY_STEPS == 0:
-            logger.info("hybridspec routing correction: %s", self.snapshot())
+            logger.info("hybridspec routing step: %s", self.snapshot())
 
     def clear(self) -> None:
         self.probe_mask.zero_()
+        self.neutral.zero_()
         self.keep.fill_(True)
 
     def decide(self, topk_ids: torch.Tensor) -> None:
         """First router: keep/drop each probe from its top-k ids ([T, k], T may include padding)."""
         t = topk_ids.shape[0]
         probe = self.probe_mask[:t]
-        valid = torch.arange(t, device=topk_ids.device) < self.num_tokens
+        neutral = self.neutral[:t]
+        # neutral tokens run no expert, so they are not part of the experts the step runs anyway
+        valid = (torch.arange(t, device=topk_ids.device) < self.num_tokens) & ~neutral
         decision = routing_keep_mask(topk_ids, probe, self.survival[:t], self.tokens_per_us,
                                      _LinearCost(self._cost_ab), self.num_experts, threshold=self.threshold,
                                      token_valid=valid)
-        self.keep[:t].copy_(decision.keep)
+        self.keep[:t].copy_(decision.keep & ~neutral)
         self._counts[1] += (probe & decision.keep).sum()
 
     def neutralize(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return neutralize_dropped(topk_weights, topk_ids, self.keep[: topk_ids.shape[0]])
 
     def invalid_rows(self, logits_indices: torch.Tensor, row_greedy: torch.Tensor) -> torch.Tensor:
-        """[num_logits] bool: logit rows holding a dropped probe, or any probe of a non-greedy request."""
+        """[num_logits] bool: logit rows holding a dropped probe, any probe of a non-greedy request, or a
+        neutral draft."""
         probe = self.probe_mask[logits_indices.long()]
         keep = self.keep[logits_indices.long()]
         self._counts[3] += (probe & ~row_greedy).sum()
-        return probe & (~keep | ~row_greedy)
+        return (probe & (~keep | ~row_greedy)) | self.neutral[logits_indices.long()]
 
-    def count_outcomes(self, invalid: torch.Tensor, row_greedy: torch.Tensor, draft_tokens: torch.Tensor,
+    def count_outcomes(self, logits_indices: torch.Tensor, row_greedy: torch.Tensor, draft_tokens: torch.Tensor,
                        sampled: torch.Tensor, num_sampled: torch.Tensor, cu_num_logits: torch.Tensor) -> None:
-        """After rejection sampling. `dropped_accepted`: invalid probes accepted anyway (must stay 0).
-        `dropped_would_accept`: dropped probes of greedy requests that plain verification would have accepted
-        (every earlier draft accepted and the probe equal to the target's token there): the tokens the
-        correction gave up. draft_tokens: [num_logits] the token at each logit row; sampled: [B, K + 1]."""
+        """After rejection sampling. draft_tokens: [num_logits] the token at each logit row; sampled: [B, K + 1].
+
+        Each request's first invalid row j (row j holds draft j, row 0 the last sampled token; drafts 1..j-1
+        are verifiable, so at most j tokens may be sampled) is a dropped (or non-greedy) probe or a neutral
+        draft; the neutral drafts of a request follow its probe, if any. Per kind: `*_accepted`: accepted
+        anyway (must stay 0); `*_would_accept`: greedy requests where plain verification would have accepted
+        that draft (every earlier draft accepted and the draft equal to the target's token there): the tokens
+        the correction / the cut gave up."""
         num_reqs = num_sampled.shape[0]
-        last_row = cu_num_logits[1 : num_reqs + 1].long() - 1
-        num_drafts = cu_num_logits[1 : num_reqs + 1] - cu_num_logits[:num_reqs] - 1
-        dropped = invalid[last_row.clamp(min=0)] & (num_drafts > 0)
-        self._counts[2] += (dropped & (num_sampled > num_drafts)).sum()
-        reached = dropped & row_greedy[last_row.clamp(min=0)] & (num_sampled == num_drafts)
-        column = (num_drafts.long() - 1).clamp(min=0).unsqueeze(1)
-        target = sampled[:num_reqs].gather(1, column).squeeze(1)
-        self._counts[4] += (reached & (target == draft_tokens[last_row.clamp(min=0)])).sum()
+        if num_reqs == 0 or logits_indices.shape[0] == 0:
+            return
+        rows = logits_indices.long()
+        probe = self.probe_mask[rows] & (~self.keep[rows] | ~row_greedy)
+        invalid = probe | self.neutral[rows]
+        row = torch.arange(rows.shape[0], device=rows.device)
+        starts = cu_num_logits[:num_reqs].long()
+        request = torch.searchsorted(cu_num_logits[1 : num_reqs + 1].long(), row, right=True).clamp(max=num_reqs - 1)
+        local = row - starts[request]
+        none = torch.iinfo(torch.int64).max
+        first = torch.full((num_reqs,), none, dtype=torch.int64, device=rows.device)
+        first.scatter_reduce_(0, request, torch.where(invalid, local, torch.full_like(local, none)), "amin")
+        has = first < none
+        first_local = torch.where(has, first, torch.ones_like(first))
+        first_row = (starts + first_local).clamp(max=rows.shape[0] - 1)
+        is_probe = has & probe[first_row]
+        is_neutral = has & ~probe[first_row]
+        accepted = num_sampled.long() > first_local
+        target = sampled[:num_reqs].gather(1, (first_local - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        would = row_greedy[first_row] & (num_sampled.long() == first_local) & (target == draft_tokens[first_row])
+        self._counts[2] += (is_probe & accepted).sum()
+        self._counts[4] += (is_probe & would).sum()
+        self._counts[6] += (is_neutral & accepted).sum()
+        self._counts[7] += (is_neutral & would).sum()
 
     def snapshot(self) -> dict:
-        probes, kept, dropped_accepted, non_greedy, would_accept = (int(x) for x in self._counts.tolist())
+        (probes, kept, dropped_accepted, non_greedy, would_accept, neutralised, neutralised_accepted,
+         neutralised_would_accept, neutral_steps) = (int(x) for x in self._counts.tolist())
         return {"probes": probes, "kept": kept, "dropped": probes - kept, "dropped_accepted": dropped_accepted,
-                "dropped_would_accept": would_accept, "non_greedy_probes": non_greedy}
+                "dropped_would_accept": would_accept, "non_greedy_probes": non_greedy,
+                "neutralised_drafts": neutralised, "neutralised_accepted": neutralised_accepted,
+                "neutralised_would_accept": neutralised_would_accept, "neutralising_steps": neutral_steps,
+                "planned_steps": self._planned_steps}
 
 
 class _LinearCost:
@@ -186,7 +235,7 @@ def correct_routing(step: RoutingStep | None, router: Any, topk_weights: torch.T
         return topk_weights, topk_ids
     if step.first_router is None:
         step.first_router = router
-    if router is step.first_router:
+    if router is step.first_router and step.decides_probes:
         step.decide(topk_ids)
     return step.neutralize(topk_weights, topk_ids)
 
@@ -196,6 +245,19 @@ def record_active(threshold: float, source: str) -> None:
 
 
 # ----- planning (called by the adaptive manager) -----
+
+def has_routed_experts(hf_config: Any) -> bool:
+    """Whether the target routes tokens to experts (Qwen-MoE / Qwen3-Next `num_experts`, Mixtral
+    `num_local_experts`, DeepSeek `n_routed_experts`) in at least one layer."""
+    experts = next((getattr(hf_config, key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
+                    if getattr(hf_config, key, None)), 0)
+    if not experts or int(experts) < 2:
+        return False
+    try:
+        return moe_layer_count(hf_config) > 0
+    except ValueError:
+        return False
+
 
 def moe_layer_count(hf_config: Any) -> int:
     """Decoder layers with a routed MoE block (Qwen2/3-MoE / Qwen3-Next conventions; all of them by default)."""
@@ -235,6 +297,21 @@ def probe_requests(stale_confidences: torch.Tensor, lengths: torch.Tensor, capac
     room = lengths < capacities
     nxt = survival.gather(1, lengths.long().clamp(max=k - 1).unsqueeze(1)).squeeze(1) * room
     return room & probe_worth(nxt, tokens_per_us, step.cost, top_k, threshold=step.threshold)
+
+
+def neutral_token_mask(query_start_loc: torch.Tensor, scheduled: torch.Tensor, verified: torch.Tensor,
+                       max_tokens: int) -> torch.Tensor:
+    """[max_tokens] bool on the device: each request's last `scheduled - verified` tokens (its drafts the
+    device-side decision did not admit; a request's drafts are its last tokens).
+
+    query_start_loc: [>= B + 1] int, the step's query boundaries; scheduled, verified: [B] int drafts."""
+    num_reqs = scheduled.shape[0]
+    ends = query_start_loc[1 : num_reqs + 1].long()
+    starts = ends - (scheduled.long() - verified.long()).clamp(min=0)
+    edges = torch.zeros(max_tokens + 1, dtype=torch.int32, device=ends.device)
+    edges.scatter_add_(0, starts.clamp(0, max_tokens), torch.ones_like(starts, dtype=torch.int32))
+    edges.scatter_add_(0, ends.clamp(0, max_tokens), torch.full_like(ends, -1, dtype=torch.int32))
+    return torch.cumsum(edges, dim=0)[:max_tokens] > 0
 
 
 def mark_probes(confidences: torch.Tensor, capacities: torch.Tensor, counts: torch.Tensor, policy_budget: int,
