@@ -34,12 +34,29 @@ def manager_class() -> type:
     from vllm.v1.utils import CpuGpuBuffer
     from vllm.v1.worker.gpu.spec_decode.adaptive_verification import AdaptiveVerificationManager
 
+    from vllm.v1.worker.gpu.spec_decode import adaptive_verification as vllm_adaptive
+
+    RETURNS_ADMITTED = hasattr(vllm_adaptive, "AdmittedDraftCounts")  # vLLM >= 0.33: reallocate_drafts' 4th value
+
+    class _HostCounts:
+        """vLLM 0.33's AdmittedDraftCounts interface over counts already on the host."""
+
+        def __init__(self, counts: np.ndarray) -> None:
+            self._counts = counts
+
+        def wait(self) -> np.ndarray:
+            return self._counts
+
     class HybridSpecVerificationManager(AdaptiveVerificationManager):
-        def __init__(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits, config):
+        def __init__(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits, config,
+                     copy_admitted_drafts_to_host=False):
             if req_states.device.type == "cuda":
-                super().__init__(req_states, query_start_loc, num_bonus_tokens, max_total_logits)
+                # vLLM 0.33 takes the flag (a batch sharder needs the admitted counts on the host); 0.32 does not
+                extra = {"copy_admitted_drafts_to_host": copy_admitted_drafts_to_host} if RETURNS_ADMITTED else {}
+                super().__init__(req_states, query_start_loc, num_bonus_tokens, max_total_logits, **extra)
             else:
                 self._init_without_cuda(req_states, query_start_loc, num_bonus_tokens, max_total_logits)
+            self._copy_admitted_drafts_to_host = copy_admitted_drafts_to_host
             steps = self.num_speculative_steps
             self.min_drafts = min(config.min_verify_length, steps)
             self.max_drafts = min(config.max_verify_length_for(steps), steps)
@@ -263,6 +280,14 @@ def manager_class() -> type:
                                                         self.routing.neutral.shape[0])
                 self.routing.write(probe_token, probe_survival, num_tokens,
                                    self._routing_rate if self.probing else 1.0, neutral)
-            return self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget
+            result = (self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget)
+            if not RETURNS_ADMITTED:  # vLLM 0.32
+                return result
+            # vLLM 0.33 also returns the admitted counts, wanted only by a batch sharder when the budget binds (a
+            # synchronous copy here: rare, and vLLM's own copy stream is an implementation detail)
+            admitted = None
+            if self._copy_admitted_drafts_to_host and 0 < budget < int(capacity_np.sum()):
+                admitted = _HostCounts(capacities.to("cpu").numpy().copy())
+            return (*result, admitted)
 
     return HybridSpecVerificationManager

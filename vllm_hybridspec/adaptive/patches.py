@@ -132,7 +132,8 @@ class UseHybridSpecLengthPolicy(VllmPatch):
             from vllm_hybridspec.adaptive.manager import manager_class
 
             return manager_class()(kwargs["req_states"], kwargs["query_start_loc"], kwargs["num_bonus_tokens"],
-                                   kwargs["max_total_logits"], config)
+                                   kwargs["max_total_logits"], config,
+                                   copy_admitted_drafts_to_host=kwargs.get("copy_admitted_drafts_to_host", False))
 
         return maybe_create_adaptive_verification_manager
 
