@@ -233,7 +233,7 @@ def manager_class() -> type:
             counts = capacities
             host_probes = self.probing and budget > self._policy_budget
             if host_probes or self.device_lengths:
-                capacity_gpu = torch.from_numpy(capacity_np).to(counts.device)
+                capacity_gpu = async_tensor_h2d(capacity_np, device=counts.device)
             if host_probes:
                 from vllm_hybridspec.routing_wiring import step as wiring
 
@@ -243,7 +243,7 @@ def manager_class() -> type:
             if self.device_lengths and budget > 0:
                 slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
                                     count=num_reqs)
-                stale = torch.from_numpy(self._stale_confidences[self._stale_idx].np[slots]).to(counts.device)
+                stale = async_tensor_h2d(self._stale_confidences[self._stale_idx].np[slots], device=counts.device)
                 verified = device_verify_lengths(self._confidence_probs[idx_mapping], stale, capacity_gpu, counts,
                                                  self.device_latency, min_drafts=self.min_drafts,
                                                  max_drafts=self.max_drafts)
