@@ -12,9 +12,12 @@ Policies (kernels = the profile variant whose T(B, L) prices the verify pass):
     fixed_dflash_ours       the same on our GDN verify kernels                               (ours)
     vllm_adaptive           vLLM 0.33's adaptive rule: budget from last round's confidences,
                             global top-budget by survival                                     (ours)
-    hybridspec_host         what vllm_hybridspec/adaptive runs today: the step's budget is the best prefix
-                            of LAST round's ranking (prefix_scan_budget, min_verify_length 1), split
+    hybridspec_host         what vllm_hybridspec/adaptive runs by default: the step's budget is the best
+                            prefix of LAST round's ranking (prefix_scan_budget, min_verify_length 1), split
                             over requests by the current ranking                               (ours)
+    hybridspec_neutralise   hybridspec_host + the device cut (device_verify_length): each request verifies
+                            min(split, lookahead on the current confidences); the cut tokens still run the
+                            non-MoE layers and the MoE kernel's per-token compute, no expert weights  (ours)
     hybridspec              our length policy on the device: lookahead admission on the current
                             confidences, forecast from last round (choose_verify_lengths)     (ours)
     hybridspec_rc           + first-router routing correction, probe priced by the profile    (ours_probe)
@@ -75,9 +78,10 @@ NUM_DRAFTS = 15
 CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
 POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec_host", "hybridspec_neutralise", "hybridspec",
             "hybridspec_rc")
-# What vllm_hybridspec runs inside vLLM today (the system headline is chosen among these); the others are
-# simulated policies the wiring cannot run yet (hybridspec / hybridspec_rc decide the step's token count on
-# the device, which vLLM fixes on the host before the forward).
+# What vllm_hybridspec runs inside vLLM with its default config (the system headline is chosen among these).
+# hybridspec_neutralise is wired as well, behind hybridspec.device_verify_length (off by default: no simulated
+# gain); hybridspec / hybridspec_rc decide the step's token count on the device, which vLLM fixes on the host
+# before the forward: not wired.
 WIRED = ("hybridspec_host",)
 KERNELS = ("baseline", "ours")
 
@@ -579,7 +583,8 @@ def markdown(summary, rows, assumptions, device, profile_path):
              "rest neutralised (run without experts, never accepted; priced like dropped probes); `hybridspec` / "
              "`hybridspec_rc` = the length policy deciding the step's token count on the device (NOT WIRED: vLLM "
              "fixes it on the host; keys `device_decided_*`); `recorded_*` = replayed tiny-model traces (K = 4, "
-             "eval/record_tiny_traces.py). Wired now: " + ", ".join(WIRED) + ".",
+             "eval/record_tiny_traces.py). Headline candidates (what the default wiring runs): " + ", ".join(WIRED)
+             + "; `hybridspec_neutralise` is wired too, behind `hybridspec.device_verify_length` (off by default).",
              "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
