@@ -27,6 +27,7 @@ def test_every_knob_accepts_its_documented_values(tmp_path):
         "enabled": True, "head_walk": "reference", "head_walk_residency": "partial", "head_walk_w2_dtype": "fp8",
         "gdn_verify": "vllm", "verify_length": "adaptive", "min_verify_length": 2, "max_verify_length": 8,
         "latency_profile": str(profile), "routing_correction": True, "routing_correction_threshold": 0.5,
+        "device_verify_length": True,
     }
     assert HybridSpecConfig.from_section(section).model_dump() == section
 
