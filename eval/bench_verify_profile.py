@@ -835,7 +835,7 @@ def plot(json_path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     doc = json.loads(json_path.read_text())
-    rows, rho = doc["rows"], doc["calibration"]["rho"]
+    rows, rho = doc["rows"], round(doc["calibration"]["rho"], 4)   # rows carry rho rounded to 4 places
     batches = sorted({r["batch"] for r in rows})
     variants = [v for v in ("baseline", "ours", "ours_probe") if any(r["variant"] == v for r in rows)]
     fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
