@@ -47,7 +47,7 @@ def render() -> str:
              "recorded there; the Markdown tables beside each file have the full rows). Goals are the issues' targets;",
              "several are not met yet. vLLM cannot run on the lent GPU, so the kernels are timed against vLLM 0.33's own",
              "Triton kernels taken from its wheel, and whole-model figures come from a real-shaped layer stack with random",
-             "weights (`eval/verify_model/`: MoE through OpenAI's `triton_kernels`, synthetic routing calibrated as",
+             "weights (`eval/verify_model/`: MoE through vLLM's fused-MoE Triton kernel (the fastest correct of it and OpenAI's `triton_kernels`, probed in the run), synthetic routing calibrated as",
              "`eval/notes/verify_profile.md` says). `simulate` figures are SIMULATED: tokens/s replayed from acceptance",
              "models fitted to published DFlash acceptance lengths against that measured latency profile",
              "(`eval/notes/simulate.md`).", ""]
