@@ -1,27 +1,14 @@
 """eval/record_tiny_traces.py on a real tiny engine (MRV2 shim, CPU): the hooks pair each request's confidences
 with the acceptance of the same drafts, and simulate's loader reads the file back."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from eval_modules import load_eval_module
+
 pytestmark = pytest.mark.e2e
 
-EVAL = Path(__file__).resolve().parents[2] / "eval"
-
-
-def _load(name):
-    if str(EVAL) not in sys.path:
-        sys.path.insert(0, str(EVAL))  # the eval folder only, never the repo root
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EVAL / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+_load = load_eval_module
 
 
 def test_recorded_rounds_match_the_engine_metrics(tiny_models, tmp_path):

@@ -1,28 +1,14 @@
 """Smoke tests of eval/simulate.py and eval/acceptance_models.py on a SYNTHETIC profile (no results written
 to eval/results)."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from eval_modules import load_eval_module
 from policy_fixtures import one_thread, synthetic_profile_file  # noqa: F401  (one_thread: a pytest fixture)
 
-EVAL = Path(__file__).resolve().parents[2] / "eval"
-
-
-def _load(name):
-    if str(EVAL) not in sys.path:
-        sys.path.insert(0, str(EVAL))  # the eval folder only, never the repo root
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EVAL / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_load = load_eval_module
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,25 @@ def survival_probabilities(confidences: torch.Tensor, num_drafts: torch.Tensor) 
     return torch.where(valid, survival, torch.zeros_like(survival))
 
 
+def _rank_pairs(confidences, num_drafts, min_drafts, max_drafts):
+    """The one ranking every rule here shares: pairs forced by min_drafts first, then by survival (stable, so
+    a request's earlier draft precedes its later one on ties), invalid slots last.
+
+    Returns capacity [..., B], survival / valid / forced [..., B, K], and over the flattened [..., B*K]
+    ranking: key_sorted, order (flat index b * K + k) and survival_sorted (float64).
+    """
+    k = confidences.shape[-1]
+    capacity = num_drafts.long().clamp(min=0, max=k if max_drafts is None else min(max_drafts, k))
+    survival = survival_probabilities(confidences, capacity)
+    positions = torch.arange(k, device=confidences.device)
+    valid = positions < capacity.unsqueeze(-1)
+    forced = valid & (positions < min_drafts)
+    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, _INVALID_KEY))
+    key_sorted, order = torch.sort(key.flatten(-2), dim=-1, descending=True, stable=True)
+    survival_sorted = survival.flatten(-2).gather(-1, order).double()
+    return capacity, survival, valid, forced, key_sorted, order, survival_sorted
+
+
 def choose_verify_lengths(
     confidences: torch.Tensor,
     num_drafts: torch.Tensor,
@@ -171,15 +190,9 @@ def choose_verify_lengths(
         raise ValueError(f"need 0 <= min_drafts <= max_drafts, got {min_drafts}, {max_drafts}")
     *lead, batch, k = confidences.shape
     device = confidences.device
-    capacity = num_drafts.long().clamp(min=0, max=k if max_drafts is None else min(max_drafts, k))
-    survival = survival_probabilities(confidences, capacity)
-    positions = torch.arange(k, device=device)
-    valid = positions < capacity.unsqueeze(-1)
-    forced = valid & (positions < min_drafts)
+    capacity, survival, valid, forced, key_sorted, order, survival_sorted = _rank_pairs(
+        confidences, num_drafts, min_drafts, max_drafts)
 
-    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, _INVALID_KEY))
-    key_sorted, order = torch.sort(key.flatten(-2), dim=-1, descending=True, stable=True)
-    survival_sorted = survival.flatten(-2).gather(-1, order).double()
     valid_sorted = key_sorted > _INVALID_KEY
     forced_sorted = key_sorted >= _FORCED_BONUS
     position_sorted = order % k
@@ -315,14 +328,8 @@ def prefix_scan_budget(
         raise ValueError(f"need 0 <= min_drafts <= max_drafts, got {min_drafts}, {max_drafts}")
     *lead, batch, k = confidences.shape
     device = confidences.device
-    capacity = num_drafts.long().clamp(min=0, max=k if max_drafts is None else min(max_drafts, k))
-    survival = survival_probabilities(confidences, capacity)
-    positions = torch.arange(k, device=device)
-    valid = positions < capacity.unsqueeze(-1)
-    forced = valid & (positions < min_drafts)
-    key = torch.where(valid, survival + _FORCED_BONUS * forced, torch.full_like(survival, _INVALID_KEY))
-    key_sorted, order = torch.sort(key.flatten(-2), dim=-1, descending=True, stable=True)
-    survival_sorted = survival.flatten(-2).gather(-1, order).double()
+    capacity, survival, valid, forced, key_sorted, order, survival_sorted = _rank_pairs(
+        confidences, num_drafts, min_drafts, max_drafts)
     rank = torch.arange(1, batch * k + 1, device=device, dtype=torch.float64)
     rates = (batch + torch.cumsum(survival_sorted, dim=-1)) / latency.round_us(batch, 1.0 + rank / batch)
     num_forced = forced.flatten(-2).sum(-1, keepdim=True)
