@@ -64,6 +64,14 @@ def run_engines(engines: list[dict], prompts: list[str], max_tokens: int, env: d
     return results
 
 
+def run_mrv2_engines(engines: list[dict], prompts: list[str], max_tokens: int, tmp_path: Path, **kwargs) -> dict:
+    """`run_engines` under Model Runner V2 (`mrv2_env`), checking from the log that V2 really ran (vLLM falls
+    back to V1 silently when it cannot)."""
+    results = run_engines(engines, prompts, max_tokens, mrv2_env(), tmp_path, **kwargs)
+    assert "Using V2 Model Runner" in results["_log"]
+    return results
+
+
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory, request):
     return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])

@@ -7,7 +7,7 @@ JOB: {"engines": [{"name", "model", "speculative_config", "additional_config", "
 Started by tests/conftest.py (`run_engines`) in a subprocess, so that each test module controls the
 environment vLLM sees at import (VLLM_PLUGINS, the MRV2 shim) and shares one process for its engines.
 
-The component jobs (tests/gdn/gdn_job.py, tests/adaptive/adaptive_job.py, tests/routing/routing_job.py,
+The component jobs (tests/gdn/gdn_job.py, tests/adaptive/adaptive_job.py (also used by tests/routing),
 tests/head_walk/head_walk_job.py) run their engines through `run` here: `before_engine(engine)` resets their
 counters, `collect(llm, engine)` adds what they report per engine, `sampling_params(job, engine)` replaces the
 greedy sampling; `main(run_job)` is their entry point.

@@ -1,6 +1,6 @@
 """Runs offline vLLM engines in this process; reports tokens, spec-decode metrics, status, the adaptive
-verification counters and the device cut's (routing step) counters. Started by tests/adaptive in a subprocess
-(MRV2 shim, in-process engine); the engines run through tests/e2e_job.py.
+verification counters and the routing step's counters (routing correction, device cut). Started by tests/adaptive
+and tests/routing in a subprocess (MRV2 shim, in-process engine); the engines run through tests/e2e_job.py.
 
     python tests/adaptive/adaptive_job.py JOB.json OUT.json
 """

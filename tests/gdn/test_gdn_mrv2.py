@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_tokens, mrv2_env, run_engines
+from conftest import assert_same_tokens, run_mrv2_engines
 
 pytestmark = pytest.mark.e2e
 
@@ -26,10 +26,7 @@ def engines(tiny_models, module_tmp):
         "prompts": tiny_models.prompts[:NUM_PROMPTS],
         "max_tokens": MAX_TOKENS,
     }
-    results = run_engines(**job, env=mrv2_env(), tmp_path=module_tmp,
-                          job_script=Path(__file__).with_name("gdn_job.py"))
-    assert "Using V2 Model Runner" in results["_log"]
-    return results
+    return run_mrv2_engines(**job, tmp_path=module_tmp, job_script=Path(__file__).with_name("gdn_job.py"))
 
 
 def test_mrv2_block_parallel_greedy_equals_plain_greedy(engines):

@@ -3,11 +3,9 @@ MoE target (4 experts, top-2) + DFlash drafter, adaptive verification with probe
 keep/drop decision, neutralised routing in every MoE layer, dropped probes rejected. One engine subprocess
 for the module. A high routing_correction_threshold (1000) drops every probe that brings a new expert in
 layer 0 and keeps those that bring none, so both decisions occur on the tiny model."""
-from pathlib import Path
-
 import pytest
 
-from conftest import assert_same_tokens, mrv2_env, run_engines, write_synthetic_profile
+from conftest import TESTS, assert_same_tokens, run_mrv2_engines, write_synthetic_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -37,10 +35,7 @@ def engines(tiny_models, module_tmp):
         "prompts": tiny_models.prompts[:NUM_PROMPTS],
         "max_tokens": MAX_TOKENS,
     }
-    results = run_engines(**job, env=mrv2_env(), tmp_path=module_tmp,
-                          job_script=Path(__file__).with_name("routing_job.py"))
-    assert "Using V2 Model Runner" in results["_log"]
-    return results
+    return run_mrv2_engines(**job, tmp_path=module_tmp, job_script=TESTS / "adaptive" / "adaptive_job.py")
 
 
 def test_greedy_output_equals_plain(engines):
