@@ -249,14 +249,15 @@ def rel_err(x, ref):
     return ((x - ref).norm() / ref.norm()).item()
 
 
-def check_correctness(gdn, device, vk):
-    """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference."""
+def mixed_length_problem(gdn, device, seed):
+    """The correctness problem of the GPU checks: lengths 1..17 in one batch, one request on the null slot 0,
+    bf16 inputs on the GPU (fp32 under the interpreter) and an fp32 state. Returns (gdn_verify kwargs, lens, act)."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
     lens = [17, 4, 1, 16, 9, 12]
     B, T = len(lens), sum(lens)
     act = torch.bfloat16 if ON_GPU else torch.float32
-    torch.manual_seed(123)
+    torch.manual_seed(seed)
     p = dict(
         mixed_qkv=torch.randn(T, D, device=device).to(act), a=torch.randn(T, HV, device=device).to(act),
         b=torch.randn(T, HV, device=device).to(act), conv_weight=(torch.randn(D, W, device=device) * 0.5).to(act),
@@ -266,6 +267,15 @@ def check_correctness(gdn, device, vk):
         state_indices=torch.tensor([3, 1, 0, 2, 7, 5], dtype=torch.int32, device=device),
         cu_seqlens=torch.tensor([0] + [sum(lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=device),
     )
+    return p, lens, act
+
+
+def check_correctness(gdn, device, vk):
+    """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    D = 2 * H * K + HV * V
+    p, lens, act = mixed_length_problem(gdn, device, seed=123)
+    B, T = len(lens), sum(lens)
     cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
     ref = naive_gdn_verify(**cpu)
     ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
@@ -513,21 +523,9 @@ def precompile(gdn, jobs, workers=15):
 
 def config_errors(gdn, device, configs):
     """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
-    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
-    D = 2 * H * K + HV * V
-    lens = [17, 4, 1, 16, 9, 12]
+    H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
+    p, lens, act = mixed_length_problem(gdn, device, seed=321)
     B, T = len(lens), sum(lens)
-    torch.manual_seed(321)
-    act = torch.bfloat16 if ON_GPU else torch.float32
-    p = dict(
-        mixed_qkv=torch.randn(T, D, device=device).to(act), a=torch.randn(T, HV, device=device).to(act),
-        b=torch.randn(T, HV, device=device).to(act), conv_weight=(torch.randn(D, W, device=device) * 0.5).to(act),
-        conv_bias=None, A_log=torch.rand(HV, device=device) * 2 - 1, dt_bias=torch.randn(HV, device=device),
-        conv_state=torch.randn(B + 2, W - 1, D, device=device).to(act),
-        ssm_state=torch.randn(B + 2, HV, V, K, device=device) * 0.1,
-        state_indices=torch.tensor([3, 1, 0, 2, 7, 5], dtype=torch.int32, device=device),
-        cu_seqlens=torch.tensor([0] + [sum(lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=device),
-    )
     ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
     ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
     errors = {}
