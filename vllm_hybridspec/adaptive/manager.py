@@ -62,19 +62,24 @@ def manager_class() -> type:
             self.max_drafts = min(config.max_verify_length_for(steps), steps)
             self.profile_setting = config.latency_profile
             self.profile = load_profile(config.latency_profile)
-            self.latency = latency_model(self.profile, req_states.max_num_reqs, steps + 1)
             source = getattr(self.profile, "source", None) or config.latency_profile
             status.record("latency_profile", status.ACTIVE, source)
             self.probing = config.routing_correction
             self.device_lengths, device_note = self._device_lengths_enabled(config)
+            self._build_latency_models()
             self.routing = (self._routing_step(config, req_states.device)
                             if self.probing or self.device_lengths else None)
-            # the device half of the policy reads its latency tables where it runs
-            self.device_latency = (latency_model(self.profile, req_states.max_num_reqs, steps + 1,
-                                                 device=req_states.device) if self.device_lengths else None)
             mode = "on the GPU" if req_states.device.type == "cuda" else "eagerly (no CUDA graphs)"
             status.record("verify_length", status.ACTIVE,
                           f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}; {device_note}")
+
+        def _build_latency_models(self, overhead_us=0.0) -> None:
+            """The host budget's latency model, and with the device cut a second one whose tables live on the
+            device (the device half of the policy reads them where it runs)."""
+            rows, lengths = self.req_states.max_num_reqs, self.num_speculative_steps + 1
+            self.latency = latency_model(self.profile, rows, lengths, overhead_us=overhead_us)
+            self.device_latency = (latency_model(self.profile, rows, lengths, overhead_us=overhead_us,
+                                                 device=self.req_states.device) if self.device_lengths else None)
 
         def _device_lengths_enabled(self, config) -> tuple[bool, str]:
             """Whether the device cuts the scheduled drafts (and neutralises the rest); why not, if not."""
@@ -151,12 +156,7 @@ def manager_class() -> type:
             if self.profile_setting == "auto":  # vLLM has measured this engine: plan with its curves
                 self.profile = TokenCurveProfile(verify_curve, "vLLM start-up profile")
                 draft_us = [1000.0 * float(ms) for ms in self.cost_tables[0]]
-                self.latency = latency_model(self.profile, self.req_states.max_num_reqs,
-                                             self.num_speculative_steps + 1, overhead_us=draft_us)
-                if self.device_lengths:
-                    self.device_latency = latency_model(self.profile, self.req_states.max_num_reqs,
-                                                        self.num_speculative_steps + 1, overhead_us=draft_us,
-                                                        device=self.req_states.device)
+                self._build_latency_models(overhead_us=draft_us)
                 status.record("latency_profile", status.ACTIVE, self.profile.source)
                 if self.probing:
                     self.routing.set_cost(self._routing_cost()[0])
