@@ -36,48 +36,34 @@ if [ "$MODE" = diag ]; then
     tail -3 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ]; then
+    # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
+    # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5
+    if [ "$MODE" = final ]; then
+        SWEEP_SET=v4 TEST_K="" TEST_S=${TEST_S:-100} BENCH_S=${BENCH_S:-270} GRID_S=${GRID_S:-150} CUT=1500
+    else
+        SWEEP_SET=v5 TEST_K=weight-tiles TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-100} CUT=1800
+    fi
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the issue's second baseline
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
         && export PYTHONPATH=/tmp/pk:/tmp/site
     rm -f /tmp/gpu_tests_done
     # the GPU tests compile while the bench precompiles (16 cores); the bench times nothing before they end
-    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/ops/test_gdn_verify.py \
-        > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"; touch /tmp/gpu_tests_done ) &
-    timeout ${BENCH_S:-270} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set v4 --precompile \
-        --wait-file /tmp/gpu_tests_done --budget-s ${GRID_S:-150} --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
-        --command "python eval/bench_gdn_verify.py --sweep --sweep-set v4 --precompile (eval/run_gpu_gdn.sh MODE=final, commit $COMMIT)" \
-        > "$OUT/gdn/bench.log" 2>&1
-    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
-    wait
-    tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-1500
-    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-200
-    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-1500; echo
-fi
-if [ "$MODE" = final2 ]; then
-    # v5 call: the weight_tiles forms against the current winners, then the full grid; --write-tuned
-    mkdir -p "$OUT/gdn"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
-        && export PYTHONPATH=/tmp/pk:/tmp/site
-    rm -f /tmp/gpu_tests_done
-    # only the new forms' GPU tests (the bench's bf16-vs-float64 gate covers every swept config's outputs)
-    ( timeout ${TEST_S:-80} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k weight-tiles \
+    ( timeout $TEST_S python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu ${TEST_K:+-k $TEST_K} \
         tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
-    timeout ${BENCH_S:-200} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set v5 --precompile \
-        --wait-file /tmp/gpu_tests_done --budget-s ${GRID_S:-100} --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
-        --command "python eval/bench_gdn_verify.py --sweep --sweep-set v5 --precompile (eval/run_gpu_gdn.sh MODE=final2, commit $COMMIT)" \
+    timeout $BENCH_S python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set $SWEEP_SET --precompile \
+        --wait-file /tmp/gpu_tests_done --budget-s $GRID_S --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
+        --command "python eval/bench_gdn_verify.py --sweep --sweep-set $SWEEP_SET --precompile (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
         > "$OUT/gdn/bench.log" 2>&1
     echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
     wait
     tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-1800
-    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-160
+    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-$CUT
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-200
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-1800; echo
+    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*
