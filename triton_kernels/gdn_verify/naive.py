@@ -86,13 +86,20 @@ def naive_gdn_verify(
 
 def naive_gdn_reconstruct(
     mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    num_accepted, scale=None, dtype=torch.float64,
+    num_accepted, scale=None, dtype=torch.float64, parts="all",
 ):
     """Advances conv_state and ssm_state of each request by its first num_accepted[i] tokens, in place.
 
     num_accepted[i] in 0..L_i (0 leaves the request's states as they are); slot 0 requests are skipped.
-    The states are stored back in their own dtype.
+    The states are stored back in their own dtype. parts "conv" / "ssm" store only that state; the replay always
+    starts from the conv window passed in, i.e. the window at the start of the step being committed (for the
+    fold: replay parts="ssm" before that window is advanced, or replay "all" on copies).
+
+    The fold of `gdn_verify(fold=GDNFold(...))` is, per request, this function with parts="ssm" over the previous
+    step's inputs and counts, followed by `naive_gdn_verify` of the current step.
     """
+    if parts not in ("all", "conv", "ssm"):
+        raise ValueError(f'parts must be "all", "conv" or "ssm", got {parts!r}')
     num_k_heads, _, head_k_dim, _ = _head_counts(mixed_qkv, ssm_state)
     scale = head_k_dim**-0.5 if scale is None else scale
     width = conv_weight.shape[-1]
@@ -107,5 +114,7 @@ def naive_gdn_reconstruct(
         )
         for _, state, window in steps:
             pass
-        ssm_state[slot] = state.to(ssm_state.dtype)
-        conv_state[slot, : width - 1] = window.to(conv_state.dtype)
+        if parts != "conv":
+            ssm_state[slot] = state.to(ssm_state.dtype)
+        if parts != "ssm":
+            conv_state[slot, : width - 1] = window.to(conv_state.dtype)

@@ -1,4 +1,4 @@
-"""One launch that moves every GDN layer's committed ssm and conv state of every request to its accepted position.
+"""One launch that moves every GDN layer's committed ssm and/or conv state of every request to its accepted position.
 
 Grid (state blocks + conv blocks, request, layer). A state program owns one [BV, K] block of one head:
     S_n = exp(G_{n-1}) S_0 + (u[:n] * exp(G_{n-1} - G[:n]))^T k[:n]
@@ -15,18 +15,25 @@ from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 @triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
 def _gdn_reconstruct_kernel(
-    ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
+    ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens, ws_rows,
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, OUTER_LOOP: tl.constexpr,
+    FIRST_BLOCK: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
 ):
-    i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Program (block, request, layer). Blocks 0 .. HV*V/BV - 1 are state blocks, the rest conv blocks; FIRST_BLOCK
+    offsets program 0 (HV*V/BV: conv blocks only, parts="conv"); parts="ssm" launches the state blocks only."""
+    i_blk, i_n, i_l = tl.program_id(0) + FIRST_BLOCK, tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
     if (slot <= 0) | (n <= 0):
         return
-    ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
+    if HAS_WS_ROWS:
+        row = tl.load(ws_rows + i_n).to(tl.int64)
+    else:
+        row = i_n.to(tl.int64)
+    ws_base = (i_l.to(tl.int64) * WS_REQS + row) * WS_LEN  # workspace row of this request's token 0
     NUM_V_BLOCKS: tl.constexpr = V // BV
     if i_blk < HV * NUM_V_BLOCKS:
         i_hv = i_blk // NUM_V_BLOCKS
@@ -80,6 +87,8 @@ def gdn_reconstruct(
     block_d: int = 512,
     num_warps: int = 4,
     outer_loop: bool = False,
+    parts: str = "all",
+    workspace_rows: torch.Tensor | None = None,
 ) -> None:
     """Advance every layer's committed ssm and conv state of every request by its accepted tokens, in place.
 
@@ -97,6 +106,11 @@ def gdn_reconstruct(
         block_v, block_d, num_warps, outer_loop   launch tuning (state block rows, conv channels per program,
                        warps, rank-1 loop vs one tf32x3 product for the state update); the defaults were the
                        fastest in the H200 sweep (3.5 TB/s on the states at batch 64; the loop was 2.3x slower)
+        parts          "all" (ssm + conv), "conv" (conv windows only) or "ssm" (ssm states only). A caller that folds
+                       the ssm part into the next gdn_verify (`GDNFold`) runs parts="conv" right after rejection
+                       sampling, so the conv windows stay current and only the ssm states lag ("pending").
+                       "conv" + "ssm" in either order == "all" (they touch disjoint state).
+        workspace_rows [B] int  workspace row of request i (default i), as given to this step's gdn_verify
     """
     if not isinstance(states, GDNStateTable):
         raise ValueError("states must be a GDNStateTable")
@@ -114,20 +128,30 @@ def gdn_reconstruct(
     _check_index("cu_seqlens", cu_seqlens, num_requests + 1)
     _check_index("state_indices", state_indices, num_requests)
     _check_index("num_accepted", num_accepted, num_requests)
-    _check_workspace(workspace, num_requests, 0, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_dim,
-                     workspace.x.dtype, layered=True)
+    if parts not in ("all", "conv", "ssm"):
+        raise ValueError(f'parts must be "all", "conv" or "ssm", got {parts!r}')
+    if workspace_rows is not None:
+        _check_index("workspace_rows", workspace_rows, num_requests)
+        if workspace_rows.device != workspace.u.device:
+            raise ValueError(f"workspace_rows is on {workspace_rows.device}, the workspace on {workspace.u.device}")
+    _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, 0, num_k_heads, num_v_heads,
+                     head_k_dim, head_v_dim, conv_dim, workspace.x.dtype, layered=True)
     width = states.conv_width
     if num_requests == 0:
         return
     block_v = min(block_v, head_v_dim)
     block_t = max(16, triton.next_power_of_2(workspace.max_len))
+    num_state_blocks = num_v_heads * (head_v_dim // block_v)
     num_conv_blocks = triton.cdiv(conv_dim, block_d)
-    grid = (num_v_heads * (head_v_dim // block_v) + num_conv_blocks, num_requests, states.num_layers)
+    num_blocks = {"all": num_state_blocks + num_conv_blocks, "conv": num_conv_blocks, "ssm": num_state_blocks}[parts]
+    grid = (num_blocks, num_requests, states.num_layers)
     _gdn_reconstruct_kernel[grid](
         states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
+        state_indices if workspace_rows is None else workspace_rows,
         workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
         workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
-        OUTER_LOOP=outer_loop, num_warps=num_warps,
+        OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
+        HAS_WS_ROWS=workspace_rows is not None, num_warps=num_warps,
     )

@@ -21,11 +21,12 @@ from .verify import _causal_conv_silu, _conv_math, _conv_taps, _state_block, _va
 
 @triton.jit(do_not_specialize=["WS_LEN"])
 def _gdn_verify_prep_kernel(
-    x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, q_hat, wy,
-    stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
+    x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, ws_rows, q_hat,
+    wy, stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
     SMALL_DOT: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr,
+    HAS_WS_ROWS: tl.constexpr,
 ):
     """Program (k-head, request). Every load is issued before the first cross-thread step (the q/k norms)."""
     i_h, i_n = tl.program_id(0), tl.program_id(1)
@@ -66,7 +67,10 @@ def _gdn_verify_prep_kernel(
 
     b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    if HAS_WS_ROWS:
+        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+    else:
+        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
     tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
     tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_t[:, None])
     tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_t[:, None])
@@ -93,14 +97,16 @@ def _gdn_verify_prep_kernel(
 
 @triton.jit(do_not_specialize=["scale", "WS_LEN"])
 def _gdn_verify_state_kernel(
-    x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_k, ws_g, ws_x, q_hat, wy,
-    scale, stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN,
+    x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_k, ws_g, ws_x, ws_rows, fu, fk,
+    fg, f_rows, f_counts, q_hat, wy, scale, stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, F_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr,
+    BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
+    BTF: tl.constexpr,
 ):
-    """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks."""
+    """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. FOLD: each state block
+    is first advanced by the previous step's pending tokens and stored back (see _gdn_verify_kernel)."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -115,7 +121,16 @@ def _gdn_verify_state_kernel(
             tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
         return
     i_h = i_hv // (HV // H)
-    ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    if HAS_WS_ROWS:
+        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+    else:
+        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    if FOLD:
+        f_n = tl.maximum(tl.minimum(tl.load(f_counts + i_n), F_LEN), 0).to(tl.int64)
+        f_base = tl.load(f_rows + i_n).to(tl.int64) * F_LEN
+    else:
+        f_n = 0
+        f_base = 0
     conv_window = conv_state + slot * stride_conv_slot
     if LOADS_FIRST and V_PER_PROGRAM == BV:  # one block: v taps, G, q/k, factors, then the state block last
         b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
@@ -136,7 +151,8 @@ def _gdn_verify_state_kernel(
         b_k = b_k.to(tl.float16)
         b_q = b_q.to(tl.float16)
     if LOADS_FIRST and V_PER_PROGRAM == BV:
-        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K, fu, fk,
+                           fg, f_base, f_n, H, HV, BTF, FOLD)
         b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
         _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k, b_q, b_m,
                           b_attn, b_one, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, 0)
@@ -145,17 +161,18 @@ def _gdn_verify_state_kernel(
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST, WT)
+                         LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
     else:
         for i_vb in tl.static_range(V_PER_PROGRAM // BV):
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST, WT)
+                         LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
 
 
 def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
-                    cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot):
+                    cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot,
+                    rows_and_fold):
     """The two launches; shapes already checked by gdn_verify. conv_w: [D, W], or [W, D] with config.loads_first
     or config.weight_tiles."""
     num_requests = cu_seqlens.shape[0] - 1
@@ -168,21 +185,21 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
     wy = torch.empty(num_requests, num_v_heads, 2, block_t, block_t, dtype=torch.float32, device=out.device)
     _gdn_verify_prep_kernel[(num_k_heads, num_requests)](
         mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
-        workspace.g, workspace.x, q_hat, wy, mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_state.stride(0),
+        workspace.g, workspace.x, rows_and_fold["pointers"][0], q_hat, wy, mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_state.stride(0),
         workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t,
         HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
         SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
-        WT=config.weight_tiles, num_warps=config.prep_warps,
+        WT=config.weight_tiles, HAS_WS_ROWS=rows_and_fold["constexprs"]["HAS_WS_ROWS"], num_warps=config.prep_warps,
     )
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     _gdn_verify_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
         mixed_qkv, conv_w, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
-        workspace.k, workspace.g, workspace.x, q_hat, wy, scale, mixed_qkv.stride(0), conv_state.stride(0),
-        ssm_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
+        workspace.k, workspace.g, workspace.x, *rows_and_fold["pointers"], q_hat, wy, scale, mixed_qkv.stride(0),
+        conv_state.stride(0), ssm_state.stride(0), workspace.max_len, rows_and_fold["fold_len"], H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
         D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
         BIG_DOT=big_dot, SMALL_DOT=small_dot, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages,
         BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, WT=config.weight_tiles,
-        num_warps=config.num_warps,
+        **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out

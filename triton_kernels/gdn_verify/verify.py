@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .workspace import MAX_VERIFY_LEN, GDNVerifyWorkspace, check_conv_state, check_ssm_state
+from .workspace import MAX_VERIFY_LEN, GDNFold, GDNVerifyWorkspace, check_conv_state, check_ssm_state
 
 # tl.dot input precision. The [L, K] x [K, BV] state products and the q/k Gram products run in tf32: fp32 "ieee"
 # dots are emulated with FMAs and spill at K = 128 (measured 2x slower, eval/notes/gdn_verify.md); tf32 keeps
@@ -132,35 +132,40 @@ def _conv_math(b_x, b_s, b_w, b_b, m_t):
 
 
 @triton.jit
-def _causal_conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr,
-                        W: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """[C, BT]: `_causal_conv_silu` transposed (channels in rows), for the transposed value path."""
-    acc = tl.zeros([o_c.shape[0], o_t.shape[0]], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(conv_b + o_c).to(tl.float32)[:, None]
-    for j in tl.static_range(W):
-        src = o_t + (j - (W - 1))
-        b_x = tl.load(x + (bos + src)[None, :] * stride_x + o_c[:, None], mask=(m_t & (src >= 0))[None, :],
-                      other=0.0)
-        b_s = tl.load(conv_window + (src + (W - 1))[None, :] * D + o_c[:, None], mask=(m_t & (src < 0))[None, :],
-                      other=0.0)
-        b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)
-        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w[:, None]
-    acc = acc * tl.sigmoid(acc)
-    return tl.where(m_t[None, :], acc, 0.0)
+def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constexpr, K: tl.constexpr,
+                 fu, fk, fg, f_base, f_n, H: tl.constexpr, HV: tl.constexpr, BTF: tl.constexpr, FOLD: tl.constexpr):
+    """[BV, K] fp32 block of the committed state S[v, k] of value head i_hv.
 
-
-@triton.jit
-def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constexpr, K: tl.constexpr):
-    """[BV, K] fp32 block of the committed state S[v, k] of value head i_hv."""
-    return tl.load(ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]).to(tl.float32)
+    FOLD: first advance the block by the f_n pending tokens of the previous step (workspace u / k / g from row
+    f_base on, `GDNFold`) exactly as gdn_reconstruct does, S <- exp(G_{n-1}) S + (u[:n] exp(G_{n-1} - G[:n]))^T k[:n],
+    and store it back when f_n > 0. The block is returned rounded to the state dtype, as the next step would have
+    read it after a separate reconstruction."""
+    p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    b_h = tl.load(p_h).to(tl.float32)
+    if FOLD:
+        i_h = i_hv // (HV // H)
+        o_t = tl.arange(0, BTF)
+        m_t = o_t < f_n
+        b_Gn = tl.load(fg + (f_base + tl.maximum(f_n - 1, 0)) * HV + i_hv)
+        b_Gn = tl.where(f_n > 0, b_Gn, 0.0)
+        b_G = tl.load(fg + (f_base + o_t) * HV + i_hv, mask=m_t, other=0.0)
+        b_coef = tl.where(m_t, tl.exp(b_Gn - b_G), 0.0)
+        b_u = tl.load(fu + ((f_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None], other=0.0)
+        b_kf = tl.load(fk + ((f_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
+        b_h *= tl.exp(b_Gn)
+        b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_kf, input_precision="tf32x3")
+        b_h = b_h.to(ssm_state.dtype.element_ty)
+        tl.store(p_h, b_h, mask=(o_v[:, None] * 0 + f_n) > 0)  # (scalar > 0) & tensor stays int in the interpreter
+        b_h = b_h.to(tl.float32)
+    return b_h
 
 
 @triton.jit
 def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, bos, o_t, m_t, o_k,
                        i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                        W: tl.constexpr, BV: tl.constexpr, H: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       SKIP: tl.constexpr, WT: tl.constexpr = False, WITH_STATE: tl.constexpr = True):
+                       SKIP: tl.constexpr, WT: tl.constexpr, WITH_STATE: tl.constexpr, fu, fk, fg, f_base, f_n,
+                       BTF: tl.constexpr, FOLD: tl.constexpr):
     """What value block v0 .. v0+BV of head i_hv reads: state block [BV, K], conv'd v [BT, BV], raw v [BT, BV].
     With WT (weight tiles) the state block comes last (its copy into shared memory ends in a barrier), or not at
     all (WITH_STATE=False: the caller loads it later; 0.0 in its place)."""
@@ -169,7 +174,8 @@ def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot
     if SKIP & 16:  # synthetic block: no load
         b_h = (o_v[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
     elif not WT:
-        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K,
+                           fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)  # [BV, K]
     b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
     if SKIP & 64:
         b_v = b_xv.to(tl.float32)
@@ -177,7 +183,7 @@ def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot
         b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS, WT)
     if WT and not (SKIP & 16):
         if WITH_STATE:
-            b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)
+            b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K, fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
         else:
             b_h = 0.0
     return b_h, b_v, b_xv
@@ -236,18 +242,20 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                  bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                 SKIP: tl.constexpr, BW: tl.constexpr = 4, LOADS_FIRST: tl.constexpr = False, WT: tl.constexpr = False):
+                 SKIP: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr, fu, fk, fg, f_base,
+                 f_n, BTF: tl.constexpr, FOLD: tl.constexpr):
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
     if LOADS_FIRST:
         b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
                                                          W, BW, BV, H, HAS_BIAS)
-        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K)
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K,
+                           fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
         b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
     else:
         b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                             stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H,
-                                            HAS_BIAS, SKIP, WT)
+                                            HAS_BIAS, SKIP, WT, True, fu, fk, fg, f_base, f_n, BTF, FOLD)
     _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
@@ -255,23 +263,24 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
 @triton.jit(do_not_specialize=["scale", "WS_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    o, ws_u, ws_k, ws_g, ws_x, scale, stride_x, stride_a, stride_b, stride_conv_slot, stride_ssm_slot, WS_LEN,
+    o, ws_u, ws_k, ws_g, ws_x, ws_rows, fu, fk, fg, f_rows, f_counts, scale, stride_x, stride_a, stride_b,
+    stride_conv_slot, stride_ssm_slot, WS_LEN, F_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, V_PER_PROGRAM: tl.constexpr,
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-    STATE_AS_A: tl.constexpr, TRANSPOSED: tl.constexpr, FUSE_QK: tl.constexpr, PREFETCH: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
-    LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr,
+    LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
+    BTF: tl.constexpr,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
 
-    TRANSPOSED carries the value side as [BV, BT] (value columns in rows): the state block [BV, K] is the MMA's
-    A operand in its stored order and the results stay in that orientation (no transpose of the large block).
-    PREFETCH issues each state block's load one step ahead (the first before the q/k conv) so its latency
-    overlaps the q/k / gate / Neumann work. STATE_DOT "bf16" / "fp16" rounds the state block and q/k to 16 bits
-    for the two state products (fp32 accumulation). LOOP_STAGES > 0 walks the value blocks in a rolled loop
-    (tl.range, software-pipelined with that many stages) instead of unrolling it.
+    STATE_DOT "bf16" / "fp16" rounds the state block and q/k to 16 bits for the two state products (fp32
+    accumulation). LOOP_STAGES > 0 walks the value blocks in a rolled loop (tl.range, software-pipelined with that
+    many stages) instead of unrolling it. HAS_WS_ROWS: request i_n writes workspace row ws_rows[i_n] (else i_n).
+    FOLD: each state block is first advanced by the previous step's f_counts[i_n] tokens from fold workspace row
+    f_rows[i_n] and stored back (`_state_block`); every state block is owned by exactly one program, so the
+    in-place update needs no synchronisation.
 
     SKIP is a bit mask of stages to leave out, for timing only (outputs are wrong when nonzero): 1 q/k conv (one
     plain load instead), 2 q/k norms, 4 Gram products, 8 Neumann steps, 16 state load (a synthetic block), 32 state
@@ -299,9 +308,12 @@ def _gdn_verify_kernel(
                 tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_t[:, None])
         return
 
-    if PREFETCH:
-        b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hg * HEADS_PER_PROGRAM,
-                                i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
+    if FOLD:
+        f_n = tl.maximum(tl.minimum(tl.load(f_counts + i_n), F_LEN), 0).to(tl.int64)
+        f_base = tl.load(f_rows + i_n).to(tl.int64) * F_LEN
+    else:
+        f_n = 0
+        f_base = 0
     conv_window = conv_state + slot * stride_conv_slot
     writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
@@ -317,7 +329,8 @@ def _gdn_verify_kernel(
     elif HOIST:  # with WT the state block is loaded after the q/k convs
         b_h0, b_v0, b_xv0 = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K, V, D, W,
-                                               BV, H, HAS_BIAS, SKIP, WT, not WT)
+                                               BV, H, HAS_BIAS, SKIP, WT, not WT, fu, fk, fg, f_base,
+                                               f_n, BTF, FOLD)
     if HOIST:
         b_a0 = tl.load(a + (bos + o_t) * stride_a + i_hg, mask=m_t, other=0.0).to(tl.float32)
         b_b0 = tl.load(b + (bos + o_t) * stride_b + i_hg, mask=m_t, other=0.0).to(tl.float32)
@@ -334,7 +347,8 @@ def _gdn_verify_kernel(
                                                               i_h * K + o_k, D, W)
         k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
                                                               (H + i_h) * K + o_k, D, W)
-        b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+        b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
+                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
         b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
         b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k, HAS_BIAS)
         b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
@@ -344,7 +358,8 @@ def _gdn_verify_kernel(
         b_kx, b_ks_, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
                                              (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
         if HOIST:
-            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
+                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
         b_q = _conv_math(b_qx, b_qs_, b_qw, b_qb, m_t)
         b_k = _conv_math(b_kx, b_ks_, b_kw, b_kb, m_t)
         if HOIST:
@@ -360,7 +375,8 @@ def _gdn_verify_kernel(
         b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
                                 HAS_BIAS, WT)
         if HOIST and WT and not (SKIP & 16) and W > 4:
-            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K)
+            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
+                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
     if not (SKIP & 2):
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -379,12 +395,10 @@ def _gdn_verify_kernel(
     else:
         b_k16 = b_k
         b_q16 = b_q
-    if STATE_AS_A or TRANSPOSED:
-        b_kT = tl.trans(b_k)  # [K, BT], converted once for every state block
-        b_qT = tl.trans(b_q)
-        if FUSE_QK:  # [K, 2 BT], column 2t = k_t, 2t + 1 = q_t: one product per state block
-            b_kqT = tl.reshape(tl.join(b_kT, b_qT), [K, 2 * BT])
-    ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    if HAS_WS_ROWS:
+        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+    else:
+        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
 
     for j in tl.static_range(HEADS_PER_PROGRAM):
         i_hv = i_hg * HEADS_PER_PROGRAM + j
@@ -411,9 +425,6 @@ def _gdn_verify_kernel(
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
         b_attn = decay * b_qk
-        if TRANSPOSED:
-            b_invT = tl.trans(b_inv)
-            b_attnT = tl.trans(b_attn)
         if not (SKIP & 256):
             if i_vs == 0:
                 tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
@@ -421,59 +432,18 @@ def _gdn_verify_kernel(
         if HOIST:
             _value_block_math(b_h0, b_v0, b_xv0, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k16, b_q16,
                               b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
-        elif LOOP_STAGES > 0 and not (TRANSPOSED or PREFETCH or STATE_AS_A):
+        elif LOOP_STAGES > 0:
             for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT)
-        elif not (TRANSPOSED or PREFETCH or STATE_AS_A):
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
+        else:
             for i_vb in tl.static_range(V_PER_PROGRAM // BV):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT)
-        for i_vb in tl.static_range(V_PER_PROGRAM // BV if (TRANSPOSED or PREFETCH or STATE_AS_A) else 0):
-            o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
-            o_xv = 2 * H * K + i_hv * V + o_v
-            if PREFETCH:
-                b_h = b_h_next
-                if i_vb + 1 < V_PER_PROGRAM // BV:
-                    b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v + BV, o_k, V, K)
-                elif j + 1 < HEADS_PER_PROGRAM:
-                    b_h_next = _state_block(ssm_state, slot, stride_ssm_slot, i_hv + 1,
-                                            i_vs * V_PER_PROGRAM + tl.arange(0, BV), o_k, V, K)
-            else:
-                b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K)  # [BV, K]
-            if TRANSPOSED:  # value columns in rows: [BV, BT] throughout
-                b_vT = _causal_conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W,
-                                           HAS_BIAS)
-                if FUSE_QK:
-                    b_ksT, b_qsT = tl.split(tl.reshape(tl.dot(b_h, b_kqT, input_precision=BIG_DOT), [BV, BT, 2]))
-                else:
-                    b_ksT = tl.dot(b_h, b_kT, input_precision=BIG_DOT)  # S k_t in column t
-                    b_qsT = tl.dot(b_h, b_qT, input_precision=BIG_DOT)
-                b_uT = tl.dot(b_beta[None, :] * (b_vT - b_gamma[None, :] * b_ksT), b_invT, input_precision=SMALL_DOT)
-                b_oT = b_gamma[None, :] * b_qsT + tl.dot(b_uT, b_attnT, input_precision=SMALL_DOT)
-                p_o = o + ((bos + o_t[None, :]) * HV + i_hv) * V + o_v[:, None]
-                tl.store(p_o, (b_oT * scale).to(o.dtype.element_ty), mask=m_t[None, :])
-                tl.store(ws_u + (ws_row[None, :] * HV + i_hv) * V + o_v[:, None], b_uT, mask=m_t[None, :])
-            else:
-                b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W,
-                                        HAS_BIAS)
-                if STATE_AS_A:  # S [BV, K] @ k^T [K, BT]: the state block feeds the MMA in its stored order
-                    b_ks = tl.trans(tl.dot(b_h, b_kT, input_precision=BIG_DOT))  # [BT, BV]
-                    b_qs = tl.trans(tl.dot(b_h, b_qT, input_precision=BIG_DOT))
-                else:
-                    b_ks = tl.dot(b_k, tl.trans(b_h), input_precision=BIG_DOT)  # [BT, BV]
-                    b_qs = tl.dot(b_q, tl.trans(b_h), input_precision=BIG_DOT)
-                b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
-                b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
-                p_o = o + ((bos + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
-                tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
-                tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
-            b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
-            tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
 
     if SKIP & 256:
         pass
@@ -554,14 +524,6 @@ class VerifyConfig:
     group_heads: bool = False  # one program covers the HV/H v-heads of its k-head
     num_warps: int = 4
     big_dot: str = BIG_DOT_PRECISION
-    # S_block @ [q|k]^T instead of [q|k] @ S_block^T: keeps the large state block in its stored order as the MMA's
-    # first operand (the small q/k tiles are transposed instead); U and O stay [L, BV].
-    state_as_a: bool = False
-    # Carry v, U and O as [BV, L] (value columns in rows): S_block @ [k|q]^T in stored order and no transpose of
-    # any [BV, *] tile; implies the state-as-A product order.
-    transposed: bool = False
-    fuse_qk: bool = False  # with transposed: one S_block @ [k_t, q_t interleaved]^T product instead of two
-    prefetch: bool = False  # load each state block one step ahead (the first one before the q/k conv)
     # v4: operand dtype of the two state products: "fp32" (big_dot precision) or 16-bit ("bf16" as vLLM's prefill
     # path rounds the state in its dots, "fp16" as the interpreter-testable twin); fp32 accumulation either way
     state_dot: str = "fp32"
@@ -578,35 +540,23 @@ class VerifyConfig:
     # value block that reads its results from a scratch buffer (two_pass.py); prep_warps = the prep's num_warps
     two_pass: bool = False
     prep_warps: int = 4
-    # The last four are opt-in experiments: all measured slower than the defaults on the H200 (1.2-2x,
-    # eval/notes/gdn_verify.md, v3); block_v=64 with transposed + fuse_qk does not compile with Triton 3.6.
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
             raise ValueError(f"block_v must be a power of two >= 16, got {self.block_v}")
         if self.big_dot not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"big_dot must be tf32, tf32x3 or ieee, got {self.big_dot}")
-        if self.fuse_qk and not self.transposed:
-            raise ValueError("fuse_qk needs transposed=True")
         if self.state_dot not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"state_dot must be fp32, bf16 or fp16, got {self.state_dot}")
-        if self.state_dot != "fp32" and (self.transposed or self.state_as_a or self.prefetch):
-            raise ValueError("state_dot bf16/fp16 needs the plain layout (no transposed, state_as_a or prefetch)")
-        if self.hoist and (self.whole_v or self.group_heads or self.transposed or self.state_as_a or self.prefetch
-                           or self.two_pass):
-            raise ValueError("hoist needs one value block and one head per program in the plain layout")
-        if self.loop_stages and (self.transposed or self.state_as_a or self.prefetch):
-            raise ValueError("loop_stages needs the plain layout (no transposed, state_as_a or prefetch)")
-        if self.loads_first and (self.transposed or self.state_as_a or self.prefetch or self.skip_stages):
-            raise ValueError("loads_first needs the plain layout (no transposed, state_as_a, prefetch or skip_stages)")
-        if self.weight_tiles and (self.loads_first or self.transposed or self.state_as_a or self.prefetch
-                                  or self.skip_stages):
-            raise ValueError("weight_tiles needs the plain layout (no loads_first, transposed, state_as_a, prefetch "
-                             "or skip_stages)")
-        if self.two_pass and (self.transposed or self.state_as_a or self.prefetch or self.group_heads
-                              or self.skip_stages):
-            raise ValueError("two_pass needs the plain layout (no transposed, state_as_a, prefetch, group_heads or "
-                             "skip_stages)")
+        if self.hoist and (self.whole_v or self.group_heads or self.two_pass):
+            raise ValueError("hoist needs one value block and one head per program (no whole_v, group_heads or "
+                             "two_pass)")
+        if self.loads_first and self.skip_stages:
+            raise ValueError("loads_first cannot be combined with skip_stages")
+        if self.weight_tiles and (self.loads_first or self.skip_stages):
+            raise ValueError("weight_tiles cannot be combined with loads_first or skip_stages")
+        if self.two_pass and (self.group_heads or self.skip_stages):
+            raise ValueError("two_pass cannot be combined with group_heads or skip_stages")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -661,12 +611,15 @@ def gdn_verify(
     out: torch.Tensor | None = None,
     scale: float | None = None,
     config: "VerifyConfig | None" = None,
+    workspace_rows: torch.Tensor | None = None,
+    fold: GDNFold | None = None,
 ) -> torch.Tensor:
     """Core attention output of every verified token of one GDN layer, from each request's committed state.
 
     Computes what vLLM's GDN layer computes between the input projection and the gated RMSNorm
     (`causal_conv1d_update` + `fused_sigmoid_gating_delta_rule_update` in spec-decode mode), but writes no
-    state: neither ssm_state nor conv_state is modified. It fills `workspace` for `gdn_reconstruct`.
+    conv state, and no ssm state unless `fold` is given. It fills `workspace` for `gdn_reconstruct` (or for the
+    next step's fold).
 
     Shapes (T = total tokens, B = requests, H k-heads, HV v-heads, D = 2*H*K + HV*V, W = conv width):
         mixed_qkv     [T, D]     raw conv inputs, channels [q (H*K) | k (H*K) | v (HV*V)] (vLLM's `mixed_qkv`);
@@ -680,11 +633,16 @@ def gdn_verify(
         state_indices [B] int    slot of each request; 0 = vLLM's null block: outputs zeros, touches nothing
         cu_seqlens    [B+1] int  token offsets; request i owns tokens cu_seqlens[i]:cu_seqlens[i+1]
                       (L_i = 0 allowed; L_i <= max_seqlen <= 32 is the caller's promise, tokens past it are ignored)
-        workspace     `GDNVerifyWorkspace.layer(l)`: rows 0..B-1 are overwritten with this step's data
+        workspace     `GDNVerifyWorkspace.layer(l)`: rows 0..B-1 (or workspace_rows) get this step's data
         max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
         config        launch tuning (`VerifyConfig`); default `default_verify_config(B)`
+        workspace_rows [B] int   workspace row request i writes (default i); values < workspace.max_requests
+        fold          `GDNFold`: the previous step's pending ssm update, applied first. Each request's committed
+                      ssm state is advanced by fold.counts[i] tokens of fold.workspace row fold.rows[i] (as
+                      gdn_reconstruct(parts="ssm") would), stored back where counts[i] > 0, and verified from;
+                      null-slot requests are skipped. fold.rows and workspace_rows must not overlap.
     Returns `out`.
     """
     _check_rows("mixed_qkv", mixed_qkv)
@@ -727,43 +685,88 @@ def gdn_verify(
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if num_requests > 0 else 0
     if not 0 <= max_seqlen <= MAX_VERIFY_LEN:
         raise ValueError(f"max_seqlen {max_seqlen} is above the supported maximum of {MAX_VERIFY_LEN} tokens")
-    _check_workspace(workspace, num_requests, max_seqlen, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-                     conv_dim, mixed_qkv.dtype, layered=False)
+    if workspace_rows is not None:
+        _check_index("workspace_rows", workspace_rows, num_requests)
+        _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
+    _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
+                     num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
+    config = config or default_verify_config(num_requests)
+    if fold is not None:
+        _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
+        if config.skip_stages:
+            raise ValueError("fold cannot be combined with skip_stages (timing-only configs)")
     if out is None:
         out = mixed_qkv.new_empty(num_tokens, num_v_heads, head_v_dim)
     elif out.shape != (num_tokens, num_v_heads, head_v_dim) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{num_tokens}, {num_v_heads}, {head_v_dim}] tensor")
     scale = head_k_dim**-0.5 if scale is None else scale
-    if num_requests == 0 or max_seqlen == 0:
+    if num_requests == 0 or (max_seqlen == 0 and fold is None):
         return out
 
     block_t = max(16, triton.next_power_of_2(max_seqlen))
-    config = config or default_verify_config(num_requests)
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
     conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles else conv_weight
+    rows_and_fold = _rows_and_fold_args(workspace, workspace_rows, fold, state_indices)
     if config.two_pass:
         from .two_pass import launch_two_pass
         return launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                                state_indices, cu_seqlens, workspace, out, scale, config, num_k_heads, block_t,
-                               neumann_steps, config.big_dot, SMALL_DOT_PRECISION)
+                               neumann_steps, config.big_dot, SMALL_DOT_PRECISION, rows_and_fold)
     heads_per_program = num_v_heads // num_k_heads if config.group_heads else 1
     grid = (head_v_dim // v_per_program, num_v_heads // heads_per_program, num_requests)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-        out, workspace.u, workspace.k, workspace.g, workspace.x, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
-        conv_state.stride(0), ssm_state.stride(0),
-        workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+        out, workspace.u, workspace.k, workspace.g, workspace.x, *rows_and_fold["pointers"], scale, mixed_qkv.stride(0),
+        a.stride(0), b.stride(0), conv_state.stride(0), ssm_state.stride(0), workspace.max_len,
+        rows_and_fold["fold_len"], H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, HEADS_PER_PROGRAM=heads_per_program, V_PER_PROGRAM=v_per_program,
         NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
-        BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_AS_A=config.state_as_a,
-        TRANSPOSED=config.transposed, FUSE_QK=config.fuse_qk, PREFETCH=config.prefetch,
-        STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
+        BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
-        num_warps=config.num_warps,
+        **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
+
+
+def _rows_and_fold_args(workspace, workspace_rows, fold, state_indices):
+    """Kernel arguments for workspace_rows and fold; unused pointers point at state_indices / the workspace (never
+    dereferenced: the constexprs switch their code off)."""
+    fold_ws = fold.workspace if fold is not None else workspace
+    fold_len = fold_ws.max_len if fold is not None else 1
+    return dict(
+        pointers=(state_indices if workspace_rows is None else workspace_rows, fold_ws.u, fold_ws.k, fold_ws.g,
+                  state_indices if fold is None else fold.rows, state_indices if fold is None else fold.counts),
+        fold_len=fold_len,
+        constexprs=dict(HAS_WS_ROWS=workspace_rows is not None, FOLD=fold is not None,
+                        BTF=max(16, triton.next_power_of_2(fold_len))),
+    )
+
+
+def _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, device):
+    if not isinstance(fold, GDNFold):
+        raise ValueError(f"fold must be a GDNFold, got {type(fold).__name__}")
+    if fold.rows.shape[0] != num_requests:
+        raise ValueError(f"fold.rows and fold.counts must have shape [{num_requests}] (one per request), got "
+                         f"{tuple(fold.rows.shape)}")
+    for name, t in (("fold.rows", fold.rows), ("fold.workspace", fold.workspace.u)):
+        _check_device(name, t, device)
+    ws = fold.workspace
+    for name, inner in (("u", (num_v_heads, head_v_dim)), ("k", (num_k_heads, head_k_dim)), ("g", (num_v_heads,))):
+        t = getattr(ws, name)
+        if t.ndim != 2 + len(inner) or tuple(t.shape[2:]) != inner or t.dtype != torch.float32:
+            raise ValueError(f"fold.workspace.{name} must be [rows, max_len, {', '.join(map(str, inner))}] "
+                             f"float32, got {tuple(t.shape)} {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"fold.workspace.{name} must be contiguous")
+        if t.shape[:2] != ws.u.shape[:2]:
+            raise ValueError("fold.workspace tensors disagree on their leading (rows, max_len) dims")
+
+
+def _check_device(name, t, device):
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the inputs on {device}")
 
 
 def _check_workspace(ws, num_requests, max_seqlen, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_dim,

@@ -5,7 +5,9 @@ Verification writes no state. Per layer and request it keeps what reconstruction
     k [R, LMAX, H, K]   float32  L2-normalised keys
     g [R, LMAX, HV]     float32  cumulative log decay G_t = g_0 + ... + g_t
     x [R, LMAX, D]      input dtype  raw (pre-conv) inputs, for the conv window
-Row r is the request at batch position r of the verify call (the same order reconstruction must use).
+Row r is the request at batch position r of the verify call (the same order reconstruction must use), unless the
+call passes `workspace_rows` (row workspace_rows[r] for request r): the row dimension is just "max rows", and a
+caller that folds reconstruction into the next verify (`GDNFold`) allocates two rows per request and alternates.
 Each tensor carries a leading layer dimension when allocated for several layers.
 """
 from dataclasses import dataclass
@@ -120,3 +122,44 @@ def check_conv_state(conv_state):
         )
     if conv_state.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"conv_state dtype must be float32, bfloat16 or float16, got {conv_state.dtype}")
+
+
+@dataclass(frozen=True)
+class GDNFold:
+    """The previous step's pending ssm-state update, folded into this step's `gdn_verify` (one layer).
+
+        workspace  `GDNVerifyWorkspace` (one layer, no layer dim) holding the previous step's u, k, g; may be the very
+                   same tensors as the workspace this step writes, as long as the rows differ (see below)
+        rows       [R] int32  per request r of THIS verify call: the workspace row holding the previous step's block
+                   of the same request (any value where counts[r] == 0)
+        counts     [R] int32  tokens of that block to fold into the committed ssm state before verifying (the
+                   previous step's num_accepted; 0 = nothing pending; clamped to workspace.max_len)
+
+    With a fold, gdn_verify first advances each request's committed ssm state S_0 by counts[r] tokens exactly as
+    gdn_reconstruct(parts="ssm") would, stores it back to its slot (only where counts[r] > 0), then verifies from
+    it: each state is read and written once per step instead of read by verify and read + written again by the
+    reconstruction. The conv window is not folded (advance it eagerly with gdn_reconstruct(parts="conv")).
+    Rows read here and rows the same call writes (`workspace_rows`) must not overlap; the kernels assume it.
+    """
+
+    workspace: GDNVerifyWorkspace
+    rows: torch.Tensor
+    counts: torch.Tensor
+
+    def __post_init__(self):
+        if not isinstance(self.workspace, GDNVerifyWorkspace):
+            raise ValueError("GDNFold.workspace must be a GDNVerifyWorkspace")
+        if self.workspace.u.ndim != 4:
+            raise ValueError("GDNFold.workspace must be one layer's workspace (GDNVerifyWorkspace.layer(l))")
+        for name in ("rows", "counts"):
+            t = getattr(self, name)
+            if not torch.is_tensor(t) or t.ndim != 1:
+                raise ValueError(f"GDNFold.{name} must be a 1-D tensor")
+            if t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"GDNFold.{name} must be int32 or int64, got {t.dtype}")
+            if not t.is_contiguous():
+                raise ValueError(f"GDNFold.{name} must be contiguous")
+            if t.device != self.workspace.u.device:
+                raise ValueError(f"GDNFold.{name} is on {t.device}, its workspace on {self.workspace.u.device}")
+        if self.rows.shape != self.counts.shape:
+            raise ValueError(f"GDNFold.rows {tuple(self.rows.shape)} and counts {tuple(self.counts.shape)} differ")
