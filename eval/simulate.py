@@ -68,7 +68,7 @@ from vllm_hybridspec.policy import (  # noqa: E402
     prefix_scan_budget,
     vllm_adaptive_lengths,
 )
-from vllm_hybridspec.routing import expert_cost_from_profile, probe_worth  # noqa: E402
+from vllm_hybridspec.routing import ProbeCostModel, probe_worth  # noqa: E402
 from vllm_hybridspec.routing.correction import fit_moe_time  # noqa: E402
 
 BENCH = "simulate"
@@ -181,6 +181,7 @@ class Cell:
         for k, p in self.profiles.items():
             if p.per_layer_type is not None and "moe" in p.per_layer_type and p.unique_experts is not None:
                 self.non_moe[k] = (lat(_without_moe(p), 0.0), fit_moe_time(p)[1])
+        self._cost_models = {}
         self.estimates = self._calibrate()
 
     def _calibrate(self) -> torch.Tensor:
@@ -298,39 +299,53 @@ class Cell:
         return ((non_moe.verify_us(batch, x_sched) - non_moe.verify_us(batch, x_verified)).clamp(min=0.0)
                 + moe_token_us * neutral)
 
-    def _expert_cost(self, kernels, length, integrated=True):
-        args = self.args
-        return expert_cost_from_profile(self.profiles[kernels], self.batch, length, num_moe_layers=args.moe_layers,
-                                        top_k=args.top_k, cross_layer_correlation=args.cross_layer_corr,
-                                        dropped_token_runs_non_moe=integrated,
-                                        anchor_to_t=args.probe_pricing == "profile")
+    def _probe_costs(self, kernels) -> ProbeCostModel:
+        """The routing correction's cost model (what the wiring builds from the same profile), one per kernels."""
+        if kernels not in self._cost_models:
+            args = self.args
+            self._cost_models[kernels] = ProbeCostModel(
+                self.profiles[kernels], num_moe_layers=args.moe_layers, top_k=args.top_k,
+                cross_layer_correlation=args.cross_layer_corr, dropped_token_runs=args.probe_cost == "integrated",
+                anchor_to_t=args.probe_pricing == "profile")
+        return self._cost_models[kernels]
 
     def _routing_correction(self, n, decision, gen, threshold, kernels):
         """Probe / keep / drop for one chunk; returns (verified drafts, extra time per round, probes, kept).
 
+        Each round's probes are priced at that round's own verified length (`ProbeCostModel.at`), as the wiring
+        prices each step: the probe sits where the length policy stopped, where the next token is dear.
         integrated (default): the probe is one more token of the same verify pass; with static shapes a
-            dropped probe still runs the non-MoE layers (ExpertCost.probe_token_us, paid by every probe)
-            and only its experts are skipped; the decision kernels cost --decision-us per round.
+            dropped probe still runs the non-MoE layers and its MoE rows at weight 0 (ExpertCost.probe_token_us,
+            paid by every probe) and only its experts' weights are saved; the decision kernels cost
+            --decision-us per round.
         separate: the probe is the profile's own pass (ours_probe - ours: embedding + layer 0 + router on
             L + 1 tokens), paid once per round that probes; a kept probe then costs a whole token.
         """
         args, batch = self.args, self.batch
-        chunk = n.shape[0]
-        length = 1.0 + float(n.float().mean())
-        integrated = args.probe_cost == "integrated"
-        cost = self._expert_cost(kernels, length, integrated)
         x = 1.0 + n.sum(-1).double() / batch
-        if integrated:
+        if args.probe_cost == "integrated":
             pass_us = torch.full_like(x, args.decision_us)
         else:
             with_probe, without = self.lat_probe_pass
             pass_us = (with_probe.verify_us(batch, x) - without.verify_us(batch, x)).clamp(min=0.0)
-        worth = probe_worth(decision.next_survival, decision.marginal_rate, cost, args.top_k, threshold=threshold,
-                            overhead_us=float(pass_us.mean()) / batch)
-        probing = (n < (self.trace.num_drafts or NUM_DRAFTS)) & worth
+        model = self._probe_costs(kernels)
+        verified, extra_us, probes, kept = [], [], 0.0, 0.0
+        for i in range(n.shape[0]):
+            v, e, p, k = self._probe_round(n[i], float(x[i]), decision.next_survival[i], decision.marginal_rate[i],
+                                           model.at(batch, float(x[i])), float(pass_us[i]), gen, threshold, kernels)
+            verified.append(v)
+            extra_us.append(e)
+            probes += p
+            kept += k
+        return torch.stack(verified), torch.stack(extra_us), probes, kept
 
+    def _probe_round(self, n, x, next_survival, rate, cost, pass_us, gen, threshold, kernels):
+        """One round of `_routing_correction`: n [B] drafts, x its verified tokens per request."""
+        args, batch = self.args, self.batch
+        worth = probe_worth(next_survival, rate, cost, args.top_k, threshold=threshold, overhead_us=pass_us / batch)
+        probing = (n < (self.trace.num_drafts or NUM_DRAFTS)) & worth
         p_new = min(max(cost.mean_new_experts / args.top_k, 0.0), 1.0)
-        shape = (chunk, batch)
+        shape = (batch,)
         n0 = torch.binomial(torch.full(shape, float(args.top_k)), torch.full(shape, p_new), generator=gen)
         copies = torch.binomial(torch.full(shape, float(args.moe_layers - 1)),
                                 torch.full(shape, args.cross_layer_corr), generator=gen)
@@ -338,24 +353,25 @@ class Cell:
                                      generator=gen)
         total_new = n0 * (1 + copies) + independent
 
-        value_us = decision.next_survival / decision.marginal_rate.unsqueeze(-1)
+        value_us = next_survival / rate
         keep = probing & (value_us > threshold * cost.probe_cost_us(n0))
-        fixed_us = probing.any(-1).double() * pass_us
-        probe_us = (probing * cost.probe_token_us).sum(-1).double()
+        fixed_us = float(probing.any()) * pass_us
+        probe_us = float((probing * cost.probe_token_us).sum())
         if args.probe_pricing == "expert_fit":
-            kept_us = (keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum(-1).double()
+            kept_us = float((keep * (cost.keep_token_us + cost.per_expert_layer_us * total_new)).sum())
         else:
-            # A kept probe is one more verified token: it costs what T charges for one (the same truth as a
-            # verified draft), shifted by how far its new experts are from the average token's - the part of
-            # the cost the keep rule selects on. Pricing it from the MoE fit alone made kept probes several
-            # times cheaper than drafts where T is extrapolated (c16, c64): a gain of pricing, not of routing.
+            # A kept probe is one more verified token: it costs what T charges for one at this round's shape (the
+            # same truth as a verified draft), shifted by how far its new experts are from the average token's -
+            # the part of the cost the keep rule selects on. Pricing it from the MoE fit alone made kept probes
+            # several times cheaper than drafts where T is extrapolated (c16, c64): a gain of pricing, not routing.
             lat = self.lat_time[kernels]
-            kept = keep.sum(-1).double()
-            extra_t = lat.verify_us(batch, x + kept / batch) - lat.verify_us(batch, x)
+            num_kept = float(keep.sum())
+            extra_t = float(lat.verify_us(batch, x + num_kept / batch) - lat.verify_us(batch, x))
             mean_new = cost.mean_new_experts * args.moe_layers
-            shift = (keep * cost.per_expert_layer_us * (total_new - mean_new)).sum(-1).double()
-            kept_us = (extra_t * lat.correction() - kept * cost.probe_token_us + shift).clamp(min=0.0)
-        return n + keep.long(), fixed_us + probe_us + kept_us, float(probing.sum()), float(keep.sum())
+            shift = float((keep * cost.per_expert_layer_us * (total_new - mean_new)).sum())
+            kept_us = max(extra_t * float(lat.correction()) - num_kept * cost.probe_token_us + shift, 0.0)
+        extra = torch.tensor(fixed_us + probe_us + kept_us, dtype=torch.float64)
+        return n + keep.long(), extra, float(probing.sum()), float(keep.sum())
 
 
 def _without_moe(profile):

@@ -3,6 +3,7 @@ import torch
 
 from vllm_hybridspec.routing import (
     ExpertCost,
+    ProbeCostModel,
     expert_cost_from_profile,
     naive_routing_keep,
     naive_probe_worth,
@@ -12,6 +13,7 @@ from vllm_hybridspec.routing import (
     routing_keep_mask,
     verified_drafts_after_correction,
 )
+from vllm_hybridspec.routing.correction import fit_moe_time
 from policy_fixtures import MOE_LAYERS, TOP_K, one_thread, profile  # noqa: F401  (pytest fixtures)
 
 COST = ExpertCost(probe_token_us=0.0, keep_token_us=10.0, per_expert_layer_us=2.0, num_moe_layers=4,
@@ -162,7 +164,7 @@ def test_expert_cost_from_profile_recovers_the_synthetic_slope(profile):
     assert 0 < cost.mean_new_experts < TOP_K
     assert cost.probe_token_us > 0 and cost.keep_token_us == pytest.approx(0.0, abs=1e-6)
     skipped = expert_cost_from_profile(profile, 1, 8.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K,
-                                       dropped_token_runs_non_moe=False)
+                                       dropped_token_runs=False)
     assert skipped.probe_token_us == 0 and skipped.keep_token_us == pytest.approx(cost.probe_token_us)
     with pytest.raises(ValueError, match="unique_experts"):
         from vllm_hybridspec.latency_profile import LatencyProfile
@@ -178,9 +180,63 @@ def test_expert_cost_separates_expert_loads_from_token_compute(profile):
     p.per_layer_type["moe"] = [[m + 2.5 * b * length for length, m in zip(p.lengths, row)]
                                for b, row in zip(p.batch_sizes, p.per_layer_type["moe"])]
     p.t_us = [[t + 2.5 * b * length for length, t in zip(p.lengths, row)] for b, row in zip(p.batch_sizes, p.t_us)]
+    assert fit_moe_time(p) == pytest.approx((1.6 * MOE_LAYERS, 2.5), rel=1e-6)
     cost = expert_cost_from_profile(p, 8, 4.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
     assert cost.per_expert_layer_us == pytest.approx(1.6, rel=1e-6)
-    assert cost.keep_token_us == pytest.approx(2.5, rel=1e-6)
+    # a dropped probe still runs its MoE rows (weight 0 on experts the step runs anyway): the token compute is
+    # paid by every probe, with the non-MoE time; a kept one adds nothing else besides its experts
+    skipped = expert_cost_from_profile(p, 8, 4.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K, dropped_token_runs=False)
+    assert cost.keep_token_us == pytest.approx(0.0, abs=1e-6)
+    assert skipped.keep_token_us == pytest.approx(cost.probe_token_us, rel=1e-6)
+    plain = expert_cost_from_profile(profile, 8, 4.0, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
+    assert cost.probe_token_us - plain.probe_token_us == pytest.approx(2.5, rel=1e-6)
+
+
+def test_probe_cost_model_prices_each_step_shape(profile):
+    model = ProbeCostModel(profile, num_moe_layers=MOE_LAYERS, top_k=TOP_K, cross_layer_correlation=0.5)
+    for batch, length in ((1, 3.0), (1, 11.0), (8, 6.25), (20, 9.5), (64, 2.0)):
+        want = expert_cost_from_profile(profile, batch, length, num_moe_layers=MOE_LAYERS, top_k=TOP_K,
+                                        cross_layer_correlation=0.5, anchor_to_t=True)
+        got = model.at(batch, length)
+        for field in ("probe_token_us", "keep_token_us", "per_expert_layer_us", "mean_new_experts"):
+            assert getattr(got, field) == pytest.approx(getattr(want, field), rel=1e-9, abs=1e-9), field
+        assert model.at(batch, length) is got  # cached by step shape
+    with pytest.raises(ValueError, match="batch >= 1"):
+        model.at(0, 2.0)
+    with pytest.raises(ValueError, match="length >= 1"):
+        model.at(4, 0.5)
+    from vllm_hybridspec.latency_profile import LatencyProfile
+    with pytest.raises(ValueError, match="unique_experts"):
+        ProbeCostModel(LatencyProfile("d", "m", "v", [1], [1, 2], [[1.0, 2.0]]), num_moe_layers=40, top_k=8)
+
+
+def test_a_probe_is_priced_where_the_policy_stopped(profile):
+    """The length policy stops in front of a dear token; the probe (the first draft it did not admit) is that
+    token. Priced at the step's own length, the keep rule drops it; priced at a typical length, it kept it
+    (why the correction lost at concurrency 1 on the measured profile)."""
+    import copy
+
+    from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths
+
+    p = copy.deepcopy(profile)
+    jump = 6  # T(7) - T(6) at batch 1 carries a step of 1 ms, all of it in the non-MoE layers
+    p.t_us[0] = [t + (1000.0 if length > jump else 0.0) for length, t in zip(p.lengths, p.t_us[0])]
+    p.per_layer_type["rest"][0] = [r + (1000.0 if length > jump else 0.0)
+                                   for length, r in zip(p.lengths, p.per_layer_type["rest"][0])]
+    conf = torch.full((1, 15), 0.85)
+    latency = VerifyLatencyModel(p, 1, 16)
+    decision = choose_verify_lengths(conf, torch.tensor([15]), latency, lookahead=True)
+    stop = int(decision.num_drafts[0])
+    assert stop == jump - 1  # verified length 6: the next token is the dear one
+    model = ProbeCostModel(p, num_moe_layers=MOE_LAYERS, top_k=TOP_K)
+    value_us = float(decision.next_survival[0] / decision.marginal_rate)
+    typical = model.at(1, 9.0)
+    here = model.at(1, 1.0 + stop)
+    fewest = torch.tensor(0.0)  # even a probe that adds no expert
+    assert value_us > float(typical.probe_cost_us(fewest))
+    assert value_us < here.probe_token_us + float(here.probe_cost_us(fewest))
+    assert probe_worth(decision.next_survival, decision.marginal_rate, typical, TOP_K).all()
+    assert not probe_worth(decision.next_survival, decision.marginal_rate, here, TOP_K).any()
 
 
 def test_expert_cost_anchored_to_t_prices_the_average_probe_as_one_token_of_t(profile):

@@ -309,3 +309,48 @@ def test_has_routed_experts():
     assert wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=4, num_local_experts=8))
     assert not wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=4))  # a dense target
     assert not wiring.has_routed_experts(SimpleNamespace(num_hidden_layers=2, num_experts=4, mlp_only_layers=[0, 1]))
+
+
+def test_write_prices_each_step_with_its_own_cost():
+    """The manager passes the probe's cost at the step's shape with every plan; it lands in the same buffer."""
+    step = make_step(num_experts=4)
+    buffer = step._cost_ab
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # the probe brings two new experts
+    step.write(torch.tensor([1]), torch.tensor([0.5]), 2, 0.1, cost=ExpertCost(0.0, 0.0, 0.1, 3, 1.0))  # 0.6 < 5 us
+    step.decide(ids)
+    assert step.keep[1]
+    step.write(torch.tensor([1]), torch.tensor([0.5]), 2, 0.1, cost=ExpertCost(0.0, 1.0, 1.0, 3, 1.0))  # 7 > 5 us
+    step.decide(ids)
+    assert not step.keep[1] and step._cost_ab is buffer and step.cost.keep_token_us == 1.0
+    step.write(torch.tensor([1]), torch.tensor([0.5]), 2, 0.1)  # no cost: the last one stays
+    step.decide(ids)
+    assert not step.keep[1]
+
+
+def test_routing_cost_models_price_the_step_shape():
+    from vllm_hybridspec.adaptive.latency import TokenCurveProfile
+    from vllm_hybridspec.latency_profile import LatencyProfile
+    from vllm_hybridspec.routing import ProbeCostModel, expert_cost_from_profile
+
+    curve = TokenCurveProfile([(1, 1.0), (4, 1.3), (8, 2.9), (64, 4.0)], "test curve")  # ms per token count
+    model, source = wiring.routing_cost(curve, num_moe_layers=2, top_k=4)
+    assert "slope" in source
+    # one token more at 2 tokens costs 100 us, at 6 tokens 400 us: all of it if the probe's 4 experts are new
+    assert float(model.at(1, 2.0).probe_cost_us(torch.tensor(4.0))) == pytest.approx(100.0, rel=1e-4)
+    assert float(model.at(2, 3.0).probe_cost_us(torch.tensor(4.0))) == pytest.approx(400.0, rel=1e-4)
+    with pytest.raises(ValueError, match="batch >= 1"):
+        model.at(0, 1.0)
+
+    lengths = [1, 2, 3, 4]
+    unique = [[2.0 + 1.5 * (n - 1) for n in lengths], [5.0 + 2.0 * (n - 1) for n in lengths]]
+    moe = [[10.0 * u + 0.5 * b * n for u, n in zip(row, lengths)] for b, row in zip((1, 4), unique)]
+    non_moe = [[100.0 + 3.0 * b * n + (40.0 if n > 2 else 0.0) for n in lengths] for b in (1, 4)]
+    profile = LatencyProfile("d", "m", "ours", [1, 4], lengths, [[a + c for a, c in zip(r1, r2)]
+                                                                   for r1, r2 in zip(moe, non_moe)],
+                             per_layer_type={"moe": moe, "rest": non_moe}, unique_experts=unique)
+    model, source = wiring.routing_cost(profile, num_moe_layers=2, top_k=4)
+    assert isinstance(model, ProbeCostModel) and "MoE breakdown" in source
+    for batch, length in ((1, 2.0), (1, 3.0), (4, 2.5)):
+        want = expert_cost_from_profile(profile, batch, length, num_moe_layers=2, top_k=4, anchor_to_t=True)
+        assert model.at(batch, length) == want
+    assert model.at(1, 2.0).probe_token_us > model.at(1, 3.0).probe_token_us  # the non-MoE step lies at 2 -> 3

@@ -114,18 +114,21 @@ def manager_class() -> type:
                 return step
             self.routing_top_k = int(hf.num_experts_per_tok)
             self.routing_moe_layers = wiring.moe_layer_count(hf)
-            cost, source = self._routing_cost()
-            step = wiring.RoutingStep(max_tokens, device, cost, int(hf.num_experts),
+            source = self._build_routing_costs()
+            step = wiring.RoutingStep(max_tokens, device, self.routing_costs.at(1, 1.0), int(hf.num_experts),
                                       config.routing_correction_threshold)
             wiring.install(step)
             wiring.record_active(config.routing_correction_threshold, source)
             return step
 
-        def _routing_cost(self):
+        def _build_routing_costs(self) -> str:
+            """The probe's cost model; each step is priced at its own shape (get_num_tokens)."""
             from vllm_hybridspec.routing_wiring import step as wiring
 
-            return wiring.routing_cost(self.profile, 1, max(1, self.max_drafts // 2 + 1),
-                                       num_moe_layers=self.routing_moe_layers, top_k=self.routing_top_k)
+            self.routing_costs, source = wiring.routing_cost(self.profile, num_moe_layers=self.routing_moe_layers,
+                                                             top_k=self.routing_top_k)
+            self._step_cost = None
+            return source
 
         def _init_without_cuda(self, req_states, query_start_loc, num_bonus_tokens, max_total_logits):
             """The state vLLM's __init__ sets up, minus its CUDA stream and events."""
@@ -159,7 +162,7 @@ def manager_class() -> type:
                 self._build_latency_models(overhead_us=draft_us)
                 status.record("latency_profile", status.ACTIVE, self.profile.source)
                 if self.probing:
-                    self.routing.set_cost(self._routing_cost()[0])
+                    self._build_routing_costs()
 
         def record_confidences(self, confidence_probs, input_batch) -> None:
             if self.req_states.device.type == "cuda":
@@ -199,10 +202,13 @@ def manager_class() -> type:
                                                    min_drafts=self.min_drafts,
                                                    max_drafts=self.max_drafts).marginal_rate)
                 self._routing_rate = rate
+                # priced where the probes land: this step's requests at the policy's verified length (a probe
+                # sits where the policy stopped, i.e. where the next token is dear; a typical length hides that)
+                self._step_cost = self.routing_costs.at(max(num_reqs, 1), 1.0 + policy_budget / max(num_reqs, 1))
                 if budget < max_budget:
                     capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
                     probes = wiring.probe_requests(stale, lengths, capacities, rate, self.routing,
-                                                   self.routing_top_k)
+                                                   self.routing_top_k, cost=self._step_cost)
                     budget += min(int(probes.sum()), max_budget - budget)
             self._policy_budget = policy_budget
             COUNTERS.observe(int(scheduled_drafts.sum()),
@@ -279,7 +285,8 @@ def manager_class() -> type:
                     neutral = wiring.neutral_token_mask(self.query_start_loc, counts, verified,
                                                         self.routing.neutral.shape[0])
                 self.routing.write(probe_token, probe_survival, num_tokens,
-                                   self._routing_rate if self.probing else 1.0, neutral)
+                                   self._routing_rate if self.probing else 1.0, neutral,
+                                   cost=self._step_cost if self.probing else None)
             result = (self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget)
             if not RETURNS_ADMITTED:  # vLLM 0.32
                 return result

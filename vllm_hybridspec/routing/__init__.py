@@ -1,6 +1,7 @@
 """First-router routing correction: keep or drop each request's probe token from its layer-0 expert ids."""
 from vllm_hybridspec.routing.correction import (
     ExpertCost,
+    ProbeCostModel,
     RoutingDecision,
     expert_cost_from_profile,
     neutralize_routing,
@@ -13,6 +14,7 @@ from vllm_hybridspec.routing.naive import naive_probe_worth, naive_routing_keep
 
 __all__ = [
     "ExpertCost",
+    "ProbeCostModel",
     "RoutingDecision",
     "expert_cost_from_profile",
     "naive_probe_worth",

@@ -8,9 +8,11 @@ already activate in that layer. The probe is kept when
     survival * (1 / tokens_per_us)  >  threshold * cost_us(new experts)
 
 i.e. when its expected accepted tokens, priced at the round's current rate (microseconds per emitted token),
-outweigh the time it adds: `ExpertCost.probe_cost_us`, a per-token non-MoE part plus a per-expert part from
-the profile's MoE time against its unique-expert counts. `threshold` (hybridspec.routing_correction_threshold)
-scales the cost side: > 1 drops more.
+outweigh the time keeping it adds over dropping it: `ExpertCost.probe_cost_us`, what T charges for one more
+token at the step's own shape beyond what a dropped probe costs anyway, shifted by how far its new experts
+(beyond those the step's other tokens already activate) are from the average token's. `ProbeCostModel` prices
+it at the step's verified length (a probe sits where the length policy stopped, i.e. where the next token is
+dear). `threshold` (hybridspec.routing_correction_threshold) scales the cost side: > 1 drops more.
 
 A dropped probe is neutralised, not removed (static shapes for CUDA graphs): `neutralize_routing` zeroes its
 routing weights and points its ids at an invalid expert in every MoE layer, so it activates no expert, and
@@ -41,9 +43,10 @@ class ExpertCost:
     """Marginal latency of a probe token, from the latency profile.
 
     probe_token_us: time every probe costs, kept or dropped. With static shapes a dropped probe still runs
-        through the attention / GDN layers (only its experts are skipped), so this is the non-MoE time of
-        one token; 0 if the rest of verification skips dropped tokens.
-    keep_token_us: non-MoE time a KEPT probe adds beyond a dropped one (the complement of probe_token_us).
+        through the attention / GDN layers and the MoE kernel computes its rows at weight 0 (only the expert
+        weights it would bring are saved), so this is the non-MoE time of one token plus the MoE compute per
+        routed token; 0 if the rest of verification skips dropped tokens.
+    keep_token_us: time a KEPT probe adds beyond a dropped one, besides its experts.
     per_expert_layer_us: time one more distinct expert adds in ONE MoE layer.
     num_moe_layers: MoE layers the kept probe runs through.
     mean_new_experts: expected new experts per layer of a probe (the profile's unique-expert growth).
@@ -128,20 +131,23 @@ def expert_cost_from_profile(
     num_moe_layers: int,
     top_k: int,
     cross_layer_correlation: float = 1.0,
-    dropped_token_runs_non_moe: bool = True,
+    dropped_token_runs: bool = True,
     anchor_to_t: bool = False,
+    moe_fit: tuple[float, float] | None = None,
 ) -> ExpertCost:
     """Fits `ExpertCost` at (batch, verified length per request) from a profile with MoE breakdown.
 
     MoE time (summed over layers) is fitted over all measured (batch, L) points as
         moe_us = a + s_u * unique_experts_per_layer + s_t * tokens
     (unique experts and tokens are not collinear across batch sizes): per_expert_layer_us = s_u / MoE layers
-    (weights of one more distinct expert, every layer), and s_t (compute per routed token) is part of
-    keep_token_us - a dropped probe skips its experts entirely. The non-MoE time of one token and
-    mean_new_experts: finite differences in L at `length` of the non-MoE time and of the unique experts, per
-    added token (one length step adds `batch` tokens). `dropped_token_runs_non_moe` (static shapes, the
-    default) books that non-MoE time as `probe_token_us` (paid by every probe); otherwise it goes to
-    `keep_token_us` (paid only by kept probes).
+    (weights of one more distinct expert, every layer); s_t is the MoE kernel's compute per routed token. The
+    non-MoE time of one token and mean_new_experts: finite differences in L at `length` of the non-MoE time
+    and of the unique experts, per added token (one length step adds `batch` tokens).
+    `dropped_token_runs` (static shapes, the default): a dropped probe still runs every layer - the non-MoE
+    ones, and the MoE kernel computes its rows at weight 0 on experts the step runs anyway
+    (routing_wiring's `neutralize_dropped`) - so the non-MoE time and s_t are `probe_token_us`, paid by every
+    probe; otherwise (the rest of verification skips dropped tokens) both go to `keep_token_us`.
+    `moe_fit`: (s_u, s_t) when already fitted (`fit_moe_time`), so that pricing many step shapes fits once.
 
     `anchor_to_t`: set keep_token_us so that a probe with the average new-expert count costs what T itself
     charges for one more verified token at (batch, length) (the fit keeps only the per-expert slope). The
@@ -156,7 +162,7 @@ def expert_cost_from_profile(
     if batch < 1 or length < 1 or num_moe_layers < 1 or top_k < 1:
         raise ValueError("batch, length, num_moe_layers and top_k must be >= 1")
     moe, unique, lengths = profile.per_layer_type["moe"], profile.unique_experts, profile.lengths
-    per_unique_us, moe_token_us = fit_moe_time(profile)
+    per_unique_us, moe_token_us = fit_moe_time(profile) if moe_fit is None else moe_fit
     per_expert_layer_us = per_unique_us / num_moe_layers
 
     def at(table, b, x):
@@ -166,8 +172,8 @@ def expert_cost_from_profile(
     token_us = max(at(non_moe, batch, length + 1) - at(non_moe, batch, length), 0.0) / batch
     new_experts = (at(unique, batch, length + 1) - at(unique, batch, length)) / batch
     mean_new = min(max(new_experts, 0.0), float(top_k))
-    probe_token_us = token_us if dropped_token_runs_non_moe else 0.0
-    keep_token_us = moe_token_us + (0.0 if dropped_token_runs_non_moe else token_us)
+    probe_token_us = token_us + moe_token_us if dropped_token_runs else 0.0
+    keep_token_us = 0.0 if dropped_token_runs else token_us + moe_token_us
     if anchor_to_t:
         t_token_us = max(profile.interpolate(batch, length + 1) - profile.interpolate(batch, length), 0.0) / batch
         keep_token_us = max(t_token_us - probe_token_us - per_expert_layer_us * mean_new * num_moe_layers, 0.0)
@@ -179,6 +185,41 @@ def expert_cost_from_profile(
         mean_new_experts=mean_new,
         cross_layer_correlation=cross_layer_correlation,
     )
+
+
+class ProbeCostModel:
+    """`ExpertCost` at any step shape (batch, verified tokens per request), from one profile with MoE breakdown.
+
+    A probe must be priced where it lands: at the step's own verified length, not at a typical one. The length
+    policy stops a request exactly where the next token is dear - in front of a step of a measured T(L) (the
+    H200 profile's batch-1 row is far from linear) - so the probe, the first draft it did not
+    admit, sits at such a step far more often than a random length does. Priced at the mean length of the
+    steps, those probes looked cheap and were kept; that is why the correction lost 0.6% at concurrency 1
+    (eval/notes/simulate.md, session 3). The MoE fit is done once; each step shape is priced once and cached
+    (keyed by its token count, batch x length).
+    """
+
+    def __init__(self, profile: LatencyProfile, *, num_moe_layers: int, top_k: int,
+                 cross_layer_correlation: float = 1.0, dropped_token_runs: bool = True, anchor_to_t: bool = True):
+        if profile.per_layer_type is None or "moe" not in profile.per_layer_type or profile.unique_experts is None:
+            raise ValueError(
+                f"profile variant {profile.variant!r} has no per_layer_type['moe'] / unique_experts: the routing "
+                "correction needs the MoE time against unique experts"
+            )
+        self.profile = profile
+        self._options = dict(num_moe_layers=num_moe_layers, top_k=top_k,
+                             cross_layer_correlation=cross_layer_correlation, dropped_token_runs=dropped_token_runs,
+                             anchor_to_t=anchor_to_t, moe_fit=fit_moe_time(profile))
+        self._cache: dict[tuple[int, int], ExpertCost] = {}
+
+    def at(self, batch: int, length: float) -> ExpertCost:
+        """The cost of a probe added to a step of `batch` requests verifying `length` tokens each on average."""
+        if batch < 1 or not length >= 1:
+            raise ValueError(f"ProbeCostModel.at: need batch >= 1 and length >= 1, got {batch}, {length}")
+        key = (int(batch), round(float(length) * batch))
+        if key not in self._cache:
+            self._cache[key] = expert_cost_from_profile(self.profile, key[0], key[1] / key[0], **self._options)
+        return self._cache[key]
 
 
 def probe_worth(

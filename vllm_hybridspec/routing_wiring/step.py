@@ -63,16 +63,20 @@ class RoutingStep:
         self._cost_ab.copy_(torch.tensor([a, float(cost.probe_cost_us(torch.tensor(1.0))) - a]))
 
     def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
-              tokens_per_us: float | torch.Tensor, neutral: torch.Tensor | None = None) -> None:
+              tokens_per_us: float | torch.Tensor, neutral: torch.Tensor | None = None,
+              cost: ExpertCost | None = None) -> None:
         """Plans a step. probe_token_index: [B] token index of each request's probe, -1 for none (always
         -1 without routing correction). probe_survival: [B] survival of those drafts. neutral: [max_tokens]
-        bool, the draft tokens to neutralise (None: none); a probe on a neutral token is no probe."""
+        bool, the draft tokens to neutralise (None: none); a probe on a neutral token is no probe. cost: the
+        probe's cost at this step's shape (`ProbeCostModel.at`; None: keep the current one)."""
         if probe_token_index.shape != probe_survival.shape:
             raise ValueError("probe_token_index and probe_survival must both be [B]")
         if not 0 <= num_tokens <= self.probe_mask.shape[0]:
             raise ValueError(f"num_tokens {num_tokens} outside [0, {self.probe_mask.shape[0]}]")
         if neutral is not None and neutral.shape != self.neutral.shape:
             raise ValueError(f"neutral must be [{self.neutral.shape[0]}] bool, got {tuple(neutral.shape)}")
+        if cost is not None:
+            self.set_cost(cost)
         if neutral is None:
             self.neutral.zero_()
         else:
@@ -270,24 +274,38 @@ def moe_layer_count(hf_config: Any) -> int:
     return count
 
 
-def routing_cost(profile: Any, batch: int, length: float, *, num_moe_layers: int, top_k: int) -> tuple[ExpertCost, str]:
-    """`ExpertCost` from a profile with MoE breakdown; otherwise a stand-in from the profile's per-token slope
-    (a probe whose experts are all new costs one token's verify time, half of them new on average)."""
-    from vllm_hybridspec.routing.correction import expert_cost_from_profile
+class _SlopeCostModel:
+    """Stand-in for `ProbeCostModel` on a profile without MoE breakdown (vLLM's start-up curve): a probe whose
+    experts are all new costs one token of T at the step's shape, half of them new on average."""
+
+    def __init__(self, profile: Any, num_moe_layers: int, top_k: int) -> None:
+        self.profile, self.num_moe_layers, self.top_k = profile, num_moe_layers, top_k
+
+    def at(self, batch: int, length: float) -> ExpertCost:
+        if batch < 1 or not length >= 1:
+            raise ValueError(f"at: need batch >= 1 and length >= 1, got {batch}, {length}")
+        slope = max(self.profile.interpolate(batch, length + 1 / batch) - self.profile.interpolate(batch, length), 0.0)
+        return ExpertCost(probe_token_us=0.0, keep_token_us=0.0,
+                          per_expert_layer_us=slope / (self.top_k * self.num_moe_layers),
+                          num_moe_layers=self.num_moe_layers, mean_new_experts=self.top_k / 2)
+
+
+def routing_cost(profile: Any, *, num_moe_layers: int, top_k: int) -> tuple[Any, str]:
+    """(cost model with `.at(batch, length) -> ExpertCost`, its source): `ProbeCostModel` from a profile with MoE
+    breakdown (anchored to T), else the per-token slope stand-in. The manager prices each step at its own shape."""
+    from vllm_hybridspec.routing.correction import ProbeCostModel
 
     if getattr(profile, "per_layer_type", None) and getattr(profile, "unique_experts", None):
-        return expert_cost_from_profile(profile, batch, length, num_moe_layers=num_moe_layers, top_k=top_k,
-                                        anchor_to_t=True), "the profile's MoE breakdown, anchored to T"
-    slope = max(profile.interpolate(batch, length + 1) - profile.interpolate(batch, length), 0.0) / batch
-    cost = ExpertCost(probe_token_us=0.0, keep_token_us=0.0, per_expert_layer_us=slope / (top_k * num_moe_layers),
-                      num_moe_layers=num_moe_layers, mean_new_experts=top_k / 2)
-    return cost, "the profile's per-token slope (no MoE breakdown)"
+        return (ProbeCostModel(profile, num_moe_layers=num_moe_layers, top_k=top_k, anchor_to_t=True),
+                "the profile's MoE breakdown, anchored to T at each step's shape")
+    return _SlopeCostModel(profile, num_moe_layers, top_k), "the profile's per-token slope at each step's shape"
 
 
 def probe_requests(stale_confidences: torch.Tensor, lengths: torch.Tensor, capacities: torch.Tensor,
-                   tokens_per_us: float, step: RoutingStep, top_k: int) -> torch.Tensor:
+                   tokens_per_us: float, step: RoutingStep, top_k: int, cost: ExpertCost | None = None) -> torch.Tensor:
     """[B] bool (host): requests whose next draft beyond the policy's length is worth a probe (`probe_worth`
-    on last step's confidences, as the length itself; so the budget stays a function of the prefix)."""
+    on last step's confidences, as the length itself; so the budget stays a function of the prefix). cost: the
+    probe's cost at this step's shape (None: the step's current one)."""
     from vllm_hybridspec.routing.correction import probe_worth
 
     batch, k = stale_confidences.shape
@@ -296,7 +314,8 @@ def probe_requests(stale_confidences: torch.Tensor, lengths: torch.Tensor, capac
     survival = torch.cumprod(stale_confidences.float().clamp(0.0, 1.0), dim=-1)
     room = lengths < capacities
     nxt = survival.gather(1, lengths.long().clamp(max=k - 1).unsqueeze(1)).squeeze(1) * room
-    return room & probe_worth(nxt, tokens_per_us, step.cost, top_k, threshold=step.threshold)
+    return room & probe_worth(nxt, tokens_per_us, step.cost if cost is None else cost, top_k,
+                              threshold=step.threshold)
 
 
 def neutral_token_mask(query_start_loc: torch.Tensor, scheduled: torch.Tensor, verified: torch.Tensor,
