@@ -265,11 +265,13 @@ def run_gpu(args) -> dict:
     if args.compile_workers > 0:
         precompile(args, props.multi_processor_count)
     rows_out, checks = [], []
-    # The step chain alone: 64 vocabulary rows per program, greedy, batch 1.
-    for exchange in EXCHANGE_LADDER:
+    ladder = LADDERS[args.ladder]
+    # The step chain alone: 64 vocabulary rows per program, greedy.
+    for exchange, rows in ladder["floors"]:
         sms = props.multi_processor_count
+        name = f"ours_sync_floor_{exchange}" + (f"_b{rows}" if rows > 1 else "")
         try:
-            p = Problem(torch, 1, 15, 64 * sms, RANK, False, device, torch.bfloat16)
+            p = Problem(torch, rows, 15, 64 * sms, RANK, False, device, torch.bfloat16)
             fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
             errors_before = barrier_errors(device)
             fn()
@@ -277,13 +279,13 @@ def run_gpu(args) -> dict:
             if barrier_errors(device) != errors_before:
                 raise RuntimeError("grid barrier gave up")
             us, _ = time_graph(torch, fn)
-            checks.append(dict(check=f"ours_sync_floor_{exchange}", steps=15, programs=sms, us=round(us, 1),
+            checks.append(dict(check=name, steps=15, programs=sms, batch=rows, us=round(us, 1),
                                us_per_step=round(us / 15, 2)))
         except Exception as exc:
-            checks.append(dict(check=f"ours_sync_floor_{exchange}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            checks.append(dict(check=name, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
     t_ladder = time.time()
-    for name, vocab, rows, kw in ([] if args.no_ladder else TUNE_CASES):
+    for name, vocab, rows, kw in ([] if args.no_ladder else ladder["cases"]):
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
@@ -304,12 +306,12 @@ def run_gpu(args) -> dict:
                        barrier_errors=barrier_errors(device) - errors_before)
             if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
-                row.update(us=round(us, 1), spread=round(spread, 3))
+                row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / 15, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         checks.append(row)
         print(json.dumps(row), flush=True)
-    rule = exchange_rule(checks)
+    rule = exchange_rule(checks, ladder["exchanges"])
     checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
     print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
@@ -330,7 +332,9 @@ def run_gpu(args) -> dict:
                                                  / bw / 1e3, 1),
                                mma_us=round(2 * rows * vocab * RANK * steps / MMA_PEAK_TFLOPS / 1e6, 2))
                     row["ours_exchange"] = pick_exchange(rule, rows)
-                    variants = {"ours": ours_fn(head_walk, p, exchange=row["ours_exchange"]),
+                    row["ours_l1_prefetch"] = args.l1_prefetch
+                    variants = {"ours": ours_fn(head_walk, p, exchange=row["ours_exchange"],
+                                                l1_prefetch=args.l1_prefetch),
                                 "ours_step": ours_fn(head_walk, p, lockstep=True)}
                     if sampled and gumbel is None:
                         pass
@@ -377,7 +381,8 @@ def run_gpu(args) -> dict:
                     del p
                     torch.cuda.empty_cache()
     try:
-        checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
+        if args.heads_budget_s > 0:
+            checks += check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args)
     except Exception as exc:  # reported, the sweep's results are still written
         checks.append(dict(check="heads", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
@@ -386,13 +391,13 @@ def run_gpu(args) -> dict:
     return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
 
 
-def exchange_rule(checks) -> dict:
+def exchange_rule(checks, exchanges) -> dict:
     """{ladder batch size: fastest exchange} from this run's 32k ladder rows (tokens equal to the one-launch-
     per-step walk, no wait gave up); the sweep's `ours` and the wiring (choose_exchange) follow it."""
     best = {}
     for c in checks:
         name = c.get("check", "")
-        for exchange in EXCHANGE_LADDER:
+        for exchange in exchanges:
             prefix = f"tune_{exchange}_v32k_b"
             if name.startswith(prefix) and c.get("us") and c.get("equal_step"):
                 rows = int(name[len(prefix):])
@@ -428,10 +433,8 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
     return p, kw
 
 
-# The exchanges a ladder compares (the default is exchange='auto').
-EXCHANGE_LADDER = ("counter", "flags", "tagged")
 # Launch configurations tried beside the defaults (greedy, block 15): each changes one option, so the rows tell
-# which change bought what.
+# which change bought what. Session 2's ladder (v4):
 TUNE_CASES = [
     ("counter_v32k_b1", 32000, 1, dict(exchange="counter")),
     ("flags_v32k_b1", 32000, 1, dict(exchange="flags")),
@@ -457,6 +460,37 @@ TUNE_CASES = [
     ("res1_tile128_v152k_b1", 151936, 1, dict(tile_rows=128, resident_tiles=1)),
     ("no_prefetch_v152k_b32", 151936, 32, dict(prefetch=False)),
 ]
+# Session 3 (v5): the batched exchanges (probe, poll) against the counter barrier and the per-thread spin, and the
+# L1 prefetch of the next step's U and the candidates' W1 rows during the wait, at V = 32k.
+TUNE_CASES_V5 = [
+    ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
+    ("tagged_nol1_v32k_b1", 32000, 1, dict(exchange="tagged", l1_prefetch=False)),
+    ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
+    ("counter_nol1_v32k_b8", 32000, 8, dict(exchange="counter", l1_prefetch=False)),
+    ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
+    ("probe_v32k_b8", 32000, 8, dict(exchange="probe")),
+    ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
+    ("probe_nol1_v32k_b8", 32000, 8, dict(exchange="probe", l1_prefetch=False)),
+    ("counter_v32k_b32", 32000, 32, dict(exchange="counter")),
+    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")),
+    ("poll_v32k_b32", 32000, 32, dict(exchange="poll")),
+    ("counter_v32k_b64", 32000, 64, dict(exchange="counter")),
+    ("probe_v32k_b64", 32000, 64, dict(exchange="probe")),
+    ("poll_v32k_b64", 32000, 64, dict(exchange="poll")),
+    ("tagged_v152k_b1", 151936, 1, dict(exchange="tagged")),
+    ("tagged_nol1_v152k_b1", 151936, 1, dict(exchange="tagged", l1_prefetch=False)),
+    ("counter_v152k_b32", 151936, 32, dict(exchange="counter")),
+    ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
+    ("poll_v152k_b32", 151936, 32, dict(exchange="poll")),
+]
+# Per ladder: the exchanges its rule chooses among, the sync floors (exchange, batch rows) and the tuning cases.
+LADDERS = {
+    "v4": dict(exchanges=("counter", "flags", "tagged"), cases=TUNE_CASES,
+               floors=[("counter", 1), ("flags", 1), ("tagged", 1)]),
+    "v5": dict(exchanges=("counter", "tagged", "probe", "poll"), cases=TUNE_CASES_V5,
+               floors=[("counter", 1), ("tagged", 1), ("counter", 8), ("probe", 8), ("poll", 8), ("counter", 32),
+                       ("probe", 32), ("poll", 32)]),
+}
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
 
@@ -558,22 +592,28 @@ def precompile(args, sms: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    ladder = LADDERS[args.ladder]
+    # Every exchange the rule may choose (the sweep runs the one this run's ladder finds fastest), or just the
+    # ones named by --exchanges.
+    exchanges = args.exchanges or ladder["exchanges"]
     jobs = []
     for vocab in args.vocabs:
         for rows in args.batches:
             for mode in args.modes:
-                # Every exchange: the sweep runs the one this run's ladder finds fastest for the batch size.
                 jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
-                                 variants=[{"exchange": e} for e in EXCHANGE_LADDER] + [{"lockstep": True}]))
+                                 variants=[{"exchange": e, "l1_prefetch": args.l1_prefetch} for e in exchanges]
+                                 + [{"lockstep": True}]))
                 if rows in args.fused_batches and vocab in args.fused_vocabs and mode == "greedy":
                     jobs.append(dict(kind="fused", vocab=vocab, rows=rows, sampled=False,
                                      vllm_sources=args.vllm_sources))
-    jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
-    jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False, variants=[{"fp8": True}, {"residency": "off"}]))
-    jobs.append(dict(kind="ours", vocab=64 * sms, rows=1, sampled=False,
-                     variants=[{"tile_rows": 64, "exchange": e} for e in EXCHANGE_LADDER]))
+    if args.heads_budget_s > 0:
+        jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
+        jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False,
+                         variants=[{"fp8": True}, {"residency": "off"}]))
+    jobs += [dict(kind="ours", vocab=64 * sms, rows=r, sampled=False, variants=[{"tile_rows": 64, "exchange": e}])
+             for e, r in ladder["floors"]]
     if not args.no_ladder:
-        jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in TUNE_CASES]
+        jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in ladder["cases"]]
     start = time.time()
     pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))
     try:
@@ -775,6 +815,10 @@ def main():
     parser.add_argument("--compile-timeout-s", type=float, default=150.0)
     parser.add_argument("--precompile-only", action="store_true", help="compile everything the run needs, then exit")
     parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
+    parser.add_argument("--ladder", choices=sorted(LADDERS), default="v5", help="which tuning ladder and floors")
+    parser.add_argument("--exchanges", nargs="+", help="precompile only these exchanges for the sweep")
+    parser.add_argument("--no-l1-prefetch", dest="l1_prefetch", action="store_false",
+                        help="the sweep's `ours` without the L1 prefetch during the exchange")
     args = parser.parse_args()
     if args.prepare:
         prepare()

@@ -216,12 +216,75 @@ def _wait_tagged(ptrs, first, tag, err_addr, SPIN_LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr,
-                     BP: tl.constexpr, KB: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+def _prefetch_l1(ptrs):
+    """prefetch.global.L1 of the line holding each address: nothing waits on it, a later plain load hits L1."""
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_rows_l1(w1_ptr, stride_w1, ids, R: tl.constexpr):
+    """W1 rows of `ids` (any shape) into L1, one line prefetch per 128 bytes, each thread for its own ids (no
+    layout change, so a thread starts as soon as its own candidate is known)."""
+    LINE: tl.constexpr = 1024 // w1_ptr.dtype.element_ty.primitive_bitwidth
+    row = w1_ptr + ids * stride_w1
+    for i in tl.static_range(0, R, LINE):
+        _prefetch_l1(row + i)
+
+
+@triton.jit
+def _prefetch_u_l1(u_ptr, stride_ub, stride_uk, step, row_begin, shard_end, num_rows, ROWS: tl.constexpr,
+                   BP: tl.constexpr, ONE_ROW: tl.constexpr):
+    """Lines of U[:, step, row_begin : row_begin + ROWS] into L1 (addresses clamped into the shard and the live
+    rows: a prefetch is never masked)."""
+    LINE: tl.constexpr = 1024 // u_ptr.dtype.element_ty.primitive_bitwidth
+    NL: tl.constexpr = ROWS // LINE if ROWS >= LINE else 1
+    o_l = tl.minimum(row_begin + tl.arange(0, NL) * LINE, shard_end - 1)
+    if ONE_ROW:
+        _prefetch_l1(u_ptr + step * stride_uk + o_l)
+    else:
+        o_b = tl.minimum(tl.arange(0, BP), num_rows - 1)
+        _prefetch_l1(u_ptr + o_b[None, :] * stride_ub + step * stride_uk + o_l[:, None])
+
+
+@triton.jit
+def _gather_tagged(base, p0, o_k, num_rows, tag, err_ptr, NUM_PROGS: tl.constexpr, PCH: tl.constexpr,
+                   BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Keys [PCH, BP] of programs p0 .. p0 + PCH - 1, live rows only, each carrying `tag`: one batch of relaxed
+    (volatile) loads for all slots, then, while any slot misses its tag, one batch of reloads of the missing ones
+    (a CTA-wide count per round: the round trips of all slots overlap). Dead lanes (padding programs and rows)
+    load nothing and hold the lowest key of this tag."""
+    o_c = p0 + tl.arange(0, PCH)
+    live = (o_c < NUM_PROGS)[:, None] & (o_k < num_rows)[None, :]
+    ptrs = base + o_c[:, None] * BP + o_k[None, :]
+    floor = (-9223372036854775807 - 1) | (tag.to(tl.int64) << 18)
+    keys = tl.load(ptrs, mask=live, other=floor, volatile=True)
+    missing = ((keys >> 18) & 0x3FFF) != tag
+    late = tl.sum(missing.to(tl.int32))
+    spins = 0
+    while (late > 0) & (spins < SPIN_LIMIT):
+        # `other=keys` (not a select after the load): every reload keeps its own register, so all are in flight
+        # together instead of one round trip each.
+        keys = tl.load(ptrs, mask=missing, other=keys, volatile=True)
+        missing = ((keys >> 18) & 0x3FFF) != tag
+        late = tl.sum(missing.to(tl.int32))
+        spins += 1
+    if spins >= SPIN_LIMIT:
+        tl.atomic_or(err_ptr, 1)
+    return keys
+
+
+@triton.jit
+def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+                     NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr, KB: tl.constexpr,
+                     MODE: tl.constexpr, PREFETCH_W1: tl.constexpr, R: tl.constexpr, SPIN_LIMIT: tl.constexpr):
     """Tagged exchange: every key carries the step's tag (bits 18-31), so each slot is its own arrival flag and
-    publishing is a plain relaxed store. Every thread spins on its own slots of all programs' keys; one CTA-wide
-    max over them is the winner. KB = 1 (one batch row): column 0 only, the winner is a scalar; KB = BP: all
-    columns, winners [BP].
+    publishing is a plain relaxed store. KB = 1 (one batch row): every thread spins on its own slots of column 0
+    (PREFETCH_W1: and, the moment its slot arrives, prefetches that program's candidate W1 row into L1, so the
+    winner's gather after the max is an L1 hit); one CTA-wide max is the winner, a scalar.
+    KB = BP, winners [BP], by MODE: 2 "tagged" (per-thread PTX spin on each slot, one slot after another);
+    3 "probe" (the per-thread spin on column 0 only, a CTA sync, then one batch of loads of every live slot that
+    re-polls the few whose tags are missing); 4 "poll" (that batch of loads and re-polls from the start).
 
     Slot reuse (slot = k % 2) is safe: a program writes step k's keys only after it read all of step k - 1's,
     which every program published after it had read all of step k - 2's from the same slot (the key it
@@ -231,12 +294,26 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, NUM_PROGS: tl
     base = keys_ptr + slot * NUM_PROGS * BP
     _publish_relaxed(base + pid * BP + tl.arange(0, BP), tagged)
     # Padding lanes poll this program's own slot, which holds this step's key already.
-    if KB == 1:
+    if KB == 1 or MODE == 3:
         o_p = tl.arange(0, PP)
         prog = tl.where(o_p < NUM_PROGS, o_p, pid)
         keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p, SPIN_LIMIT)
-        winner = tl.max(keys, axis=0)
-    else:
+        if KB == 1:
+            if PREFETCH_W1:
+                _prefetch_rows_l1(w1_ptr, stride_w1, ID_MASK - (keys & ID_MASK), R)
+            winner = tl.max(keys, axis=0)
+        else:
+            # Every program's column 0 has arrived: its other columns, stored beside it, almost surely too.
+            tl.debug_barrier()
+    if KB > 1 and MODE >= 3:
+        # At most 4096 slots a pass (16 a thread at 8 warps); 125 programs (V = 32k) x 32 rows is one pass.
+        PCH: tl.constexpr = PP if PP * BP <= 4096 else 4096 // BP
+        o_k = tl.arange(0, BP)
+        winner = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+        for p0 in tl.static_range(0, NUM_PROGS, PCH):
+            keys = _gather_tagged(base, p0, o_k, num_rows, tag, err_ptr, NUM_PROGS, PCH, BP, SPIN_LIMIT)
+            winner = tl.maximum(winner, tl.max(keys, axis=0))
+    elif KB > 1:
         # At most 2048 slots a pass (8 a thread), so the polled keys and their addresses stay in registers.
         PCH: tl.constexpr = PP if PP * KB <= 2048 else 2048 // KB
         o_k = tl.arange(0, KB)
@@ -428,7 +505,7 @@ def head_walk_kernel(
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
-    KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr,
+    KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -439,7 +516,9 @@ def head_walk_kernel(
     # double-buffered in registers.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
-    TAGGED: tl.constexpr = MULTI and EXCHANGE == 2
+    TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
+    # Candidate W1 rows are prefetched by target id: greedy keys of a reduced vocabulary carry draft ids.
+    PREFETCH_W1: tl.constexpr = L1_PREFETCH and not (HAS_D2T and not KEY_BY_TARGET)
     HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
     ONE_ROW: tl.constexpr = KB == 1
     pid = tl.program_id(0)
@@ -687,14 +766,20 @@ def head_walk_kernel(
                 best = tl.maximum(best, tl.max(stream_keys, axis=0))
         if ONE_ROW:
             best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
+        if L1_PREFETCH and MULTI:
+            # The next step's base logits into L1 while the programs meet: its loads, beside the W1 gather, hit.
+            k_ahead = tl.minimum(k + 1, num_steps - 1)
+            for i in tl.static_range(RES_TILES):
+                _prefetch_u_l1(u_ptr, stride_ub, stride_uk, k_ahead, shard_begin + i * RT, shard_end, num_rows, RT,
+                               BP, ONE_ROW)
         if TAGGED:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             if KB == 1:
-                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, NUM_PROGS, PP, BP, KB,
-                                         SPIN_LIMIT)
+                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+                                         NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
             else:
-                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, NUM_PROGS, PP, BP, KB,
-                                           SPIN_LIMIT)
+                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr,
+                                           stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
         elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,

@@ -26,9 +26,11 @@ RESIDENCIES = ("auto", "full", "partial", "off")
 # How the programs of a persistent walk agree on each step's token: "counter" (grid barrier on a counter, then
 # every program reads all keys), "flags" (tagged keys, row 0's key written last with release semantics is the
 # arrival flag), "tagged" (every key carries the step's tag: relaxed stores, each thread spins on its own
-# slots, one CTA-wide max), "auto" (choose_exchange).
-EXCHANGES = ("auto", "counter", "flags", "tagged")
-EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2}
+# slots, one CTA-wide max), "probe" (tagged keys; with several rows every thread first waits on its slot of
+# column 0, then one batch of loads brings every live key and re-polls the few still missing), "poll" (that batch
+# of loads and re-polls from the start), "auto" (choose_exchange). With one row, probe and poll are tagged.
+EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll")
+EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4}
 MAX_ROWS_PER_LAUNCH = 64
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
@@ -52,6 +54,7 @@ class WalkConfig:
     num_stages: int
     keys_once: bool = True  # one CTA-wide key reduction per step, not one per tile
     prefetch: bool = True  # streamed W2 / U tiles double-buffered in registers
+    l1_prefetch: bool = True  # multi: next step's U and (one row) the candidates' W1 rows into L1 during the wait
 
 
 def _interpreting() -> bool:
@@ -75,7 +78,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
-              keys_once: bool = True, prefetch: bool = True) -> WalkConfig:
+              keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = True) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -132,7 +135,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
                       exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
                       num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
-                      prefetch=prefetch)
+                      prefetch=prefetch, l1_prefetch=l1_prefetch and multi)
 
 
 _workspaces: dict = {}
@@ -230,6 +233,7 @@ def head_walk(
     stream_rows: int | None = None,
     keys_once: bool = True,
     prefetch: bool = True,
+    l1_prefetch: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -265,7 +269,8 @@ def head_walk(
         exchange: how the programs agree on each step's token (EXCHANGES; 'auto': choose_exchange).
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
             W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
-            used): launch overrides for tests and tuning.
+            used), l1_prefetch (False: no L1 prefetch of the next step's U / the candidates' W1 rows during
+            the exchange): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -357,7 +362,7 @@ def head_walk(
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
                     num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
-                    prefetch=prefetch)
+                    prefetch=prefetch, l1_prefetch=l1_prefetch)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -416,7 +421,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
         DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
-        PREFETCH=cfg.prefetch,
+        PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
