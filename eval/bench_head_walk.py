@@ -293,7 +293,7 @@ def run_gpu(args) -> dict:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
-            p = Problem(torch, rows, 15, vocab, RANK, False, device, torch.bfloat16)
+            p = Problem(torch, rows, 15, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
             errors_before = barrier_errors(device)
@@ -465,15 +465,20 @@ TUNE_CASES = [
 TUNE_CASES_V5 = [
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
     ("tagged_nol1_v32k_b1", 32000, 1, dict(exchange="tagged", l1_prefetch=False)),
+    ("warps4_v32k_b1", 32000, 1, dict(exchange="tagged", num_warps=4)),
     ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
     ("counter_nol1_v32k_b8", 32000, 8, dict(exchange="counter", l1_prefetch=False)),
     ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
     ("probe_v32k_b8", 32000, 8, dict(exchange="probe")),
     ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
     ("probe_nol1_v32k_b8", 32000, 8, dict(exchange="probe", l1_prefetch=False)),
+    ("warps4_probe_v32k_b8", 32000, 8, dict(exchange="probe", num_warps=4)),
+    ("probe_sampled_v32k_b8", 32000, 8, dict(exchange="probe", sampled=True)),
+    ("poll_sampled_v32k_b8", 32000, 8, dict(exchange="poll", sampled=True)),
     ("counter_v32k_b32", 32000, 32, dict(exchange="counter")),
     ("probe_v32k_b32", 32000, 32, dict(exchange="probe")),
     ("poll_v32k_b32", 32000, 32, dict(exchange="poll")),
+    ("probe_sampled_v32k_b32", 32000, 32, dict(exchange="probe", sampled=True)),
     ("counter_v32k_b64", 32000, 64, dict(exchange="counter")),
     ("probe_v32k_b64", 32000, 64, dict(exchange="probe")),
     ("poll_v32k_b64", 32000, 64, dict(exchange="poll")),
@@ -613,7 +618,9 @@ def precompile(args, sms: int) -> None:
     jobs += [dict(kind="ours", vocab=64 * sms, rows=r, sampled=False, variants=[{"tile_rows": 64, "exchange": e}])
              for e, r in ladder["floors"]]
     if not args.no_ladder:
-        jobs += [dict(kind="ours", vocab=v, rows=r, sampled=False, variants=[kw]) for _, v, r, kw in ladder["cases"]]
+        jobs += [dict(kind="ours", vocab=v, rows=r, sampled=kw.get("sampled", False),
+                      variants=[{k: x for k, x in kw.items() if k != "sampled"}, {"lockstep": True}])
+                 for _, v, r, kw in ladder["cases"]]
     start = time.time()
     pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))
     try:
