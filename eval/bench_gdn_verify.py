@@ -1,12 +1,17 @@
-"""GDN verification per layer: ours (gdn_verify + one gdn_reconstruct launch for all layers) against vLLM 0.33's
-spec-decode verify path and FLA's fused_recurrent_gated_delta_rule, at Qwen3-Next's GDN shape.
+"""GDN verification per layer: ours (gdn_verify folding the previous step's ssm update + one conv-only
+gdn_reconstruct launch for all layers) against vLLM 0.33's spec-decode verify path and FLA's
+fused_recurrent_gated_delta_rule, at Qwen3-Next's GDN shape.
 
 Every variant runs over a stack of --layers GDN layers, each with its own inputs and states (one layer's states
 fit in the 60 MB L2 at batch 1); one whole step (all layers) is captured in a CUDA graph and timed by replay
 (median of triton.testing.do_bench); times are per layer.
 
-    ours      conv + core for each layer (no state written), then one reconstruction launch for all layers
-              (ssm + conv state -> accepted position), its time shared over the layers
+    ours      (the folded path, what the wiring runs) per layer gdn_verify with a GDNFold: the previous step's
+              accepted tokens are folded into the committed ssm state (read + written once) before verifying;
+              then one conv-only reconstruction launch for all layers, its time shared over the layers. Two
+              steps (workspace rows double-buffered, parity 0 and 1) per graph, time halved; fold counts = this
+              pattern's accepted counts (the steady state).
+    ours_unfolded  gdn_verify (no state written), then one ssm + conv reconstruction launch for all layers
     vllm      causal_conv1d_update (spec mode, window of W-1+K rows) + q/k/v split copy (rearrange_mixed_qkv)
               + fused_sigmoid_gating_delta_rule_update writing the fp32 state after every token into L slots;
               from the pinned wheel's Triton sources (eval/_vllm_sources.py). Its CUDA op for K+1 <= 8
@@ -22,6 +27,7 @@ CPU smoke:        python eval/bench_gdn_verify.py --quick --out /tmp/gdn_quick  
 """
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -45,6 +51,7 @@ from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
+    GDNFold,
     GDNStateTable,
     GDNVerifyWorkspace,
     VerifyConfig,
@@ -85,7 +92,11 @@ def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True
     s["slots"] = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
     s["ssm"] = torch.randn(num_layers, batch + 1, HV, V, K, device=device) * 0.1
     s["conv"] = torch.randn(num_layers, batch + 1, W - 1, D, device=device).to(act)
-    s["ws"] = GDNVerifyWorkspace.allocate(num_layers, batch, seqlen, H, HV, K, V, act, device)
+    # 2 x batch rows: the folded step double-buffers (rows r + parity * batch); zeros so the first fold is a no-op
+    s["ws"] = GDNVerifyWorkspace.allocate(num_layers, 2 * batch, seqlen, H, HV, K, V, act, device)
+    for t in (s["ws"].u, s["ws"].k, s["ws"].g, s["ws"].x):
+        t.zero_()
+    s["rows"] = [torch.arange(batch, dtype=torch.int32, device=device) + parity * batch for parity in (0, 1)]
     s["table"] = GDNStateTable(list(s["ssm"]), list(s["conv"]), W)
     s["out"] = torch.empty(num_layers, T, HV, V, dtype=act, device=device)
     if vllm:  # vLLM: L = K + 1 slots per request; the conv window has W - 1 + K rows and lives in column 0's block
@@ -123,6 +134,27 @@ def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon
                            s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], config=config)
         if reconstruct:
             gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], **recon)
+    return run
+
+
+def ours_fold_step(s, num_accepted, verify=True, conv=True, config=None):
+    """Two folded steps (parity 0 then 1): each verifies every layer with a GDNFold of the other parity's rows
+    (counts = num_accepted, the previous step's), then advances the conv windows in one conv-only launch."""
+    config = config or default_verify_config(s["B"], folded=True)
+
+    def run():
+        for parity in (0, 1):
+            rows, prev_rows = s["rows"][parity], s["rows"][1 - parity]
+            if verify:
+                for layer in range(s["num_layers"]):
+                    ws = s["ws"].layer(layer)
+                    gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"],
+                               s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"], ws,
+                               max_seqlen=s["L"], out=s["out"][layer], config=config, workspace_rows=rows,
+                               fold=GDNFold(ws, prev_rows, num_accepted))
+            if conv:
+                gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], parts="conv",
+                                workspace_rows=rows)
     return run
 
 
@@ -200,22 +232,30 @@ def time_step(fn, rep_ms):
     return ms
 
 
+def per_layer_us(fn, rep_ms, num_layers, steps=1):
+    return time_step(fn, rep_ms) * 1e3 / (num_layers * steps)
+
+
 def state_bytes(gdn, state_dtype_bytes=4, conv_dtype_bytes=2):
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
     return HV * V * K * state_dtype_bytes, D, D * conv_dtype_bytes
 
 
-def bytes_ours(gdn, L, B, n_total, act_bytes=2):
-    """Fewest bytes ours moves per layer per step (each tensor read or written once)."""
+def bytes_ours(gdn, L, B, n_total, act_bytes=2, folded=True):
+    """Fewest bytes ours moves per layer per step (each tensor read or written once). Unfolded: verify reads the
+    state, reconstruction reads and writes it again. Folded: verify reads it, writes it (all requests have pending
+    tokens in the steady state) and reads the previous step's u / k / G; reconstruction moves conv windows only."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     ssm, D, _ = state_bytes(gdn)
     T = L * B
     ws_tok = HV * V * 4 + H * K * 4 + HV * 4  # u, k, G per token (x counted apart)
     verify = B * ssm + B * (W - 1) * D * act_bytes + T * D * act_bytes + T * 2 * HV * act_bytes \
         + T * HV * V * act_bytes + T * (ws_tok + D * act_bytes)
-    recon = 2 * B * ssm + n_total * ws_tok + 2 * B * (W - 1) * D * act_bytes + B * (W - 1) * D * act_bytes
-    return verify, recon
+    conv = 2 * B * (W - 1) * D * act_bytes + B * (W - 1) * D * act_bytes
+    if folded:
+        return verify + B * ssm + n_total * ws_tok, conv
+    return verify, 2 * B * ssm + n_total * ws_tok + conv
 
 
 def bytes_vllm(gdn, L, B, act_bytes=2):
@@ -229,13 +269,14 @@ def bytes_vllm(gdn, L, B, act_bytes=2):
     return conv + split + core
 
 
-def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO):
+def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO, workspace_copies=2):
     """Per layer: vLLM keeps K+1 blocks, each with an ssm state and a conv window of W-1+K rows; ours one ssm
-    state, a W-1 row window and the compact workspace for K+1 tokens."""
+    state, a W-1 row window and the compact workspace for K+1 tokens, twice (the folded step double-buffers the
+    workspace rows: the previous step's block stays until the next verify has folded it)."""
     ssm, D, conv_row = state_bytes(gdn)
     W = gdn["width"]
     vllm = (num_spec + 1) * (ssm + (W - 1 + num_spec) * conv_row)
-    ours = ssm + (W - 1) * conv_row + ws_bytes
+    ours = ssm + (W - 1) * conv_row + workspace_copies * ws_bytes
     return vllm, ours
 
 
@@ -270,6 +311,68 @@ def mixed_length_problem(gdn, device, seed):
     return p, lens, act
 
 
+_FOLD_REFERENCES = {}
+
+
+def _fold_problem(gdn, device, seed):
+    """The two-step problem of `fold_errors` and its float64 references (computed once per seed: the naive
+    replay at the real shape takes seconds)."""
+    key = (tuple(sorted(gdn.items())), str(device), seed)
+    if key not in _FOLD_REFERENCES:
+        HV = gdn["num_v_heads"]
+        p1, lens1, act = mixed_length_problem(gdn, device, seed=seed)
+        B = len(lens1)
+        order, lens2 = [4, 0, 2, 5, 1, 3], [16, 3, 5, 1, 0, 17]
+        counts1 = torch.tensor([11, 4, 1, 16, 0, 12], dtype=torch.int32)
+        counts2 = torch.tensor([16, 2, 5, 1, 0, 9], dtype=torch.int32)
+        torch.manual_seed(seed + 1)
+        T2 = sum(lens2)
+        p2 = {**p1, "mixed_qkv": torch.randn(T2, p1["mixed_qkv"].shape[1], device=device).to(act),
+              "a": torch.randn(T2, HV, device=device).to(act), "b": torch.randn(T2, HV, device=device).to(act),
+              "state_indices": p1["state_indices"][order].contiguous(),
+              "cu_seqlens": torch.tensor([0] + [sum(lens2[: i + 1]) for i in range(B)], dtype=torch.int32,
+                                         device=device)}
+        cpu = lambda p: {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}  # noqa: E731
+        ref1 = {**cpu(p1), "ssm_state": p1["ssm_state"].cpu().double(),
+                "conv_state": p1["conv_state"].cpu().double()}
+        naive_gdn_reconstruct(**ref1, num_accepted=counts1)
+        ref2 = {**cpu(p2), "ssm_state": ref1["ssm_state"], "conv_state": ref1["conv_state"]}
+        ref_out2 = naive_gdn_verify(**ref2)
+        naive_gdn_reconstruct(**ref2, num_accepted=counts2)
+        _FOLD_REFERENCES[key] = (p1, p2, lens1, lens2, order, counts1, counts2, act,
+                                 (ref_out2, ref2["ssm_state"], ref2["conv_state"]))
+    return _FOLD_REFERENCES[key]
+
+
+def fold_errors(gdn, device, config=None, seed=77):
+    """Two folded steps as the wiring runs them (verify 1, conv-only reconstruct, verify 2 folding step 1's ssm
+    update, conv + ssm reconstruct of step 2) on the mixed-length problem, step 2 in another batch order with
+    other lengths (one request with none), rows scattered over a 2x workspace; errors vs float64 token by token."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    p1, p2, lens1, lens2, order, counts1, counts2, act, (ref_out2, ref_ssm, ref_conv) = _fold_problem(gdn, device,
+                                                                                                       seed)
+    ssm, conv = p1["ssm_state"].clone(), p1["conv_state"].clone()  # the run's own copies of the states
+    p1, p2 = {**p1, "ssm_state": ssm, "conv_state": conv}, {**p2, "ssm_state": ssm, "conv_state": conv}
+    B, T2 = len(lens1), sum(lens2)
+    rows = torch.randperm(2 * B, generator=torch.Generator().manual_seed(seed)).to(torch.int32).to(device)
+    rows1, rows2 = rows[:B], rows[B:]
+    ws = GDNVerifyWorkspace.allocate(1, 2 * B, 32, H, HV, K, V, act, device)
+    table = GDNStateTable([ssm], [conv], W)
+    c1, c2 = counts1.to(device), counts2.to(device)
+    nothing_pending = GDNFold(ws.layer(0), rows2, torch.zeros(B, dtype=torch.int32, device=device))
+    gdn_verify(**p1, workspace=ws.layer(0), max_seqlen=max(lens1), workspace_rows=rows1, fold=nothing_pending,
+               config=config)  # the wiring's first step after prefill: a fold with counts 0 (same kernel build)
+    gdn_reconstruct(table, ws, p1["state_indices"], c1, p1["cu_seqlens"], parts="conv", workspace_rows=rows1)
+    out2 = torch.full((T2, HV, V), float("nan"), dtype=act, device=device)
+    fold = GDNFold(ws.layer(0), rows1[order].contiguous(), c1[order].contiguous())
+    gdn_verify(**p2, workspace=ws.layer(0), max_seqlen=max(lens2), out=out2, workspace_rows=rows2, fold=fold,
+               config=config)
+    gdn_reconstruct(table, ws, p2["state_indices"], c2, p2["cu_seqlens"], parts="conv", workspace_rows=rows2)
+    gdn_reconstruct(table, ws, p2["state_indices"], c2, p2["cu_seqlens"], parts="ssm", workspace_rows=rows2)
+    return dict(fold_out_rel_err=rel_err(out2, ref_out2), fold_ssm_rel_err=rel_err(ssm, ref_ssm),
+                fold_conv_rel_err=rel_err(conv, ref_conv))
+
+
 def check_correctness(gdn, device, vk):
     """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
@@ -295,6 +398,7 @@ def check_correctness(gdn, device, vk):
         "ours_conv_rel_err": rel_err(p["conv_state"], ref_states["conv_state"]),
         "verify_left_states_untouched": untouched,
     }
+    result.update({f"ours_{k}": v for k, v in fold_errors(gdn, device).items()})
     if vk is not None:  # vLLM from one slot column per request, uniform length needed for its conv max_query_len
         causal_conv1d_update, fused_gating = vk
         num_spec = max(lens) - 1
@@ -348,19 +452,7 @@ SWEEP_VERIFY = [
     VerifyConfig(block_v=32, whole_v=True, group_heads=True, num_warps=8),
     VerifyConfig(block_v=64, whole_v=True, group_heads=True, num_warps=8),
     VerifyConfig(block_v=32, big_dot="tf32x3"),
-    VerifyConfig(block_v=32, state_as_a=True),
-    VerifyConfig(block_v=32, whole_v=True, state_as_a=True),
-] + [  # v3: value side transposed ([BV, L]), one fused q/k state product, state loads one step ahead
-    VerifyConfig(block_v=bv, whole_v=whole, transposed=True, fuse_qk=fuse, prefetch=pre, num_warps=w)
-    for bv, whole, fuse, pre, w in ((32, False, True, True, 4), (32, False, False, True, 4), (32, False, True, False, 4),
-                                    (16, False, True, True, 4), (32, True, True, True, 4), (32, True, False, True, 4),
-                                    (64, True, True, True, 8), (32, True, True, False, 4))
-] + [VerifyConfig(block_v=32, prefetch=True), VerifyConfig(block_v=32, whole_v=True, prefetch=True)]
-# --sweep-set final: the v2 winners and the v3 candidates only (one short GPU call)
-SWEEP_VERIFY_FINAL = [c for c in SWEEP_VERIFY if c.transposed or c.prefetch
-                      or c in (VerifyConfig(block_v=32), VerifyConfig(block_v=32, whole_v=True),
-                               VerifyConfig(block_v=32, state_as_a=True),
-                               VerifyConfig(block_v=32, whole_v=True, state_as_a=True))]
+]  # the v3 forms (transposed / fuse_qk / prefetch / state_as_a) were removed after losing every sweep (notes)
 # --sweep-set v4: the v2 winners (reference) and the v4 forms; only state_dot="fp32" configs can become defaults
 _LF = dict(loads_first=True)
 SWEEP_VERIFY_V4 = [
@@ -391,7 +483,18 @@ SWEEP_VERIFY_V5 = [
     VerifyConfig(block_v=32, whole_v=True, loop_stages=2),
     VerifyConfig(block_v=32, whole_v=True, loop_stages=2, weight_tiles=True),
 ]
-SWEEP_SETS = {"final": SWEEP_VERIFY_FINAL, "full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5}
+# --sweep-set fold (session 3): the tuned winners and their near rivals, each timed without and with a fold
+SWEEP_VERIFY_FOLD = [
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8),  # b1 winner (v5)
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True),
+    VerifyConfig(block_v=32),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2),  # b8 winner (v5)
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2, weight_tiles=True),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner (v5)
+    VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=3),
+]
+SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 
@@ -403,26 +506,37 @@ def default_eligible(config):
 
 
 def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
-          errors=None):
-    """Launch configs of ours per batch size (verify alone, reconstruction alone); returns rows and the fastest
-    eligible verify config (`default_eligible`, and bf16 output error below 1e-2 in `errors` when given) and
-    reconstruction config per batch."""
-    rows, best_verify, best_recon = [], {}, {}
-    errors = errors or {}
+          errors=None, fold_errs=None, folded=False):
+    """Launch configs of ours per batch size (verify alone, reconstruction alone; with `folded` also the folded
+    verify alone, part "verify_fold"); returns rows and the fastest eligible verify config (`default_eligible`,
+    and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same with a fold, and
+    the fastest reconstruction config per batch."""
+    rows, best_verify, best_fold, best_recon = [], {}, {}, {}
+    errors, fold_errs = errors or {}, fold_errs or {}
+
+    def ok(err):
+        if isinstance(err, dict):
+            err = max(err.values())
+        return err is None or (isinstance(err, float) and err < 1e-2)
+
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
         for config in configs:
-            try:
-                us = time_step(ours_step(s, n, reconstruct=False, config=config), rep_ms) * 1e3 / num_layers
-            except Exception as exc:  # a config that fails to compile is reported, not fatal
-                rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), error=repr(exc)[:300]))
-                continue
-            err = errors.get(repr(config))
-            rows.append(dict(part="verify", L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
-            correct = err is None or (isinstance(err, float) and err < 1e-2)
-            if default_eligible(config) and correct and us < best_verify.get(B, (None, float("inf")))[1]:
-                best_verify[B] = (config, us)
+            parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
+            if folded:
+                parts.append(("verify_fold", lambda: ours_fold_step(s, n, conv=False, config=config), 2, fold_errs,
+                              best_fold))
+            for part, make, steps, errs, best in parts:
+                try:
+                    us = per_layer_us(make(), rep_ms, num_layers, steps)
+                except Exception as exc:  # a config that fails to compile is reported, not fatal
+                    rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), error=repr(exc)[:300]))
+                    continue
+                err = errs.get(repr(config))
+                rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
+                if default_eligible(config) and ok(err) and us < best.get(B, (None, float("inf")))[1]:
+                    best[B] = (config, us)
         for recon in recon_configs if B in (1, max(batches)) else []:
             us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
             rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3)))
@@ -430,7 +544,8 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                 best_recon[B] = (recon, us)
         del s
         torch.cuda.empty_cache()
-    return rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_recon.items()}
+    return (rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_fold.items()},
+            {B: c for B, (c, _) in best_recon.items()})
 
 
 def distinct_specialisations(lens):
@@ -494,27 +609,30 @@ CANDIDATES_THROUGHPUT = [
 ]
 
 
-def _compile_one(gdn, seqlen, config):
+def _compile_one(gdn, seqlen, config, folded=False):
     """Compile (and run once) one kernel specialisation in a worker process; fills Triton's on-disk cache."""
     t0 = time.time()
     try:
         s = make_stack(gdn, seqlen, 2, 1, "cuda", seed=0, vllm=False, fla=False)
-        ours_step(s, accept_counts(seqlen, 2, "all", "cuda"), reconstruct=False, config=config)()
+        n = accept_counts(seqlen, 2, "all", "cuda")
+        ours_fold_step(s, n, config=config)() if folded else ours_step(s, n, reconstruct=False, config=config)()
         torch.cuda.synchronize()
-        return repr(config), seqlen, round(time.time() - t0, 1), None
+        return repr(config), seqlen, folded, round(time.time() - t0, 1), None
     except Exception as exc:
-        return repr(config), seqlen, round(time.time() - t0, 1), repr(exc)[:300]
+        return repr(config), seqlen, folded, round(time.time() - t0, 1), repr(exc)[:300]
 
 
 def precompile(gdn, jobs, workers=15):
-    """Compile every (seqlen, config) in parallel worker processes (Triton compiles serially per process)."""
+    """Compile every (seqlen, config[, folded]) in parallel worker processes (Triton compiles serially per
+    process)."""
     import concurrent.futures
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        results = list(pool.map(_compile_one, [gdn] * len(jobs), [L for L, _ in jobs], [c for _, c in jobs]))
-    failed = [r for r in results if r[3]]
+        results = list(pool.map(_compile_one, [gdn] * len(jobs), [j[0] for j in jobs], [j[1] for j in jobs],
+                                [len(j) > 2 and j[2] for j in jobs]))
+    failed = [r for r in results if r[-1]]
     print(f"precompile: {len(jobs)} kernels in {time.time() - t0:.0f} s, {len(failed)} failed", flush=True)
     for r in failed:
         print("  compile failed", r, flush=True)
@@ -528,7 +646,7 @@ def config_errors(gdn, device, configs):
     B, T = len(lens), sum(lens)
     ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
     ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
-    errors = {}
+    errors, fold = {}, {}
     for config in configs:
         try:
             out = torch.full((T, HV, V), float("nan"), dtype=act, device=device)
@@ -536,7 +654,11 @@ def config_errors(gdn, device, configs):
             errors[repr(config)] = rel_err(out, ref)
         except Exception as exc:
             errors[repr(config)] = repr(exc)[:200]
-    return errors
+        try:
+            fold[repr(config)] = fold_errors(gdn, device, config)
+        except Exception as exc:
+            fold[repr(config)] = repr(exc)[:200]
+    return errors, fold
 
 
 def short_config(text):
@@ -558,7 +680,7 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     jobs += [(17, c) for c in CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT]
     jobs = list(dict.fromkeys(jobs))
     doc = dict(compile=precompile(gdn, jobs) if ON_GPU else [])
-    doc["errors"] = config_errors(gdn, device, CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT)
+    doc["errors"], doc["fold_errors"] = config_errors(gdn, device, CANDIDATES_LATENCY + CANDIDATES_THROUGHPUT)
     for k, v in doc["errors"].items():
         print("error", f"{v:.3g}" if isinstance(v, float) else v, short_config(k), flush=True)
     rows = doc["rows"] = []
@@ -704,28 +826,30 @@ def main():
 
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
-        precompile(gdn, [(L, c) for c in configs for L in distinct_specialisations(lens + [16, 17])])
+        precompile(gdn, [(L, c, folded) for c in configs for L in distinct_specialisations(lens + [16, 17])
+                         for folded in ((False, True) if args.sweep_set == "fold" else (False,))])
     wait_for_file(args.wait_file)
     check = check_correctness(gdn, device, vk)
     print("correctness", json.dumps(check), flush=True)
 
-    sweep_rows, best_verify, best_recon = [], {}, {}
+    sweep_rows, best_verify, best_fold, best_recon, config_errs = [], {}, {}, {}, {}
     if args.sweep and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
         wait_for_file(args.wait_file)
-        errors = config_errors(gdn, device, configs)
-        extra_errors = {short_config(k): v for k, v in errors.items()}
-        print("config errors", json.dumps(extra_errors), flush=True)
-        sweep_rows, best_verify, best_recon = sweep(
+        errors, fold_errs = config_errors(gdn, device, configs)
+        config_errs = {short_config(k): dict(verify=v, fold=fold_errs.get(k)) for k, v in errors.items()}
+        print("config errors", json.dumps(config_errs), flush=True)
+        sweep_rows, best_verify, best_fold, best_recon = sweep(
             gdn, device, num_layers, args.rep_ms, batches, configs=configs,
-            recon_configs=SWEEP_RECON if args.sweep_set == "full" else [DEFAULT_RECON], errors=errors)
+            recon_configs=SWEEP_RECON if args.sweep_set == "full" else [DEFAULT_RECON], errors=errors,
+            fold_errs=fold_errs, folded=args.sweep_set == "fold")
         if args.write_tuned and best_verify:
             write_tuned_verify_configs(args.write_tuned, device_name, best_verify,
                                        f"eval/bench_gdn_verify.py sweep, L=16, commit "
-                                       f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
+                                       f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}", best_fold)
         for r in sweep_rows:
             print("sweep", r["part"], "B", r["B"], r.get("us", r.get("error")), "err", r.get("out_rel_err"),
-                  short_config(r["config"]) if r["part"] == "verify" else r["config"], flush=True)
+                  short_config(r["config"]) if r["part"].startswith("verify") else r["config"], flush=True)
 
     rows = []
     t_grid = time.time()
@@ -738,18 +862,22 @@ def main():
             continue
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
         config, recon = nearest(best_verify, B), nearest(best_recon, B)
+        fold_config = nearest(best_fold, B) or config
         row = dict(L=L, B=B)
+        us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)
         for pattern in ("all", "random"):
             n = accept_counts(L, B, pattern, device)
-            row[f"vllm_us_{pattern}"] = time_step(vllm_step(s, n, vk), args.rep_ms) * 1e3 / num_layers
-            row[f"ours_us_{pattern}"] = time_step(ours_step(s, n, config=config, recon=recon),
-                                                  args.rep_ms) * 1e3 / num_layers
+            row[f"vllm_us_{pattern}"] = us(vllm_step(s, n, vk))
+            row[f"ours_us_{pattern}"] = us(ours_fold_step(s, n, config=fold_config), steps=2)
             row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
+            row[f"ours_unfolded_us_{pattern}"] = us(ours_step(s, n, config=config, recon=recon))
+            row[f"speedup_unfolded_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_unfolded_us_{pattern}"]
+            row[f"fold_gain_{pattern}"] = row[f"ours_unfolded_us_{pattern}"] / row[f"ours_us_{pattern}"]
         n = accept_counts(L, B, "all", device)
-        row["ours_verify_us"] = time_step(ours_step(s, n, reconstruct=False, config=config),
-                                          args.rep_ms) * 1e3 / num_layers
-        row["ours_reconstruct_us"] = time_step(ours_step(s, n, verify=False, recon=recon),
-                                               args.rep_ms) * 1e3 / num_layers
+        row["ours_verify_us"] = us(ours_fold_step(s, n, conv=False, config=fold_config), steps=2)
+        row["ours_reconstruct_us"] = us(ours_fold_step(s, n, verify=False), steps=2)
+        row["ours_unfolded_verify_us"] = us(ours_step(s, n, reconstruct=False, config=config))
+        row["ours_unfolded_reconstruct_us"] = us(ours_step(s, n, verify=False, recon=recon))
         row["fla_us"] = None
         if fla_fn:
             try:
@@ -759,13 +887,16 @@ def main():
                 print("fla failed:", fla_error, flush=True)
                 fla_fn = None
         verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
+        unfolded_b = sum(bytes_ours(gdn, L, B, n_total=L * B, folded=False))
+        row["ours_unfolded_MB"] = unfolded_b / 1e6
         row["ours_MB"] = (verify_b + recon_b) / 1e6
         row["ours_floor_us"] = (verify_b + recon_b) / HBM_BYTES_PER_S * 1e6
         row["ours_TBps"] = (verify_b + recon_b) / (row["ours_us_all"] * 1e-6) / 1e12
         row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
         row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
         row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
-        row["verify_config"] = repr(config or default_verify_config(B))
+        row["verify_config"] = repr(fold_config or default_verify_config(B, folded=True))
+        row["unfolded_verify_config"] = repr(config or default_verify_config(B))
         row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
         print(rows[-1], flush=True)
@@ -779,9 +910,9 @@ def main():
                                                  torch.bfloat16, "cpu").bytes_per_request()
     vllm_state, ours_state = state_bytes_per_request(gdn, ws_per_request)
 
-    def speedup(L, B, pattern="all"):
+    def speedup(L, B, pattern="all", key="speedup"):
         match = [r for r in rows if r["L"] == L and r["B"] == B]
-        return match[0][f"speedup_{pattern}"] if match else None
+        return match[0][f"{key}_{pattern}"] if match else None
 
     summary = dict(
         speedup_L4_b1=speedup(4, 1), speedup_L16_b1=speedup(16, 1), speedup_L16_b32=speedup(16, 32),
@@ -789,7 +920,15 @@ def main():
         speedup_L16_b32_random=speedup(16, 32, "random"),
         state_bytes_ratio=round(vllm_state / ours_state, 3),
         vllm_state_bytes_per_request_per_layer=vllm_state, ours_state_bytes_per_request_per_layer=ours_state,
-        ours_workspace_bytes_per_request_per_layer=ws_per_request,
+        ours_workspace_bytes_per_request_per_layer=ws_per_request, ours_workspace_copies=2,
+        unfolded_speedup_L4_b1=speedup(4, 1, key="speedup_unfolded"),
+        unfolded_speedup_L16_b1=speedup(16, 1, key="speedup_unfolded"),
+        unfolded_speedup_L16_b32=speedup(16, 32, key="speedup_unfolded"),
+        fold_gain_L4_b1=speedup(4, 1, key="fold_gain"), fold_gain_L16_b1=speedup(16, 1, key="fold_gain"),
+        fold_gain_L16_b32=speedup(16, 32, key="fold_gain"),
+        measures="speedup_* = vLLM / ours on the folded path (verify folding the previous step's ssm update + one "
+                 "conv-only reconstruction); unfolded_speedup_* = the same run's verify + ssm/conv reconstruction; "
+                 "fold_gain_* = unfolded / folded time; state bytes count two workspace copies (double-buffered)",
         goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
     )
     extra = dict(
@@ -798,11 +937,14 @@ def main():
              else f"not measured: {fla_error}"),
         vllm_cuda_op="vLLM's fused_gdn_decode_post_conv_mtp (CUDA, used when K+1 <= 8 and the batch is all-spec) is "
                      "a compiled vLLM extension; it cannot run without the vLLM wheel's binaries: not measured",
-        notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours includes one "
-              "reconstruction launch for all layers, shared over them; speedup = vLLM / ours",
+        notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours = the folded path: "
+              "verify with the previous step's ssm update folded in + one conv-only reconstruction launch for all "
+              "layers, shared over them (two steps per graph, rows double-buffered); ours_unfolded = verify + one "
+              "ssm + conv reconstruction launch; speedup = vLLM / ours",
     )
     if sweep_rows:
         extra["sweep"] = sweep_rows
+        extra["config_errors"] = config_errs
     command = args.command or "python " + " ".join(sys.argv)
     write_results(BENCH, rows, summary, command, device_name, out_dir=args.out, extra=extra,
                   markdown=markdown(rows, summary, extra, device_name, command))
@@ -813,19 +955,24 @@ def main():
 
 def markdown(rows, summary, extra, device_name, command):
     lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
-             f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours "
-             "(ours includes the one-launch reconstruction, shared over the layers).", "",
+             f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
+             "ours = the folded path: verify folds the previous step's ssm update in (state read and written once), "
+             "then one conv-only reconstruction launch for all layers, shared over them. unfolded = verify + one "
+             "ssm + conv reconstruction launch, timed in the same run; fold gain = unfolded / ours.", "",
              "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
-             "speedup (rand) | ours verify us | ours recon us | FLA us | ours MB | ours floor us | ours TB/s | "
-             "vLLM TB/s |", "|" + "---|" * 15]
+             "speedup (rand) | unfolded us (all) | speedup unfolded (all) | fold gain (all) | fold gain (rand) | "
+             "ours verify us | ours conv recon us | unfolded verify us | unfolded recon us | FLA us | ours MB | "
+             "ours floor us | ours TB/s | vLLM TB/s |", "|" + "---|" * 21]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(k)) for k in (
             "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
-            "speedup_random", "ours_verify_us", "ours_reconstruct_us", "fla_us", "ours_MB", "ours_floor_us",
-            "ours_TBps", "vllm_TBps")) + " |")
-    chosen = {r["B"]: (r["verify_config"], r["reconstruct_config"]) for r in rows}
+            "speedup_random", "ours_unfolded_us_all", "speedup_unfolded_all", "fold_gain_all", "fold_gain_random",
+            "ours_verify_us", "ours_reconstruct_us", "ours_unfolded_verify_us", "ours_unfolded_reconstruct_us",
+            "fla_us", "ours_MB", "ours_floor_us", "ours_TBps", "vllm_TBps")) + " |")
+    chosen = {r["B"]: (r["verify_config"], r.get("unfolded_verify_config"), r["reconstruct_config"]) for r in rows}
     lines += ["", "Launch configs of ours (fastest in this run's sweep, per batch):", ""]
-    lines += [f"- batch {B}: verify `{v}`, reconstruct `{c}`" for B, (v, c) in sorted(chosen.items())]
+    lines += [f"- batch {B}: folded verify `{v}`, unfolded verify `{u}`, reconstruct `{c}`"
+              for B, (v, u, c) in sorted(chosen.items())]
     if extra.get("sweep"):
         lines += ["", "Sweep (L=16, us per layer; verify alone, or reconstruction alone):", "",
                   "| part | batch | config | us |", "|---|---|---|---|"]
@@ -851,7 +998,7 @@ def plot(rows, path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
     ax.set_xlabel("verified tokens per request (L)")
     ax.set_ylabel("vLLM time / ours (per layer)")
-    ax.set_title("GDN verify + reconstruction vs vLLM 0.33, all drafts accepted")
+    ax.set_title("GDN verify (folded) + conv reconstruction vs vLLM 0.33, all accepted", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -859,13 +1006,15 @@ def plot(rows, path):
 
 
 def print_table(rows, summary):
-    print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'verify':>7} {'recon':>7}"
-          f" {'fla':>7} {'floor':>7} {'TB/s':>5}")
+    print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'unfold':>8} {'x_u':>6}"
+          f" {'gain':>5} {'verify':>7} {'conv':>6} {'u_ver':>7} {'u_rec':>7} {'fla':>7} {'floor':>7} {'TB/s':>5}")
     for r in rows:
         fla = f"{r['fla_us']:7.2f}" if r["fla_us"] is not None else "    n/a"
         print(f"{r['L']:>3} {r['B']:>3} {r['vllm_us_all']:8.2f} {r['ours_us_all']:8.2f} {r['speedup_all']:6.2f} "
-              f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_verify_us']:7.2f} "
-              f"{r['ours_reconstruct_us']:7.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
+              f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_unfolded_us_all']:8.2f} "
+              f"{r['speedup_unfolded_all']:6.2f} {r['fold_gain_all']:5.2f} {r['ours_verify_us']:7.2f} "
+              f"{r['ours_reconstruct_us']:6.2f} {r['ours_unfolded_verify_us']:7.2f} "
+              f"{r['ours_unfolded_reconstruct_us']:7.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
     print(json.dumps(summary))
 
 

@@ -4,6 +4,8 @@
 #               leave-one-stage-out ladder and the launch candidates -> $OUT/diag/gdn_verify_diag.json; then ncu
 #               (--clock-control none) on the per-head (b1) and whole-V (b32) kernels if the runtime allows it.
 #   MODE=final2 (v5 call) as final with --sweep-set v5 and only the weight_tiles GPU tests.
+#   MODE=final3 (session 3, the fold) as final with --sweep-set fold (each config timed without and with a fold,
+#               tuned file gets "verify" and "verify_fold") and only the fold + reconstruction GPU tests.
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -36,13 +38,15 @@ if [ "$MODE" = diag ]; then
     tail -3 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
-    # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5
+    # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
         SWEEP_SET=v4 TEST_K="" TEST_S=${TEST_S:-100} BENCH_S=${BENCH_S:-270} GRID_S=${GRID_S:-150} CUT=1500
-    else
+    elif [ "$MODE" = final2 ]; then
         SWEEP_SET=v5 TEST_K=weight-tiles TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-100} CUT=1800
+    else
+        SWEEP_SET=fold TEST_K=fold SWEEP_CUT=120 TEST_S=${TEST_S:-120} BENCH_S=${BENCH_S:-380} GRID_S=${GRID_S:-170} CUT=2500
     fi
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the second baseline
@@ -61,9 +65,9 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ]; then
     wait
     tail -4 "$OUT/gdn/pytest.log"
     grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-$CUT
-    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-200
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo
+    [ "$MODE" = final3 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

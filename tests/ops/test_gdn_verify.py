@@ -709,6 +709,29 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype,config", [
+    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8), id="fp32-state-hoisted-wt"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, loop_stages=2), id="fp32-state-whole-v-rolled"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2), id="fp32-state-two-pass"),
+    pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2), id="bf16-state-two-pass"),
+])
+def test_gpu_fold_real_shape_bf16(state_dtype, config):
+    """The folded two-step sequence at the Qwen3-Next shape, bf16 inputs, against float64 token by token."""
+    lens1 = [17, 4, 1, 16, 9]
+    p1 = make_problem(lens1, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                      state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,), seed=61)
+    counts1 = torch.tensor([9, 4, 1, 16, 0], dtype=torch.int32, device="cuda")
+    counts2 = torch.tensor([3, 16, 0, 1, 2], dtype=torch.int32, device="cuda")
+    ssm0, conv0 = p1["ssm_state"].clone(), p1["conv_state"].clone()
+    _, out2, p2 = run_two_folded_steps(p1, [3, 16, 2, 1, 5], [4, 3, 2, 0, 1], counts1, counts2, config, seed=3)
+    _, ref_out2, ref_ssm, ref_conv = sequential_reference(p1, p2, counts1, counts2, ssm0, conv0)
+    assert rel_err(out2, ref_out2) < 1e-2
+    assert rel_err(p1["ssm_state"], ref_ssm) < (1e-3 if state_dtype == torch.float32 else 1e-2)
+    assert rel_err(p1["conv_state"], ref_conv) == 0
+
+
 def test_transposed_conv_weight_cache_follows_in_place_updates():
     from hybridspec_kernels.gdn_verify.verify import transposed_conv_weight
 
@@ -726,8 +749,28 @@ def test_tuned_configs_round_trip(tmp_path):
     from hybridspec_kernels.gdn_verify import write_tuned_verify_configs
 
     best = {1: VerifyConfig(hoist=True, weight_tiles=True, num_warps=8), 32: VerifyConfig(whole_v=True)}
+    folded = {1: VerifyConfig(), 32: VerifyConfig(whole_v=True, two_pass=True, loop_stages=2)}
     path = tmp_path / "tuned.json"
-    write_tuned_verify_configs(path, "some GPU", best, "test")
+    write_tuned_verify_configs(path, "some GPU", best, "test", folded)
     doc = json.loads(path.read_text())
     assert doc["device"] == "some GPU"
     assert {int(b): VerifyConfig(**c) for b, c in doc["verify"].items()} == best
+    assert {int(b): VerifyConfig(**c) for b, c in doc["verify_fold"].items()} == folded
+
+
+def test_shipped_tuned_configs_load(monkeypatch):
+    """tuned_verify_configs.json parses into VerifyConfigs (fields removed from VerifyConfig would break it)."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import default_verify_config, verify
+
+    doc = json.loads(verify.TUNED_CONFIGS_FILE.read_text())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: doc["device"])
+    verify._tuned_verify_configs.cache_clear()
+    try:
+        for key in ("verify", "verify_fold"):
+            for batch, cfg in doc.get(key, {}).items():
+                assert default_verify_config(int(batch), folded=key == "verify_fold") == VerifyConfig(**cfg)
+    finally:
+        verify._tuned_verify_configs.cache_clear()

@@ -95,7 +95,7 @@ def _gdn_verify_prep_kernel(
         tl.store(p_wy + BT * BT, decay * b_qk)
 
 
-@triton.jit(do_not_specialize=["scale", "WS_LEN"])
+@triton.jit(do_not_specialize=["scale", "WS_LEN", "F_LEN"])
 def _gdn_verify_state_kernel(
     x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_k, ws_g, ws_x, ws_rows, fu, fk,
     fg, f_rows, f_counts, q_hat, wy, scale, stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, F_LEN,

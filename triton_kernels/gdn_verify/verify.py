@@ -260,7 +260,7 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
 
-@triton.jit(do_not_specialize=["scale", "WS_LEN"])
+@triton.jit(do_not_specialize=["scale", "WS_LEN", "F_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
     o, ws_u, ws_k, ws_g, ws_x, ws_rows, fu, fk, fg, f_rows, f_counts, scale, stride_x, stride_a, stride_b,
@@ -566,29 +566,33 @@ TUNED_CONFIGS_FILE = Path(__file__).with_name("tuned_verify_configs.json")
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_verify_configs():
-    """{batch: VerifyConfig} measured on this process's GPU, or {} (no file, other device, no GPU)."""
+def _tuned_verify_configs(key="verify"):
+    """{batch: VerifyConfig} measured on this process's GPU, or {} (no file, other device, no GPU, no such key).
+    key "verify": timed without a fold; "verify_fold": timed with a `GDNFold` (the folded step)."""
     if not TUNED_CONFIGS_FILE.exists() or not torch.cuda.is_available():
         return {}
     doc = json.loads(TUNED_CONFIGS_FILE.read_text())
     if doc.get("device") != torch.cuda.get_device_name():
         return {}
-    return {int(batch): VerifyConfig(**cfg) for batch, cfg in doc["verify"].items()}
+    return {int(batch): VerifyConfig(**cfg) for batch, cfg in doc.get(key, {}).items()}
 
 
-def write_tuned_verify_configs(path, device_name, best_by_batch, source):
-    """Store the sweep's fastest config per batch in the format `default_verify_config` reads."""
+def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_folded_by_batch=None):
+    """Store the sweep's fastest config per batch (and, when given, per batch with a fold) in the format
+    `default_verify_config` reads."""
     doc = {"device": device_name, "source": source,
            "verify": {str(batch): asdict(cfg) for batch, cfg in sorted(best_by_batch.items())}}
+    if best_folded_by_batch:
+        doc["verify_fold"] = {str(batch): asdict(cfg) for batch, cfg in sorted(best_folded_by_batch.items())}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def default_verify_config(num_requests):
+def default_verify_config(num_requests, folded=False):
     """The sweep's fastest config for the nearest measured batch when `tuned_verify_configs.json` was measured on
-    this GPU; otherwise the v2 H200 sweep's winners (eval/results/gdn_verify.json, Qwen3-Next shape): one program
-    per (request, head, 32 value columns) at batch 1 (latency), one per (request, head) walking all value blocks
-    from batch 8 on (throughput)."""
-    tuned = _tuned_verify_configs()
+    this GPU (folded: the configs timed with a fold, when the file has them); otherwise the v2 H200 sweep's
+    winners (Qwen3-Next shape): one program per (request, head, 32 value columns) at batch 1 (latency), one per
+    (request, head) walking all value blocks from batch 8 on (throughput)."""
+    tuned = (folded and _tuned_verify_configs("verify_fold")) or _tuned_verify_configs("verify")
     if tuned:
         return tuned[min(tuned, key=lambda batch: (abs(batch - num_requests), batch))]
     return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True)
@@ -637,7 +641,7 @@ def gdn_verify(
         max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
-        config        launch tuning (`VerifyConfig`); default `default_verify_config(B)`
+        config        launch tuning (`VerifyConfig`); default `default_verify_config(B, folded=fold is not None)`
         workspace_rows [B] int   workspace row request i writes (default i); values < workspace.max_requests
         fold          `GDNFold`: the previous step's pending ssm update, applied first. Each request's committed
                       ssm state is advanced by fold.counts[i] tokens of fold.workspace row fold.rows[i] (as
@@ -690,7 +694,7 @@ def gdn_verify(
         _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
-    config = config or default_verify_config(num_requests)
+    config = config or default_verify_config(num_requests, folded=fold is not None)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
