@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import _causal_conv_silu, _conv_math, _conv_taps, _state_block, _value_block, _value_block_math, _value_block_taps
+from .verify import (_causal_conv_silu, _conv_math, _conv_taps, _fold_head, _state_block, _value_block,
+                     _value_block_math, _value_block_taps)
 
 
 @triton.jit(do_not_specialize=["WS_LEN"])
@@ -131,6 +132,7 @@ def _gdn_verify_state_kernel(
     else:
         f_n = 0
         f_base = 0
+    f_kc, f_gamma = _fold_head(fk, fg, f_base, f_n, i_hv, o_k, H, HV, K, BTF, FOLD)
     conv_window = conv_state + slot * stride_conv_slot
     if LOADS_FIRST and V_PER_PROGRAM == BV:  # one block: v taps, G, q/k, factors, then the state block last
         b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
@@ -151,8 +153,8 @@ def _gdn_verify_state_kernel(
         b_k = b_k.to(tl.float16)
         b_q = b_q.to(tl.float16)
     if LOADS_FIRST and V_PER_PROGRAM == BV:
-        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K, fu, fk,
-                           fg, f_base, f_n, H, HV, BTF, FOLD)
+        b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K, fu,
+                           f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
         _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k, b_q, b_m,
                           b_attn, b_one, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, 0)
@@ -161,13 +163,13 @@ def _gdn_verify_state_kernel(
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
+                         LOADS_FIRST, WT, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
     else:
         for i_vb in tl.static_range(V_PER_PROGRAM // BV):
             _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                          ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k, b_q, b_m, b_attn,
                          b_one, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT, SMALL_DOT, 0, BW,
-                         LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
+                         LOADS_FIRST, WT, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
 
 
 def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,

@@ -132,16 +132,11 @@ def _conv_math(b_x, b_s, b_w, b_b, m_t):
 
 
 @triton.jit
-def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constexpr, K: tl.constexpr,
-                 fu, fk, fg, f_base, f_n, H: tl.constexpr, HV: tl.constexpr, BTF: tl.constexpr, FOLD: tl.constexpr):
-    """[BV, K] fp32 block of the committed state S[v, k] of value head i_hv.
-
-    FOLD: first advance the block by the f_n pending tokens of the previous step (workspace u / k / g from row
-    f_base on, `GDNFold`) exactly as gdn_reconstruct does, S <- exp(G_{n-1}) S + (u[:n] exp(G_{n-1} - G[:n]))^T k[:n],
-    and store it back when f_n > 0. The block is returned rounded to the state dtype, as the next step would have
-    read it after a separate reconstruction."""
-    p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    b_h = tl.load(p_h).to(tl.float32)
+def _fold_head(fk, fg, f_base, f_n, i_hv, o_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               BTF: tl.constexpr, FOLD: tl.constexpr):
+    """What the fold of value head i_hv shares over its value blocks: the previous step's keys scaled by their
+    decay to the last pending token, k[s] exp(G_{n-1} - G_s) for s < f_n (zero rows past it) [BTF, K], and
+    exp(G_{n-1}) (1 when nothing is pending). (0.0, 1.0) without FOLD."""
     if FOLD:
         i_h = i_hv // (HV // H)
         o_t = tl.arange(0, BTF)
@@ -150,10 +145,28 @@ def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constex
         b_Gn = tl.where(f_n > 0, b_Gn, 0.0)
         b_G = tl.load(fg + (f_base + o_t) * HV + i_hv, mask=m_t, other=0.0)
         b_coef = tl.where(m_t, tl.exp(b_Gn - b_G), 0.0)
-        b_u = tl.load(fu + ((f_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None], other=0.0)
         b_kf = tl.load(fk + ((f_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_h *= tl.exp(b_Gn)
-        b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_kf, input_precision="tf32x3")
+        return b_kf * b_coef[:, None], tl.exp(b_Gn)
+    else:
+        return 0.0, 1.0
+
+
+@triton.jit
+def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constexpr, K: tl.constexpr,
+                 fu, f_kc, f_gamma, f_base, f_n, HV: tl.constexpr, BTF: tl.constexpr, FOLD: tl.constexpr):
+    """[BV, K] fp32 block of the committed state S[v, k] of value head i_hv.
+
+    FOLD: first advance the block by the f_n pending tokens of the previous step (workspace u from row f_base on,
+    f_kc / f_gamma from `_fold_head`) exactly as gdn_reconstruct does,
+    S <- exp(G_{n-1}) S + u[:n]^T (k[:n] exp(G_{n-1} - G[:n])), and store it back when f_n > 0. The block is
+    returned rounded to the state dtype, as the next step would have read it after a separate reconstruction."""
+    p_h = ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    b_h = tl.load(p_h).to(tl.float32)
+    if FOLD:
+        o_t = tl.arange(0, BTF)
+        b_u = tl.load(fu + ((f_base + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], mask=(o_t < f_n)[:, None],
+                      other=0.0)
+        b_h = b_h * f_gamma + tl.dot(tl.trans(b_u), f_kc, input_precision="tf32x3")
         b_h = b_h.to(ssm_state.dtype.element_ty)
         tl.store(p_h, b_h, mask=(o_v[:, None] * 0 + f_n) > 0)  # (scalar > 0) & tensor stays int in the interpreter
         b_h = b_h.to(tl.float32)
@@ -164,7 +177,7 @@ def _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V: tl.constex
 def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, bos, o_t, m_t, o_k,
                        i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                        W: tl.constexpr, BV: tl.constexpr, H: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       SKIP: tl.constexpr, WT: tl.constexpr, WITH_STATE: tl.constexpr, fu, fk, fg, f_base, f_n,
+                       SKIP: tl.constexpr, WT: tl.constexpr, WITH_STATE: tl.constexpr, fu, f_kc, f_gamma, f_base, f_n,
                        BTF: tl.constexpr, FOLD: tl.constexpr):
     """What value block v0 .. v0+BV of head i_hv reads: state block [BV, K], conv'd v [BT, BV], raw v [BT, BV].
     With WT (weight tiles) the state block comes last (its copy into shared memory ends in a barrier), or not at
@@ -175,7 +188,7 @@ def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot
         b_h = (o_v[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
     elif not WT:
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K,
-                           fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)  # [BV, K]
+                           fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)  # [BV, K]
     b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
     if SKIP & 64:
         b_v = b_xv.to(tl.float32)
@@ -183,7 +196,7 @@ def _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot
         b_v = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS, WT)
     if WT and not (SKIP & 16):
         if WITH_STATE:
-            b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K, fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
+            b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, o_v, o_k, V, K, fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         else:
             b_h = 0.0
     return b_h, b_v, b_xv
@@ -242,20 +255,20 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                  bos, o_t, m_t, o_k, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta, b_gamma, scale, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                 SKIP: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr, fu, fk, fg, f_base,
-                 f_n, BTF: tl.constexpr, FOLD: tl.constexpr):
+                 SKIP: tl.constexpr, BW: tl.constexpr, LOADS_FIRST: tl.constexpr, WT: tl.constexpr, fu, f_kc, f_gamma,
+                 f_base, f_n, BTF: tl.constexpr, FOLD: tl.constexpr):
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
     if LOADS_FIRST:
         b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
                                                          W, BW, BV, H, HAS_BIAS)
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K,
-                           fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
+                           fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
     else:
         b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                             stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H,
-                                            HAS_BIAS, SKIP, WT, True, fu, fk, fg, f_base, f_n, BTF, FOLD)
+                                            HAS_BIAS, SKIP, WT, True, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
     _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
@@ -314,6 +327,7 @@ def _gdn_verify_kernel(
     else:
         f_n = 0
         f_base = 0
+    f_kc, f_gamma = _fold_head(fk, fg, f_base, f_n, i_hg * HEADS_PER_PROGRAM, o_k, H, HV, K, BTF, FOLD)
     conv_window = conv_state + slot * stride_conv_slot
     writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
@@ -348,7 +362,7 @@ def _gdn_verify_kernel(
         k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
                                                               (H + i_h) * K + o_k, D, W)
         b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
-                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
+                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
         b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k, HAS_BIAS)
         b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
@@ -359,7 +373,7 @@ def _gdn_verify_kernel(
                                              (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
         if HOIST:
             b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
-                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
+                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         b_q = _conv_math(b_qx, b_qs_, b_qw, b_qb, m_t)
         b_k = _conv_math(b_kx, b_ks_, b_kw, b_kb, m_t)
         if HOIST:
@@ -376,7 +390,7 @@ def _gdn_verify_kernel(
                                 HAS_BIAS, WT)
         if HOIST and WT and not (SKIP & 16) and W > 4:
             b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
-                            fu, fk, fg, f_base, f_n, H, HV, BTF, FOLD)
+                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
     if not (SKIP & 2):
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -402,6 +416,8 @@ def _gdn_verify_kernel(
 
     for j in tl.static_range(HEADS_PER_PROGRAM):
         i_hv = i_hg * HEADS_PER_PROGRAM + j
+        if j > 0:
+            f_kc, f_gamma = _fold_head(fk, fg, f_base, f_n, i_hv, o_k, H, HV, K, BTF, FOLD)
         if HOIST:
             gate = b_a0 + b_dtb0
             b_beta = b_b0
@@ -437,13 +453,13 @@ def _gdn_verify_kernel(
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
         else:
             for i_vb in tl.static_range(V_PER_PROGRAM // BV):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
                              ws_row, bos, o_t, m_t, o_k, i_hv, i_vs * V_PER_PROGRAM + i_vb * BV, b_k16, b_q16,
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
-                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, fk, fg, f_base, f_n, BTF, FOLD)
+                             SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
 
     if SKIP & 256:
         pass
