@@ -177,16 +177,12 @@ def block_parallel_gdn_class() -> type:
                 spec_tokens = metadata.spec_token_indx
                 mixed_qkv, b, a = (t.index_select(0, spec_tokens) for t in (mixed_qkv, b, a))
 
-            # The same rows the metadata builder recorded for the commit (step.py).
+            # The same rows the metadata builder prepared for this step (step.py).
             state_indices = metadata.spec_state_indices_tensor[:, 0].contiguous()
             cu_seqlens = metadata.spec_query_start_loc[: state_indices.shape[0] + 1]
-            if self.block_parallel.use_kernels:
-                out = self._verify_kernel(mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only)
-            else:
-                from vllm_hybridspec.gdn.reference import reference_verify
-
-                group.inputs[self.gdn_index] = (mixed_qkv.clone(), a.clone(), b.clone())
-                out = reference_verify(self, mixed_qkv, a, b, state_indices, cu_seqlens).to(core_attn_out.dtype)
+            out_slice = core_attn_out[: mixed_qkv.shape[0]] if spec_only and self.block_parallel.use_kernels else None
+            out = group.verify(self.gdn_index, mixed_qkv, a, b, state_indices, cu_seqlens, out_slice)
+            out = out.to(core_attn_out.dtype)
             if spec_only:
                 if out.data_ptr() != core_attn_out.data_ptr():
                     core_attn_out[: out.shape[0]] = out
@@ -208,15 +204,6 @@ def block_parallel_gdn_class() -> type:
                 attn_metadata[self.prefix] = metadata
             core_attn_out.index_copy_(0, tokens, out)
             COUNTERS.mixed_batches += 1
-
-        def _verify_kernel(self, mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only):
-            from vllm_hybridspec.gdn.kernel_path import kernel_verify
-
-            out = core_attn_out[: mixed_qkv.shape[0]] if spec_only else None
-            return kernel_verify(
-                self, self.gdn_group.workspace_of(self.gdn_index), mixed_qkv, a, b, state_indices, cu_seqlens,
-                self.block_parallel.max_verify_len, out=out,
-            )
 
     BlockParallelGatedDeltaNet.__qualname__ = BlockParallelGatedDeltaNet.__name__
     BlockParallelGatedDeltaNet.__module__ = __name__
