@@ -311,7 +311,7 @@ def run_gpu(args) -> dict:
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         checks.append(row)
         print(json.dumps(row), flush=True)
-    rule = exchange_rule(checks, ladder["exchanges"])
+    rule = launch_rule(checks, ladder["rule"])
     checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
     print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
@@ -331,10 +331,10 @@ def run_gpu(args) -> dict:
                                hbm_once_us=round((w2_bytes + rows * steps * vocab * 2 * (2 if sampled else 1))
                                                  / bw / 1e3, 1),
                                mma_us=round(2 * rows * vocab * RANK * steps / MMA_PEAK_TFLOPS / 1e6, 2))
-                    row["ours_exchange"] = pick_exchange(rule, rows)
-                    row["ours_l1_prefetch"] = args.l1_prefetch
-                    variants = {"ours": ours_fn(head_walk, p, exchange=row["ours_exchange"],
-                                                l1_prefetch=args.l1_prefetch),
+                    row["ours_variant"] = pick_variant(rule, rows)
+                    ours_kw = ladder["rule"].get(row["ours_variant"], {})
+                    row["ours_exchange"] = ours_kw.get("exchange", "auto")
+                    variants = {"ours": ours_fn(head_walk, p, **ours_kw),
                                 "ours_step": ours_fn(head_walk, p, lockstep=True)}
                     if sampled and gumbel is None:
                         pass
@@ -391,26 +391,27 @@ def run_gpu(args) -> dict:
     return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
 
 
-def exchange_rule(checks, exchanges) -> dict:
-    """{ladder batch size: fastest exchange} from this run's 32k ladder rows (tokens equal to the one-launch-
-    per-step walk, no wait gave up); the sweep's `ours` and the wiring (choose_exchange) follow it."""
+def launch_rule(checks, candidates) -> dict:
+    """{ladder batch size: fastest candidate launch variant} from this run's 32k greedy ladder rows named
+    tune_<variant>_v32k_b<rows> (tokens equal to the one-launch-per-step walk, no wait gave up); the sweep's
+    `ours` and the wiring (choose_exchange, plan_walk's warps) follow it."""
     best = {}
     for c in checks:
         name = c.get("check", "")
-        for exchange in exchanges:
-            prefix = f"tune_{exchange}_v32k_b"
-            if name.startswith(prefix) and c.get("us") and c.get("equal_step"):
+        for variant in candidates:
+            prefix = f"tune_{variant}_v32k_b"
+            if name.startswith(prefix) and name[len(prefix):].isdigit() and c.get("us") and c.get("equal_step"):
                 rows = int(name[len(prefix):])
                 if rows not in best or c["us"] < best[rows][1]:
-                    best[rows] = (exchange, c["us"])
-    return {rows: exchange for rows, (exchange, _) in sorted(best.items())}
+                    best[rows] = (variant, c["us"])
+    return {rows: variant for rows, (variant, _) in sorted(best.items())}
 
 
-def pick_exchange(rule: dict, rows: int) -> str:
-    """The rule's exchange for the smallest ladder batch >= rows (the largest one above them all); 'auto'
-    when the ladder measured nothing."""
+def pick_variant(rule: dict, rows: int) -> str:
+    """The rule's variant for the smallest ladder batch >= rows (the largest one above them all); '' (the
+    defaults) when the ladder measured nothing."""
     if not rule:
-        return "auto"
+        return ""
     sizes = sorted(rule)
     return rule[next((b for b in sizes if b >= rows), sizes[-1])]
 
@@ -464,35 +465,35 @@ TUNE_CASES = [
 # L1 prefetch of the next step's U and the candidates' W1 rows during the wait, at V = 32k.
 TUNE_CASES_V5 = [
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
-    ("tagged_nol1_v32k_b1", 32000, 1, dict(exchange="tagged", l1_prefetch=False)),
-    ("warps4_v32k_b1", 32000, 1, dict(exchange="tagged", num_warps=4)),
+    ("tagged_l1_v32k_b1", 32000, 1, dict(exchange="tagged", l1_prefetch=True)),
+    ("counter_v32k_b1", 32000, 1, dict(exchange="counter")),
     ("counter_v32k_b8", 32000, 8, dict(exchange="counter")),
-    ("counter_nol1_v32k_b8", 32000, 8, dict(exchange="counter", l1_prefetch=False)),
-    ("tagged_v32k_b8", 32000, 8, dict(exchange="tagged")),
     ("probe_v32k_b8", 32000, 8, dict(exchange="probe")),
     ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
-    ("probe_nol1_v32k_b8", 32000, 8, dict(exchange="probe", l1_prefetch=False)),
-    ("warps4_probe_v32k_b8", 32000, 8, dict(exchange="probe", num_warps=4)),
-    ("probe_sampled_v32k_b8", 32000, 8, dict(exchange="probe", sampled=True)),
-    ("poll_sampled_v32k_b8", 32000, 8, dict(exchange="poll", sampled=True)),
+    ("poll_l1_v32k_b8", 32000, 8, dict(exchange="poll", l1_prefetch=True)),
+    ("warps16_poll_v32k_b8", 32000, 8, dict(exchange="poll", num_warps=16)),
     ("counter_v32k_b32", 32000, 32, dict(exchange="counter")),
     ("probe_v32k_b32", 32000, 32, dict(exchange="probe")),
     ("poll_v32k_b32", 32000, 32, dict(exchange="poll")),
-    ("probe_sampled_v32k_b32", 32000, 32, dict(exchange="probe", sampled=True)),
+    ("warps16_poll_v32k_b32", 32000, 32, dict(exchange="poll", num_warps=16)),
     ("counter_v32k_b64", 32000, 64, dict(exchange="counter")),
     ("probe_v32k_b64", 32000, 64, dict(exchange="probe")),
     ("poll_v32k_b64", 32000, 64, dict(exchange="poll")),
+    ("warps16_poll_v32k_b64", 32000, 64, dict(exchange="poll", num_warps=16)),
     ("tagged_v152k_b1", 151936, 1, dict(exchange="tagged")),
-    ("tagged_nol1_v152k_b1", 151936, 1, dict(exchange="tagged", l1_prefetch=False)),
     ("counter_v152k_b32", 151936, 32, dict(exchange="counter")),
     ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
     ("poll_v152k_b32", 151936, 32, dict(exchange="poll")),
 ]
-# Per ladder: the exchanges its rule chooses among, the sync floors (exchange, batch rows) and the tuning cases.
+# Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
+# batch rows) and the tuning cases.
 LADDERS = {
-    "v4": dict(exchanges=("counter", "flags", "tagged"), cases=TUNE_CASES,
+    "v4": dict(rule={e: dict(exchange=e) for e in ("counter", "flags", "tagged")}, cases=TUNE_CASES,
                floors=[("counter", 1), ("flags", 1), ("tagged", 1)]),
-    "v5": dict(exchanges=("counter", "tagged", "probe", "poll"), cases=TUNE_CASES_V5,
+    "v5": dict(rule={"counter": dict(exchange="counter"), "tagged": dict(exchange="tagged"),
+                     "probe": dict(exchange="probe"), "poll": dict(exchange="poll"),
+                     "warps16_poll": dict(exchange="poll", num_warps=16)},
+               cases=TUNE_CASES_V5,
                floors=[("counter", 1), ("tagged", 1), ("counter", 8), ("probe", 8), ("poll", 8), ("counter", 32),
                        ("probe", 32), ("poll", 32)]),
 }
@@ -598,16 +599,17 @@ def precompile(args, sms: int) -> None:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ladder = LADDERS[args.ladder]
-    # Every exchange the rule may choose (the sweep runs the one this run's ladder finds fastest), or just the
-    # ones named by --exchanges.
-    exchanges = args.exchanges or ladder["exchanges"]
+    # Every variant the rule may choose (the sweep runs the one this run's ladder finds fastest), or just the
+    # ones named by --rule-variants; one row always walks with the tagged exchange (probe and poll are the same
+    # walk there).
+    candidates = [kw for name, kw in ladder["rule"].items() if not args.rule_variants or name in args.rule_variants]
     jobs = []
     for vocab in args.vocabs:
         for rows in args.batches:
             for mode in args.modes:
+                chosen = [{"exchange": "tagged"}] if rows == 1 else candidates
                 jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
-                                 variants=[{"exchange": e, "l1_prefetch": args.l1_prefetch} for e in exchanges]
-                                 + [{"lockstep": True}]))
+                                 variants=chosen + [{"lockstep": True}]))
                 if rows in args.fused_batches and vocab in args.fused_vocabs and mode == "greedy":
                     jobs.append(dict(kind="fused", vocab=vocab, rows=rows, sampled=False,
                                      vllm_sources=args.vllm_sources))
@@ -758,7 +760,7 @@ def markdown(rows, summary, result) -> str:
     if result.get("runs"):
         lines += ["", "runs (each row's `run`; ratios only within a run):", ""]
         lines += [f"- run {r['run']}: commit {r['commit'][:10]}, {r['date']}, `{r['command']}`" for r in result["runs"]]
-    cols = ["run", "vocab", "steps", "batch", "mode", "ours_exchange", "ours_us", "ours_us_per_step", "ours_step_us",
+    cols = ["run", "vocab", "steps", "batch", "mode", "ours_variant", "ours_us", "ours_us_per_step", "ours_step_us",
             "graph_loop_us", "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step",
             "hbm_stream_us", "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -823,9 +825,7 @@ def main():
     parser.add_argument("--precompile-only", action="store_true", help="compile everything the run needs, then exit")
     parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
     parser.add_argument("--ladder", choices=sorted(LADDERS), default="v5", help="which tuning ladder and floors")
-    parser.add_argument("--exchanges", nargs="+", help="precompile only these exchanges for the sweep")
-    parser.add_argument("--no-l1-prefetch", dest="l1_prefetch", action="store_false",
-                        help="the sweep's `ours` without the L1 prefetch during the exchange")
+    parser.add_argument("--rule-variants", nargs="+", help="precompile only these launch variants for the sweep")
     args = parser.parse_args()
     if args.prepare:
         prepare()

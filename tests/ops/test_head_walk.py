@@ -274,6 +274,7 @@ def test_bad_input_raises(change, message):
     pytest.param(dict(residency="off", stream_rows=16), id="all-streamed-16-row-tiles"),
     pytest.param(dict(residency="off", stream_rows=32, keys_once=False), id="all-streamed-per-tile-keys"),
     pytest.param(dict(prefetch=False), id="streamed-tiles-loaded-when-used"),
+    pytest.param(dict(exchange="poll", l1_prefetch=True, num_warps=16), id="poll-l1-prefetch-16-warps"),
 ])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_launch_options_keep_the_walk(opts, sampled):
@@ -288,12 +289,17 @@ def test_launch_options_keep_the_walk(opts, sampled):
 
 
 def test_auto_exchange_follows_the_measured_rule():
-    """exchange='auto': tagged keys for one row, the counter barrier from two rows on (eval/results/head_walk.json,
+    """exchange='auto': tagged keys for one row, the batched exchanges from two rows on, each batch size taking
+    the exchange measured fastest for the smallest measured size at or above it (eval/results/head_walk.json,
     ours_exchange_rule); the vLLM wiring passes 'auto'."""
-    from hybridspec_kernels.head_walk.walk import choose_exchange
+    from hybridspec_kernels.head_walk.walk import EXCHANGES, MEASURED_EXCHANGES, choose_exchange
 
     assert choose_exchange(1) == "tagged"
-    assert {choose_exchange(n) for n in (2, 8, 32, 64, 200)} == {"counter"}
+    measured = dict(MEASURED_EXCHANGES)
+    assert choose_exchange(2) == choose_exchange(8) == measured[8]
+    assert choose_exchange(9) == choose_exchange(32) == measured[32]
+    assert choose_exchange(33) == choose_exchange(64) == choose_exchange(200) == measured[64]
+    assert {choose_exchange(n) for n in range(1, 70)} <= set(EXCHANGES) - {"auto"}
 
 
 @needs_kernels
@@ -353,18 +359,23 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("vocab, rows", [(32000, 1), (32000, 8), (32000, 40), (151936, 8)],
+                         ids=["v32k-b1", "v32k-b8", "v32k-b40", "v152k-b8"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_gpu_exchanges_agree(rows, sampled):
-    """counter, flags and tagged exchanges pick the same tokens, and no wait gives up."""
+def test_gpu_exchanges_agree(vocab, rows, sampled):
+    """Every exchange (counter, flags, tagged, probe, poll; poll also with 16 warps and with the L1 prefetch)
+    picks the same tokens, and no wait gives up. 40 rows: padding rows in the polled keys, two polling passes."""
     from hybridspec_kernels.head_walk import barrier_errors
 
-    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
+    p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
     p.req = torch.arange(rows, device=DEVICE)
     kw = sampling_kwargs(p) if sampled else {}
+    variants = {ex: dict(exchange=ex) for ex in ("counter", "flags", "tagged", "probe", "poll")}
+    variants.update(poll_warps16=dict(exchange="poll", num_warps=16), poll_l1=dict(exchange="poll", l1_prefetch=True))
     errors = barrier_errors(DEVICE)
-    walks = {ex: head_walk(p.U, p.w1, p.w2, p.x0, exchange=ex, **kw)[0] for ex in ("counter", "flags", "tagged")}
+    walks = {name: head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)[0] for name, opts in variants.items()}
     torch.cuda.synchronize()
     assert barrier_errors(DEVICE) == errors
-    assert torch.equal(walks["counter"], walks["flags"]) and torch.equal(walks["counter"], walks["tagged"])
-    assert_walk_tolerated(p, walks["tagged"], {}, sampled)
+    for name, tokens in walks.items():
+        assert torch.equal(tokens, walks["counter"]), name
+    assert_walk_tolerated(p, walks["poll"], {}, sampled)

@@ -54,7 +54,9 @@ class WalkConfig:
     num_stages: int
     keys_once: bool = True  # one CTA-wide key reduction per step, not one per tile
     prefetch: bool = True  # streamed W2 / U tiles double-buffered in registers
-    l1_prefetch: bool = True  # multi: next step's U and (one row) the candidates' W1 rows into L1 during the wait
+    # multi: the next step's U and (one row) the candidates' W1 rows prefetched into L1 during the exchange. Off:
+    # measured slower (prefetch.global.L1 holds the warp, so the wait grew by a round trip).
+    l1_prefetch: bool = False
 
 
 def _interpreting() -> bool:
@@ -66,19 +68,23 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# The fastest exchange for walks of up to this many batch rows, as measured (H200, V = 32k, block 15: the ladder
+# of eval/results/head_walk.json, check ours_exchange_rule; eval/notes/head_walk.md has the times).
+MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "poll"))
+
+
 def choose_exchange(num_rows: int) -> str:
-    """The exchange `exchange='auto'` uses for a walk of num_rows batch rows, as measured (H200, V = 32k, block
-    15, eval/results/head_walk.json, check ours_exchange_rule): one row polls one key column, and tagged beats
-    flags / counter (46.7 / 56.2 / 73.3 us); from 8 rows on every program polls [programs, 16+] keys and the
-    counter barrier wins (b8 90.5 vs 182.6 us, b32 126.6 vs 266.3, b64 210.1 vs 376.7)."""
-    return "tagged" if num_rows == 1 else "counter"
+    """The exchange `exchange='auto'` uses for a walk of num_rows batch rows (MEASURED_EXCHANGES): one row polls
+    one key column (tagged); from two rows on, the batched loads of every live key (poll / probe) beat both the
+    counter barrier and the per-thread spin."""
+    return next((exchange for rows, exchange in MEASURED_EXCHANGES if num_rows <= rows), MEASURED_EXCHANGES[-1][1])
 
 
 def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
-              keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = True) -> WalkConfig:
+              keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -233,7 +239,7 @@ def head_walk(
     stream_rows: int | None = None,
     keys_once: bool = True,
     prefetch: bool = True,
-    l1_prefetch: bool = True,
+    l1_prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -269,8 +275,8 @@ def head_walk(
         exchange: how the programs agree on each step's token (EXCHANGES; 'auto': choose_exchange).
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
             W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
-            used), l1_prefetch (False: no L1 prefetch of the next step's U / the candidates' W1 rows during
-            the exchange): launch overrides for tests and tuning.
+            used), l1_prefetch (True: L1 prefetch of the next step's U / the candidates' W1 rows during the
+            exchange): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
