@@ -800,6 +800,18 @@ def plot(json_path: Path, png: Path) -> None:
     fig.savefig(png, dpi=120)
 
 
+def profile_walk(vocab: int, rows: int, exchange: str) -> None:
+    import torch
+
+    from hybridspec_kernels.head_walk import head_walk
+
+    p = Problem(torch, rows, 15, vocab, RANK, False, torch.device("cuda"), torch.bfloat16)
+    for _ in range(3):
+        ours_fn(head_walk, p, exchange=exchange)()
+    torch.cuda.synchronize()
+    print(f"profiled V={vocab} B={rows} exchange={exchange}: tokens {p.draft_tokens[0, :4].tolist()}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prepare", action="store_true")
@@ -826,6 +838,8 @@ def main():
     parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
     parser.add_argument("--ladder", choices=sorted(LADDERS), default="v5", help="which tuning ladder and floors")
     parser.add_argument("--rule-variants", nargs="+", help="precompile only these launch variants for the sweep")
+    parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
+                        help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     args = parser.parse_args()
     if args.prepare:
         prepare()
@@ -837,6 +851,9 @@ def main():
             shutil.copy(args.finalize / f"{BENCH}{suffix}", dest / f"{BENCH}{suffix}")
         plot(src, dest / f"{BENCH}.png")
         print(f"results in {dest}")
+        return
+    if args.profile_walk:
+        profile_walk(int(args.profile_walk[0]), int(args.profile_walk[1]), args.profile_walk[2])
         return
     if args.precompile_only:
         import torch
