@@ -62,10 +62,13 @@ from _results import write_results  # noqa: E402
 from vllm_hybridspec.latency_profile import LatencyProfile, select_profile  # noqa: E402
 from vllm_hybridspec.policy import (  # noqa: E402
     OnlineAcceptanceCalibrator,
+    TransitionHistory,
     ThroughputTracker,
     VerifyLatencyModel,
     choose_verify_lengths,
+    cut_budget,
     prefix_scan_budget,
+    scenario_count,
     vllm_adaptive_lengths,
 )
 from vllm_hybridspec.routing import ProbeCostModel, probe_worth  # noqa: E402
@@ -217,6 +220,9 @@ class Cell:
         lat, plan = self.lat_time[kernels], self.lat_plan[kernels]
         long_run_rate = self.args.long_run_rate if long_run_rate is None else long_run_rate
         tracker = ThroughputTracker(ema=0.2)
+        history = (TransitionHistory(NUM_DRAFTS, args.cut_history)
+                   if policy == "hybridspec_neutralise" and args.cut_scenarios > 0 else None)
+        cut_gen = torch.Generator().manual_seed(self.seed + 11)
         for start in range(0, trace.rounds, CHUNK):
             sl = slice(start, min(start + CHUNK, trace.rounds))
             accepted_all = trace.accepted_all[sl]
@@ -241,6 +247,13 @@ class Cell:
                 # nothing beyond the floor and the forced first draft).
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
                 budget = prefix_scan_budget(stale, cap.expand(chunk, batch), plan, min_drafts=1)
+                if history is not None and history.size:
+                    # vllm_hybridspec.adaptive.budget.CutScheduler: schedule more when the device may use it
+                    non_moe, moe_token_us = self.non_moe[kernels]
+                    budget = cut_budget(stale, cap.expand(chunk, batch), plan, non_moe, moe_token_us,
+                                        history.sample(scenario_count(batch, args.cut_scenarios), (chunk, batch),
+                                                       cut_gen), budget,
+                                        min_drafts=1)
                 n = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
                                           rate_threshold=float("inf"), budget_floor=budget).num_drafts.long()
                 if policy == "hybridspec_neutralise":
@@ -266,6 +279,9 @@ class Cell:
                     budget_floor=(prefix_scan_budget(stale, cap.expand(chunk, batch), plan)
                                   if rule == "lookahead_floor" else None))
                 n = decision.num_drafts.long()
+            if history is not None:  # the host sees each request's step-to-step change one step later
+                previous = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)[int(start == 0):]
+                history.observe(previous.reshape(-1, NUM_DRAFTS), conf[int(start == 0):].reshape(-1, NUM_DRAFTS))
             stale_last = conf[-1]
             verified = n
             if policy == "hybridspec_rc":
@@ -685,6 +701,11 @@ def parse_args(argv=None):
                     help="hybridspec's admission test: lookahead (a later stop, later pairs forecast from last "
                          "round, beats stopping now), greedy (the next pair alone raises the rate), "
                          "lookahead_floor (+ at least the best prefix of last round's ranking)")
+    ap.add_argument("--cut-scenarios", type=int, default=256,
+                    help="hybridspec_neutralise: scenario-requests (scenarios x batch, policy.scenario_count) of "
+                         "this round's survivals that price scheduling drafts beyond the host budget for the "
+                         "device to cut (0: schedule the host budget only)")
+    ap.add_argument("--cut-history", type=int, default=512, help="step-to-step changes the scenarios draw from")
     ap.add_argument("--moe-layers", type=int, default=40)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--no-sensitivity", action="store_true")

@@ -211,3 +211,42 @@ def test_device_cut_needs_a_moe_target(monkeypatch):
     assert decide(manager, on) == (True, "device cut on (unadmitted drafts neutralised)")
     assert not decide(manager, HybridSpecConfig())[0]  # off by default
     assert not decide(SimpleNamespace(min_drafts=4, max_drafts=4), on)[0]  # nothing to cut
+
+
+def _profile_with_moe():
+    from vllm_hybridspec.latency_profile import LatencyProfile
+
+    lengths = list(range(1, 6))
+    total = [[100.0 + 25.0 * (n - 1) for n in lengths], [400.0 + 100.0 * (n - 1) for n in lengths]]
+    unique = [[1.6 + 0.46 * (n - 1) for n in lengths], [6.0 + 1.84 * (n - 1) for n in lengths]]
+    moe = [[50.0 * u for u in row] for row in unique]
+    return LatencyProfile("cpu-test", "tiny", "synthetic", [1, 4], lengths, total,
+                          per_layer_type={"moe": moe, "rest": [[t - m for t, m in zip(*rows)] for rows in zip(total, moe)]},
+                          unique_experts=unique)
+
+
+def test_cut_scheduler_records_only_a_requests_own_consecutive_steps():
+    import numpy as np
+
+    from vllm_hybridspec.adaptive.budget import CutScheduler
+
+    profile = _profile_with_moe()
+    scheduler = CutScheduler(profile, latency_model(profile, 4, 5), 4, 4)
+    a, b = np.array([[0.9, 0.8, 0.7, 0.6]], np.float32), np.array([[0.5, 0.5, 0.5, 0.5]], np.float32)
+    ones = np.ones((1, 4), np.float32)
+    scheduler.observe(np.array([0]), ["r1"], ones)   # a new request: vLLM's reset row, nothing to compare
+    scheduler.observe(np.array([0]), ["r1"], a)      # first confidences: the previous row was the reset
+    assert scheduler.history.size == 0
+    scheduler.observe(np.array([0]), ["r1"], a)      # not updated since (not run last step): no change recorded
+    scheduler.observe(np.array([0]), ["r1"], b)      # a real step-to-step change
+    assert scheduler.history.size == 1
+    scheduler.observe(np.array([0]), ["r2"], a)      # the slot went to another request: no change recorded
+    assert scheduler.history.size == 1
+    want = torch.logit(torch.cumprod(torch.from_numpy(b).double(), -1)) - torch.logit(
+        torch.cumprod(torch.from_numpy(a).double(), -1))
+    assert torch.allclose(scheduler.history.shifts[0], want[0])
+    # with a history, the count is at least the host's budget and at most the capacity
+    stale, caps = torch.from_numpy(np.repeat(a, 3, 0)), torch.tensor([4, 2, 3])
+    for budget in (0, 3, 9):
+        got = scheduler.budget(stale, caps, budget, min_drafts=0)
+        assert budget <= got <= 9

@@ -16,9 +16,13 @@ policy runs in two halves, as vLLM's own adaptive verification does:
    the length policy (`choose_verify_lengths`, lookahead, forecast from last step) still reads THIS step's
    confidences and may verify fewer drafts than the split gave a request. The drafts past its choice are
    neutralised (vllm_hybridspec/routing_wiring: no experts in any MoE layer, invalid for the rejection
-   sampler) - a cut only: a request never verifies more than the host scheduled.
+   sampler) - a cut only: a request never verifies more than the host scheduled. So that the device can also
+   verify MORE than last step suggested, `CutScheduler` (host) schedules drafts beyond the budget of 1. when
+   scenarios of this step's survivals say the option is worth the neutralised tokens' time
+   (vllm_hybridspec/policy/cut_budget.py).
 
-Lossless: the budget is a function of last step's confidences, independent of this step's draft tokens; the
+Lossless: the budget is a function of last step's confidences (and, with the cut, of earlier steps' and of
+independent random draws), independent of this step's draft tokens; the
 ranking by survival is prefix-consistent (a request's later pairs never outrank its earlier ones), so whether
 draft k is verified depends on x_{<k} and on other requests only - a stopping time, as in
 `vllm_hybridspec.policy.length_policy`'s argument. The device cut keeps this: it is the smaller of two such
@@ -29,9 +33,18 @@ compute does not depend on it. Under greedy decoding any length is lossless.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from vllm_hybridspec.policy import VerifyLatencyModel, choose_verify_lengths, prefix_scan_budget
+from vllm_hybridspec.policy import (
+    TransitionHistory,
+    VerifyLatencyModel,
+    choose_verify_lengths,
+    cut_budget,
+    non_moe_profile,
+    prefix_scan_budget,
+    scenario_count,
+)
 
 # Forced positions rank above any survival probability (<= 1); out-of-range slots below any (>= 0).
 _FORCED_BONUS = 2.0
@@ -134,3 +147,47 @@ def device_verify_lengths(
     decision = choose_verify_lengths(confidences, capacities, latency, min_drafts=min_drafts, max_drafts=max_drafts,
                                      lookahead=True, forecast_confidences=stale_confidences.to(confidences.dtype))
     return torch.minimum(scheduled.to(torch.int32), decision.num_drafts)
+
+
+class CutScheduler:
+    """Host half of the device cut: the drafts to schedule, at least the host budget, priced by scenarios of this
+    step's survivals (`vllm_hybridspec.policy.cut_budget`).
+
+    It remembers each running request's last stale confidences (by slot and request id) so that every step adds
+    the requests' step-to-step changes to its `TransitionHistory`. Needs a profile with MoE breakdown: the
+    neutralised tokens are priced by its non-MoE time and the MoE fit's per-token compute.
+    """
+
+    def __init__(self, profile, latency: VerifyLatencyModel, max_num_reqs: int, num_positions: int, *,
+                 history: int = 512, seed: int = 0) -> None:
+        from vllm_hybridspec.routing.correction import fit_moe_time
+
+        self.latency = latency
+        self.cut_latency = VerifyLatencyModel(non_moe_profile(profile), latency.max_batch, latency.max_len)
+        self.cut_token_us = fit_moe_time(profile)[1]
+        self.history = TransitionHistory(num_positions, history)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._rows = np.ones((max_num_reqs, num_positions), dtype=np.float32)
+        self._owners: list = [None] * max_num_reqs
+
+    def observe(self, slots: np.ndarray, req_ids: list, stale: np.ndarray) -> None:
+        """slots [B] int, req_ids [B], stale [B, K]: this step's stale confidences of the scheduled requests."""
+        previous = self._rows[slots]
+        same = np.fromiter((self._owners[s] == r for s, r in zip(slots.tolist(), req_ids)), dtype=bool,
+                           count=len(req_ids))
+        # a new request's row is all 1.0 (vLLM's reset) until its first drafts' confidences arrive
+        moved = same & (stale != previous).any(1) & (stale != 1.0).any(1) & (previous != 1.0).any(1)
+        if moved.any():
+            self.history.observe(torch.from_numpy(previous[moved]), torch.from_numpy(stale[moved]))
+        self._rows[slots] = stale
+        for s, r in zip(slots.tolist(), req_ids):
+            self._owners[s] = r
+
+    def budget(self, stale: torch.Tensor, capacities: torch.Tensor, host_budget: int, *, min_drafts: int) -> int:
+        """Drafts to schedule (>= host_budget) for stale [B, K] and capacities [B] (scheduled, capped)."""
+        batch = stale.shape[0]
+        if self.history.size == 0 or batch == 0:
+            return host_budget
+        shifts = self.history.sample(scenario_count(batch), (batch,), self.generator)
+        return int(cut_budget(stale, capacities, self.latency, self.cut_latency, self.cut_token_us, shifts,
+                              host_budget, min_drafts=min_drafts))

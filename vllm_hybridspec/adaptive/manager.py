@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from vllm_hybridspec import status
-from vllm_hybridspec.adaptive.budget import assign_drafts, device_verify_lengths, draft_budget
+from vllm_hybridspec.adaptive.budget import CutScheduler, assign_drafts, device_verify_lengths, draft_budget
 from vllm_hybridspec.adaptive.counters import COUNTERS
 from vllm_hybridspec.adaptive.latency import TokenCurveProfile, latency_model, load_profile
 
@@ -69,6 +69,10 @@ def manager_class() -> type:
             self._build_latency_models()
             self.routing = (self._routing_step(config, req_states.device)
                             if self.probing or self.device_lengths else None)
+            if self.device_lengths:
+                device_note += ("; the host schedules drafts beyond its budget where scenarios of the step price "
+                                "the option above the cut tokens' time" if self.cut_scheduler is not None else
+                                "; the host schedules its budget only (the profile has no MoE breakdown)")
             mode = "on the GPU" if req_states.device.type == "cuda" else "eagerly (no CUDA graphs)"
             status.record("verify_length", status.ACTIVE,
                           f"adaptive in [{self.min_drafts}, {self.max_drafts}], {mode}; {device_note}")
@@ -80,6 +84,12 @@ def manager_class() -> type:
             self.latency = latency_model(self.profile, rows, lengths, overhead_us=overhead_us)
             self.device_latency = (latency_model(self.profile, rows, lengths, overhead_us=overhead_us,
                                                  device=self.req_states.device) if self.device_lengths else None)
+            # with the cut, the host may schedule drafts beyond its budget for the device to verify or cut; pricing
+            # the cut tokens needs the profile's MoE breakdown (vLLM's start-up curve has none: budget only)
+            breakdown = (getattr(self.profile, "per_layer_type", None) or {}).get("moe") is not None and \
+                getattr(self.profile, "unique_experts", None) is not None
+            self.cut_scheduler = (CutScheduler(self.profile, self.latency, rows, self.num_speculative_steps)
+                                  if self.device_lengths and breakdown else None)
 
         def _device_lengths_enabled(self, config) -> tuple[bool, str]:
             """Whether the device cuts the scheduled drafts (and neutralises the rest); why not, if not."""
@@ -193,6 +203,11 @@ def manager_class() -> type:
             lengths = draft_budget(stale, torch.from_numpy(scheduled_drafts), self.latency,
                                    min_drafts=self.min_drafts, max_drafts=self.max_drafts, max_budget=max_budget)
             budget = policy_budget = int(lengths.sum())
+            if self.cut_scheduler is not None:
+                self.cut_scheduler.observe(slots, req_ids, stale.numpy())
+                capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
+                budget = policy_budget = min(max_budget, self.cut_scheduler.budget(
+                    stale, capacities, budget, min_drafts=self.min_drafts))
             if self.probing:
                 from vllm_hybridspec.policy import choose_verify_lengths
                 from vllm_hybridspec.routing_wiring import step as wiring
@@ -212,7 +227,8 @@ def manager_class() -> type:
                     budget += min(int(probes.sum()), max_budget - budget)
             self._policy_budget = policy_budget
             COUNTERS.observe(int(scheduled_drafts.sum()),
-                             [int(n) for n, s in zip(lengths.tolist(), scheduled_drafts) if s > 0])
+                             [int(n) for n, s in zip(lengths.tolist(), scheduled_drafts) if s > 0],
+                             beyond_budget=policy_budget - int(lengths.sum()))
             self._batch_budget = (
                 dict(zip(req_ids, scheduled_drafts.tolist())),
                 dict(zip(req_ids, num_non_draft_tokens.tolist())),

@@ -14,6 +14,7 @@ Runtime flow per step (all device tensors, no host sync; see each function's doc
     calibrator.observe(features, num_verified, num_accepted)
     latency.observe(decision.verify_us, measured_verify_us)
 """
+from vllm_hybridspec.policy.cut_budget import TransitionHistory, cut_budget, non_moe_profile, scenario_count
 from vllm_hybridspec.policy.calibrator import OnlineAcceptanceCalibrator, max_prob_log_odds
 from vllm_hybridspec.policy.latency_model import ThroughputTracker, VerifyLatencyModel
 from vllm_hybridspec.policy.length_policy import (
@@ -25,6 +26,7 @@ from vllm_hybridspec.policy.length_policy import (
 )
 from vllm_hybridspec.policy.naive import (
     naive_choose_verify_lengths,
+    naive_cut_budget,
     naive_prefix_scan_budget,
     naive_vllm_adaptive_lengths,
 )
@@ -33,13 +35,18 @@ __all__ = [
     "LengthDecision",
     "OnlineAcceptanceCalibrator",
     "ThroughputTracker",
+    "TransitionHistory",
     "VerifyLatencyModel",
     "choose_verify_lengths",
+    "cut_budget",
     "max_prob_log_odds",
     "naive_choose_verify_lengths",
+    "naive_cut_budget",
     "naive_prefix_scan_budget",
     "naive_vllm_adaptive_lengths",
+    "non_moe_profile",
     "prefix_scan_budget",
+    "scenario_count",
     "survival_probabilities",
     "vllm_adaptive_lengths",
 ]

@@ -115,3 +115,46 @@ def naive_prefix_scan_budget(confidences, num_drafts, round_us, *, min_drafts=0,
         if best is None or rate > best:
             best, budget = rate, m
     return budget
+
+
+def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_token_us, shifts, min_budget,
+                     min_drafts=0) -> tuple[int, list[float]]:
+    """`cut_budget` for one batch: stale_confidences [B][K], num_drafts [B], round_us(x) / non_moe_us(x) -> us at x
+    verified tokens per request, shifts [Q][B][K]. Returns (the count, expected rate per count; -1 where not
+    allowed)."""
+    import math
+
+    batch, k = len(stale_confidences), len(stale_confidences[0])
+    cap = [max(0, min(n, k)) for n in num_drafts]
+    num_valid, n = sum(cap), batch * k
+    forced = sum(min(c, min_drafts) for c in cap)
+
+    def logit(p):
+        p = min(max(p, 1e-6), 1.0 - 1e-6)
+        return math.log(p / (1.0 - p))
+
+    tokens = [[0.0] * (n + 1) for _ in shifts]
+    times = [[0.0] * (n + 1) for _ in shifts]
+    for q, shift in enumerate(shifts):
+        pairs = []
+        for b in range(batch):
+            s, lowest = 1.0, 1.0
+            for j in range(cap[b]):
+                s *= min(max(stale_confidences[b][j], 0.0), 1.0)
+                moved = 1.0 / (1.0 + math.exp(-(logit(s) + shift[b][j])))
+                lowest = min(lowest, moved) if s > 0 else 0.0
+                pairs.append(lowest)
+        pairs.sort(reverse=True)
+        gains = [batch + sum(pairs[:m]) for m in range(n + 1)]
+        device = max(range(forced, num_valid + 1), key=lambda m: (gains[m] / round_us(1.0 + m / batch), -m))
+        for m in range(n + 1):
+            v = min(m, device)
+            tokens[q][m] = gains[v]
+            times[q][m] = (round_us(1.0 + v / batch) + max(non_moe_us(1.0 + m / batch) - non_moe_us(1.0 + v / batch), 0.0)
+                           + cut_token_us * (m - v))
+    rates = [-1.0] * (n + 1)
+    for m in range(min(min_budget, num_valid), num_valid + 1):
+        if m >= min_budget:
+            rates[m] = sum(t[m] for t in tokens) / sum(t[m] for t in times)
+    best = max(range(n + 1), key=lambda m: (rates[m], -m))
+    return max(best, min(min_budget, num_valid)), rates
