@@ -24,25 +24,30 @@ The invariant
 -------------
 Between a commit and the next metadata build, every slot holds its request's conv window after all committed
 tokens, and its ssm state after all committed tokens except, for the rows of that last commit only, the first
-`count` tokens of their workspace row ("pending", per KV-cache group: slot, workspace row, count). The next
-build of the group consumes ALL of it before anything reads a state: a slot verified again folds it inside its
-verify (first thing, stored back), every other pending slot (finished, preempted, skipped by the scheduler,
-scheduled as a prefill chunk or non-spec decode, the whole batch when it has no spec rows) is flushed. Hence:
+`count` tokens of their workspace row ("pending", per KV-cache group: slot, workspace row, count, request id).
+The next build of the group consumes ALL of it before anything reads a state:
+- a slot verified again folds it inside its verify (first thing, stored back);
+- the row of a request that finished or was preempted since the commit (the runner hooks report them when the
+  step starts; the builder recorded each row's request id) is dropped, neither folded nor flushed: vLLM may already have handed its block to another request
+  (any KV-cache group: the pages alias) and zeroed it, and kernels read past a sequence's end in a block (the
+  CPU attention does: a flush there turned a new request's output into NaN);
+- every other pending row (a live request that is not a spec row this step: skipped under the token budget,
+  waiting, a non-spec row; or the whole batch when it has no spec rows) is flushed by the ssm-only launch, into
+  a slot its request still owns.
+Hence:
 - pending never outlives one step boundary, so a request in a reused slot never sees a stale one (its first
-  step is a prefill, whose build flushes the previous owner; a spec row always follows a step that wrote its
-  slot), and vLLM's own GDN paths always read a current state;
+  step is a prefill; a spec row always follows a step that wrote its slot), and vLLM's own GDN paths read a
+  current state wherever a live request's slot is read;
 - the workspace is double-buffered: step t writes rows r + p x max_requests, its pending lives there while step
   t+1 writes the other half (parity 1 - p), and the fold reads each pending row before anything rewrites it;
 - the per-step verify arguments (workspace rows, fold rows/counts) live in persistent per-group tensors that the
   builder fills, so a FULL CUDA graph replays them like vLLM's own state-index buffers; padding rows (slot 0)
   fold nothing and are skipped;
 - dummy, profile and capture runs build metadata too: their build folds or flushes whatever is pending (both
-  are exact), their verify writes only the current parity's rows, and no commit follows, so they leave no
-  pending. A build without spec rows flushes everything.
-- a flush of a slot freed since the commit is harmless: a block freed at step t is reallocated at step t+1 at
-  the earliest, and its new owner writes it in the forward that follows the flush, before reading it.
-Not covered (documented limits): KV connectors that read or load GDN states outside the forward, which would
-see a lagging ssm state for the last commit's rows.
+  exact), their verify writes only the current parity's rows, and no commit follows, so they leave no pending.
+- engine shutdown drops the pending with the states; nothing reads them.
+Not covered (documented limits): KV connectors that save or load GDN states outside the forward would see a
+lagging ssm state for the last commit's rows.
 
 Why the reference path folds too
 --------------------------------
@@ -58,8 +63,9 @@ The conv windows (small) are advanced eagerly so that vLLM's non-spec path alway
 ssm state lags, and only until the next build. Keeping the pending to one step boundary (flushing what is not
 verified again) means the workspace stays per step and per batch row, and preemption/recompute, finished
 requests, prefill chunks after spec steps and skipped requests need no per-slot flag in the KV cache. The price
-is two small patches (V1 runner and Model Runner V2 model state, see patches.py) and one flush launch per
-KV-cache group per step (its rows exit at once when everything pending was folded).
+is a few small runner hooks (commit after rejection sampling; at step start the finished and preempted requests
+and, MRV2, the batch's request ids; see patches.py) and one flush launch per KV-cache group per step (its rows
+exit at once when everything pending was folded).
 
 Memory: `num_speculative_blocks = 0` for GDN layers, so each request holds 1 state page per GDN KV-cache group
 instead of 1 + K (the page keeps vLLM's size: the platform already sized the attention pages to it). The

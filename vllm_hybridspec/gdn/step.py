@@ -5,10 +5,12 @@ Every block-parallel GDN layer of a model joins one `GDNLayerGroup`, found throu
 
 vLLM splits a model's GDN layers into KV-cache groups (strided: group i = GDN layers i, i+G, ...), each with its
 own block table and metadata builder, so a request's state slot differs between groups. Each step, per group:
+0. when the step starts, a runner hook calls `start_step` with the requests finished or preempted since the
+   last step (their pending is dropped) and how to read the batch's request ids.
 1. the metadata builder calls `begin_step` with the step's spec rows (slots, cu_seqlens, batch positions; None
    without spec rows). It consumes the group's pending (see the package docstring): spec rows whose slot has
-   pending get fold rows/counts in the group's persistent `StepRows`; every other pending slot is flushed by
-   one ssm-only reconstruct launch right there. It also sets the workspace rows this step writes (r + parity x
+   pending get fold rows/counts in the group's persistent `StepRows`; every other pending slot of a live request
+   is flushed by one ssm-only reconstruct launch right there. It also sets the workspace rows this step writes (r + parity x
    max_requests). Builders run every step, also when a FULL CUDA graph replays the forward, which is why all
    of this happens here and the forward only reads the persistent tensors.
 2. each layer's forward verifies those rows (`verify`): fold, then verify, from the committed states; the kernel
