@@ -6,7 +6,7 @@ rows stay in shared memory for the whole walk (loaded before the step loop, they
 (partial residency) is streamed each step in ST-row tiles. Each step every program: picks the previous token
 from all programs' published keys, gathers W1[x], (RNN: advances its slice of the recurrent state and exchanges
 it), computes its shard's logits for all rows, takes the shard's argmax / Gumbel-max per row, publishes it as
-one int64 key per row, and meets the other programs at a grid barrier.
+one int64 key per row, and waits for every program's key of this step (a grid barrier or tagged keys).
 
 A key orders (value, -token id) as one signed int64: the top 32 bits are the fp32 value made monotone as an
 int32, the low 18 bits the inverted token id, so `max(keys)` is the argmax with the first of equal maxima, as
@@ -511,9 +511,10 @@ def head_walk_kernel(
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
     # the batch rows have BP entries; KB = 1 when the walk has one row (then scored as [rows] vectors, and the
     # tagged exchange polls one column), else BP. EXCHANGE (with MULTI): 0 counter barrier + key read, 1 flags
-    # (row 0's key is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin).
+    # (row 0's key is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin),
+    # 3 probe / 4 poll (tagged keys; B > 1: batched loads of every live key, after a column-0 spin for probe).
     # KEYS_ONCE: one CTA-wide key reduction per step instead of one per tile. PREFETCH: streamed tiles are
-    # double-buffered in registers.
+    # double-buffered in registers. L1_PREFETCH: the next U and the candidates' W1 rows into L1 (measured slower).
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
