@@ -219,12 +219,28 @@ def test_rows_of_finished_or_preempted_requests_are_neither_folded_nor_flushed()
     assert group.pending[0].req_ids == ("a", "b", "c")
     calls.clear()
     # "a" finished, "b" was preempted (its slot 3 went to the new request "d"), "c" is not scheduled this step
-    group.start_step({"a", "b"})
     batch[:] = ["d"]
+    group.start_step({"a", "b"}, lambda: batch)
     group.begin_step(0, _rows([3], [1]))
     assert calls == [(0, "ssm", [(5, 2, 2)])] and _fold(group, 0, 1)[2] == [0]
     group.commit(torch.tensor([1]))
     assert group.gone_req_ids == set() and group.pending[0].req_ids == ("d",)
+    calls.clear()
+    # steady state: the same requests in the same rows fold their own pending; no flush launch at all
+    group.start_step(set(), lambda: batch)
+    group.begin_step(0, _rows([3], [2]))
+    assert calls == [] and _fold(group, 0, 1) == ([0], [4], [1])
+    group.commit(torch.tensor([2]))
+    calls.clear()
+    # every pending request verified again, now beside a padding row (slot matching on the device): no flush
+    group.start_step(set(), lambda: batch)
+    group.begin_step(0, _rows([3, 0], [2, 0]))
+    assert calls == [] and _fold(group, 0, 2) == ([4, 5], [0, None], [2, 0])
+    group.commit(torch.tensor([2]))
+    calls.clear()
+    # a build the step did not announce (a dummy run after the commit) cannot tell: it launches the flush
+    group.begin_step(0, _rows([3], [1]))
+    assert calls == [(0, "ssm", [])]
 
 
 def test_a_step_without_commit_keeps_nothing_and_too_many_rows_is_an_error():

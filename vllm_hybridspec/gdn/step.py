@@ -187,11 +187,18 @@ class GDNLayerGroup:
         the rows of finished or preempted requests) and sets this step's rows."""
         pending = self.pending.pop(kv_group, None)
         self.verified[kv_group] = rows
-        if rows is not None:
-            batch_req_ids = self.batch_req_ids() if self.batch_req_ids is not None else ()
-            self._verified_req_ids[kv_group] = tuple(
-                batch_req_ids[b] if b < len(batch_req_ids) else None for b in rows.batch_rows_cpu
-            )
+        verified_req_ids: tuple[str | None, ...] = ()
+        if rows is not None and self.batch_req_ids is not None:
+            batch_req_ids = self.batch_req_ids()
+            verified_req_ids = tuple(batch_req_ids[b] if b < len(batch_req_ids) else None for b in rows.batch_rows_cpu)
+            self._verified_req_ids[kv_group] = verified_req_ids
+        if pending is not None and rows is not None and self._same_requests(pending, verified_req_ids):
+            # The steady state: the batch verifies the same requests in the same rows, so each row folds its own
+            # pending and nothing is left to flush (a padding row's count is 0).
+            step = self._prepare_rows(kv_group, rows)
+            step.fold_counts[: len(verified_req_ids)].copy_(pending.counts)
+            step.fold_rows[: len(verified_req_ids)].copy_(pending.workspace_rows)
+            return
         live = None
         if pending is not None:
             live = (pending.state_indices > 0) & (pending.counts > 0)
@@ -200,11 +207,8 @@ class GDNLayerGroup:
                 live &= ~torch.tensor(gone, dtype=torch.bool, pin_memory=live.is_cuda).to(live.device, non_blocking=True)
         folded = None
         if rows is not None:
-            step = self.step_rows[kv_group]
+            step = self._prepare_rows(kv_group, rows)
             num_rows = rows.state_indices.shape[0]
-            if num_rows > self.plan.max_requests:
-                raise RuntimeError(f"{num_rows} spec rows in one step, above max_num_seqs {self.plan.max_requests}")
-            step.workspace_rows[:num_rows].copy_(self._parity_rows[self.parity, :num_rows])
             if pending is None:
                 step.fold_counts[:num_rows].zero_()
             else:
@@ -214,10 +218,33 @@ class GDNLayerGroup:
                 step.fold_counts[:num_rows].copy_((weights * pending.counts[None, :]).sum(dim=1))
                 step.fold_rows[:num_rows].copy_((weights * pending.workspace_rows[None, :]).sum(dim=1))
                 folded = match.any(dim=0)
-        if pending is not None:
+        if pending is not None and not self._nothing_to_flush(pending, verified_req_ids):
             flush = live if folded is None else live & ~folded
             self._advance(kv_group, pending.state_indices, pending.workspace_rows,
                           pending.counts.masked_fill(~flush, 0), pending.cu_seqlens, "ssm")
+
+    def _prepare_rows(self, kv_group: int, rows: VerifiedRows) -> StepRows:
+        step = self.step_rows[kv_group]
+        num_rows = rows.state_indices.shape[0]
+        if num_rows > self.plan.max_requests:
+            raise RuntimeError(f"{num_rows} spec rows in one step, above max_num_seqs {self.plan.max_requests}")
+        step.workspace_rows[:num_rows].copy_(self._parity_rows[self.parity, :num_rows])
+        return step
+
+    def _same_requests(self, pending: PendingRows, verified_req_ids: tuple[str | None, ...]) -> bool:
+        return (
+            bool(pending.req_ids) and self.batch_req_ids is not None and pending.req_ids == verified_req_ids
+            and not any(req_id in self.gone_req_ids for req_id in pending.req_ids)
+        )
+
+    def _nothing_to_flush(self, pending: PendingRows, verified_req_ids: tuple[str | None, ...]) -> bool:
+        """True when the host knows every pending row is folded this step or dropped, so the flush launch (which
+        would find only zero counts) can be skipped: the steady state, where the batch keeps its requests.
+        Needs both request-id lists (rows past a batch are padding, None); without them the flush always runs."""
+        if not pending.req_ids or self.batch_req_ids is None:
+            return False
+        verified = set(verified_req_ids)
+        return all(req_id is None or req_id in self.gone_req_ids or req_id in verified for req_id in pending.req_ids)
 
     def verify(self, layer_index: int, mixed_qkv, a, b, state_indices, cu_seqlens, out=None) -> torch.Tensor:
         """[T, HV, V] core attention output of the spec tokens of one layer: folds this step's fold rows into the
@@ -256,6 +283,8 @@ class GDNLayerGroup:
         """
         verified, self.verified = self.verified, {}
         req_ids, self._verified_req_ids = self._verified_req_ids, {}
+        # The batch's request ids are re-announced by the next step; builds in between (dummy runs) go without.
+        self.batch_req_ids = None
         if not any(rows is not None for rows in verified.values()):
             return
         # Requests gone before this commit are not in it; later pending must not be matched against their ids.
