@@ -378,7 +378,8 @@ def test_fold_two_steps_match_sequential_recurrence(config):
                          ids=["default", "two-pass-whole-v-rolled"])
 @pytest.mark.parametrize("length", [17, 6])
 def test_fold_every_pending_count(length, config):
-    """Every count 0..L_prev folded (one request each), the fold bit-equal to the separate ssm reconstruction."""
+    """Every count 0..L_prev folded (one request each), the fold equal to the separate ssm reconstruction up to
+    fp32 rounding (the fold scales k by the decay once per head, the reconstruction scales u)."""
     num_requests = length + 1
     p1 = make_problem([length] * num_requests, head_v_dim=16, seed=40 + length)
     counts1 = torch.arange(num_requests, dtype=torch.int32, device=DEVICE)
@@ -401,8 +402,8 @@ def test_fold_every_pending_count(length, config):
     gdn_verify(**p1, workspace=ws.layer(0), config=config)
     gdn_reconstruct(table, ws, p1["state_indices"], counts1, p1["cu_seqlens"])
     unfolded_out2 = gdn_verify(**p2, workspace=workspace_for(p2, max_len=32).layer(0), config=config)
-    assert torch.equal(unfolded_out2, out2)
-    assert torch.equal(p1["ssm_state"], folded_ssm)
+    assert rel_err(unfolded_out2, out2.double()) < 1e-6
+    assert rel_err(p1["ssm_state"], folded_ssm.double()) < 1e-6
 
 
 @needs_kernels

@@ -1,7 +1,7 @@
 """One launch that moves every GDN layer's committed ssm and/or conv state of every request to its accepted position.
 
 Grid (state blocks + conv blocks, request, layer). A state program owns one [BV, K] block of one head:
-    S_n = exp(G_{n-1}) S_0 + u[:n]^T (k[:n] * exp(G_{n-1} - G[:n]))   (the same products as gdn_verify's fold)
+    S_n = exp(G_{n-1}) S_0 + (u[:n] * exp(G_{n-1} - G[:n]))^T k[:n]
 read once and written once, in place. A conv program owns a block of channels: the new window is the last W-1
 rows of [old window, x_0 .. x_{n-1}], loaded whole before it is stored (in place, same program).
 """
@@ -60,7 +60,8 @@ def _gdn_reconstruct_kernel(
                           other=0.0)
             b_k = tl.load(ws_k + ((ws_base + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None],
                           other=0.0)
-            b_h += tl.dot(tl.trans(b_u), b_k * b_coef[:, None], input_precision="tf32x3")
+            # decay on u (not on k as the fold does): the k-scaled form ran 8-13 % slower here (H200, final3 run)
+            b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision="tf32x3")
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
         o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
