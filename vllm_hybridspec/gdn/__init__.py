@@ -28,9 +28,10 @@ tokens, and its ssm state after all committed tokens except, for the rows of tha
 The next build of the group consumes ALL of it before anything reads a state:
 - a slot verified again folds it inside its verify (first thing, stored back);
 - the row of a request that finished or was preempted since the commit (the runner hooks report them when the
-  step starts; the builder recorded each row's request id) is dropped, neither folded nor flushed: vLLM may already have handed its block to another request
-  (any KV-cache group: the pages alias) and zeroed it, and kernels read past a sequence's end in a block (the
-  CPU attention does: a flush there turned a new request's output into NaN);
+  step starts; the builder recorded each row's request id) is dropped, neither folded nor flushed: vLLM may
+  already have handed its block to another request (any KV-cache group: the pages alias) and zeroed it, and
+  kernels read past a sequence's end in a block (the CPU attention does: a flush there turned a new request's
+  output into NaN);
 - every other pending row (a live request that is not a spec row this step: skipped under the token budget,
   waiting, a non-spec row; or the whole batch when it has no spec rows) is flushed by the ssm-only launch, into
   a slot its request still owns.

@@ -7,11 +7,14 @@ decides from its engine's config (`block_parallel_plan`) whether it acts, and ot
 When it acts:
 - state: one slot per request (`num_speculative_blocks = 0`) holding a W-1 wide conv window and one ssm state;
   the page keeps vLLM's size (the platform sized the attention pages to it), so nothing else in the KV cache
-  moves. The per-step kernel workspace is allocated with the model.
+  moves. The kernel workspace (two halves of max_num_seqs rows) is allocated with the model.
 - forward: rows without drafts-to-verify (prefill chunks, and everything when the batch has no spec rows) run
-  vLLM's own non-spec path on the committed state; spec rows run `gdn_verify` (CUDA) or the naive reference
-  (CPU) from the committed state, writing no state, and are recorded for the commit.
-- commit: after rejection sampling a runner hook (patches.py) calls `GDNLayerGroup.commit`.
+  vLLM's own non-spec path on the committed state; spec rows go through `GDNLayerGroup.verify`: the previous
+  step's pending ssm tokens are folded into the state (the only state write), then `gdn_verify` (CUDA) or the
+  naive reference (CPU) verifies from it and fills this step's workspace rows. Which rows fold what was set by
+  the metadata builder (`GDNLayerGroup.begin_step`, see step.py and the package docstring).
+- commit: after rejection sampling a runner hook (patches.py) calls `GDNLayerGroup.commit` (conv windows now,
+  ssm states at the next verify).
 """
 from __future__ import annotations
 

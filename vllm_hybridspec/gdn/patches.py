@@ -1,7 +1,8 @@
 """The vLLM patches of block-parallel GDN verification (listed in `vllm_hybridspec.patches.ALL_PATCHES`).
 
 register() applies only `UseBlockParallelGdnLayer`, whose target module is light. The runner hooks (commit after
-rejection sampling; step start: finished/preempted requests; MRV2: the batch's request ids) are `on_demand`: the first block-parallel GDN layer applies them while the worker builds the model (the runner
+rejection sampling; step start: finished/preempted requests; MRV2: the batch's request ids) are `on_demand`: the
+first block-parallel GDN layer applies them while the worker builds the model (the runner
 modules are loaded by then), so processes and engines that never enable the path never import or patch them.
 """
 from __future__ import annotations

@@ -67,7 +67,8 @@ class ReferenceWorkspace:
 
 
 def _operands(layer):
-    return conv_weight_2d(layer), layer.conv1d.bias, layer.A_log, layer.dt_bias, layer.kv_cache[0], ssm_state_view(layer)
+    weight, bias = conv_weight_2d(layer), layer.conv1d.bias
+    return weight, bias, layer.A_log, layer.dt_bias, layer.kv_cache[0], ssm_state_view(layer)
 
 
 def reference_verify(layer, mixed_qkv, a, b, state_indices, cu_seqlens) -> torch.Tensor:
@@ -116,9 +117,11 @@ def reference_advance(layer, workspace: ReferenceWorkspace, state_indices, works
         cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         windows = torch.cat([workspace.window[:1], workspace.window[rows]])
         states = torch.cat([ssm_state[:1], ssm_state[slots]])
+        x, a, b = (torch.cat([t[row, :n] for row, n in zip(rows, lengths)])
+                   for t in (workspace.x, workspace.a, workspace.b))
+        scratch_slots = torch.arange(1, len(live) + 1, dtype=torch.int32)
         naive_gdn_reconstruct(
-            *(torch.cat([t[row, :n] for row, (_, _, n) in zip(rows, live)]) for t in (workspace.x, workspace.a, workspace.b)),
-            weight, bias, A_log, dt_bias, windows, states, torch.arange(1, len(live) + 1, dtype=torch.int32), cu,
+            x, a, b, weight, bias, A_log, dt_bias, windows, states, scratch_slots, cu,
             torch.tensor(lengths, dtype=torch.int32), dtype=REFERENCE_DTYPE,
         )
         ssm_state[slots] = states[1:]

@@ -10,9 +10,9 @@ own block table and metadata builder, so a request's state slot differs between 
 1. the metadata builder calls `begin_step` with the step's spec rows (slots, cu_seqlens, batch positions; None
    without spec rows). It consumes the group's pending (see the package docstring): spec rows whose slot has
    pending get fold rows/counts in the group's persistent `StepRows`; every other pending slot of a live request
-   is flushed by one ssm-only reconstruct launch right there. It also sets the workspace rows this step writes (r + parity x
-   max_requests). Builders run every step, also when a FULL CUDA graph replays the forward, which is why all
-   of this happens here and the forward only reads the persistent tensors.
+   is flushed by one ssm-only reconstruct launch right there. It also sets the workspace rows this step writes
+   (r + parity x max_requests). Builders run every step, also when a FULL CUDA graph replays the forward, which
+   is why all of this happens here and the forward only reads the persistent tensors.
 2. each layer's forward verifies those rows (`verify`): fold, then verify, from the committed states; the kernel
    fills the workspace (laid out group-major so that a KV-cache group's layers are consecutive).
 3. after rejection sampling a runner hook calls `commit(accepted)`: one conv-only reconstruct launch per group
@@ -204,7 +204,8 @@ class GDNLayerGroup:
             live = (pending.state_indices > 0) & (pending.counts > 0)
             gone = [req_id in self.gone_req_ids for req_id in pending.req_ids]
             if any(gone):
-                live &= ~torch.tensor(gone, dtype=torch.bool, pin_memory=live.is_cuda).to(live.device, non_blocking=True)
+                gone = torch.tensor(gone, dtype=torch.bool, pin_memory=live.is_cuda)
+                live &= ~gone.to(live.device, non_blocking=True)
         folded = None
         if rows is not None:
             step = self._prepare_rows(kv_group, rows)
