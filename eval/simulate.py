@@ -15,16 +15,21 @@ Policies (kernels = the profile variant whose T(B, L) prices the verify pass):
     hybridspec_host         what vllm_hybridspec/adaptive runs by default: the step's budget is the best
                             prefix of LAST round's ranking (prefix_scan_budget, min_verify_length 1), split
                             over requests by the current ranking                               (ours)
-    hybridspec_neutralise   hybridspec_host + the device cut (device_verify_length): each request verifies
-                            min(split, lookahead on the current confidences); the cut tokens still run the
-                            non-MoE layers and the MoE kernel's per-token compute, no expert weights  (ours)
+    hybridspec_neutralise   hybridspec_host + the device cut (device_verify_length): the host schedules at
+                            least its budget, more where scenarios of this round's survivals (last round
+                            shifted by recorded round-to-round changes) price the option above the cut tokens'
+                            time (policy.cut_budget); each request verifies min(split, lookahead on the
+                            current confidences); the cut tokens still run the non-MoE layers and the MoE
+                            kernel's per-token compute, no expert weights                        (ours)
     hybridspec              our length policy on the device: lookahead admission on the current
                             confidences, forecast from last round (choose_verify_lengths)     (ours)
     hybridspec_rc           + first-router routing correction, probe priced by the profile    (ours_probe)
 
 Round time = drafter(B) + T_kernels(B, 1 + verified drafts / B) (vLLM packs per-request lengths), plus for
-hybridspec_rc the probe pass (ours_probe - ours at the same L) and, per kept probe, the non-MoE cost of one
-token and the experts it adds (ExpertCost from the profile's MoE time against unique experts; new experts
+hybridspec_rc the decision kernels, per probe what a dropped one costs (non-MoE time and MoE rows of one token),
+per kept probe T's next token at that round's own length shifted by the experts it adds beyond the average
+(ProbeCostModel at the round's shape, as the wiring prices each step; ExpertCost from the profile's MoE time
+against unique experts; new experts
 per layer ~ Binomial(top_k, m / top_k) with m the profile's marginal unique-expert growth; other layers copy
 layer 0's count with probability --cross-layer-corr, else draw independently). The drafter is priced by a
 roofline model of a DFlash drafter (DrafterCost), since the profile measures the target only.
@@ -68,6 +73,9 @@ from vllm_hybridspec.policy import (  # noqa: E402
     choose_verify_lengths,
     cut_budget,
     prefix_scan_budget,
+    budget_rate,
+    cut_saving_profile,
+    device_cut_rule,
     scenario_count,
     vllm_adaptive_lengths,
 )
@@ -82,10 +90,11 @@ CHUNK = 20  # rounds per calibrator refit; policies run vectorised over a chunk
 POLICIES = ("ar", "fixed_dflash", "vllm_adaptive", "hybridspec_host", "hybridspec_neutralise", "hybridspec",
             "hybridspec_rc")
 # What vllm_hybridspec runs inside vLLM with its default config (the system headline is chosen among these).
-# hybridspec_neutralise is wired as well, behind hybridspec.device_verify_length (off by default: no simulated
-# gain); hybridspec / hybridspec_rc decide the step's token count on the device, which vLLM fixes on the host
-# before the forward: not wired.
+# hybridspec / hybridspec_rc decide the step's token count on the device, which vLLM fixes on the host before
+# the forward: not wired.
 WIRED = ("hybridspec_host",)
+# Wired, but behind a config key that is off by default (hybridspec.device_verify_length): keys `device_cut_*`.
+WIRED_OPT_IN = ("hybridspec_neutralise",)
 KERNELS = ("baseline", "ours")
 
 
@@ -181,9 +190,11 @@ class Cell:
         if "ours_probe" in profiles and "ours" in profiles:
             self.lat_probe_pass = (lat(profiles["ours_probe"], 0.0), lat(profiles["ours"], 0.0))
         self.non_moe = {}  # kernels -> (T without the MoE layers, MoE compute per routed token)
+        self.cut_saving = {}  # kernels -> what verifying a scheduled draft costs beyond neutralising it
         for k, p in self.profiles.items():
             if p.per_layer_type is not None and "moe" in p.per_layer_type and p.unique_experts is not None:
                 self.non_moe[k] = (lat(_without_moe(p), 0.0), fit_moe_time(p)[1])
+                self.cut_saving[k] = lat(_cut_saving(p, fit_moe_time(p)[1]), 0.0)
         self._cost_models = {}
         self.estimates = self._calibrate()
 
@@ -247,21 +258,25 @@ class Cell:
                 # nothing beyond the floor and the forced first draft).
                 stale = torch.cat([stale_last.unsqueeze(0), conf[:-1]], dim=0)
                 budget = prefix_scan_budget(stale, cap.expand(chunk, batch), plan, min_drafts=1)
+                if policy == "hybridspec_neutralise":
+                    # the device cut prices a scheduled draft by what verifying it costs beyond neutralising it, at
+                    # the host's rate; the scheduler's scenarios assume that same rule
+                    host_rate = budget_rate(stale, cap.expand(chunk, batch), plan, budget, min_drafts=1)
+                    rule = device_cut_rule(self.cut_saving[kernels], stale, host_rate, min_drafts=1)
                 if history is not None and history.size:
                     # vllm_hybridspec.adaptive.budget.CutScheduler: schedule more when the device may use it
                     non_moe, moe_token_us = self.non_moe[kernels]
                     budget = cut_budget(stale, cap.expand(chunk, batch), plan, non_moe, moe_token_us,
                                         history.sample(scenario_count(batch, args.cut_scenarios), (chunk, batch),
-                                                       cut_gen), budget,
-                                        min_drafts=1)
+                                                       cut_gen), budget, min_drafts=1,
+                                        device_rule=None if args.cut_device_model == "best_prefix" else rule)
                 n = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
                                           rate_threshold=float("inf"), budget_floor=budget).num_drafts.long()
                 if policy == "hybridspec_neutralise":
                     # vllm_hybridspec.adaptive.budget.device_verify_lengths: the lookahead on this round's confidences
                     # picks how many of the scheduled drafts are verified; the rest of the host's tokens
-                    # still run (static shapes) but without experts, priced like dropped probes.
-                    device = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
-                                                   lookahead=True, forecast_confidences=stale).num_drafts.long()
+                    # still run (static shapes) but without expert weights.
+                    device = rule(conf.unsqueeze(0), cap.expand(1, chunk, batch)).squeeze(0).long()
                     verified_n = torch.minimum(n, device)
                     neutral = (n - verified_n).sum(-1)
                     extra_us = self._neutralised_us(kernels, n, verified_n)
@@ -388,6 +403,13 @@ class Cell:
             kept_us = max(extra_t * float(lat.correction()) - num_kept * cost.probe_token_us + shift, 0.0)
         extra = torch.tensor(fixed_us + probe_us + kept_us, dtype=torch.float64)
         return n + keep.long(), extra, float(probing.sum()), float(keep.sum())
+
+
+def _cut_saving(profile, moe_token_us):
+    """`cut_saving_profile`, with the same batch extrapolation as the profile itself."""
+    if isinstance(profile, PerRequestBeyondMeasured):
+        return PerRequestBeyondMeasured(_cut_saving(profile._profile, moe_token_us))
+    return cut_saving_profile(profile, moe_token_us)
 
 
 def _without_moe(profile):
@@ -518,10 +540,16 @@ def summarize(tputs, tasks, labels):
                                          if rc in labels else None),
         "aggregation": f"geometric mean over tasks {list(tasks)}",
     }
-    neutralise = f"hybridspec_neutralise@{kernels}"
+    neutralise = f"{WIRED_OPT_IN[0]}@{kernels}"
     if neutralise in labels:
         summary["hybridspec_neutralise_vs_host_same_kernels"] = {
             f"c{c}": round(ratio(neutralise, f"hybridspec_host@{kernels}", c), 3) for c in CONCURRENCY}
+        # WIRED behind hybridspec.device_verify_length (off by default): the headline comparisons with it on
+        summary["device_cut_policy"] = neutralise
+        summary["device_cut_speedup_vs_ar_c1"] = round(ratio(neutralise, "ar@baseline", 1), 3)
+        summary["device_cut_speedup_vs_fixed_c1"] = round(ratio(neutralise, "fixed_dflash@baseline", 1), 3)
+        summary["device_cut_min_ratio_vs_fixed_c4_to_c64"] = round(min(ratio(neutralise, "fixed_dflash@baseline", c)
+                                                                       for c in CONCURRENCY[1:]), 3)
     if "fixed_dflash@ours" in labels:
         summary["ours_kernels_vs_baseline_fixed_dflash"] = {
             f"c{c}": round(ratio("fixed_dflash@ours", "fixed_dflash@baseline", c), 3) for c in CONCURRENCY}
@@ -557,8 +585,8 @@ class PerRequestBeyondMeasured:
 
 
 def sensitivity(args, profiles, drafter, tasks, system, device_label):
-    """c1, c16 and c64 ratios of the HybridSpec system (and of the device-decided policy, not wired) under other
-    assumptions (smaller traces)."""
+    """c1, c16 and c64 ratios of the HybridSpec system (and of the device-decided policy, not wired, and of the device
+    cut, wired behind a key that is off by default) under other assumptions (smaller traces)."""
     out = []
     base_args = vars(args).copy()
     by_rho = profiles_by_rho(args.profile)
@@ -585,8 +613,9 @@ def sensitivity(args, profiles, drafter, tasks, system, device_label):
             for task in tasks:
                 cell = Cell(traces[task][c], c, cell_profiles, d, a, seed=_seed(task, c))
                 labels = cell.available()
+                cut_label = f"{WIRED_OPT_IN[0]}@{system.split('@')[1]}"
                 wanted = {"ar@baseline", "fixed_dflash@baseline", system, device_label,
-                          f"hybridspec@{device_label.split('@')[1]}"}
+                          f"hybridspec@{device_label.split('@')[1]}", cut_label}
                 for label in wanted & set(labels):
                     outcome = cell.run(label)
                     t[(task, label)] = outcome.tokens / outcome.time_us
@@ -595,6 +624,8 @@ def sensitivity(args, profiles, drafter, tasks, system, device_label):
             entry[f"vs_fixed_c{c}"] = round(geomean([tp(x, system) / tp(x, "fixed_dflash@baseline") for x in tasks]), 3)
             entry[f"device_decided_vs_fixed_c{c}"] = round(geomean([tp(x, device_label) / tp(x, "fixed_dflash@baseline")
                                                                     for x in tasks]), 3)
+            if all((x, cut_label) in t for x in tasks):
+                entry[f"device_cut_vs_system_c{c}"] = round(geomean([tp(x, cut_label) / tp(x, system) for x in tasks]), 3)
             if device_label.startswith("hybridspec_rc"):
                 plain = f"hybridspec@{device_label.split('@')[1]}"
                 entry[f"rc_gain_c{c}"] = round(geomean([tp(x, device_label) / tp(x, plain) for x in tasks]), 3)
@@ -610,9 +641,11 @@ def markdown(summary, rows, assumptions, device, profile_path):
              "variant (GDN verify path) that prices the verify pass. The headline (`hybridspec_system` and the "
              "keys without a prefix) is a policy the vLLM wiring runs (`hybridspec_system_wired`). "
              "`hybridspec_host` = the wiring's host budget: the step's token count from last round's confidences, "
-             "split on the device by the current ranking; `hybridspec_neutralise` = that, plus the lookahead on "
+             "split on the device by the current ranking; `hybridspec_neutralise` = that, the host scheduling "
+             "more than its budget where scenarios of this round price the option, plus the lookahead on "
              "this round's confidences picking on the device how many of the scheduled drafts are verified, the "
-             "rest neutralised (run without experts, never accepted; priced like dropped probes); `hybridspec` / "
+             "rest neutralised (run without expert weights, never accepted; they still cost their non-MoE time and "
+             "MoE rows; keys `device_cut_*`); `hybridspec` / "
              "`hybridspec_rc` = the length policy deciding the step's token count on the device (NOT WIRED: vLLM "
              "fixes it on the host; keys `device_decided_*`); `recorded_*` = replayed tiny-model traces (K = 4, "
              "eval/record_tiny_traces.py). Headline candidates (what the default wiring runs): " + ", ".join(WIRED)
@@ -706,6 +739,9 @@ def parse_args(argv=None):
                          "this round's survivals that price scheduling drafts beyond the host budget for the "
                          "device to cut (0: schedule the host budget only)")
     ap.add_argument("--cut-history", type=int, default=512, help="step-to-step changes the scenarios draw from")
+    ap.add_argument("--cut-device-model", choices=("lookahead", "best_prefix"), default="lookahead",
+                    help="what the scenarios assume the device verifies: its own rule (device_cut_rule), or the "
+                         "best prefix of each scenario's ranking")
     ap.add_argument("--moe-layers", type=int, default=40)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--no-sensitivity", action="store_true")

@@ -231,7 +231,7 @@ def test_cut_scheduler_records_only_a_requests_own_consecutive_steps():
     from vllm_hybridspec.adaptive.budget import CutScheduler
 
     profile = _profile_with_moe()
-    scheduler = CutScheduler(profile, latency_model(profile, 4, 5), 4, 4)
+    scheduler = CutScheduler(profile, latency_model(profile, 4, 5), 4, 4, min_drafts=0, max_drafts=4)
     a, b = np.array([[0.9, 0.8, 0.7, 0.6]], np.float32), np.array([[0.5, 0.5, 0.5, 0.5]], np.float32)
     ones = np.ones((1, 4), np.float32)
     scheduler.observe(np.array([0]), ["r1"], ones)   # a new request: vLLM's reset row, nothing to compare
@@ -248,5 +248,5 @@ def test_cut_scheduler_records_only_a_requests_own_consecutive_steps():
     # with a history, the count is at least the host's budget and at most the capacity
     stale, caps = torch.from_numpy(np.repeat(a, 3, 0)), torch.tensor([4, 2, 3])
     for budget in (0, 3, 9):
-        got = scheduler.budget(stale, caps, budget, min_drafts=0)
-        assert budget <= got <= 9
+        got, rate = scheduler.budget(stale, caps, budget)
+        assert budget <= got <= 9 and rate > 0

@@ -115,3 +115,73 @@ def test_bad_inputs(profile):
     from vllm_hybridspec.latency_profile import LatencyProfile
     with pytest.raises(ValueError, match="moe"):
         non_moe_profile(LatencyProfile("d", "m", "v", [1], [1, 2], [[1.0, 2.0]]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_device_rule_matches_naive_reference(profile, seed):
+    """With the device's own rule in the scenarios (here a simple stopping rule: verify while the scenario's
+    conditional acceptance stays above one half)."""
+    g = torch.Generator().manual_seed(seed)
+    chunk, batch, k, scenarios = 2, 3, 6, 5
+    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
+    caps = torch.randint(1, k + 1, (chunk, batch), generator=g)
+    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64)
+    latency, cut = models(profile, batch, k)
+
+    def rule(conf, capacities):
+        keep = torch.cumprod((conf > 0.5).long(), -1)
+        return torch.minimum(keep.sum(-1), capacities)
+
+    def naive_rule(conf, capacities):
+        out = []
+        for row, cap in zip(conf, capacities):
+            n = 0
+            while n < len(row) and row[n] > 0.5:
+                n += 1
+            out.append(min(n, cap))
+        return out
+
+    got = cut_budget(stale, caps, latency, cut, 3.0, shifts, 1, device_rule=rule)
+    for i in range(chunk):
+        want, rates = naive_cut_budget(stale[i].tolist(), caps[i].tolist(), lambda x: float(latency.round_us(batch, x)),
+                                       lambda x: float(cut.verify_us(batch, x)), 3.0, shifts[:, i].tolist(), 1,
+                                       device_rule=naive_rule)
+        assert int(got[i]) == want or rates[int(got[i])] == pytest.approx(rates[want], rel=1e-9)
+
+
+def test_device_cut_rule_is_the_wired_lookahead(profile):
+    """`device_cut_rule` runs what `device_verify_lengths` runs, scenario by scenario, at the host's price."""
+    from vllm_hybridspec.adaptive.budget import device_verify_lengths
+    from vllm_hybridspec.policy import choose_verify_lengths, cut_saving_profile, device_cut_rule
+
+    g = torch.Generator().manual_seed(0)
+    batch, k = 3, 7
+    saving = VerifyLatencyModel(cut_saving_profile(profile, 2.0), batch, k + 1)
+    stale = torch.rand(batch, k, generator=g) * 0.4 + 0.6
+    scenario = torch.rand(4, batch, k, generator=g) * 0.4 + 0.6
+    caps = torch.tensor([7, 3, 5])
+    rule = device_cut_rule(saving, stale, 0.004, min_drafts=1, max_drafts=6)
+    got = rule(scenario, caps.expand(4, batch))
+    for q in range(4):
+        want = choose_verify_lengths(scenario[q], caps, saving, min_drafts=1, max_drafts=6, lookahead=True,
+                                     forecast_confidences=stale, rate_threshold=0.004).num_drafts
+        assert got[q].tolist() == want.tolist()
+        wired = device_verify_lengths(scenario[q], stale, caps, caps, saving, min_drafts=1, max_drafts=6,
+                                      rate_threshold=0.004)
+        assert wired.tolist() == torch.minimum(want, caps).tolist()
+
+
+def test_cut_saving_profile_and_budget_rate(profile):
+    from vllm_hybridspec.policy import budget_rate, cut_saving_profile
+
+    saving = cut_saving_profile(profile, 1.5)
+    for b, row, moe in zip(profile.batch_sizes, saving.t_us, profile.per_layer_type["moe"]):
+        assert row == pytest.approx([m - 1.5 * b * length for m, length in zip(moe, profile.lengths)])
+    with pytest.raises(ValueError, match="moe_token_us"):
+        cut_saving_profile(profile, -1.0)
+    latency, _ = models(profile, 2, 3)
+    stale = torch.tensor([[0.9, 0.5, 0.5], [0.8, 0.8, 0.1]])
+    caps = torch.tensor([3, 2])
+    # forced first drafts (min_drafts 1) 0.9, 0.8, then 0.64 (request 1's second), 0.45 ...
+    want = (2 + 0.9 + 0.8 + 0.64) / float(latency.round_us(2, 1.0 + 3 / 2))
+    assert float(budget_rate(stale, caps, latency, 3, min_drafts=1)) == pytest.approx(want, rel=1e-6)  # float32 survivals

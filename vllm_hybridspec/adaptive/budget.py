@@ -39,8 +39,11 @@ import torch
 from vllm_hybridspec.policy import (
     TransitionHistory,
     VerifyLatencyModel,
+    budget_rate,
     choose_verify_lengths,
     cut_budget,
+    cut_saving_profile,
+    device_cut_rule,
     non_moe_profile,
     prefix_scan_budget,
     scenario_count,
@@ -129,6 +132,7 @@ def device_verify_lengths(
     *,
     min_drafts: int,
     max_drafts: int,
+    rate_threshold: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """[B] int32 drafts each request really verifies: min(scheduled, the length policy's choice), on the device.
 
@@ -137,6 +141,9 @@ def device_verify_lengths(
     max_drafts); scheduled: [B] the host budget's split (`assign_drafts`), <= capacities.
     The policy runs on `capacities`, not on `scheduled`: a request's split count depends on the survival
     of its later drafts, which the decision about an earlier draft must not read (module docstring).
+    With `CutScheduler`, `latency` is what verifying a scheduled draft costs beyond neutralising it
+    (`cut_saving_profile`) and `rate_threshold` the host's rate (`CutScheduler.budget`): a scheduled token runs
+    either way, so the cut weighs a draft against the expert time it would save, not against a whole token.
     """
     if confidences.shape != stale_confidences.shape or confidences.dim() != 2:
         raise ValueError(f"confidences and stale_confidences must both be [B, K], got {tuple(confidences.shape)} "
@@ -145,7 +152,8 @@ def device_verify_lengths(
         raise ValueError(f"capacities and scheduled must both be [B] = [{confidences.shape[0]}], got "
                          f"{tuple(capacities.shape)} and {tuple(scheduled.shape)}")
     decision = choose_verify_lengths(confidences, capacities, latency, min_drafts=min_drafts, max_drafts=max_drafts,
-                                     lookahead=True, forecast_confidences=stale_confidences.to(confidences.dtype))
+                                     lookahead=True, forecast_confidences=stale_confidences.to(confidences.dtype),
+                                     rate_threshold=rate_threshold)
     return torch.minimum(scheduled.to(torch.int32), decision.num_drafts)
 
 
@@ -159,12 +167,16 @@ class CutScheduler:
     """
 
     def __init__(self, profile, latency: VerifyLatencyModel, max_num_reqs: int, num_positions: int, *,
-                 history: int = 512, seed: int = 0) -> None:
+                 min_drafts: int = 0, max_drafts: int | None = None, history: int = 512, seed: int = 0) -> None:
         from vllm_hybridspec.routing.correction import fit_moe_time
 
         self.latency = latency
+        self.min_drafts, self.max_drafts = min_drafts, max_drafts
         self.cut_latency = VerifyLatencyModel(non_moe_profile(profile), latency.max_batch, latency.max_len)
         self.cut_token_us = fit_moe_time(profile)[1]
+        # the device cut's own price of a scheduled draft; the manager keeps a device copy of the same profile
+        self.saving_profile = cut_saving_profile(profile, self.cut_token_us)
+        self.saving_latency = VerifyLatencyModel(self.saving_profile, latency.max_batch, latency.max_len)
         self.history = TransitionHistory(num_positions, history)
         self.generator = torch.Generator().manual_seed(seed)
         self._rows = np.ones((max_num_reqs, num_positions), dtype=np.float32)
@@ -183,11 +195,17 @@ class CutScheduler:
         for s, r in zip(slots.tolist(), req_ids):
             self._owners[s] = r
 
-    def budget(self, stale: torch.Tensor, capacities: torch.Tensor, host_budget: int, *, min_drafts: int) -> int:
-        """Drafts to schedule (>= host_budget) for stale [B, K] and capacities [B] (scheduled, capped)."""
+    def budget(self, stale: torch.Tensor, capacities: torch.Tensor, host_budget: int) -> tuple[int, float]:
+        """(drafts to schedule >= host_budget, the host's rate for the device cut) for stale [B, K] and capacities
+        [B] (scheduled drafts, capped at max_drafts)."""
         batch = stale.shape[0]
-        if self.history.size == 0 or batch == 0:
-            return host_budget
+        if batch == 0:
+            return host_budget, 0.0
+        rate = float(budget_rate(stale, capacities, self.latency, host_budget, min_drafts=self.min_drafts))
+        if self.history.size == 0:
+            return host_budget, rate
+        rule = device_cut_rule(self.saving_latency, stale, rate, min_drafts=self.min_drafts, max_drafts=self.max_drafts)
         shifts = self.history.sample(scenario_count(batch), (batch,), self.generator)
-        return int(cut_budget(stale, capacities, self.latency, self.cut_latency, self.cut_token_us, shifts,
-                              host_budget, min_drafts=min_drafts))
+        count = cut_budget(stale, capacities, self.latency, self.cut_latency, self.cut_token_us, shifts, host_budget,
+                           min_drafts=self.min_drafts, device_rule=rule)
+        return int(count), rate

@@ -82,14 +82,22 @@ def manager_class() -> type:
             device (the device half of the policy reads them where it runs)."""
             rows, lengths = self.req_states.max_num_reqs, self.num_speculative_steps + 1
             self.latency = latency_model(self.profile, rows, lengths, overhead_us=overhead_us)
-            self.device_latency = (latency_model(self.profile, rows, lengths, overhead_us=overhead_us,
-                                                 device=self.req_states.device) if self.device_lengths else None)
-            # with the cut, the host may schedule drafts beyond its budget for the device to verify or cut; pricing
-            # the cut tokens needs the profile's MoE breakdown (vLLM's start-up curve has none: budget only)
+            # with the cut, the host may schedule drafts beyond its budget for the device to verify or cut, and the
+            # device prices a scheduled draft by what verifying it costs beyond neutralising it; both need the
+            # profile's MoE breakdown (vLLM's start-up curve has none: host budget, cut priced by T)
             breakdown = (getattr(self.profile, "per_layer_type", None) or {}).get("moe") is not None and \
                 getattr(self.profile, "unique_experts", None) is not None
-            self.cut_scheduler = (CutScheduler(self.profile, self.latency, rows, self.num_speculative_steps)
+            self.cut_scheduler = (CutScheduler(self.profile, self.latency, rows, self.num_speculative_steps,
+                                               min_drafts=self.min_drafts, max_drafts=self.max_drafts)
                                   if self.device_lengths and breakdown else None)
+            self._cut_rate = None
+            device = self.req_states.device
+            if self.cut_scheduler is not None:
+                self.device_latency = latency_model(self.cut_scheduler.saving_profile, rows, lengths, device=device)
+            elif self.device_lengths:
+                self.device_latency = latency_model(self.profile, rows, lengths, overhead_us=overhead_us, device=device)
+            else:
+                self.device_latency = None
 
         def _device_lengths_enabled(self, config) -> tuple[bool, str]:
             """Whether the device cuts the scheduled drafts (and neutralises the rest); why not, if not."""
@@ -206,8 +214,8 @@ def manager_class() -> type:
             if self.cut_scheduler is not None:
                 self.cut_scheduler.observe(slots, req_ids, stale.numpy())
                 capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
-                budget = policy_budget = min(max_budget, self.cut_scheduler.budget(
-                    stale, capacities, budget, min_drafts=self.min_drafts))
+                count, self._cut_rate = self.cut_scheduler.budget(stale, capacities, budget)
+                budget = policy_budget = min(max_budget, count)
             if self.probing:
                 from vllm_hybridspec.policy import choose_verify_lengths
                 from vllm_hybridspec.routing_wiring import step as wiring
@@ -266,9 +274,11 @@ def manager_class() -> type:
                 slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
                                     count=num_reqs)
                 stale = async_tensor_h2d(self._stale_confidences[self._stale_idx].np[slots], device=counts.device)
+                rate = (None if self._cut_rate is None else
+                        async_tensor_h2d(np.array(self._cut_rate), device=counts.device, dtype=torch.float64))
                 verified = device_verify_lengths(self._confidence_probs[idx_mapping], stale, capacity_gpu, counts,
                                                  self.device_latency, min_drafts=self.min_drafts,
-                                                 max_drafts=self.max_drafts)
+                                                 max_drafts=self.max_drafts, rate_threshold=rate)
             non_draft_gpu = self._num_non_draft_tokens[:num_reqs]
             async_tensor_h2d(non_draft, out=non_draft_gpu)
             self._cu_num_logits[:1].zero_()

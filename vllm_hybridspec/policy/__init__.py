@@ -14,7 +14,15 @@ Runtime flow per step (all device tensors, no host sync; see each function's doc
     calibrator.observe(features, num_verified, num_accepted)
     latency.observe(decision.verify_us, measured_verify_us)
 """
-from vllm_hybridspec.policy.cut_budget import TransitionHistory, cut_budget, non_moe_profile, scenario_count
+from vllm_hybridspec.policy.cut_budget import (
+    TransitionHistory,
+    budget_rate,
+    cut_budget,
+    cut_saving_profile,
+    device_cut_rule,
+    non_moe_profile,
+    scenario_count,
+)
 from vllm_hybridspec.policy.calibrator import OnlineAcceptanceCalibrator, max_prob_log_odds
 from vllm_hybridspec.policy.latency_model import ThroughputTracker, VerifyLatencyModel
 from vllm_hybridspec.policy.length_policy import (
@@ -37,8 +45,11 @@ __all__ = [
     "ThroughputTracker",
     "TransitionHistory",
     "VerifyLatencyModel",
+    "budget_rate",
     "choose_verify_lengths",
     "cut_budget",
+    "cut_saving_profile",
+    "device_cut_rule",
     "max_prob_log_odds",
     "naive_choose_verify_lengths",
     "naive_cut_budget",

@@ -12,8 +12,9 @@ is the best of 64 requests' next drafts, whose survival moves far less than any 
 `cut_budget` prices the option by scenarios of this step's survival curves: each request's curve from last
 step, shifted by a change one request showed between two consecutive earlier steps (`TransitionHistory`: the
 logit of the survival at every position, so a request's positions move together). In each scenario q the device
-verifies its best prefix d_q of the scenario's ranking, capped by the scheduled count M; the host picks the M
-(at least its own budget) with the best expected rate E[tokens] / E[time] over the scenarios:
+verifies d_q drafts - what its own rule admits on the scenario (`device_cut_rule`; or the best prefix of the
+scenario's ranking), capped by the scheduled count M; the host picks the M (at least its own budget) with the
+best expected rate E[tokens] / E[time] over the scenarios:
 
     tokens_q(M) = B + the min(M, d_q) largest survivals of scenario q
     time_q(M)   = T(min(M, d_q)) + N(M) - N(min(M, d_q)) + s_t * (M - min(M, d_q))
@@ -32,7 +33,7 @@ import torch
 
 from vllm_hybridspec.latency_profile import LatencyProfile
 from vllm_hybridspec.policy.latency_model import VerifyLatencyModel
-from vllm_hybridspec.policy.length_policy import survival_probabilities
+from vllm_hybridspec.policy.length_policy import _rank_pairs, choose_verify_lengths, survival_probabilities
 
 # Survivals are moved in logit space; this keeps the logit of a survival of 0 or 1 finite.
 _EPS = 1e-6
@@ -93,6 +94,50 @@ def non_moe_profile(profile: LatencyProfile) -> LatencyProfile:
     return dataclasses.replace(profile, t_us=table, per_layer_type=None, unique_experts=None)
 
 
+def cut_saving_profile(profile: LatencyProfile, moe_token_us: float) -> LatencyProfile:
+    """What verifying a SCHEDULED draft costs beyond neutralising it: T minus what a neutralised token runs as well
+    (the non-MoE layers and its MoE rows, `moe_token_us` per token), i.e. the MoE time minus the rows' compute.
+    The device cut prices its choice with it: a scheduled token costs its non-MoE time either way, so cutting it
+    saves only its experts; priced with the whole T, the cut gave up drafts worth more than that saving."""
+    if profile.per_layer_type is None or "moe" not in profile.per_layer_type:
+        raise ValueError(f"profile variant {profile.variant!r} has no per_layer_type['moe']")
+    if not moe_token_us >= 0:
+        raise ValueError(f"moe_token_us must be >= 0, got {moe_token_us}")
+    table = [[m - moe_token_us * b * length for m, length in zip(m_row, profile.lengths)]
+             for b, m_row in zip(profile.batch_sizes, profile.per_layer_type["moe"])]
+    return dataclasses.replace(profile, t_us=table, per_layer_type=None, unique_experts=None)
+
+
+def budget_rate(stale_confidences: torch.Tensor, num_drafts: torch.Tensor, latency: VerifyLatencyModel,
+                budget: torch.Tensor | int, *, min_drafts: int = 0) -> torch.Tensor:
+    """[...] float64: expected emitted tokens per microsecond of the host's `budget` best pairs of last step's
+    ranking (`prefix_scan_budget`'s objective at its count): the price of a token for the device cut."""
+    *lead, batch, k = stale_confidences.shape
+    *_, survival_sorted = _rank_pairs(stale_confidences, num_drafts, min_drafts, None)
+    gains = batch + torch.cat([torch.zeros_like(survival_sorted[..., :1]), torch.cumsum(survival_sorted, -1)], -1)
+    count = torch.as_tensor(budget, device=gains.device).long().expand(lead).clamp(0, batch * k)
+    return gains.gather(-1, count.unsqueeze(-1)).squeeze(-1) / latency.round_us(batch, 1.0 + count.double() / batch)
+
+
+def device_cut_rule(saving_latency: VerifyLatencyModel, stale_confidences: torch.Tensor,
+                    rate: torch.Tensor | float, *, min_drafts: int = 0, max_drafts: int | None = None):
+    """The device cut's admission (vllm_hybridspec/adaptive/budget.py `device_verify_lengths`) as `cut_budget`'s
+    `device_rule`: the lookahead on a scenario's confidences, forecast from last step, each draft priced by what
+    verifying it costs beyond neutralising it (`cut_saving_profile`) at the host's `rate` (`budget_rate`)."""
+    *lead, batch, k = stale_confidences.shape
+
+    def rule(confidences: torch.Tensor, capacities: torch.Tensor) -> torch.Tensor:
+        scenarios = confidences.shape[0]
+        forecast = stale_confidences.expand(scenarios, *stale_confidences.shape).reshape(-1, batch, k)
+        price = torch.as_tensor(rate, dtype=torch.float64).expand(scenarios, *lead).reshape(-1)
+        decision = choose_verify_lengths(confidences.reshape(-1, batch, k), capacities.reshape(-1, batch),
+                                         saving_latency, min_drafts=min_drafts, max_drafts=max_drafts, lookahead=True,
+                                         forecast_confidences=forecast.to(confidences.dtype), rate_threshold=price)
+        return decision.num_drafts.view(capacities.shape)
+
+    return rule
+
+
 def cut_budget(
     stale_confidences: torch.Tensor,
     num_drafts: torch.Tensor,
@@ -103,6 +148,7 @@ def cut_budget(
     min_budget: torch.Tensor | int,
     *,
     min_drafts: int = 0,
+    device_rule=None,
 ) -> torch.Tensor:
     """[...] int64: drafts to schedule for the device to cut (>= min_budget), by the rule of the module docstring.
 
@@ -115,6 +161,8 @@ def cut_budget(
         shifts: [Q, ..., B, K] survival logit shifts, one per scenario and request (`TransitionHistory.sample`).
         min_budget: [...] or scalar, the host's own budget (`prefix_scan_budget` of last step).
         min_drafts: drafts per request the device verifies whatever they are worth.
+        device_rule: (scenario confidences [Q, ..., B, K], capacities [Q, ..., B]) -> [Q, ..., B] drafts the device
+            admits in each scenario (the wiring's lookahead); None: the best prefix of each scenario's ranking.
     """
     if stale_confidences.dim() < 2 or not stale_confidences.is_floating_point():
         raise ValueError(f"stale_confidences must be a float [..., B, K], got {tuple(stale_confidences.shape)}")
@@ -144,8 +192,15 @@ def cut_budget(
     num_valid = capacity.sum(-1)                                                               # [...]
     forced = capacity.clamp(max=min_drafts).sum(-1)
     feasible = counts <= num_valid.unsqueeze(-1)                                               # [..., N + 1]
-    rate = torch.where(feasible & (counts >= forced.unsqueeze(-1)), gains / round_us, torch.full_like(gains, -1.0))
-    device_count = torch.argmax(rate, dim=-1, keepdim=True)                                    # [Q, ..., 1]
+    if device_rule is None:
+        rate = torch.where(feasible & (counts >= forced.unsqueeze(-1)), gains / round_us, torch.full_like(gains, -1.0))
+        device_count = torch.argmax(rate, dim=-1, keepdim=True)                                # [Q, ..., 1]
+    else:
+        # the scenario's conditional acceptances (its survival curves' ratios), as the device would estimate them
+        previous = torch.cat([torch.ones_like(scenario[..., :1]), scenario[..., :-1]], dim=-1)
+        confidences = torch.where(previous > 0, scenario / previous.clamp(min=1e-300), torch.zeros_like(scenario))
+        admitted = device_rule(confidences.to(stale_confidences.dtype), capacity.expand(scenario.shape[:-1]))
+        device_count = admitted.long().sum(-1, keepdim=True)
 
     verified = torch.minimum(counts, device_count)                                             # [Q, ..., N + 1]
     tokens = gains.gather(-1, verified)

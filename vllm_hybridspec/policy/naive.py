@@ -118,10 +118,10 @@ def naive_prefix_scan_budget(confidences, num_drafts, round_us, *, min_drafts=0,
 
 
 def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_token_us, shifts, min_budget,
-                     min_drafts=0) -> tuple[int, list[float]]:
+                     min_drafts=0, device_rule=None) -> tuple[int, list[float]]:
     """`cut_budget` for one batch: stale_confidences [B][K], num_drafts [B], round_us(x) / non_moe_us(x) -> us at x
-    verified tokens per request, shifts [Q][B][K]. Returns (the count, expected rate per count; -1 where not
-    allowed)."""
+    verified tokens per request, shifts [Q][B][K], device_rule(scenario confidences [B][K], capacities [B]) ->
+    drafts admitted (None: the best prefix). Returns (the count, expected rate per count; -1 where not allowed)."""
     import math
 
     batch, k = len(stale_confidences), len(stale_confidences[0])
@@ -136,17 +136,24 @@ def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_to
     tokens = [[0.0] * (n + 1) for _ in shifts]
     times = [[0.0] * (n + 1) for _ in shifts]
     for q, shift in enumerate(shifts):
-        pairs = []
+        pairs, curves = [], []
         for b in range(batch):
-            s, lowest = 1.0, 1.0
+            s, lowest, curve = 1.0, 1.0, []
             for j in range(cap[b]):
                 s *= min(max(stale_confidences[b][j], 0.0), 1.0)
                 moved = 1.0 / (1.0 + math.exp(-(logit(s) + shift[b][j])))
                 lowest = min(lowest, moved) if s > 0 else 0.0
-                pairs.append(lowest)
+                curve.append(lowest)
+            pairs += curve
+            curves.append(curve)
         pairs.sort(reverse=True)
         gains = [batch + sum(pairs[:m]) for m in range(n + 1)]
-        device = max(range(forced, num_valid + 1), key=lambda m: (gains[m] / round_us(1.0 + m / batch), -m))
+        if device_rule is None:
+            device = max(range(forced, num_valid + 1), key=lambda m: (gains[m] / round_us(1.0 + m / batch), -m))
+        else:
+            conf = [[(c[j] / (c[j - 1] if j else 1.0) if (j == 0 or c[j - 1] > 0) else 0.0) if j < len(c) else 0.0
+                     for j in range(k)] for c in curves]
+            device = sum(device_rule(conf, cap))
         for m in range(n + 1):
             v = min(m, device)
             tokens[q][m] = gains[v]
