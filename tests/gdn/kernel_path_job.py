@@ -1,14 +1,10 @@
-"""The CUDA path's plumbing with the folded reconstruction, run on CPU under the Triton interpreter (fp32):
-layer group -> per step: builder's begin_step (fold rows, flush launch) -> kernel verify per layer (fold, then
-verify) -> commit (one conv-only reconstruct launch per KV-cache group), against the naive reference per layer
-that reconstructs every state right after each step (the unfolded path).
+"""The CUDA path's plumbing, run on CPU under the Triton interpreter (fp32): layer group -> kernel verify per
+layer -> one reconstruct launch per KV-cache group, against the naive reference per layer.
 
     TRITON_INTERPRET=1 python tests/gdn/kernel_path_job.py      (prints OK; started by test_gdn_kernel_path.py)
 
 Fake layers carry what the path reads from vLLM's layer. Two KV-cache groups, strided like vLLM's, with their
-own slots; one cudagraph padding row (slot 0, no tokens); accepted counts 1..L per row. Step 2 verifies two of
-step 1's requests again in other batch rows (fold), drops one (flush before the forward) and adds one without
-pending; a build without spec rows then flushes everything left.
+own slots; one cudagraph padding row (slot 0, no tokens); accepted counts 1..L per row.
 """
 import os
 from types import SimpleNamespace
@@ -18,13 +14,13 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
 import torch  # noqa: E402
 
 from hybridspec_kernels.gdn_verify import naive_gdn_reconstruct, naive_gdn_verify  # noqa: E402
+from vllm_hybridspec.gdn.kernel_path import kernel_verify  # noqa: E402
 from vllm_hybridspec.gdn.plan import BlockParallelPlan  # noqa: E402
-from vllm_hybridspec.gdn.step import COUNTERS, GDNLayerGroup, VerifiedRows  # noqa: E402
+from vllm_hybridspec.gdn.step import GDNLayerGroup, VerifiedRows  # noqa: E402
 
 H, HV, K, V, W = 1, 2, 16, 16, 4
 D = 2 * H * K + HV * V
-NUM_SLOTS, NUM_LAYERS, MAX_LEN, MAX_REQUESTS = 6, 4, 4, 4
-TOLERANCE = dict(atol=2e-4, rtol=2e-3)
+NUM_SLOTS, NUM_LAYERS, MAX_LEN = 6, 4, 4
 
 
 def fake_layer(index, generator):
@@ -42,54 +38,39 @@ def fake_layer(index, generator):
 
 def main():
     generator = torch.Generator().manual_seed(0)
-    group = GDNLayerGroup(BlockParallelPlan(max_verify_len=MAX_LEN, max_requests=MAX_REQUESTS, use_kernels=True),
-                          NUM_LAYERS)
+    plan = BlockParallelPlan(max_verify_len=MAX_LEN, max_requests=4, use_kernels=True)
+    group = GDNLayerGroup(plan, NUM_LAYERS)
     layers = [fake_layer(i, generator) for i in range(NUM_LAYERS)]
     for layer in layers:
         group.add_layer(layer)
     group.allocate_workspace(layers[0], torch.device("cpu"), torch.float32)
-    assert group.workspace.max_requests == 2 * MAX_REQUESTS
     names = [layer.prefix for layer in layers]
     kv_groups = [group.add_kv_group(names[g::2]) for g in range(2)]
-    unfolded = [tuple(t.clone() for t in layer.kv_cache) for layer in layers]  # the naive path, reconstructed eagerly
+    expected = [tuple(t.clone() for t in layer.kv_cache) for layer in layers]
 
-    def step(cu, slots, accepted):
-        cu = torch.tensor(cu, dtype=torch.int32)
-        slots = {g: torch.tensor(s, dtype=torch.int32) for g, s in slots.items()}
-        num_rows = cu.shape[0] - 1
-        for kv_group in kv_groups:
-            group.begin_step(kv_group, VerifiedRows(slots[kv_group], cu, torch.arange(num_rows)))
-        n = torch.zeros(num_rows, dtype=torch.int32)
-        n[: len(accepted)] = torch.tensor(accepted, dtype=torch.int32)
-        for i, layer in enumerate(layers):
-            num_tokens = int(cu[-1])
-            x = torch.randn(num_tokens, D, generator=generator)
-            a, b = torch.randn(num_tokens, HV, generator=generator), torch.randn(num_tokens, HV, generator=generator)
-            state_indices = slots[group.kv_group_of[i]]
-            got = group.verify(i, x, a, b, state_indices, cu)
-            operands = (layer.conv1d.weight.view(D, W), None, layer.A_log, layer.dt_bias, *unfolded[i])
-            want = naive_gdn_verify(x, a, b, *operands, state_indices, cu, dtype=torch.float64)
-            torch.testing.assert_close(got.double(), want, **TOLERANCE)
-            naive_gdn_reconstruct(x, a, b, *operands, state_indices, cu, n, dtype=torch.float64)
-        group.commit(torch.tensor(accepted))
-
-    def check_states(which):  # 0: conv windows, 1: ssm states, of every slot of every layer
-        for i, layer in enumerate(layers):
-            torch.testing.assert_close(layer.kv_cache[which], unfolded[i][which], **TOLERANCE)
-
-    # step 1: L = 3, 1, 4 and a padding row
-    step([0, 3, 4, 8, 8], {0: [2, 5, 1, 0], 1: [4, 3, 5, 0]}, [2, 1, 4])
-    check_states(0)  # conv windows are committed eagerly
-    assert COUNTERS.reconstructions == 2 and group.parity == 1
-    # step 2: slots 1 / 5 (group 0 / 1) and 2 / 4 fold in new batch rows, 5 / 3 are flushed, 3 / 1 are new
-    step([0, 2, 6, 7, 7], {0: [1, 2, 3, 0], 1: [5, 4, 1, 0]}, [2, 4, 1])
-    assert COUNTERS.flushes == 2
-    check_states(0)
-    for kv_group in kv_groups:  # a step without spec rows: the builder flushes every pending ssm state
-        group.begin_step(kv_group, None)
-    assert group.pending == {} and COUNTERS.flushes == 4
-    check_states(0)
-    check_states(1)
+    cu = torch.tensor([0, 3, 4, 8, 8], dtype=torch.int32)  # L = 3, 1, 4, and a padding row
+    slots = {0: torch.tensor([2, 5, 1, 0], dtype=torch.int32), 1: torch.tensor([4, 3, 5, 0], dtype=torch.int32)}
+    accepted = torch.tensor([2, 1, 4])  # per sampled batch row; the padding row gets 0
+    inputs = []
+    for i, layer in enumerate(layers):
+        x, a, b = torch.randn(8, D, generator=generator), torch.randn(8, HV, generator=generator), torch.randn(8, HV, generator=generator)
+        inputs.append((x, a, b))
+        state_indices = slots[group.kv_group_of[i]]
+        got = kernel_verify(layer, group.workspace_of(i), x, a, b, state_indices, cu, MAX_LEN)
+        weight = layer.conv1d.weight.view(D, W)
+        want = naive_gdn_verify(x, a, b, weight, None, layer.A_log, layer.dt_bias, layer.kv_cache[0],
+                                layer.kv_cache[1], state_indices, cu, dtype=torch.float64)
+        torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-3)
+        n = torch.tensor([2, 1, 4, 0], dtype=torch.int32)
+        naive_gdn_reconstruct(x, a, b, weight, None, layer.A_log, layer.dt_bias, expected[i][0], expected[i][1],
+                              state_indices, cu, n, dtype=torch.float64)
+    for kv_group in kv_groups:
+        group.record(kv_group, VerifiedRows(slots[kv_group], cu, torch.arange(4)))
+    group.commit(accepted)
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(layer.kv_cache[1], expected[i][1], atol=2e-4, rtol=2e-3)
+        torch.testing.assert_close(layer.kv_cache[0], expected[i][0])
+    assert group.pending == {}
     print("OK")
 
 

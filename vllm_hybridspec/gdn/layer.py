@@ -7,14 +7,11 @@ decides from its engine's config (`block_parallel_plan`) whether it acts, and ot
 When it acts:
 - state: one slot per request (`num_speculative_blocks = 0`) holding a W-1 wide conv window and one ssm state;
   the page keeps vLLM's size (the platform sized the attention pages to it), so nothing else in the KV cache
-  moves. The kernel workspace (two halves of max_num_seqs rows) is allocated with the model.
+  moves. The per-step kernel workspace is allocated with the model.
 - forward: rows without drafts-to-verify (prefill chunks, and everything when the batch has no spec rows) run
-  vLLM's own non-spec path on the committed state; spec rows go through `GDNLayerGroup.verify`: the previous
-  step's pending ssm tokens are folded into the state (the only state write), then `gdn_verify` (CUDA) or the
-  naive reference (CPU) verifies from it and fills this step's workspace rows. Which rows fold what was set by
-  the metadata builder (`GDNLayerGroup.begin_step`, see step.py and the package docstring).
-- commit: after rejection sampling a runner hook (patches.py) calls `GDNLayerGroup.commit` (conv windows now,
-  ssm states at the next verify).
+  vLLM's own non-spec path on the committed state; spec rows run `gdn_verify` (CUDA) or the naive reference
+  (CPU) from the committed state, writing no state, and are recorded for the commit.
+- commit: after rejection sampling a runner hook (patches.py) calls `GDNLayerGroup.commit`.
 """
 from __future__ import annotations
 
@@ -180,12 +177,16 @@ def block_parallel_gdn_class() -> type:
                 spec_tokens = metadata.spec_token_indx
                 mixed_qkv, b, a = (t.index_select(0, spec_tokens) for t in (mixed_qkv, b, a))
 
-            # The same rows the metadata builder prepared for this step (step.py).
+            # The same rows the metadata builder recorded for the commit (step.py).
             state_indices = metadata.spec_state_indices_tensor[:, 0].contiguous()
             cu_seqlens = metadata.spec_query_start_loc[: state_indices.shape[0] + 1]
-            out_slice = core_attn_out[: mixed_qkv.shape[0]] if spec_only and self.block_parallel.use_kernels else None
-            out = group.verify(self.gdn_index, mixed_qkv, a, b, state_indices, cu_seqlens, out_slice)
-            out = out.to(core_attn_out.dtype)
+            if self.block_parallel.use_kernels:
+                out = self._verify_kernel(mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only)
+            else:
+                from vllm_hybridspec.gdn.reference import reference_verify
+
+                group.inputs[self.gdn_index] = (mixed_qkv.clone(), a.clone(), b.clone())
+                out = reference_verify(self, mixed_qkv, a, b, state_indices, cu_seqlens).to(core_attn_out.dtype)
             if spec_only:
                 if out.data_ptr() != core_attn_out.data_ptr():
                     core_attn_out[: out.shape[0]] = out
@@ -207,6 +208,15 @@ def block_parallel_gdn_class() -> type:
                 attn_metadata[self.prefix] = metadata
             core_attn_out.index_copy_(0, tokens, out)
             COUNTERS.mixed_batches += 1
+
+        def _verify_kernel(self, mixed_qkv, b, a, state_indices, cu_seqlens, core_attn_out, spec_only):
+            from vllm_hybridspec.gdn.kernel_path import kernel_verify
+
+            out = core_attn_out[: mixed_qkv.shape[0]] if spec_only else None
+            return kernel_verify(
+                self, self.gdn_group.workspace_of(self.gdn_index), mixed_qkv, a, b, state_indices, cu_seqlens,
+                self.block_parallel.max_verify_len, out=out,
+            )
 
     BlockParallelGatedDeltaNet.__qualname__ = BlockParallelGatedDeltaNet.__name__
     BlockParallelGatedDeltaNet.__module__ = __name__

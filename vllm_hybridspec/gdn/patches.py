@@ -1,8 +1,7 @@
 """The vLLM patches of block-parallel GDN verification (listed in `vllm_hybridspec.patches.ALL_PATCHES`).
 
-register() applies only `UseBlockParallelGdnLayer`, whose target module is light. The runner hooks (commit after
-rejection sampling; step start: finished/preempted requests; MRV2: the batch's request ids) are `on_demand`: the
-first block-parallel GDN layer applies them while the worker builds the model (the runner
+register() applies only `UseBlockParallelGdnLayer`, whose target module is light. The runner hooks are
+`on_demand`: the first block-parallel GDN layer applies them while the worker builds the model (the runner
 modules are loaded by then), so processes and engines that never enable the path never import or patch them.
 """
 from __future__ import annotations
@@ -62,84 +61,12 @@ def _register_layer(vllm_layer: type) -> None:
         vllm_layer.register_oot(block_parallel_gdn_class())
 
 
-def _group(vllm_config: Any):
+def _commit(vllm_config: Any, accepted: Any) -> None:
     from vllm_hybridspec.gdn.step import group_for
 
-    return group_for(vllm_config.compilation_config.static_forward_context)
-
-
-def _commit(vllm_config: Any, accepted: Any) -> None:
-    group = _group(vllm_config)
+    group = group_for(vllm_config.compilation_config.static_forward_context)
     if group is not None:
         group.commit(accepted)
-
-
-def _gone_req_ids(scheduler_output: Any) -> set[str]:
-    return set(scheduler_output.finished_req_ids) | set(getattr(scheduler_output, "preempted_req_ids", None) or ())
-
-
-class StartGdnStepV1(VllmPatch):
-    target = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
-    what = ("when a step starts (V1 runner), tells the block-parallel GDN layers which requests finished or were "
-            "preempted, and where the batch's request ids are; applied when the first block-parallel GDN layer "
-            "is built")
-    why = ("the last commit's ssm states are folded into the next verify; a row whose request is gone must not "
-           "be flushed, because vLLM may have handed its block to another request and zeroed it, and the "
-           "metadata builder that flushes sees slots, not requests")
-    vllm_versions = ">=0.32,<0.34"
-    process = "worker"
-    on_demand = True
-
-    @staticmethod
-    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
-        def _update_states(self, scheduler_output):
-            group = _group(self.vllm_config)
-            if group is not None:
-                group.start_step(_gone_req_ids(scheduler_output), lambda: self.input_batch.req_ids)
-            return original(self, scheduler_output)
-
-        return _update_states
-
-
-class StartGdnStepMRV2(VllmPatch):
-    target = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests"
-    what = ("when a step starts (Model Runner V2), tells the block-parallel GDN layers which requests finished or "
-            "were preempted; applied when the first block-parallel GDN layer is built")
-    why = "same as StartGdnStepV1, at the MRV2 method that receives the step's finished and preempted requests"
-    vllm_versions = ">=0.32,<0.34"
-    process = "worker"
-    on_demand = True
-
-    @staticmethod
-    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
-        def finish_requests(self, scheduler_output):
-            group = _group(self.vllm_config)
-            if group is not None:
-                group.start_step(_gone_req_ids(scheduler_output))
-            return original(self, scheduler_output)
-
-        return finish_requests
-
-
-class GdnBatchRequestsMRV2(VllmPatch):
-    target = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState.prepare_attn"
-    what = ("before Model Runner V2 builds a batch's attention metadata, hands the batch's request ids to the "
-            "block-parallel GDN layers; applied when the first block-parallel GDN layer is built")
-    why = "the GDN metadata builder records each spec row's request (see StartGdnStepV1); MRV2 keeps it in the batch"
-    vllm_versions = ">=0.32,<0.34"
-    process = "worker"
-    on_demand = True
-
-    @staticmethod
-    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
-        def prepare_attn(self, input_batch, *args, **kwargs):
-            group = _group(self.vllm_config)
-            if group is not None:
-                req_ids = input_batch.req_ids
-                group.batch_req_ids = lambda: req_ids
-            return original(self, input_batch, *args, **kwargs)
-
-        return prepare_attn
 
 
 class CommitAcceptedGdnStateV1(VllmPatch):
@@ -182,10 +109,7 @@ class CommitAcceptedGdnStateMRV2(VllmPatch):
         return postprocess_state
 
 
-_RUNNER_HOOKS: list[type[VllmPatch]] = [
-    CommitAcceptedGdnStateV1, StartGdnStepV1, CommitAcceptedGdnStateMRV2, StartGdnStepMRV2, GdnBatchRequestsMRV2,
-]
-GDN_PATCHES: list[type[VllmPatch]] = [UseBlockParallelGdnLayer, *_RUNNER_HOOKS]
+GDN_PATCHES: list[type[VllmPatch]] = [UseBlockParallelGdnLayer, CommitAcceptedGdnStateV1, CommitAcceptedGdnStateMRV2]
 
 
 def apply_commit_hooks() -> None:
@@ -197,7 +121,7 @@ def apply_commit_hooks() -> None:
 
     version = Version(installed_vllm()[1])
     with _register_lock:
-        for patch in _RUNNER_HOOKS:
+        for patch in (CommitAcceptedGdnStateV1, CommitAcceptedGdnStateMRV2):
             if patch.is_applied():
                 continue
             if version not in SpecifierSet(patch.vllm_versions) and os.environ.get(SKIP_VERSION_CHECK_ENV) != "1":
