@@ -1,17 +1,18 @@
-"""GDN verification per layer: ours (gdn_verify folding the previous step's ssm update + one conv-only
-gdn_reconstruct launch for all layers) against vLLM 0.33's spec-decode verify path and FLA's
+"""GDN verification per layer: ours (gdn_verify, then one gdn_reconstruct launch for all layers; the fold of
+the reconstruction into the next verify beside it) against vLLM 0.33's spec-decode verify path and FLA's
 fused_recurrent_gated_delta_rule, at Qwen3-Next's GDN shape.
 
 Every variant runs over a stack of --layers GDN layers, each with its own inputs and states (one layer's states
 fit in the 60 MB L2 at batch 1); one whole step (all layers) is captured in a CUDA graph and timed by replay
 (median of triton.testing.do_bench); times are per layer.
 
-    ours      (the folded path, what the wiring runs) per layer gdn_verify with a GDNFold: the previous step's
-              accepted tokens are folded into the committed ssm state (read + written once) before verifying;
-              then one conv-only reconstruction launch for all layers, its time shared over the layers. Two
-              steps (workspace rows double-buffered, parity 0 and 1) per graph, time halved; fold counts = this
-              pattern's accepted counts (the steady state).
-    ours_unfolded  gdn_verify (no state written), then one ssm + conv reconstruction launch for all layers
+    ours      (what the vLLM wiring runs) per layer gdn_verify (no state written), then one ssm + conv
+              reconstruction launch for all layers, its time shared over the layers
+    ours_folded  (measured, not wired: eval/notes/gdn_verify.md) per layer gdn_verify with a GDNFold: the
+              previous step's accepted tokens are folded into the committed ssm state (read + written once)
+              before verifying; then one conv-only reconstruction launch for all layers. Two steps (workspace
+              rows double-buffered, parity 0 and 1) per graph, time halved; fold counts = this pattern's
+              accepted counts (the steady state).
     vllm      causal_conv1d_update (spec mode, window of W-1+K rows) + q/k/v split copy (rearrange_mixed_qkv)
               + fused_sigmoid_gating_delta_rule_update writing the fp32 state after every token into L slots;
               from the pinned wheel's Triton sources (eval/_vllm_sources.py). Its CUDA op for K+1 <= 8
@@ -269,10 +270,10 @@ def bytes_vllm(gdn, L, B, act_bytes=2):
     return conv + split + core
 
 
-def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO, workspace_copies=2):
+def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO, workspace_copies=1):
     """Per layer: vLLM keeps K+1 blocks, each with an ssm state and a conv window of W-1+K rows; ours one ssm
-    state, a W-1 row window and the compact workspace for K+1 tokens, twice (the folded step double-buffers the
-    workspace rows: the previous step's block stays until the next verify has folded it)."""
+    state, a W-1 row window and the compact workspace for K+1 tokens (twice if the reconstruction were folded
+    into the next verify: the previous step's rows must stay until it has folded them)."""
     ssm, D, conv_row = state_bytes(gdn)
     W = gdn["width"]
     vllm = (num_spec + 1) * (ssm + (W - 1 + num_spec) * conv_row)
@@ -868,16 +869,16 @@ def main():
         for pattern in ("all", "random"):
             n = accept_counts(L, B, pattern, device)
             row[f"vllm_us_{pattern}"] = us(vllm_step(s, n, vk))
-            row[f"ours_us_{pattern}"] = us(ours_fold_step(s, n, config=fold_config), steps=2)
+            row[f"ours_us_{pattern}"] = us(ours_step(s, n, config=config, recon=recon))
             row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
-            row[f"ours_unfolded_us_{pattern}"] = us(ours_step(s, n, config=config, recon=recon))
-            row[f"speedup_unfolded_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_unfolded_us_{pattern}"]
-            row[f"fold_gain_{pattern}"] = row[f"ours_unfolded_us_{pattern}"] / row[f"ours_us_{pattern}"]
+            row[f"ours_folded_us_{pattern}"] = us(ours_fold_step(s, n, config=fold_config), steps=2)
+            row[f"speedup_folded_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
+            row[f"fold_gain_{pattern}"] = row[f"ours_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
         n = accept_counts(L, B, "all", device)
-        row["ours_verify_us"] = us(ours_fold_step(s, n, conv=False, config=fold_config), steps=2)
-        row["ours_reconstruct_us"] = us(ours_fold_step(s, n, verify=False), steps=2)
-        row["ours_unfolded_verify_us"] = us(ours_step(s, n, reconstruct=False, config=config))
-        row["ours_unfolded_reconstruct_us"] = us(ours_step(s, n, verify=False, recon=recon))
+        row["ours_verify_us"] = us(ours_step(s, n, reconstruct=False, config=config))
+        row["ours_reconstruct_us"] = us(ours_step(s, n, verify=False, recon=recon))
+        row["ours_folded_verify_us"] = us(ours_fold_step(s, n, conv=False, config=fold_config), steps=2)
+        row["ours_folded_conv_us"] = us(ours_fold_step(s, n, verify=False), steps=2)
         row["fla_us"] = None
         if fla_fn:
             try:
@@ -886,17 +887,16 @@ def main():
                 fla_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 print("fla failed:", fla_error, flush=True)
                 fla_fn = None
-        verify_b, recon_b = bytes_ours(gdn, L, B, n_total=L * B)
-        unfolded_b = sum(bytes_ours(gdn, L, B, n_total=L * B, folded=False))
-        row["ours_unfolded_MB"] = unfolded_b / 1e6
-        row["ours_MB"] = (verify_b + recon_b) / 1e6
-        row["ours_floor_us"] = (verify_b + recon_b) / HBM_BYTES_PER_S * 1e6
-        row["ours_TBps"] = (verify_b + recon_b) / (row["ours_us_all"] * 1e-6) / 1e12
+        ours_b = sum(bytes_ours(gdn, L, B, n_total=L * B, folded=False))
+        row["ours_folded_MB"] = sum(bytes_ours(gdn, L, B, n_total=L * B)) / 1e6
+        row["ours_MB"] = ours_b / 1e6
+        row["ours_floor_us"] = ours_b / HBM_BYTES_PER_S * 1e6
+        row["ours_TBps"] = ours_b / (row["ours_us_all"] * 1e-6) / 1e12
         row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
         row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
         row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
-        row["verify_config"] = repr(fold_config or default_verify_config(B, folded=True))
-        row["unfolded_verify_config"] = repr(config or default_verify_config(B))
+        row["verify_config"] = repr(config or default_verify_config(B))
+        row["folded_verify_config"] = repr(fold_config or default_verify_config(B, folded=True))
         row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
         print(rows[-1], flush=True)
@@ -920,15 +920,16 @@ def main():
         speedup_L16_b32_random=speedup(16, 32, "random"),
         state_bytes_ratio=round(vllm_state / ours_state, 3),
         vllm_state_bytes_per_request_per_layer=vllm_state, ours_state_bytes_per_request_per_layer=ours_state,
-        ours_workspace_bytes_per_request_per_layer=ws_per_request, ours_workspace_copies=2,
-        unfolded_speedup_L4_b1=speedup(4, 1, key="speedup_unfolded"),
-        unfolded_speedup_L16_b1=speedup(16, 1, key="speedup_unfolded"),
-        unfolded_speedup_L16_b32=speedup(16, 32, key="speedup_unfolded"),
+        ours_workspace_bytes_per_request_per_layer=ws_per_request, ours_workspace_copies=1,
+        folded_speedup_L4_b1=speedup(4, 1, key="speedup_folded"),
+        folded_speedup_L16_b1=speedup(16, 1, key="speedup_folded"),
+        folded_speedup_L16_b32=speedup(16, 32, key="speedup_folded"),
         fold_gain_L4_b1=speedup(4, 1, key="fold_gain"), fold_gain_L16_b1=speedup(16, 1, key="fold_gain"),
         fold_gain_L16_b32=speedup(16, 32, key="fold_gain"),
-        measures="speedup_* = vLLM / ours on the folded path (verify folding the previous step's ssm update + one "
-                 "conv-only reconstruction); unfolded_speedup_* = the same run's verify + ssm/conv reconstruction; "
-                 "fold_gain_* = unfolded / folded time; state bytes count two workspace copies (double-buffered)",
+        measures="speedup_* = vLLM / ours (verify + one ssm/conv reconstruction launch: what the wiring runs); "
+                 "folded_speedup_* = the same run's folded path (ssm reconstruction folded into the next verify + "
+                 "one conv-only reconstruction; measured, not wired); fold_gain_* = ours / folded time; state "
+                 "bytes count one workspace copy (the fold would need two)",
         goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
     )
     extra = dict(
@@ -937,10 +938,10 @@ def main():
              else f"not measured: {fla_error}"),
         vllm_cuda_op="vLLM's fused_gdn_decode_post_conv_mtp (CUDA, used when K+1 <= 8 and the batch is all-spec) is "
                      "a compiled vLLM extension; it cannot run without the vLLM wheel's binaries: not measured",
-        notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours = the folded path: "
-              "verify with the previous step's ssm update folded in + one conv-only reconstruction launch for all "
-              "layers, shared over them (two steps per graph, rows double-buffered); ours_unfolded = verify + one "
-              "ssm + conv reconstruction launch; speedup = vLLM / ours",
+        notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours = verify + one ssm + "
+              "conv reconstruction launch for all layers, shared over them (what the wiring runs); ours_folded = "
+              "verify with the previous step's ssm update folded in + one conv-only reconstruction launch (two "
+              "steps per graph, rows double-buffered); speedup = vLLM / ours",
     )
     if sweep_rows:
         extra["sweep"] = sweep_rows
@@ -956,22 +957,23 @@ def main():
 def markdown(rows, summary, extra, device_name, command):
     lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
              f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
-             "ours = the folded path: verify folds the previous step's ssm update in (state read and written once), "
-             "then one conv-only reconstruction launch for all layers, shared over them. unfolded = verify + one "
-             "ssm + conv reconstruction launch, timed in the same run; fold gain = unfolded / ours.", "",
+             "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
+             "vLLM wiring runs). folded = verify folding the previous step's ssm update in (state read and written "
+             "once) + one conv-only reconstruction launch, timed in the same run (not wired); fold gain = ours / "
+             "folded.", "",
              "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
-             "speedup (rand) | unfolded us (all) | speedup unfolded (all) | fold gain (all) | fold gain (rand) | "
-             "ours verify us | ours conv recon us | unfolded verify us | unfolded recon us | FLA us | ours MB | "
+             "speedup (rand) | folded us (all) | speedup folded (all) | fold gain (all) | fold gain (rand) | "
+             "ours verify us | ours recon us | folded verify us | folded conv recon us | FLA us | ours MB | "
              "ours floor us | ours TB/s | vLLM TB/s |", "|" + "---|" * 21]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(k)) for k in (
             "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
-            "speedup_random", "ours_unfolded_us_all", "speedup_unfolded_all", "fold_gain_all", "fold_gain_random",
-            "ours_verify_us", "ours_reconstruct_us", "ours_unfolded_verify_us", "ours_unfolded_reconstruct_us",
+            "speedup_random", "ours_folded_us_all", "speedup_folded_all", "fold_gain_all", "fold_gain_random",
+            "ours_verify_us", "ours_reconstruct_us", "ours_folded_verify_us", "ours_folded_conv_us",
             "fla_us", "ours_MB", "ours_floor_us", "ours_TBps", "vllm_TBps")) + " |")
-    chosen = {r["B"]: (r["verify_config"], r.get("unfolded_verify_config"), r["reconstruct_config"]) for r in rows}
+    chosen = {r["B"]: (r["verify_config"], r.get("folded_verify_config"), r["reconstruct_config"]) for r in rows}
     lines += ["", "Launch configs of ours (fastest in this run's sweep, per batch):", ""]
-    lines += [f"- batch {B}: folded verify `{v}`, unfolded verify `{u}`, reconstruct `{c}`"
+    lines += [f"- batch {B}: verify `{v}`, folded verify `{u}`, reconstruct `{c}`"
               for B, (v, u, c) in sorted(chosen.items())]
     if extra.get("sweep"):
         lines += ["", "Sweep (L=16, us per layer; verify alone, or reconstruction alone):", "",
@@ -998,7 +1000,7 @@ def plot(rows, path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
     ax.set_xlabel("verified tokens per request (L)")
     ax.set_ylabel("vLLM time / ours (per layer)")
-    ax.set_title("GDN verify (folded) + conv reconstruction vs vLLM 0.33, all accepted", fontsize=9)
+    ax.set_title("GDN verify + reconstruction vs vLLM 0.33, all accepted", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -1006,15 +1008,15 @@ def plot(rows, path):
 
 
 def print_table(rows, summary):
-    print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'unfold':>8} {'x_u':>6}"
-          f" {'gain':>5} {'verify':>7} {'conv':>6} {'u_ver':>7} {'u_rec':>7} {'fla':>7} {'floor':>7} {'TB/s':>5}")
+    print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'folded':>8} {'x_f':>6}"
+          f" {'gain':>5} {'verify':>7} {'recon':>6} {'f_ver':>7} {'f_conv':>7} {'fla':>7} {'floor':>7} {'TB/s':>5}")
     for r in rows:
         fla = f"{r['fla_us']:7.2f}" if r["fla_us"] is not None else "    n/a"
         print(f"{r['L']:>3} {r['B']:>3} {r['vllm_us_all']:8.2f} {r['ours_us_all']:8.2f} {r['speedup_all']:6.2f} "
-              f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_unfolded_us_all']:8.2f} "
-              f"{r['speedup_unfolded_all']:6.2f} {r['fold_gain_all']:5.2f} {r['ours_verify_us']:7.2f} "
-              f"{r['ours_reconstruct_us']:6.2f} {r['ours_unfolded_verify_us']:7.2f} "
-              f"{r['ours_unfolded_reconstruct_us']:7.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
+              f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_folded_us_all']:8.2f} "
+              f"{r['speedup_folded_all']:6.2f} {r['fold_gain_all']:5.2f} {r['ours_verify_us']:7.2f} "
+              f"{r['ours_reconstruct_us']:6.2f} {r['ours_folded_verify_us']:7.2f} "
+              f"{r['ours_folded_conv_us']:7.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
     print(json.dumps(summary))
 
 

@@ -24,7 +24,7 @@ def test_bench_quick_writes_results(tmp_path):
     assert doc["correctness"]["vllm_out_rel_err"] < 1e-5
     assert doc["correctness"]["ours_fold_out_rel_err"] < 1e-5  # two folded steps vs the sequential reference
     assert doc["correctness"]["ours_fold_ssm_rel_err"] < 1e-5
-    for key in ("ours_us_all", "ours_unfolded_us_all", "fold_gain_all", "ours_unfolded_reconstruct_us"):
+    for key in ("ours_us_all", "ours_folded_us_all", "fold_gain_all", "ours_folded_conv_us"):
         assert key in doc["rows"][0]
     assert doc["summary"]["state_bytes_ratio"] > 1
     assert (tmp_path / "res" / "gdn_verify.md").exists()
