@@ -288,6 +288,33 @@ def test_launch_options_keep_the_walk(opts, sampled):
     assert torch.equal(tokens, ref)
 
 
+@needs_kernels
+@pytest.mark.parametrize("sampled,reduced_vocab", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["greedy", "greedy-d2t", "sampled", "sampled-d2t"])
+@pytest.mark.parametrize("logit_scale", [1.0, 0.75])
+def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
+    """The running (value, id) max of several tiles (split_keys, the default from two rows on) picks what the int64
+    keys and the naive walk pick, the first of equal maxima included: fp16 base logits on a coarse grid and a small
+    Markov bias tie often, across resident tiles (3 of 64 rows), streamed tiles and programs. Sampled rows with a
+    reduced vocabulary order by target ids; logit_scale 1 skips the multiply and its rounding (exact no-ops)."""
+    rows, steps, vocab = 5, 4, 419
+    p = make_problem(rows, steps, vocab, seed=12, dtype=torch.float16, scale=0.02)
+    p.U = (p.U.float() * 2).round().to(torch.float16) / 2
+    kw = dict(logit_scale=logit_scale)
+    if sampled:
+        # Hot rows tie only where the noise does: a greedy row (temperature 0) keeps the ties in the sampled walk.
+        kw.update(sampling_kwargs(p), req_indices=p.req)
+    if reduced_vocab:
+        kw.update(draft_to_target=p.d2t)
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    _, logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
+    assert int((logits == logits.max(-1, keepdim=True).values).sum(-1).max()) > 1  # the greedy walk ties
+    for opts in (dict(), dict(split_keys=False), dict(programs=2, lockstep=True), dict(tile_rows=64, resident_tiles=3),
+                 dict(tile_rows=64, resident_tiles=3, keys_once=False)):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
+        assert torch.equal(tokens, ref), opts
+
+
 def test_auto_exchange_follows_the_measured_rule():
     """exchange='auto': tagged keys for one row, the batched exchanges from two rows on, each batch size taking
     the exchange measured fastest for the smallest measured size at or above it (eval/results/head_walk.json,

@@ -275,11 +275,18 @@ def _gather_tagged(base, p0, o_k, num_rows, tag, err_ptr, NUM_PROGS: tl.constexp
 
 
 @triton.jit
-def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+def _publish_tagged(keys_ptr, slot, pid, best, tag, NUM_PROGS: tl.constexpr, BP: tl.constexpr):
+    """The tagged exchange's publish: this program's [BP] keys with the step's tag, relaxed stores that nothing
+    waits on (work independent of the exchange, like the next step's noise, can run between this and the wait)."""
+    _publish_relaxed(keys_ptr + slot * NUM_PROGS * BP + pid * BP + tl.arange(0, BP), best | (tag.to(tl.int64) << 18))
+
+
+@triton.jit
+def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
                      NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr, KB: tl.constexpr,
                      MODE: tl.constexpr, PREFETCH_W1: tl.constexpr, R: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """Tagged exchange: every key carries the step's tag (bits 18-31), so each slot is its own arrival flag and
-    publishing is a plain relaxed store. KB = 1 (one batch row): every thread spins on its own slots of column 0
+    """Tagged exchange (after _publish_tagged): every key carries the step's tag (bits 18-31), so each slot is its
+    own arrival flag and publishing is a plain relaxed store. KB = 1 (one batch row): every thread spins on its own slots of column 0
     (PREFETCH_W1: and, the moment its slot arrives, prefetches that program's candidate W1 row into L1, so the
     winner's gather after the max is an L1 hit); one CTA-wide max is the winner, a scalar.
     KB = BP, winners [BP], by MODE: 2 "tagged" (per-thread PTX spin on each slot, one slot after another);
@@ -289,10 +296,8 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, num_rows, w1_
     Slot reuse (slot = k % 2) is safe: a program writes step k's keys only after it read all of step k - 1's,
     which every program published after it had read all of step k - 2's from the same slot (the key it
     publishes depends on the keys it read, so the read completes first)."""
-    tagged = best | (tag.to(tl.int64) << 18)
     err_addr = err_ptr.to(tl.int64)
     base = keys_ptr + slot * NUM_PROGS * BP
-    _publish_relaxed(base + pid * BP + tl.arange(0, BP), tagged)
     # Padding lanes poll this program's own slot, which holds this step's key already.
     if KB == 1 or MODE == 3:
         o_p = tl.arange(0, PP)
@@ -329,13 +334,17 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, best, tag, err_ptr, num_rows, w1_
 
 
 @triton.jit
-def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
-                w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
+def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
-                KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_ROW: tl.constexpr):
-    """Keys of one tile of vocabulary rows for every batch row: [rows, BP] (the caller reduces them: one max
-    over the int64 keys is the argmax with the first of equal maxima, one CTA-wide reduction instead of two).
-    ONE_ROW (a walk of one batch row; temp, seed, pos, req_safe, valid are then scalars): keys [rows].
+                KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
+                SCALED: tl.constexpr, SPLIT: tl.constexpr):
+    """(keys, ids) of one tile of vocabulary rows for every batch row: int64 keys [rows, BP] (the caller reduces
+    them: one max over the keys is the argmax with the first of equal maxima), or with SPLIT the fp32 scores
+    [rows, BP] themselves (the caller keeps a running (value, id) max, _fold_split: a few instructions an element
+    where a key costs a dozen). ids [rows]: the token ids the keys order by. ONE_ROW (a walk of one batch row;
+    temp, seed, pos, req_safe, valid are then scalars): keys [rows]. noise: this tile's Gumbel noise computed
+    ahead (None: computed here). Rows past `vocab` score -inf: their base logits load as -inf (_load_u).
 
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
@@ -345,14 +354,18 @@ def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, 
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
-                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET)
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED)
+        ids = rows
     else:
         if W2_SCALED:
             acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)[:, None]
         out_ty = u_ptr.dtype.element_ty
-        # vLLM rounds the GEMV's bias to the logits dtype, scales it there, and adds it to the base logits with one
-        # more rounding (a torch add).
-        bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
+        # vLLM rounds the GEMV's bias to the logits dtype, scales it there only when its scale is not 1
+        # (LogitsProcessor), and adds it to the base logits with one more rounding (a torch add). With scale 1 the
+        # multiply and its rounding are exact no-ops: SCALED leaves them out.
+        bias = acc.to(out_ty).to(tl.float32)
+        if SCALED:
+            bias = (bias * logit_scale).to(out_ty).to(tl.float32)
         if u is None:
             u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
         logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
@@ -365,26 +378,31 @@ def _score_tile(w, u, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, 
                      logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
         if SAMPLED:
             hot = temp != 0.0
-            noise = _gumbel_noise(seed[None, :], pos[None, :], target_ids[:, None])
+            if noise is None:
+                noise = _gumbel_noise(seed[None, :], pos[None, :], target_ids[:, None])
             scored = tl.where(hot[None, :], logits / tl.where(hot, temp, 1.0)[None, :] + noise, logits)
         else:
             scored = logits
-        scored = tl.where(m_v[:, None], scored, float("-inf"))
         if KEY_BY_TARGET:
             ids = target_ids
         else:
             ids = rows
-        # ids joined to an accumulator-shaped tensor, so the keys stay in the accumulator's layout (else Triton
-        # moves the whole [rows, BP] key tile into the ids' layout through shared memory before reducing it).
-        ids2d = ids[:, None] + (acc != acc).to(tl.int32)
-        keys = _ordered_keys(scored, ids2d)
-    return keys
+        if SPLIT:
+            keys = scored
+        else:
+            scored = tl.where(m_v[:, None], scored, float("-inf"))
+            # ids joined to an accumulator-shaped tensor, so the keys stay in the accumulator's layout (else Triton
+            # moves the whole [rows, BP] key tile into the ids' layout through shared memory before reducing it).
+            ids2d = ids[:, None] + (acc != acc).to(tl.int32)
+            keys = _ordered_keys(scored, ids2d)
+    return keys, ids
 
 
 @triton.jit
 def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
                stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
-               STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr):
+               STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
+               SCALED: tl.constexpr):
     """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
     (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
     reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
@@ -393,7 +411,9 @@ def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stri
     if W2_SCALED:
         acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)
     out_ty = u_ptr.dtype.element_ty
-    bias = (acc.to(out_ty).to(tl.float32) * logit_scale).to(out_ty).to(tl.float32)
+    bias = acc.to(out_ty).to(tl.float32)
+    if SCALED:
+        bias = (bias * logit_scale).to(out_ty).to(tl.float32)
     if u is None:
         u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
     logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
@@ -434,6 +454,47 @@ def _fold(acc_keys, best, keys, KEYS_ONCE: tl.constexpr):
 
 
 @triton.jit
+def _fold_split(run_v, run_id, scored, ids, ORDERED: tl.constexpr):
+    """Running (value, id) max per element over a step's tiles, lowest id on equal values. ORDERED: every id of
+    this tile is above every id already folded (tiles walked in row order, ids = rows), so a strict `>` keeps the
+    lowest; else (target ids of a reduced vocabulary) equal values compare ids."""
+    if ORDERED:
+        take = scored > run_v
+    else:
+        take = (scored > run_v) | ((scored == run_v) & (ids[:, None] < run_id))
+    return tl.where(take, scored, run_v), tl.where(take, ids[:, None], run_id)
+
+
+@triton.jit
+def _split_key(run_v, run_id, fallback_id):
+    """[BP] int64 keys from a running (value, id) max: an fp32 max and an int32 min of the ids holding it (two
+    one-word reductions where the int64 key needs a two-word shuffle and compare each level). An all-NaN column
+    (no id holds its max) falls back to fallback_id, a valid token of the shard, never an id past the vocabulary."""
+    vmax = tl.max(run_v, axis=0)
+    ids = tl.min(tl.where(run_v == vmax[None, :], run_id, ID_MASK), axis=0)
+    return _ordered_keys(vmax, tl.where(ids == ID_MASK, fallback_id, ids))
+
+
+@triton.jit
+def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab, anchor, HAS_D2T: tl.constexpr):
+    """[rows, BP] Gumbel noise of `step` for these rows, exactly as _score_tile computes it inline (the same ops in
+    the same order), so it can be computed a step ahead, while the exchange waits. anchor: None or a non-negative
+    int32 [rows, BP] tensor in the accumulator's layout, joined to the ids (+ anchor >> 31, always 0) so the noise
+    is computed in that layout (else Triton computes it in its own and moves both tiles through shared memory each
+    step)."""
+    seed = seed0 ^ (tl.cast(step, tl.int64) << 32)
+    pos = tl.load(pos_ptr + o_b * stride_pb + step, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
+    if HAS_D2T:
+        target_ids = rows + tl.load(d2t_ptr + rows, mask=rows < vocab, other=0).to(tl.int32)
+    else:
+        target_ids = rows
+    ids = target_ids[:, None]
+    if anchor is not None:
+        ids = ids + (anchor >> 31)
+    return _gumbel_noise(seed[None, :], pos[None, :], ids)
+
+
+@triton.jit
 def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b, ONE_ROW: tl.constexpr):
     if ONE_ROW:
         u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
@@ -444,9 +505,10 @@ def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b, ONE_R
 
 @triton.jit
 def _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b):
-    """[rows, BP] of the base logits U[b, step, rows]."""
+    """[rows, BP] of the base logits U[b, step, rows]; -inf past the vocabulary and in padding rows, so that those
+    scores lose without a select per element."""
     return tl.load(u_ptr + o_b[None, :] * stride_ub + step * stride_uk + rows[:, None],
-                   mask=(rows < vocab)[:, None] & m_b[None, :], other=0.0)
+                   mask=(rows < vocab)[:, None] & m_b[None, :], other=float("-inf"))
 
 
 @triton.jit
@@ -506,6 +568,7 @@ def head_walk_kernel(
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
+    SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -522,6 +585,12 @@ def head_walk_kernel(
     PREFETCH_W1: tl.constexpr = L1_PREFETCH and not (HAS_D2T and not KEY_BY_TARGET)
     HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
     ONE_ROW: tl.constexpr = KB == 1
+    # Several rows: a running (value, id) max per element instead of int64 keys (_fold_split); ids ascend over
+    # the tiles unless sampled keys order by the target ids of a reduced vocabulary.
+    SPLIT: tl.constexpr = SPLIT_KEYS and not ONE_ROW
+    ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET)
+    # The resident tiles' noise of step k + 1 is computed between step k's publish and its wait.
+    NOISE_AHEAD: tl.constexpr = NOISE_AHEAD_OPT and SAMPLED and TAGGED and SPLIT and KEYS_ONCE and RES_TILES >= 1
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
     m_b = o_b < num_rows
@@ -590,6 +659,27 @@ def head_walk_kernel(
 
     best0 = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
     winners = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
+    if HAS_D2T and KEY_BY_TARGET:
+        fallback_id = shard_begin + tl.load(d2t_ptr + shard_begin).to(tl.int32)
+    else:
+        fallback_id = shard_begin
+    nz0 = None
+    nz1 = None
+    nz2 = None
+    nz3 = None
+    if NOISE_AHEAD:
+        k_first = tl.minimum(k_begin, num_steps - 1)
+        nz0 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr, shard_end, None,
+                          HAS_D2T)
+        if RES_TILES >= 2:
+            nz1 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
+                              shard_end, None, HAS_D2T)
+        if RES_TILES >= 3:
+            nz2 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t, d2t_ptr,
+                              shard_end, None, HAS_D2T)
+        if RES_TILES >= 4:
+            nz3 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t, d2t_ptr,
+                              shard_end, None, HAS_D2T)
     for k in range(k_begin, k_end):
         if k > k_begin and TAGGED and ONE_ROW:
             # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
@@ -702,37 +792,64 @@ def head_walk_kernel(
             stream_keys = tl.full([ST], -9223372036854775807 - 1, dtype=tl.int64)
         else:
             pos = tl.full([BP], 0, dtype=tl.int64)
-            if SAMPLED:
+            if SAMPLED and not NOISE_AHEAD:
                 pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
             best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
             res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
             stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
+            if SPLIT:
+                # Streamed tiles start from (-inf, no id): their fold compares ids on equal values (not ORDERED),
+                # so an all -inf column still ends on its lowest row.
+                stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
+                stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
         if SAMPLED:
             seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
         if RES_TILES >= 1:
-            keys = _score_tile(
-                w_res0, u_res0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+            keys, ids = _score_tile(
+                w_res0, u_res0, nz0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
+            if SPLIT:
+                # The first tile starts the running max as it is (no -inf start, so no id is ever missing).
+                res_v = keys
+                res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
+            else:
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
-            keys = _score_tile(
-                w_res1, u_res1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
-                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+            keys, ids = _score_tile(
+                w_res1, u_res1, nz1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
+            else:
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 3:
-            keys = _score_tile(
-                w_res2, u_res2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
-                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+            keys, ids = _score_tile(
+                w_res2, u_res2, nz2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
+            else:
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 4:
-            keys = _score_tile(
-                w_res3, u_res3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
-                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-            res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+            keys, ids = _score_tile(
+                w_res3, u_res3, nz3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
+            else:
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+        if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
+            best = tl.maximum(best, _split_key(res_v, res_id, fallback_id))
+        if SAMPLED and NOISE_AHEAD and HAS_STREAM:
+            # The streamed tiles compute their noise inline (their pos was not loaded above).
+            pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
         if STREAM_PREFETCH:
             # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
             # scored, and the step's first tile was loaded before the previous exchange.
@@ -742,11 +859,16 @@ def head_walk_kernel(
                 u_tile = u_next
                 w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows + ST, shard_end, o_r)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows + ST, shard_end, o_b, m_b, ONE_ROW)
-                tile_keys = _score_tile(
-                    w, u_tile, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-                stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
+                if SPLIT:
+                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
+                    if not KEYS_ONCE:
+                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+                else:
+                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
             k_ahead = tl.minimum(k + 1, num_steps - 1)
             w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
             u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_ahead, stream_begin + o_s, shard_end, o_b, m_b,
@@ -755,16 +877,27 @@ def head_walk_kernel(
             for row0 in range(stream_begin, shard_end, ST):
                 rows = row0 + tl.arange(0, ST)
                 w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
-                tile_keys = _score_tile(
-                    w, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                tile_keys, tile_ids = _score_tile(
+                    w, None, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW)
-                stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
+                if SPLIT:
+                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
+                    if not KEYS_ONCE:
+                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+                else:
+                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
         if KEYS_ONCE:
-            if RES_TILES >= 1:
-                best = tl.maximum(best, tl.max(res_keys, axis=0))
-            if HAS_STREAM:
-                best = tl.maximum(best, tl.max(stream_keys, axis=0))
+            if SPLIT:
+                if RES_TILES >= 1:
+                    best = tl.maximum(best, _split_key(res_v, res_id, fallback_id))
+                if HAS_STREAM:
+                    best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+            else:
+                if RES_TILES >= 1:
+                    best = tl.maximum(best, tl.max(res_keys, axis=0))
+                if HAS_STREAM:
+                    best = tl.maximum(best, tl.max(stream_keys, axis=0))
         if ONE_ROW:
             best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
         if L1_PREFETCH and MULTI:
@@ -775,12 +908,27 @@ def head_walk_kernel(
                                BP, ONE_ROW)
         if TAGGED:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
+            _publish_tagged(keys_ptr, k % 2, pid, best, tag, NUM_PROGS, BP)
+            if NOISE_AHEAD:
+                # The next step's noise does not depend on this step's token: computed while the keys travel.
+                k_ahead = tl.minimum(k + 1, num_steps - 1)
+                nz0 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr,
+                                  shard_end, res_id, HAS_D2T)
+                if RES_TILES >= 2:
+                    nz1 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
+                                      shard_end, res_id, HAS_D2T)
+                if RES_TILES >= 3:
+                    nz2 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t,
+                                      d2t_ptr, shard_end, res_id, HAS_D2T)
+                if RES_TILES >= 4:
+                    nz3 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t,
+                                      d2t_ptr, shard_end, res_id, HAS_D2T)
             if KB == 1:
-                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
                                          NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
             else:
-                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, best, tag, err_ptr, num_rows, w1_ptr,
-                                           stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
+                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+                                           NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
         elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,

@@ -37,6 +37,8 @@ MAX_ROWS_PER_LAUNCH = 64
 RESIDENT_BYTES = 128 * 1024
 # A barrier gives up (and flags barrier_errors) after this many polls, ~1 s, instead of hanging the GPU.
 SPIN_LIMIT = 1 << 18
+# Noise computed a step ahead is carried in registers (one fp32 per score a thread): up to this padded batch.
+NOISE_AHEAD_MAX_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class WalkConfig:
     # multi: the next step's U and (one row) the candidates' W1 rows prefetched into L1 during the exchange. Off:
     # measured slower (prefetch.global.L1 holds the warp, so the wait grew by a round trip).
     l1_prefetch: bool = False
+    # Several rows: scores folded as a running fp32 value + int32 id max, one int64 key per row only at the end
+    # of the step (off: an int64 key per element, session 3's scoring).
+    split_keys: bool = True
+    # Sampled, several rows, tagged exchanges: the next step's Gumbel noise is computed while the keys travel.
+    noise_ahead: bool = True
 
 
 def _interpreting() -> bool:
@@ -84,7 +91,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
-              keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False) -> WalkConfig:
+              keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
+              split_keys: bool = True, noise_ahead: bool | None = None) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -127,7 +135,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
             fit = min(fit, 2)
         resident_tiles = fit if resident_tiles is None else min(resident_tiles, fit)
     else:
-        resident_tiles = 1
+        # One resident tile unless a test asks for more (the several-tile fold of the GPU plan, on the CPU).
+        resident_tiles = 1 if resident_tiles is None else min(resident_tiles, 4, triton.cdiv(chunk_rows, tile_rows))
     if residency == "full" and chunk_rows > resident_tiles * tile_rows:
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
@@ -141,7 +150,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
                       exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
                       num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
-                      prefetch=prefetch, l1_prefetch=l1_prefetch and multi)
+                      prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
+                      noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead)
 
 
 _workspaces: dict = {}
@@ -240,6 +250,8 @@ def head_walk(
     keys_once: bool = True,
     prefetch: bool = True,
     l1_prefetch: bool = False,
+    split_keys: bool = True,
+    noise_ahead: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -276,7 +288,9 @@ def head_walk(
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
             W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
             used), l1_prefetch (True: L1 prefetch of the next step's U / the candidates' W1 rows during the
-            exchange): launch overrides for tests and tuning.
+            exchange), split_keys (False: int64 keys per score, not a running value + id max), noise_ahead
+            (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
+            padded rows): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -368,7 +382,7 @@ def head_walk(
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
                     num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
-                    prefetch=prefetch, l1_prefetch=l1_prefetch)
+                    prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys, noise_ahead=noise_ahead)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -428,6 +442,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
+        SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, NOISE_AHEAD_OPT=cfg.noise_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
