@@ -220,9 +220,9 @@ def _profile_with_moe():
     total = [[100.0 + 25.0 * (n - 1) for n in lengths], [400.0 + 100.0 * (n - 1) for n in lengths]]
     unique = [[1.6 + 0.46 * (n - 1) for n in lengths], [6.0 + 1.84 * (n - 1) for n in lengths]]
     moe = [[50.0 * u for u in row] for row in unique]
+    rest = [[t - m for t, m in zip(*rows)] for rows in zip(total, moe)]
     return LatencyProfile("cpu-test", "tiny", "synthetic", [1, 4], lengths, total,
-                          per_layer_type={"moe": moe, "rest": [[t - m for t, m in zip(*rows)] for rows in zip(total, moe)]},
-                          unique_experts=unique)
+                          per_layer_type={"moe": moe, "rest": rest}, unique_experts=unique)
 
 
 def test_cut_scheduler_records_only_a_requests_own_consecutive_steps():

@@ -184,4 +184,5 @@ def test_cut_saving_profile_and_budget_rate(profile):
     caps = torch.tensor([3, 2])
     # forced first drafts (min_drafts 1) 0.9, 0.8, then 0.64 (request 1's second), 0.45 ...
     want = (2 + 0.9 + 0.8 + 0.64) / float(latency.round_us(2, 1.0 + 3 / 2))
-    assert float(budget_rate(stale, caps, latency, 3, min_drafts=1)) == pytest.approx(want, rel=1e-6)  # float32 survivals
+    # float32 survivals
+    assert float(budget_rate(stale, caps, latency, 3, min_drafts=1)) == pytest.approx(want, rel=1e-6)

@@ -4,7 +4,8 @@
 policy's budget let through; `trimmed_steps`: steps whose budget was below the schedule; `lengths`: how often
 the policy chose each per-request length (its host half, on last step's confidences; the device half then
 splits the same budget by this step's); `beyond_budget_drafts`: drafts the host scheduled beyond its budget for
-the device cut to verify or neutralise (`CutScheduler`), `beyond_budget_steps`: steps with any. Read them in-process (`COUNTERS.snapshot()`); they are also logged.
+the device cut to verify or neutralise (`CutScheduler`), `beyond_budget_steps`: steps with any. Read them
+in-process (`COUNTERS.snapshot()`); they are also logged.
 """
 from __future__ import annotations
 

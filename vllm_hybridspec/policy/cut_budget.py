@@ -82,7 +82,8 @@ def scenario_count(batch: int, scenario_requests: int = 256) -> int:
     """Scenarios per step: each scenario already draws every request of the batch, so the expected rate is as
     precise with fewer of them at a large batch (the host's cost grows with scenarios x batch); 4 to 32."""
     if batch < 1 or scenario_requests < 1:
-        raise ValueError(f"scenario_count: need batch >= 1 and scenario_requests >= 1, got {batch}, {scenario_requests}")
+        raise ValueError(f"scenario_count: need batch >= 1 and scenario_requests >= 1, got {batch}, "
+                         f"{scenario_requests}")
     return max(4, min(32, -(-scenario_requests // batch)))
 
 

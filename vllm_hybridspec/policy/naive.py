@@ -157,8 +157,8 @@ def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_to
         for m in range(n + 1):
             v = min(m, device)
             tokens[q][m] = gains[v]
-            times[q][m] = (round_us(1.0 + v / batch) + max(non_moe_us(1.0 + m / batch) - non_moe_us(1.0 + v / batch), 0.0)
-                           + cut_token_us * (m - v))
+            neutral_us = max(non_moe_us(1.0 + m / batch) - non_moe_us(1.0 + v / batch), 0.0) + cut_token_us * (m - v)
+            times[q][m] = round_us(1.0 + v / batch) + neutral_us
     rates = [-1.0] * (n + 1)
     for m in range(min(min_budget, num_valid), num_valid + 1):
         if m >= min_budget:

@@ -245,7 +245,8 @@ def probe_worth(
     device = next_survival.device
     j = torch.arange(top_k + 1, device=device, dtype=torch.float64)
     p = min(max(cost.mean_new_experts / top_k, 0.0), 1.0)
-    log_comb = torch.lgamma(torch.tensor(top_k + 1.0, dtype=torch.float64)) - torch.lgamma(j + 1) - torch.lgamma(top_k - j + 1)
+    log_comb = (torch.lgamma(torch.tensor(top_k + 1.0, dtype=torch.float64)) - torch.lgamma(j + 1)
+                - torch.lgamma(top_k - j + 1))
     pmf = torch.exp(log_comb + j * math.log(max(p, 1e-300)) + (top_k - j) * math.log(max(1 - p, 1e-300)))
     rate = torch.as_tensor(tokens_per_us, dtype=torch.float64, device=device).clamp(min=1e-12)
     value = next_survival.double() / (rate.unsqueeze(-1) if rate.dim() else rate)

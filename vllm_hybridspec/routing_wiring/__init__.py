@@ -4,9 +4,11 @@ layer, dropped probes rejected by vLLM's own rejection sampler.
 One verify step, with `hybridspec.routing_correction: true` (needs `verify_length: adaptive`):
 
 1. The adaptive manager (vllm_hybridspec/adaptive/manager.py) grants a few more drafts than its length policy
-   chose (`probe_budget`: requests whose next draft `probe_worth` says is worth probing) and, after the device
+   chose (`probe_requests`: requests whose next draft `probe_worth` says is worth probing) and, after the device
    split, marks each request's last draft as its probe when that draft lies beyond the policy's own choice
-   (`mark_probes`). It writes the step's static buffers: `RoutingStep.write`.
+   (`mark_probes`). It writes the step's static buffers: `RoutingStep.write`, with the probe's cost at this
+   step's own shape (`ProbeCostModel.at(batch, verified length)`: a probe sits where the policy stopped, i.e.
+   where the next token is dear, so a cost taken at a typical length under-prices it).
 2. Every MoE router's `select_experts` goes through `correct_routing` (patch `CorrectMoeRouting`, patches.py):
    the first router called after the manager installed the step (the target's layer 0; fixed from then on)
    decides `keep` with `routing_keep_mask`; every router, the first included, neutralises dropped probes
