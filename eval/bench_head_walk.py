@@ -485,6 +485,34 @@ TUNE_CASES_V5 = [
     ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
     ("poll_v152k_b32", 151936, 32, dict(exchange="poll")),
 ]
+# Session 3, second round (v6): the B > 1 scoring cuts side by side. Defaults now: a running fp32 value + int32 id
+# max per element (split_keys) ending in an fp32 max + int32 id min (pair_reduce), logit scale 1 without its
+# multiply, the next step's noise computed during the exchange up to 32 padded rows (noise_ahead). "_key": the
+# split fold ending in one int64 key reduction; "_keys64": an int64 key per score (session 3's scoring).
+TUNE_CASES_V6 = [
+    ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
+    ("probe_v32k_b8", 32000, 8, dict(exchange="probe")),
+    ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
+    ("poll_key_v32k_b8", 32000, 8, dict(exchange="poll", pair_reduce=False)),
+    ("poll_keys64_v32k_b8", 32000, 8, dict(exchange="poll", split_keys=False)),
+    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")),
+    ("poll_v32k_b32", 32000, 32, dict(exchange="poll")),
+    ("probe_key_v32k_b32", 32000, 32, dict(exchange="probe", pair_reduce=False)),
+    ("poll_key_v32k_b32", 32000, 32, dict(exchange="poll", pair_reduce=False)),
+    ("probe_keys64_v32k_b32", 32000, 32, dict(exchange="probe", split_keys=False)),
+    ("poll_v32k_b64", 32000, 64, dict(exchange="poll")),
+    ("probe_v32k_b64", 32000, 64, dict(exchange="probe")),
+    ("poll_key_v32k_b64", 32000, 64, dict(exchange="poll", pair_reduce=False)),
+    ("poll_keys64_v32k_b64", 32000, 64, dict(exchange="poll", split_keys=False)),
+    ("sampled_poll_v32k_b8", 32000, 8, dict(exchange="poll", sampled=True)),
+    ("sampled_poll_no_ahead_v32k_b8", 32000, 8, dict(exchange="poll", noise_ahead=False, sampled=True)),
+    ("sampled_probe_v32k_b32", 32000, 32, dict(exchange="probe", sampled=True)),
+    ("sampled_probe_no_ahead_v32k_b32", 32000, 32, dict(exchange="probe", noise_ahead=False, sampled=True)),
+    ("sampled_poll_v32k_b64", 32000, 64, dict(exchange="poll", sampled=True)),
+    ("sampled_poll_ahead_v32k_b64", 32000, 64, dict(exchange="poll", noise_ahead=True, sampled=True)),
+    ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
+    ("probe_keys64_v152k_b32", 151936, 32, dict(exchange="probe", split_keys=False)),
+]
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -496,6 +524,10 @@ LADDERS = {
                cases=TUNE_CASES_V5,
                floors=[("counter", 1), ("tagged", 1), ("counter", 8), ("probe", 8), ("poll", 8), ("counter", 32),
                        ("probe", 32), ("poll", 32)]),
+    "v6": dict(rule={"tagged": dict(exchange="tagged"), "probe": dict(exchange="probe"), "poll": dict(exchange="poll"),
+                     "probe_key": dict(exchange="probe", pair_reduce=False),
+                     "poll_key": dict(exchange="poll", pair_reduce=False)},
+               cases=TUNE_CASES_V6, floors=[("tagged", 1), ("poll", 8), ("probe", 32)]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -836,7 +868,7 @@ def main():
     parser.add_argument("--compile-timeout-s", type=float, default=150.0)
     parser.add_argument("--precompile-only", action="store_true", help="compile everything the run needs, then exit")
     parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
-    parser.add_argument("--ladder", choices=sorted(LADDERS), default="v5", help="which tuning ladder and floors")
+    parser.add_argument("--ladder", choices=sorted(LADDERS), default="v6", help="which tuning ladder and floors")
     parser.add_argument("--rule-variants", nargs="+", help="precompile only these launch variants for the sweep")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")

@@ -309,7 +309,8 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     _, logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
     assert int((logits == logits.max(-1, keepdim=True).values).sum(-1).max()) > 1  # the greedy walk ties
-    for opts in (dict(), dict(split_keys=False), dict(programs=2, lockstep=True), dict(tile_rows=64, resident_tiles=3),
+    for opts in (dict(), dict(split_keys=False), dict(pair_reduce=False), dict(programs=2, lockstep=True),
+                 dict(tile_rows=64, resident_tiles=3), dict(tile_rows=64, resident_tiles=3, pair_reduce=False),
                  dict(tile_rows=64, resident_tiles=3, keys_once=False)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         assert torch.equal(tokens, ref), opts
@@ -390,15 +391,22 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
                          ids=["v32k-b1", "v32k-b8", "v32k-b40", "v152k-b8"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_exchanges_agree(vocab, rows, sampled):
-    """Every exchange (counter, flags, tagged, probe, poll; poll also with 16 warps and with the L1 prefetch)
-    picks the same tokens, and no wait gives up. 40 rows: padding rows in the polled keys, two polling passes."""
+    """Every exchange (counter, flags, tagged, probe, poll; poll also with 16 warps and with the L1 prefetch) and
+    every scoring (running value + id max ending in a pair or an int64 reduction, int64 keys per score; sampled:
+    noise computed a step ahead or inline) picks the same tokens, and no wait gives up. 40 rows: padding rows in
+    the polled keys, two polling passes."""
     from hybridspec_kernels.head_walk import barrier_errors
 
     p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
     p.req = torch.arange(rows, device=DEVICE)
     kw = sampling_kwargs(p) if sampled else {}
     variants = {ex: dict(exchange=ex) for ex in ("counter", "flags", "tagged", "probe", "poll")}
-    variants.update(poll_warps16=dict(exchange="poll", num_warps=16), poll_l1=dict(exchange="poll", l1_prefetch=True))
+    variants.update(poll_warps16=dict(exchange="poll", num_warps=16), poll_l1=dict(exchange="poll", l1_prefetch=True),
+                    poll_key=dict(exchange="poll", pair_reduce=False),
+                    probe_keys64=dict(exchange="probe", split_keys=False))
+    if sampled:
+        variants.update(poll_ahead=dict(exchange="poll", noise_ahead=True),
+                        poll_inline=dict(exchange="poll", noise_ahead=False))
     errors = barrier_errors(DEVICE)
     walks = {name: head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)[0] for name, opts in variants.items()}
     torch.cuda.synchronize()

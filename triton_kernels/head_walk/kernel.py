@@ -248,17 +248,27 @@ def _prefetch_u_l1(u_ptr, stride_ub, stride_uk, step, row_begin, shard_end, num_
 
 
 @triton.jit
-def _gather_tagged(base, p0, o_k, num_rows, tag, err_ptr, NUM_PROGS: tl.constexpr, PCH: tl.constexpr,
-                   BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """Keys [PCH, BP] of programs p0 .. p0 + PCH - 1, live rows only, each carrying `tag`: one batch of relaxed
-    (volatile) loads for all slots, then, while any slot misses its tag, one batch of reloads of the missing ones
-    (a CTA-wide count per round: the round trips of all slots overlap). Dead lanes (padding programs and rows)
-    load nothing and hold the lowest key of this tag."""
+def _gather_first(base, p0, o_k, num_rows, tag, NUM_PROGS: tl.constexpr, PCH: tl.constexpr, BP: tl.constexpr):
+    """_gather_tagged's first batch of loads: [PCH, BP] keys, the lowest key of this tag in dead lanes."""
     o_c = p0 + tl.arange(0, PCH)
     live = (o_c < NUM_PROGS)[:, None] & (o_k < num_rows)[None, :]
-    ptrs = base + o_c[:, None] * BP + o_k[None, :]
     floor = (-9223372036854775807 - 1) | (tag.to(tl.int64) << 18)
-    keys = tl.load(ptrs, mask=live, other=floor, volatile=True)
+    return tl.load(base + o_c[:, None] * BP + o_k[None, :], mask=live, other=floor, volatile=True)
+
+
+@triton.jit
+def _gather_tagged(base, p0, o_k, num_rows, tag, first, err_ptr, NUM_PROGS: tl.constexpr, PCH: tl.constexpr,
+                   BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Keys [PCH, BP] of programs p0 .. p0 + PCH - 1, live rows only, each carrying `tag`: one batch of relaxed
+    (volatile) loads for all slots (or `first`, issued earlier by _gather_first), then, while any slot misses its
+    tag, one batch of reloads of the missing ones (a CTA-wide count per round: the round trips of all slots
+    overlap). Dead lanes (padding programs and rows) load nothing and hold the lowest key of this tag."""
+    o_c = p0 + tl.arange(0, PCH)
+    ptrs = base + o_c[:, None] * BP + o_k[None, :]
+    if first is None:
+        keys = _gather_first(base, p0, o_k, num_rows, tag, NUM_PROGS, PCH, BP)
+    else:
+        keys = first
     missing = ((keys >> 18) & 0x3FFF) != tag
     late = tl.sum(missing.to(tl.int32))
     spins = 0
@@ -282,13 +292,29 @@ def _publish_tagged(keys_ptr, slot, pid, best, tag, NUM_PROGS: tl.constexpr, BP:
 
 
 @triton.jit
-def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
+def _exchange_first(keys_ptr, slot, pid, tag, num_rows, NUM_PROGS: tl.constexpr, PP: tl.constexpr,
+                    BP: tl.constexpr, MODE: tl.constexpr):
+    """The batched exchanges' first reads (several rows; MODE 3 probe: column 0 of every program, [PP]; 4 poll: the
+    first pass of live slots, [PCH, BP]), issued before work that does not need them (the next step's noise), so
+    their round trip overlaps it; _exchange_tagged(first=...) checks them and re-polls what is missing."""
+    base = keys_ptr + slot * NUM_PROGS * BP
+    if MODE == 3:
+        o_p = tl.arange(0, PP)
+        first = _load_relaxed(base + tl.where(o_p < NUM_PROGS, o_p, pid) * BP)
+    else:
+        PCH: tl.constexpr = PP if PP * BP <= 4096 else 4096 // BP
+        first = _gather_first(base, 0, tl.arange(0, BP), num_rows, tag, NUM_PROGS, PCH, BP)
+    return first
+
+
+@triton.jit
+def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr, stride_w1,
                      NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr, KB: tl.constexpr,
                      MODE: tl.constexpr, PREFETCH_W1: tl.constexpr, R: tl.constexpr, SPIN_LIMIT: tl.constexpr):
     """Tagged exchange (after _publish_tagged): every key carries the step's tag (bits 18-31), so each slot is its
-    own arrival flag and publishing is a plain relaxed store. KB = 1 (one batch row): every thread spins on its own slots of column 0
-    (PREFETCH_W1: and, the moment its slot arrives, prefetches that program's candidate W1 row into L1, so the
-    winner's gather after the max is an L1 hit); one CTA-wide max is the winner, a scalar.
+    own arrival flag and publishing is a plain relaxed store. KB = 1 (one batch row): every thread spins on its
+    own slots of column 0 (PREFETCH_W1: and, the moment its slot arrives, prefetches that program's candidate
+    W1 row into L1, so the winner's gather after the max is an L1 hit); one CTA-wide max is the winner, a scalar.
     KB = BP, winners [BP], by MODE: 2 "tagged" (per-thread PTX spin on each slot, one slot after another);
     3 "probe" (the per-thread spin on column 0 only, a CTA sync, then one batch of loads of every live slot that
     re-polls the few whose tags are missing); 4 "poll" (that batch of loads and re-polls from the start).
@@ -302,7 +328,11 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, err_ptr, num_rows, w1_ptr, s
     if KB == 1 or MODE == 3:
         o_p = tl.arange(0, PP)
         prog = tl.where(o_p < NUM_PROGS, o_p, pid)
-        keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p, SPIN_LIMIT)
+        if first is None:
+            keys = _spin_tagged(base + prog * BP, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p, SPIN_LIMIT)
+        else:
+            keys = _wait_tagged(base + prog * BP, first, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p,
+                                SPIN_LIMIT)
         if KB == 1:
             if PREFETCH_W1:
                 _prefetch_rows_l1(w1_ptr, stride_w1, ID_MASK - (keys & ID_MASK), R)
@@ -316,7 +346,10 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, err_ptr, num_rows, w1_ptr, s
         o_k = tl.arange(0, BP)
         winner = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
         for p0 in tl.static_range(0, NUM_PROGS, PCH):
-            keys = _gather_tagged(base, p0, o_k, num_rows, tag, err_ptr, NUM_PROGS, PCH, BP, SPIN_LIMIT)
+            if MODE == 4 and p0 == 0:
+                keys = _gather_tagged(base, p0, o_k, num_rows, tag, first, err_ptr, NUM_PROGS, PCH, BP, SPIN_LIMIT)
+            else:
+                keys = _gather_tagged(base, p0, o_k, num_rows, tag, None, err_ptr, NUM_PROGS, PCH, BP, SPIN_LIMIT)
             winner = tl.maximum(winner, tl.max(keys, axis=0))
     elif KB > 1:
         # At most 2048 slots a pass (8 a thread), so the polled keys and their addresses stay in registers.
@@ -466,13 +499,18 @@ def _fold_split(run_v, run_id, scored, ids, ORDERED: tl.constexpr):
 
 
 @triton.jit
-def _split_key(run_v, run_id, fallback_id):
-    """[BP] int64 keys from a running (value, id) max: an fp32 max and an int32 min of the ids holding it (two
-    one-word reductions where the int64 key needs a two-word shuffle and compare each level). An all-NaN column
-    (no id holds its max) falls back to fallback_id, a valid token of the shard, never an id past the vocabulary."""
-    vmax = tl.max(run_v, axis=0)
-    ids = tl.min(tl.where(run_v == vmax[None, :], run_id, ID_MASK), axis=0)
-    return _ordered_keys(vmax, tl.where(ids == ID_MASK, fallback_id, ids))
+def _split_key(run_v, run_id, fallback_id, PAIR: tl.constexpr):
+    """[BP] int64 keys from a running (value, id) max. PAIR: an fp32 max, then an int32 min of the ids holding it
+    (two one-word reductions, where the int64 key needs a two-word shuffle and compare each level, but two
+    CTA-wide rounds); else one int64 key per element, one reduction. A column whose max no id holds (all NaN)
+    falls back to fallback_id, a valid token of the shard, never an id past the vocabulary."""
+    if PAIR:
+        vmax = tl.max(run_v, axis=0)
+        ids = tl.min(tl.where(run_v == vmax[None, :], run_id, ID_MASK), axis=0)
+        keys = _ordered_keys(vmax, tl.where(ids == ID_MASK, fallback_id, ids))
+    else:
+        keys = tl.max(_ordered_keys(run_v, tl.where(run_id == ID_MASK, fallback_id, run_id)), axis=0)
+    return keys
 
 
 @triton.jit
@@ -568,7 +606,7 @@ def head_walk_kernel(
     HAS_CONF: tl.constexpr, W2_SCALED: tl.constexpr, MULTI: tl.constexpr, DO_FINAL: tl.constexpr,
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
-    SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
+    SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -589,8 +627,10 @@ def head_walk_kernel(
     # the tiles unless sampled keys order by the target ids of a reduced vocabulary.
     SPLIT: tl.constexpr = SPLIT_KEYS and not ONE_ROW
     ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET)
-    # The resident tiles' noise of step k + 1 is computed between step k's publish and its wait.
-    NOISE_AHEAD: tl.constexpr = NOISE_AHEAD_OPT and SAMPLED and TAGGED and SPLIT and KEYS_ONCE and RES_TILES >= 1
+    # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
+    # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
+    NOISE_AHEAD: tl.constexpr = (NOISE_AHEAD_OPT and SAMPLED and TAGGED and EXCHANGE >= 3 and SPLIT and KEYS_ONCE
+                                 and RES_TILES >= 1 and not HAS_STREAM)
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
     m_b = o_b < num_rows
@@ -812,7 +852,12 @@ def head_walk_kernel(
             if SPLIT:
                 # The first tile starts the running max as it is (no -inf start, so no id is ever missing).
                 res_v = keys
-                res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
+                if NOISE_AHEAD:
+                    # Ids selected by the scores (a NaN holds none): in the accumulator's layout even with one
+                    # tile, where they anchor the noise computed ahead.
+                    res_id = tl.where(keys == keys, ids[:, None], ID_MASK)
+                else:
+                    res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
@@ -846,10 +891,7 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
-            best = tl.maximum(best, _split_key(res_v, res_id, fallback_id))
-        if SAMPLED and NOISE_AHEAD and HAS_STREAM:
-            # The streamed tiles compute their noise inline (their pos was not loaded above).
-            pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
+            best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
         if STREAM_PREFETCH:
             # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
             # scored, and the step's first tile was loaded before the previous exchange.
@@ -866,7 +908,7 @@ def head_walk_kernel(
                 if SPLIT:
                     stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
                     if not KEYS_ONCE:
-                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
                 else:
                     stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
             k_ahead = tl.minimum(k + 1, num_steps - 1)
@@ -884,15 +926,15 @@ def head_walk_kernel(
                 if SPLIT:
                     stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
                     if not KEYS_ONCE:
-                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
                 else:
                     stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
         if KEYS_ONCE:
             if SPLIT:
                 if RES_TILES >= 1:
-                    best = tl.maximum(best, _split_key(res_v, res_id, fallback_id))
+                    best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
                 if HAS_STREAM:
-                    best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id))
+                    best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
             else:
                 if RES_TILES >= 1:
                     best = tl.maximum(best, tl.max(res_keys, axis=0))
@@ -909,26 +951,32 @@ def head_walk_kernel(
         if TAGGED:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             _publish_tagged(keys_ptr, k % 2, pid, best, tag, NUM_PROGS, BP)
+            first = None
             if NOISE_AHEAD:
-                # The next step's noise does not depend on this step's token: computed while the keys travel.
-                k_ahead = tl.minimum(k + 1, num_steps - 1)
-                nz0 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr,
-                                  shard_end, res_id, HAS_D2T)
-                if RES_TILES >= 2:
-                    nz1 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
+                # The next step's noise does not depend on this step's token: computed while the exchange's first
+                # reads travel (the last program to publish would otherwise pay both one after the other).
+                first = _exchange_first(keys_ptr, k % 2, pid, tag, num_rows, NUM_PROGS, PP, BP, EXCHANGE)
+                # A branch ptxas keeps: its scheduler would otherwise sink the first reads below the noise,
+                # next to their use (num_rows > 0 always holds in a launch).
+                if num_rows > 0:
+                    k_ahead = tl.minimum(k + 1, num_steps - 1)
+                    nz0 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr,
                                       shard_end, res_id, HAS_D2T)
-                if RES_TILES >= 3:
-                    nz2 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t,
-                                      d2t_ptr, shard_end, res_id, HAS_D2T)
-                if RES_TILES >= 4:
-                    nz3 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t,
-                                      d2t_ptr, shard_end, res_id, HAS_D2T)
+                    if RES_TILES >= 2:
+                        nz1 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
+                                          shard_end, res_id, HAS_D2T)
+                    if RES_TILES >= 3:
+                        nz2 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t,
+                                          d2t_ptr, shard_end, res_id, HAS_D2T)
+                    if RES_TILES >= 4:
+                        nz3 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t,
+                                          d2t_ptr, shard_end, res_id, HAS_D2T)
             if KB == 1:
-                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
-                                         NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
+                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
+                                         stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
             else:
-                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, err_ptr, num_rows, w1_ptr, stride_w1,
-                                           NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
+                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
+                                           stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
         elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,

@@ -62,6 +62,9 @@ class WalkConfig:
     # Several rows: scores folded as a running fp32 value + int32 id max, one int64 key per row only at the end
     # of the step (off: an int64 key per element, session 3's scoring).
     split_keys: bool = True
+    # split_keys: the step's last reduction as an fp32 max + int32 min of the ids holding it (False: one int64 key
+    # per folded element, one reduction).
+    pair_reduce: bool = True
     # Sampled, several rows, tagged exchanges: the next step's Gumbel noise is computed while the keys travel.
     noise_ahead: bool = True
 
@@ -92,7 +95,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
-              split_keys: bool = True, noise_ahead: bool | None = None) -> WalkConfig:
+              split_keys: bool = True, pair_reduce: bool = True,
+              noise_ahead: bool | None = None) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -151,6 +155,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
                       num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
+                      pair_reduce=pair_reduce,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead)
 
 
@@ -251,6 +256,7 @@ def head_walk(
     prefetch: bool = True,
     l1_prefetch: bool = False,
     split_keys: bool = True,
+    pair_reduce: bool = True,
     noise_ahead: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -288,7 +294,8 @@ def head_walk(
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
             W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
             used), l1_prefetch (True: L1 prefetch of the next step's U / the candidates' W1 rows during the
-            exchange), split_keys (False: int64 keys per score, not a running value + id max), noise_ahead
+            exchange), split_keys (False: int64 keys per score, not a running value + id max), pair_reduce (False:
+            split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
             padded rows): launch overrides for tests and tuning.
 
@@ -382,7 +389,8 @@ def head_walk(
     cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
                     num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
-                    prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys, noise_ahead=noise_ahead)
+                    prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
+                    pair_reduce=pair_reduce, noise_ahead=noise_ahead)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -442,7 +450,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
-        SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, NOISE_AHEAD_OPT=cfg.noise_ahead,
+        SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
+        NOISE_AHEAD_OPT=cfg.noise_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
