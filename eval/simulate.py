@@ -270,7 +270,9 @@ class Cell:
                     budget = cut_budget(stale, cap.expand(chunk, batch), plan, non_moe, moe_token_us,
                                         history.sample(scenario_count(batch, args.cut_scenarios), (chunk, batch),
                                                        cut_gen), budget, min_drafts=1,
-                                        device_rule=None if args.cut_device_model == "best_prefix" else rule)
+                                        device_rule=rule if args.cut_device_model == "lookahead" else None,
+                                        device_price=((self.cut_saving[kernels], host_rate)
+                                                      if args.cut_device_model == "priced_prefix" else None))
                 n = choose_verify_lengths(conf, cap.expand(chunk, batch), plan, min_drafts=1,
                                           rate_threshold=float("inf"), budget_floor=budget).num_drafts.long()
                 if policy == "hybridspec_neutralise":
@@ -743,9 +745,10 @@ def parse_args(argv=None):
                          "this round's survivals that price scheduling drafts beyond the host budget for the "
                          "device to cut (0: schedule the host budget only)")
     ap.add_argument("--cut-history", type=int, default=512, help="step-to-step changes the scenarios draw from")
-    ap.add_argument("--cut-device-model", choices=("lookahead", "best_prefix"), default="lookahead",
-                    help="what the scenarios assume the device verifies: its own rule (device_cut_rule), or the "
-                         "best prefix of each scenario's ranking")
+    ap.add_argument("--cut-device-model", choices=("priced_prefix", "lookahead", "best_prefix"),
+                    default="priced_prefix",
+                    help="what the scenarios assume the device verifies: the prefix its pricing prefers (the "
+                         "wiring's choice), its own rule (device_cut_rule, slow), or the prefix with the best T rate")
     ap.add_argument("--moe-layers", type=int, default=40)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--no-sensitivity", action="store_true")

@@ -186,3 +186,25 @@ def test_cut_saving_profile_and_budget_rate(profile):
     want = (2 + 0.9 + 0.8 + 0.64) / float(latency.round_us(2, 1.0 + 3 / 2))
     # float32 survivals
     assert float(budget_rate(stale, caps, latency, 3, min_drafts=1)) == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_device_price_matches_naive_reference(profile, seed):
+    """The wiring's device model: the prefix of each scenario with the most tokens - price x saving time."""
+    from vllm_hybridspec.policy import cut_saving_profile
+
+    g = torch.Generator().manual_seed(seed)
+    chunk, batch, k, scenarios = 2, 3, 6, 5
+    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
+    caps = torch.randint(1, k + 1, (chunk, batch), generator=g)
+    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64)
+    latency, cut = models(profile, batch, k)
+    saving = VerifyLatencyModel(cut_saving_profile(profile, 2.0), batch, k + 1)
+    price = torch.tensor([0.002, 0.01], dtype=torch.float64)
+    got = cut_budget(stale, caps, latency, cut, 2.0, shifts, 1, min_drafts=1, device_price=(saving, price))
+    for i in range(chunk):
+        want, rates = naive_cut_budget(stale[i].tolist(), caps[i].tolist(), lambda x: float(latency.round_us(batch, x)),
+                                       lambda x: float(cut.verify_us(batch, x)), 2.0, shifts[:, i].tolist(), 1,
+                                       min_drafts=1,
+                                       device_price=(lambda x: float(saving.verify_us(batch, x)), float(price[i])))
+        assert int(got[i]) == want or rates[int(got[i])] == pytest.approx(rates[want], rel=1e-9)

@@ -43,7 +43,6 @@ from vllm_hybridspec.policy import (
     choose_verify_lengths,
     cut_budget,
     cut_saving_profile,
-    device_cut_rule,
     non_moe_profile,
     prefix_scan_budget,
     scenario_count,
@@ -204,8 +203,7 @@ class CutScheduler:
         rate = float(budget_rate(stale, capacities, self.latency, host_budget, min_drafts=self.min_drafts))
         if self.history.size == 0:
             return host_budget, rate
-        rule = device_cut_rule(self.saving_latency, stale, rate, min_drafts=self.min_drafts, max_drafts=self.max_drafts)
         shifts = self.history.sample(scenario_count(batch), (batch,), self.generator)
         count = cut_budget(stale, capacities, self.latency, self.cut_latency, self.cut_token_us, shifts, host_budget,
-                           min_drafts=self.min_drafts, device_rule=rule)
+                           min_drafts=self.min_drafts, device_price=(self.saving_latency, rate))
         return int(count), rate

@@ -12,9 +12,10 @@ is the best of 64 requests' next drafts, whose survival moves far less than any 
 `cut_budget` prices the option by scenarios of this step's survival curves: each request's curve from last
 step, shifted by a change one request showed between two consecutive earlier steps (`TransitionHistory`: the
 logit of the survival at every position, so a request's positions move together). In each scenario q the device
-verifies d_q drafts - what its own rule admits on the scenario (`device_cut_rule`; or the best prefix of the
-scenario's ranking), capped by the scheduled count M; the host picks the M (at least its own budget) with the
-best expected rate E[tokens] / E[time] over the scenarios:
+verifies d_q drafts - the prefix of the scenario's ranking that the device cut's own pricing prefers (tokens -
+rate x the time verifying them costs beyond neutralising them; or its exact rule, `device_cut_rule`), capped by
+the scheduled count M; the host picks the M (at least its own budget) with the best expected rate
+E[tokens] / E[time] over the scenarios:
 
     tokens_q(M) = B + the min(M, d_q) largest survivals of scenario q
     time_q(M)   = T(min(M, d_q)) + N(M) - N(min(M, d_q)) + s_t * (M - min(M, d_q))
@@ -150,6 +151,7 @@ def cut_budget(
     *,
     min_drafts: int = 0,
     device_rule=None,
+    device_price: tuple[VerifyLatencyModel, torch.Tensor | float] | None = None,
 ) -> torch.Tensor:
     """[...] int64: drafts to schedule for the device to cut (>= min_budget), by the rule of the module docstring.
 
@@ -163,7 +165,11 @@ def cut_budget(
         min_budget: [...] or scalar, the host's own budget (`prefix_scan_budget` of last step).
         min_drafts: drafts per request the device verifies whatever they are worth.
         device_rule: (scenario confidences [Q, ..., B, K], capacities [Q, ..., B]) -> [Q, ..., B] drafts the device
-            admits in each scenario (the wiring's lookahead); None: the best prefix of each scenario's ranking.
+            admits in each scenario (`device_cut_rule`: the wired lookahead itself; slow at a large batch).
+        device_price: (saving latency, rate [...] or scalar): the device verifies the prefix of each scenario's
+            ranking with the most tokens - rate x time, the time from `cut_saving_profile` (what the device cut
+            weighs; the wiring's choice: as good as `device_cut_rule` in the simulator, at a fraction of the host's
+            time). Neither: the prefix with the best rate tokens / T.
     """
     if stale_confidences.dim() < 2 or not stale_confidences.is_floating_point():
         raise ValueError(f"stale_confidences must be a float [..., B, K], got {tuple(stale_confidences.shape)}")
@@ -193,7 +199,13 @@ def cut_budget(
     num_valid = capacity.sum(-1)                                                               # [...]
     forced = capacity.clamp(max=min_drafts).sum(-1)
     feasible = counts <= num_valid.unsqueeze(-1)                                               # [..., N + 1]
-    if device_rule is None:
+    if device_price is not None:
+        saving, price = device_price
+        price = torch.as_tensor(price, dtype=torch.float64).reshape(*lead, 1) if lead else torch.as_tensor(price)
+        value = gains - price * saving.verify_us(batch, x)
+        value = torch.where(feasible & (counts >= forced.unsqueeze(-1)), value, torch.full_like(value, -1e30))
+        device_count = torch.argmax(value, dim=-1, keepdim=True)
+    elif device_rule is None:
         rate = torch.where(feasible & (counts >= forced.unsqueeze(-1)), gains / round_us, torch.full_like(gains, -1.0))
         device_count = torch.argmax(rate, dim=-1, keepdim=True)                                # [Q, ..., 1]
     else:

@@ -118,10 +118,11 @@ def naive_prefix_scan_budget(confidences, num_drafts, round_us, *, min_drafts=0,
 
 
 def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_token_us, shifts, min_budget,
-                     min_drafts=0, device_rule=None) -> tuple[int, list[float]]:
+                     min_drafts=0, device_rule=None, device_price=None) -> tuple[int, list[float]]:
     """`cut_budget` for one batch: stale_confidences [B][K], num_drafts [B], round_us(x) / non_moe_us(x) -> us at x
     verified tokens per request, shifts [Q][B][K], device_rule(scenario confidences [B][K], capacities [B]) ->
-    drafts admitted (None: the best prefix). Returns (the count, expected rate per count; -1 where not allowed)."""
+    drafts admitted, device_price (saving_us(x), price) (neither: the best-rate prefix). Returns (the count,
+    expected rate per count; -1 where not allowed)."""
     import math
 
     batch, k = len(stale_confidences), len(stale_confidences[0])
@@ -148,7 +149,11 @@ def naive_cut_budget(stale_confidences, num_drafts, round_us, non_moe_us, cut_to
             curves.append(curve)
         pairs.sort(reverse=True)
         gains = [batch + sum(pairs[:m]) for m in range(n + 1)]
-        if device_rule is None:
+        if device_price is not None:  # (saving_us(x), price)
+            saving_us, price = device_price
+            device = max(range(forced, num_valid + 1),
+                         key=lambda m: (gains[m] - price * saving_us(1.0 + m / batch), -m))
+        elif device_rule is None:
             device = max(range(forced, num_valid + 1), key=lambda m: (gains[m] / round_us(1.0 + m / batch), -m))
         else:
             conf = [[(c[j] / (c[j - 1] if j else 1.0) if (j == 0 or c[j - 1] > 0) else 0.0) if j < len(c) else 0.0
