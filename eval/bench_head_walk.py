@@ -314,6 +314,10 @@ def run_gpu(args) -> dict:
     rule = launch_rule(checks, ladder["rule"])
     checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
     print(json.dumps(checks[-1]), flush=True)
+    scoring_rule = launch_rule(checks, ladder.get("scoring", {}), tag="v152k")
+    if scoring_rule:
+        checks.append(dict(check="ours_scoring_rule_v152k", value={str(k): v for k, v in scoring_rule.items()}))
+        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -332,8 +336,11 @@ def run_gpu(args) -> dict:
                                                  / bw / 1e3, 1),
                                mma_us=round(2 * rows * vocab * RANK * steps / MMA_PEAK_TFLOPS / 1e6, 2))
                     row["ours_variant"] = pick_variant(rule, rows)
-                    ours_kw = ladder["rule"].get(row["ours_variant"], {})
+                    ours_kw = dict(ladder["rule"].get(row["ours_variant"], {}))
                     row["ours_exchange"] = ours_kw.get("exchange", "auto")
+                    if scoring_rule and vocab == 151936 and rows > 1:
+                        row["ours_scoring"] = pick_variant(scoring_rule, rows)
+                        ours_kw.update(ladder["scoring"][row["ours_scoring"]])
                     variants = {"ours": ours_fn(head_walk, p, **ours_kw),
                                 "ours_step": ours_fn(head_walk, p, lockstep=True)}
                     if sampled and gumbel is None:
@@ -391,15 +398,15 @@ def run_gpu(args) -> dict:
     return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
 
 
-def launch_rule(checks, candidates) -> dict:
-    """{ladder batch size: fastest candidate launch variant} from this run's 32k greedy ladder rows named
-    tune_<variant>_v32k_b<rows> (tokens equal to the one-launch-per-step walk, no wait gave up); the sweep's
-    `ours` and the wiring (choose_exchange, plan_walk's warps) follow it."""
+def launch_rule(checks, candidates, tag="v32k") -> dict:
+    """{ladder batch size: fastest candidate launch variant} from this run's greedy ladder rows named
+    tune_<variant>_<tag>_b<rows> (tokens equal to the one-launch-per-step walk, no wait gave up); the sweep's
+    `ours` and the wiring (choose_exchange, choose_streamed_scoring) follow it."""
     best = {}
     for c in checks:
         name = c.get("check", "")
         for variant in candidates:
-            prefix = f"tune_{variant}_v32k_b"
+            prefix = f"tune_{variant}_{tag}_b"
             if name.startswith(prefix) and name[len(prefix):].isdigit() and c.get("us") and c.get("equal_step"):
                 rows = int(name[len(prefix):])
                 if rows not in best or c["us"] < best[rows][1]:
@@ -513,6 +520,13 @@ TUNE_CASES_V6 = [
     ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
     ("probe_keys64_v152k_b32", 151936, 32, dict(exchange="probe", split_keys=False)),
 ]
+# Session 3, second round, call 2 (v7): with a partly streamed shard (V = 152k) the split fold measured +40% at b8 and
+# +28% at b64 (sweep, against session 3's int64 keys) and -17% at b32 (ladder v6): the scoring of each batch size
+# measured side by side, its winner taken by the sweep's 152k rows (and by plan_walk: MEASURED_STREAMED_SCORING).
+STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True),
+                     "split_res": dict(split_keys=True, split_streamed=False), "keys64": dict(split_keys=False)}
+TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32, 64)
+                 for name, kw in STREAMED_SCORINGS.items()]
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -528,6 +542,8 @@ LADDERS = {
                      "probe_key": dict(exchange="probe", pair_reduce=False),
                      "poll_key": dict(exchange="poll", pair_reduce=False)},
                cases=TUNE_CASES_V6, floors=[("tagged", 1), ("poll", 8), ("probe", 32)]),
+    # 152k only: no exchange rule (the sweep's exchange is choose_exchange's, measured by v6), a scoring rule.
+    "v7": dict(rule={}, scoring=STREAMED_SCORINGS, cases=TUNE_CASES_V7, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -639,7 +655,9 @@ def precompile(args, sms: int) -> None:
     for vocab in args.vocabs:
         for rows in args.batches:
             for mode in args.modes:
-                chosen = [{"exchange": "tagged"}] if rows == 1 else candidates
+                chosen = [{"exchange": "tagged"}] if rows == 1 else (candidates or [{}])
+                if rows > 1 and vocab == 151936 and ladder.get("scoring"):
+                    chosen = [dict(kw, **scoring) for kw in chosen for scoring in ladder["scoring"].values()]
                 jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
                                  variants=chosen + [{"lockstep": True}]))
                 if rows in args.fused_batches and vocab in args.fused_vocabs and mode == "greedy":

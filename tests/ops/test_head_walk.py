@@ -293,10 +293,11 @@ def test_launch_options_keep_the_walk(opts, sampled):
                          ids=["greedy", "greedy-d2t", "sampled", "sampled-d2t"])
 @pytest.mark.parametrize("logit_scale", [1.0, 0.75])
 def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
-    """The running (value, id) max of several tiles (split_keys, the default from two rows on) picks what the int64
-    keys and the naive walk pick, the first of equal maxima included: fp16 base logits on a coarse grid and a small
-    Markov bias tie often, across resident tiles (3 of 64 rows), streamed tiles and programs. Sampled rows with a
-    reduced vocabulary order by target ids; logit_scale 1 skips the multiply and its rounding (exact no-ops)."""
+    """The running (value, id) max of several tiles (split_keys; split_streamed: on the streamed tiles too) picks
+    what the int64 keys and the naive walk pick, the first of equal maxima included: fp16 base logits on a coarse
+    grid and a small Markov bias tie often, across resident tiles (3 of 64 rows), streamed tiles and programs.
+    Sampled rows with a reduced vocabulary order by target ids; logit_scale 1 skips the multiply and its rounding
+    (exact no-ops)."""
     rows, steps, vocab = 5, 4, 419
     p = make_problem(rows, steps, vocab, seed=12, dtype=torch.float16, scale=0.02)
     p.U = (p.U.float() * 2).round().to(torch.float16) / 2
@@ -309,9 +310,12 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     _, logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
     assert int((logits == logits.max(-1, keepdim=True).values).sum(-1).max()) > 1  # the greedy walk ties
-    for opts in (dict(), dict(split_keys=False), dict(pair_reduce=False), dict(programs=2, lockstep=True),
-                 dict(tile_rows=64, resident_tiles=3), dict(tile_rows=64, resident_tiles=3, pair_reduce=False),
-                 dict(tile_rows=64, resident_tiles=3, keys_once=False)):
+    split = dict(split_keys=True, split_streamed=True)
+    for opts in (dict(), dict(split_keys=False), split, dict(split, pair_reduce=False),
+                 dict(split, split_streamed=False),
+                 dict(split, programs=2, lockstep=True), dict(split, tile_rows=64, resident_tiles=3),
+                 dict(split, tile_rows=64, resident_tiles=3, split_streamed=False, pair_reduce=False),
+                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         assert torch.equal(tokens, ref), opts
 
@@ -328,6 +332,23 @@ def test_auto_exchange_follows_the_measured_rule():
     assert choose_exchange(9) == choose_exchange(32) == measured[32]
     assert choose_exchange(33) == choose_exchange(64) == choose_exchange(200) == measured[64]
     assert {choose_exchange(n) for n in range(1, 70)} <= set(EXCHANGES) - {"auto"}
+
+
+def test_streamed_scoring_follows_the_measured_rule():
+    """Several rows: a fully resident shard always folds scores as value + id (split_keys); a partly streamed one
+    takes the scoring measured fastest for the smallest measured batch at or above it (MEASURED_STREAMED_SCORING,
+    eval/results/head_walk.json: ours_scoring_rule_v152k); explicit options win."""
+    from hybridspec_kernels.head_walk.walk import MEASURED_STREAMED_SCORING, choose_streamed_scoring, plan_walk
+
+    measured = dict(MEASURED_STREAMED_SCORING)
+    assert choose_streamed_scoring(2) == measured[8] and choose_streamed_scoring(200) == measured[64]
+    cpu = torch.device("cpu")
+    resident = plan_walk(200, 16, 8, 4, cpu)  # one tile holds the whole (single-program) shard
+    assert resident.split_keys and resident.split_streamed
+    streamed = plan_walk(1000, 16, 8, 4, cpu)
+    assert streamed.split_keys == (measured[8] != "keys64")
+    assert streamed.split_streamed == (measured[8] == "split")
+    assert plan_walk(1000, 16, 8, 4, cpu, split_keys=True, split_streamed=True).split_streamed
 
 
 @needs_kernels

@@ -607,6 +607,7 @@ def head_walk_kernel(
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
+    SPLIT_STREAMED: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -626,6 +627,7 @@ def head_walk_kernel(
     # Several rows: a running (value, id) max per element instead of int64 keys (_fold_split); ids ascend over
     # the tiles unless sampled keys order by the target ids of a reduced vocabulary.
     SPLIT: tl.constexpr = SPLIT_KEYS and not ONE_ROW
+    SPLIT_STREAM: tl.constexpr = SPLIT and SPLIT_STREAMED
     ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET)
     # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
     # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
@@ -837,9 +839,9 @@ def head_walk_kernel(
             best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
             res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
             stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
-            if SPLIT:
-                # Streamed tiles start from (-inf, no id): their fold compares ids on equal values (not ORDERED),
-                # so an all -inf column still ends on its lowest row.
+            if SPLIT_STREAM:
+                # Streamed tiles start from (-inf, no id). An element that stays -inf keeps no id: if its whole
+                # column is -inf, _split_key's fallback (the shard's first row) is that column's lowest row.
                 stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
                 stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
         if SAMPLED:
@@ -904,9 +906,10 @@ def head_walk_kernel(
                 tile_keys, tile_ids = _score_tile(
                     w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                if SPLIT:
-                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                if SPLIT_STREAM:
+                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
                     if not KEYS_ONCE:
                         best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
                 else:
@@ -922,9 +925,10 @@ def head_walk_kernel(
                 tile_keys, tile_ids = _score_tile(
                     w, None, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                if SPLIT:
-                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, False)
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                if SPLIT_STREAM:
+                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
                     if not KEYS_ONCE:
                         best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
                 else:
@@ -933,13 +937,12 @@ def head_walk_kernel(
             if SPLIT:
                 if RES_TILES >= 1:
                     best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-                if HAS_STREAM:
-                    best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-            else:
-                if RES_TILES >= 1:
-                    best = tl.maximum(best, tl.max(res_keys, axis=0))
-                if HAS_STREAM:
-                    best = tl.maximum(best, tl.max(stream_keys, axis=0))
+            elif RES_TILES >= 1:
+                best = tl.maximum(best, tl.max(res_keys, axis=0))
+            if HAS_STREAM and SPLIT_STREAM:
+                best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
+            elif HAS_STREAM:
+                best = tl.maximum(best, tl.max(stream_keys, axis=0))
         if ONE_ROW:
             best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
         if L1_PREFETCH and MULTI:

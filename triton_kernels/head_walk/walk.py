@@ -37,8 +37,10 @@ MAX_ROWS_PER_LAUNCH = 64
 RESIDENT_BYTES = 128 * 1024
 # A barrier gives up (and flags barrier_errors) after this many polls, ~1 s, instead of hanging the GPU.
 SPIN_LIMIT = 1 << 18
-# Noise computed a step ahead is carried in registers (one fp32 per score a thread): up to this padded batch.
-NOISE_AHEAD_MAX_ROWS = 32
+# Noise computed a step ahead (carried in registers, one fp32 per score a thread) up to this padded batch: none,
+# measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
+# the tile's dot and base-logit loads than behind the exchange.
+NOISE_AHEAD_MAX_ROWS = 0
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,10 @@ class WalkConfig:
     # split_keys: the step's last reduction as an fp32 max + int32 min of the ids holding it (False: one int64 key
     # per folded element, one reduction).
     pair_reduce: bool = True
-    # Sampled, several rows, tagged exchanges: the next step's Gumbel noise is computed while the keys travel.
-    noise_ahead: bool = True
+    # split_keys for the streamed tiles too (False: they keep int64 keys). plan_walk: the measured scoring.
+    split_streamed: bool = False
+    # Sampled, several rows, batched exchanges: the next step's Gumbel noise computed while the keys travel.
+    noise_ahead: bool = False
 
 
 def _interpreting() -> bool:
@@ -83,6 +87,18 @@ def _num_sms(device: torch.device) -> int:
 MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "poll"))
 
 
+# Several rows and a partly streamed shard (V = 152k): how the scores are reduced, as measured (H200, block 15,
+# ladder v7 of eval/results/head_walk.json): "split" (running value + id max on every tile), "split_res" (on the
+# resident tiles; the streamed ones keep int64 keys), "keys64" (an int64 key per score). Fully resident shards
+# always split (ladder v6: 7-13% faster at 32k b8 / b32 / b64).
+MEASURED_STREAMED_SCORING = ((8, "keys64"), (32, "split"), (64, "keys64"))
+
+
+def choose_streamed_scoring(num_rows: int) -> str:
+    return next((scoring for rows, scoring in MEASURED_STREAMED_SCORING if num_rows <= rows),
+                MEASURED_STREAMED_SCORING[-1][1])
+
+
 def choose_exchange(num_rows: int) -> str:
     """The exchange `exchange='auto'` uses for a walk of num_rows batch rows (MEASURED_EXCHANGES): one row polls
     one key column (tagged); from two rows on, the batched loads of every live key (poll / probe) beat both the
@@ -95,7 +111,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
-              split_keys: bool = True, pair_reduce: bool = True,
+              split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
@@ -145,6 +161,11 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
+    if split_keys is None or split_streamed is None:
+        streamed = chunk_rows > resident_tiles * tile_rows
+        scoring = choose_streamed_scoring(num_rows) if streamed else "split"
+        split_keys = scoring != "keys64" if split_keys is None else split_keys
+        split_streamed = scoring == "split" if split_streamed is None else split_streamed
     if num_stages is None:
         # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for. Triton does not
         # pipeline the streamed tiles' loads either (no cp.async / TMA in the sm_90 SASS): the register
@@ -155,7 +176,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
                       num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
-                      pair_reduce=pair_reduce,
+                      pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead)
 
 
@@ -255,8 +276,9 @@ def head_walk(
     keys_once: bool = True,
     prefetch: bool = True,
     l1_prefetch: bool = False,
-    split_keys: bool = True,
+    split_keys: bool | None = None,
     pair_reduce: bool = True,
+    split_streamed: bool | None = None,
     noise_ahead: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -294,7 +316,8 @@ def head_walk(
         programs, lockstep, tile_rows, resident_tiles, num_warps, num_stages, stream_rows (rows of a streamed
             W2 tile), keys_once (False: one key reduction per tile), prefetch (False: streamed tiles loaded when
             used), l1_prefetch (True: L1 prefetch of the next step's U / the candidates' W1 rows during the
-            exchange), split_keys (False: int64 keys per score, not a running value + id max), pair_reduce (False:
+            exchange), split_keys (False: int64 keys per score, not a running value + id max; split_streamed:
+            also on streamed tiles; None: choose_streamed_scoring for partly streamed shards), pair_reduce (False:
             split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
             padded rows): launch overrides for tests and tuning.
@@ -390,7 +413,7 @@ def head_walk(
                     lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
                     num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
                     prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
-                    pair_reduce=pair_reduce, noise_ahead=noise_ahead)
+                    pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -451,7 +474,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
-        NOISE_AHEAD_OPT=cfg.noise_ahead,
+        SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
