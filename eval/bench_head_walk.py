@@ -492,10 +492,11 @@ TUNE_CASES_V5 = [
     ("probe_v152k_b32", 151936, 32, dict(exchange="probe")),
     ("poll_v152k_b32", 151936, 32, dict(exchange="poll")),
 ]
-# Session 3, second round (v6): the B > 1 scoring cuts side by side. Defaults now: a running fp32 value + int32 id
-# max per element (split_keys) ending in an fp32 max + int32 id min (pair_reduce), logit scale 1 without its
-# multiply, the next step's noise computed during the exchange up to 32 padded rows (noise_ahead). "_key": the
-# split fold ending in one int64 key reduction; "_keys64": an int64 key per score (session 3's scoring).
+# Session 3, second round (v6): the B > 1 scoring cuts side by side. Defaults: a running fp32 value + int32 id max
+# per element (split_keys) ending in an fp32 max + int32 id min (pair_reduce), logit scale 1 without its multiply;
+# the next step's noise computed during the exchange (noise_ahead) was the default up to 32 padded rows for this
+# ladder's run, off since (measured slower). "_key": the split fold ending in one int64 key reduction; "_keys64":
+# an int64 key per score (session 3's scoring).
 TUNE_CASES_V6 = [
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")),
     ("probe_v32k_b8", 32000, 8, dict(exchange="probe")),

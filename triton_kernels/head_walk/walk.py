@@ -90,7 +90,7 @@ MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "poll"))
 # Several rows and a partly streamed shard (V = 152k): how the scores are reduced, as measured (H200, block 15,
 # ladder v7 of eval/results/head_walk.json): "split" (running value + id max on every tile), "split_res" (on the
 # resident tiles; the streamed ones keep int64 keys), "keys64" (an int64 key per score). Fully resident shards
-# always split (ladder v6: 7-13% faster at 32k b8 / b32 / b64).
+# always split (ladder v6: 9-11% faster than int64 keys at 32k b8 / b32 / b64).
 MEASURED_STREAMED_SCORING = ((8, "keys64"), (32, "split"), (64, "keys64"))
 
 
