@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+T_START = time.time()
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:  # Triton picks interpreter or compiler when kernels are defined: before any triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -51,11 +52,14 @@ sys.path.insert(0, str(EVAL))
 from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
+from hybridspec_kernels.gdn_verify.reconstruct import FALLBACK_RECONSTRUCT as FALLBACK_RECON  # noqa: E402
+from hybridspec_kernels.gdn_verify.verify import TUNED_CONFIGS_FILE, nearest_tuned  # noqa: E402
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     GDNFold,
     GDNStateTable,
     GDNVerifyWorkspace,
     VerifyConfig,
+    default_reconstruct_config,
     default_verify_config,
     gdn_reconstruct,
     write_tuned_verify_configs,
@@ -120,12 +124,13 @@ def accept_counts(seqlen, batch, pattern, device, seed=1):
 # ---------------------------------------------------------------------------------------------------------------
 # One step of each variant over all layers
 
-DEFAULT_RECON = dict(block_v=32, num_warps=4, outer_loop=False)
+def default_recon(s):
+    return dict(default_reconstruct_config(s["B"], s["L"]), outer_loop=False)
 
 
 def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):
-    config = config or default_verify_config(s["B"])
-    recon = recon or DEFAULT_RECON
+    config = config or default_verify_config(s["B"], max_seqlen=s["L"])
+    recon = recon or default_recon(s)
 
     def run():
         if verify:
@@ -495,9 +500,25 @@ SWEEP_VERIFY_FOLD = [
     VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=1),  # fold: 51 vs 79 KB shared (triton 3.6)
 ]
-SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD}
+# --sweep-set short (session 3, G4): the tuned winners and their rivals, timed at every --sweep-lens length (the
+# earlier sweeps ran at L = 16 only and applied the winner per batch to every L); hoisted BV 16 is new at batch 1
+# (256 programs per layer instead of 128, half the state product per program; triton 3.6 sm_90: 48 B stack)
+SWEEP_VERIFY_SHORT = [
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8),  # b1 winner (v5, final3)
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True),
+    VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8),  # 4 warps: 200 B stack (triton 3.6)
+    VerifyConfig(block_v=32),  # v2 per-head: the no-tuned-file fallback below batch 8
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2),  # b8 winner
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
+    VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
+]
+SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
+              "short": SWEEP_VERIFY_SHORT}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
+# block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
+SWEEP_RECON_SHORT = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv in (32, 64, 128) for w in (4, 8)]
+SWEEP_RECON_SHORT.append(dict(block_v=128, num_warps=16, outer_loop=False))
 
 
 def default_eligible(config):
@@ -507,13 +528,14 @@ def default_eligible(config):
 
 
 def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
-          errors=None, fold_errs=None, folded=False):
-    """Launch configs of ours per batch size (verify alone, reconstruction alone; with `folded` also the folded
-    verify alone, part "verify_fold"); returns rows and the fastest eligible verify config (`default_eligible`,
-    and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same with a fold, and
-    the fastest reconstruction config per batch."""
+          errors=None, fold_errs=None, folded=False, recon_every_batch=False, recon_errs=None):
+    """Launch configs of ours per batch size at one verify length (verify alone, reconstruction alone; with
+    `folded` also the folded verify alone, part "verify_fold"); returns rows and the fastest eligible verify config
+    (`default_eligible`, and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same
+    with a fold, and the fastest reconstruction config per batch (ssm error below 1e-3 in `recon_errs` when given;
+    timed at the smallest and largest batch, or at every batch with `recon_every_batch`)."""
     rows, best_verify, best_fold, best_recon = [], {}, {}, {}
-    errors, fold_errs = errors or {}, fold_errs or {}
+    errors, fold_errs, recon_errs = errors or {}, fold_errs or {}, recon_errs or {}
 
     def ok(err):
         if isinstance(err, dict):
@@ -538,10 +560,16 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                 rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
                 if default_eligible(config) and ok(err) and us < best.get(B, (None, float("inf")))[1]:
                     best[B] = (config, us)
-        for recon in recon_configs if B in (1, max(batches)) else []:
-            us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
-            rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3)))
-            if us < best_recon.get(B, (None, float("inf")))[1]:
+        for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
+            try:
+                us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
+            except Exception as exc:  # a config that fails to compile is reported, not fatal
+                rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), error=repr(exc)[:300]))
+                continue
+            err = recon_errs.get(repr(recon))
+            rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3), ssm_rel_err=err))
+            if (err is None or (isinstance(err, float) and err < 1e-3)) and \
+                    us < best_recon.get(B, (None, float("inf")))[1]:
                 best_recon[B] = (recon, us)
         del s
         torch.cuda.empty_cache()
@@ -616,7 +644,10 @@ def _compile_one(gdn, seqlen, config, folded=False):
     try:
         s = make_stack(gdn, seqlen, 2, 1, "cuda", seed=0, vllm=False, fla=False)
         n = accept_counts(seqlen, 2, "all", "cuda")
-        ours_fold_step(s, n, config=config)() if folded else ours_step(s, n, reconstruct=False, config=config)()
+        if isinstance(config, dict):  # a reconstruction launch config
+            ours_step(s, n, verify=False, recon=config)()
+        else:
+            ours_fold_step(s, n, config=config)() if folded else ours_step(s, n, reconstruct=False, config=config)()
         torch.cuda.synchronize()
         return repr(config), seqlen, folded, round(time.time() - t0, 1), None
     except Exception as exc:
@@ -640,7 +671,7 @@ def precompile(gdn, jobs, workers=15):
     return results
 
 
-def config_errors(gdn, device, configs):
+def config_errors(gdn, device, configs, folded=True):
     """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
     H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
     p, lens, act = mixed_length_problem(gdn, device, seed=321)
@@ -656,10 +687,40 @@ def config_errors(gdn, device, configs):
         except Exception as exc:
             errors[repr(config)] = repr(exc)[:200]
         try:
-            fold[repr(config)] = fold_errors(gdn, device, config)
+            if folded:
+                fold[repr(config)] = fold_errors(gdn, device, config)
         except Exception as exc:
             fold[repr(config)] = repr(exc)[:200]
     return errors, fold
+
+
+def recon_errors(gdn, device, recon_configs):
+    """Each reconstruction config on the mixed-length problem (bf16 inputs, fp32 state, a null slot, accepted
+    counts 1..16, full and partial): relative ssm error vs float64 (conv windows must match exactly, else the error
+    is reported as a string)."""
+    H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
+    p, lens, act = mixed_length_problem(gdn, device, seed=456)
+    B = len(lens)
+    ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
+    num_accepted = torch.tensor([9, 4, 1, 16, 7, 12], dtype=torch.int32)
+    ref = {**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()},
+           "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+    errors = {}
+    for recon in recon_configs:
+        try:
+            p["ssm_state"].copy_(ssm0)
+            p["conv_state"].copy_(conv0)
+            gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], W), ws, p["state_indices"],
+                            num_accepted.to(device), p["cu_seqlens"], **recon)
+            conv_err = rel_err(p["conv_state"], ref["conv_state"])
+            errors[repr(recon)] = rel_err(p["ssm_state"], ref["ssm_state"]) if conv_err == 0 else \
+                f"conv window error {conv_err}"
+        except Exception as exc:
+            errors[repr(recon)] = repr(exc)[:200]
+    return errors
 
 
 def short_config(text):
@@ -795,11 +856,16 @@ def main():
                         help="final: only the v2 winners and the v3 candidates, default reconstruction")
     parser.add_argument("--write-tuned", default=None,
                         help="write the sweep's fastest verify config per batch here (tuned_verify_configs.json)")
+    parser.add_argument("--sweep-lens", default="16",
+                        help="verify lengths the sweep times (tuned configs are keyed by (L, batch))")
+    parser.add_argument("--no-fold", action="store_true", help="grid without the folded path's columns")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--diagnose", action="store_true",
                         help="v4 diagnosis: stage ladder + launch candidates (GPU), writes gdn_verify_diag.json")
     parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
+    parser.add_argument("--stop-at-s", type=float, default=1e9,
+                        help="the grid starts no cell later than this many seconds after the process started")
     parser.add_argument("--precompile", action="store_true",
                         help="compile every sweep config for every length in parallel worker processes first")
     parser.add_argument("--wait-file", default=None,
@@ -825,31 +891,56 @@ def main():
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"
     print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
 
+    sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
+    recon_configs = SWEEP_RECON_SHORT if args.sweep_set == "short" else \
+        SWEEP_RECON if args.sweep_set == "full" else [dict(FALLBACK_RECON, outer_loop=False)]
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
-        precompile(gdn, [(L, c, folded) for c in configs for L in distinct_specialisations(lens + [16, 17])
-                         for folded in ((False, True) if args.sweep_set == "fold" else (False,))])
+        jobs = [(L, c, folded) for c in configs for L in distinct_specialisations(lens + sweep_lens + [17])
+                for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
+        jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)]
+        precompile(gdn, jobs)
     wait_for_file(args.wait_file)
     check = check_correctness(gdn, device, vk)
     print("correctness", json.dumps(check), flush=True)
 
-    sweep_rows, best_verify, best_fold, best_recon, config_errs = [], {}, {}, {}, {}
-    if args.sweep and ON_GPU:
+    # {L: {batch: config}}: the sweep's fastest per (verify length, batch); the grid takes the nearest measured one
+    sweep_rows, best_verify, best_fold, best_recon, config_errs, recon_errs = [], {}, {}, {}, {}, {}
+    if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
+        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind
+            configs, recon_configs = configs[:2], recon_configs[:2]
         wait_for_file(args.wait_file)
-        errors, fold_errs = config_errors(gdn, device, configs)
+        errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
         config_errs = {short_config(k): dict(verify=v, fold=fold_errs.get(k)) for k, v in errors.items()}
         print("config errors", json.dumps(config_errs), flush=True)
-        sweep_rows, best_verify, best_fold, best_recon = sweep(
-            gdn, device, num_layers, args.rep_ms, batches, configs=configs,
-            recon_configs=SWEEP_RECON if args.sweep_set == "full" else [DEFAULT_RECON], errors=errors,
-            fold_errs=fold_errs, folded=args.sweep_set == "fold")
+        recon_errs = recon_errors(gdn, device, recon_configs)
+        print("recon errors", json.dumps(recon_errs), flush=True)
+        for L in sweep_lens:
+            rows_L, best_verify[L], best_fold_L, best_recon[L] = sweep(
+                gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
+                recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
+                recon_every_batch=args.sweep_set == "short", recon_errs=recon_errs)
+            sweep_rows += rows_L
+            if best_fold_L and L == 16:
+                best_fold = {16: best_fold_L}
         if args.write_tuned and best_verify:
-            write_tuned_verify_configs(args.write_tuned, device_name, best_verify,
-                                       f"eval/bench_gdn_verify.py sweep, L=16, commit "
-                                       f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}", best_fold)
+            source = (f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, commit "
+                      f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
+            folded_by_batch = best_fold.get(16)
+            if not folded_by_batch and TUNED_CONFIGS_FILE.exists():  # not swept: keep the shipped fold table
+                shipped = json.loads(TUNED_CONFIGS_FILE.read_text())
+                if shipped.get("device") == device_name and shipped.get("verify_fold"):
+                    folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
+                    source += f"; verify_fold kept from: {shipped.get('source')}"
+            write_tuned_verify_configs(args.write_tuned, device_name, best_verify[max(best_verify)], source,
+                                       folded_by_batch, best_by_len=best_verify,
+                                       best_recon_by_len={L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
+                                                              for B, r in t.items() if not r.get("outer_loop")}
+                                                          for L, t in best_recon.items()})
         for r in sweep_rows:
-            print("sweep", r["part"], "B", r["B"], r.get("us", r.get("error")), "err", r.get("out_rel_err"),
+            print("sweep", r["part"], "L", r["L"], "B", r["B"], r.get("us", r.get("error")), "err",
+                  r.get("out_rel_err", r.get("ssm_rel_err")),
                   short_config(r["config"]) if r["part"].startswith("verify") else r["config"], flush=True)
 
     rows = []
@@ -858,12 +949,13 @@ def main():
     cells = [c for c in first if c[0] in lens and c[1] in batches]
     cells += [(L, B) for L in lens for B in batches if (L, B) not in cells]
     for L, B in cells:
-        if time.time() - t_grid > args.budget_s:
+        if time.time() - t_grid > args.budget_s or time.time() - T_START > args.stop_at_s:
             print(f"time budget: grid stopped before L={L} B={B}", flush=True)
             continue
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
-        config, recon = nearest(best_verify, B), nearest(best_recon, B)
-        fold_config = nearest(best_fold, B) or config
+        config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
+        recon = nearest_tuned(best_recon, B, L) or default_recon(s)
+        fold_config = nearest_tuned(best_fold, B, L) or default_verify_config(B, folded=True)
         row = dict(L=L, B=B)
         us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)
         for pattern in ("all", "random"):
@@ -871,14 +963,16 @@ def main():
             row[f"vllm_us_{pattern}"] = us(vllm_step(s, n, vk))
             row[f"ours_us_{pattern}"] = us(ours_step(s, n, config=config, recon=recon))
             row[f"speedup_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_us_{pattern}"]
-            row[f"ours_folded_us_{pattern}"] = us(ours_fold_step(s, n, config=fold_config), steps=2)
-            row[f"speedup_folded_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
-            row[f"fold_gain_{pattern}"] = row[f"ours_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
+            if not args.no_fold:
+                row[f"ours_folded_us_{pattern}"] = us(ours_fold_step(s, n, config=fold_config), steps=2)
+                row[f"speedup_folded_{pattern}"] = row[f"vllm_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
+                row[f"fold_gain_{pattern}"] = row[f"ours_us_{pattern}"] / row[f"ours_folded_us_{pattern}"]
         n = accept_counts(L, B, "all", device)
         row["ours_verify_us"] = us(ours_step(s, n, reconstruct=False, config=config))
         row["ours_reconstruct_us"] = us(ours_step(s, n, verify=False, recon=recon))
-        row["ours_folded_verify_us"] = us(ours_fold_step(s, n, conv=False, config=fold_config), steps=2)
-        row["ours_folded_conv_us"] = us(ours_fold_step(s, n, verify=False), steps=2)
+        if not args.no_fold:
+            row["ours_folded_verify_us"] = us(ours_fold_step(s, n, conv=False, config=fold_config), steps=2)
+            row["ours_folded_conv_us"] = us(ours_fold_step(s, n, verify=False), steps=2)
         row["fla_us"] = None
         if fla_fn:
             try:
@@ -895,9 +989,10 @@ def main():
         row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
         row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
         row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
-        row["verify_config"] = repr(config or default_verify_config(B))
-        row["folded_verify_config"] = repr(fold_config or default_verify_config(B, folded=True))
-        row["reconstruct_config"] = repr(recon or DEFAULT_RECON)
+        row["verify_config"] = repr(config)
+        if not args.no_fold:
+            row["folded_verify_config"] = repr(fold_config)
+        row["reconstruct_config"] = repr(recon)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
         print(rows[-1], flush=True)
         del s
@@ -912,7 +1007,7 @@ def main():
 
     def speedup(L, B, pattern="all", key="speedup"):
         match = [r for r in rows if r["L"] == L and r["B"] == B]
-        return match[0][f"{key}_{pattern}"] if match else None
+        return match[0].get(f"{key}_{pattern}") if match else None
 
     summary = dict(
         speedup_L4_b1=speedup(4, 1), speedup_L16_b1=speedup(16, 1), speedup_L16_b32=speedup(16, 32),
@@ -932,6 +1027,11 @@ def main():
                  "bytes count one workspace copy (the fold would need two)",
         goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
     )
+    if args.no_fold:  # the folded path was not timed: no folded keys
+        summary = {k: v for k, v in summary.items() if not k.startswith(("folded_", "fold_gain_"))}
+        summary["measures"] = ("speedup_* = vLLM / ours (verify + one ssm/conv reconstruction launch: what the wiring "
+                               "runs), launch configs tuned per (verify length, batch); state bytes count one "
+                               "workspace copy")
     extra = dict(
         correctness=check, layers=num_layers, gdn_shape=gdn, hbm_bytes_per_s=HBM_BYTES_PER_S,
         fla=("measured: fla-core 0.6.0 fused_recurrent_gated_delta_rule, final state only" if fla_fn
@@ -955,6 +1055,8 @@ def main():
 
 
 def markdown(rows, summary, extra, device_name, command):
+    if not any("ours_folded_us_all" in r for r in rows):
+        return markdown_unfolded(rows, summary, extra, device_name, command)
     lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
              f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
              "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
@@ -987,6 +1089,40 @@ def markdown(rows, summary, extra, device_name, command):
     return "\n".join(lines)
 
 
+def markdown_unfolded(rows, summary, extra, device_name, command):
+    """The table of a run without the folded path (--no-fold); launch configs per (L, batch)."""
+    lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
+             f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
+             "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
+             "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). The fold "
+             "(not wired) was not timed in this run.", "",
+             "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
+             "speedup (rand) | ours verify us | ours recon us | FLA us | ours MB | ours floor us | ours TB/s | "
+             "vLLM TB/s |", "|" + "---|" * 15]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(k)) for k in (
+            "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
+            "speedup_random", "ours_verify_us", "ours_reconstruct_us", "fla_us", "ours_MB", "ours_floor_us",
+            "ours_TBps", "vllm_TBps")) + " |")
+    lines += ["", "Launch configs of ours per (L, batch):", ""]
+    lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, reconstruct "
+              f"`{r['reconstruct_config']}`" for r in rows]
+    if extra.get("sweep"):
+        lines += ["", "Sweep (us per layer; verify alone, or reconstruction alone; error = bf16 output / fp32 ssm "
+                  "state vs float64):", "", "| part | L | batch | config | us | error |", "|---|---|---|---|---|---|"]
+        for r in extra["sweep"]:
+            config = short_config(r["config"]) if r["part"].startswith("verify") else r["config"]
+            err = r.get("out_rel_err", r.get("ssm_rel_err"))
+            err = f"{err:.2e}" if isinstance(err, float) else err
+            lines.append(f"| {r['part']} | {r['L']} | {r['B']} | `{config}` | "
+                         f"{r.get('us', 'failed: ' + r.get('error', '')[:60])} | {err} |")
+    lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()
+                                                         if v is not None]
+    lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
+              f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]
+    return "\n".join(lines)
+
+
 def plot(rows, path):
     try:
         import matplotlib
@@ -1008,6 +1144,16 @@ def plot(rows, path):
 
 
 def print_table(rows, summary):
+    if not any("ours_folded_us_all" in r for r in rows):
+        print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'verify':>7} "
+              f"{'recon':>6} {'fla':>7} {'floor':>7} {'TB/s':>5}")
+        for r in rows:
+            fla = f"{r['fla_us']:7.2f}" if r["fla_us"] is not None else "    n/a"
+            print(f"{r['L']:>3} {r['B']:>3} {r['vllm_us_all']:8.2f} {r['ours_us_all']:8.2f} {r['speedup_all']:6.2f} "
+                  f"{r['ours_us_random']:8.2f} {r['speedup_random']:6.2f} {r['ours_verify_us']:7.2f} "
+                  f"{r['ours_reconstruct_us']:6.2f} {fla} {r['ours_floor_us']:7.2f} {r['ours_TBps']:5.2f}")
+        print(json.dumps({k: v for k, v in summary.items() if v is not None and k not in ("measures", "goals")}))
+        return
     print(f"{'L':>3} {'B':>3} {'vllm':>8} {'ours':>8} {'x':>6} {'ours_r':>8} {'x_r':>6} {'folded':>8} {'x_f':>6}"
           f" {'gain':>5} {'verify':>7} {'recon':>6} {'f_ver':>7} {'f_conv':>7} {'fla':>7} {'floor':>7} {'TB/s':>5}")
     for r in rows:

@@ -6,6 +6,9 @@
 #   MODE=final2 (v5 call) as final with --sweep-set v5 and only the weight_tiles GPU tests.
 #   MODE=final3 (session 3, the fold) as final with --sweep-set fold (each config timed without and with a fold,
 #               tuned file gets "verify" and "verify_fold") and only the fold + reconstruction GPU tests.
+#   MODE=final4 (session 3, G4) as final with --sweep-set short timed at L = 4 and 16 (verify configs and the
+#               reconstruction's block_v x num_warps at every batch; tuned file keyed by (L, batch)), the grid
+#               without the fold (--no-fold), one GPU test; the grid starts no cell after STOP_AT_S seconds
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -38,15 +41,19 @@ if [ "$MODE" = diag ]; then
     tail -3 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
         SWEEP_SET=v4 TEST_K="" TEST_S=${TEST_S:-100} BENCH_S=${BENCH_S:-270} GRID_S=${GRID_S:-150} CUT=1500
     elif [ "$MODE" = final2 ]; then
         SWEEP_SET=v5 TEST_K=weight-tiles TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-100} CUT=1800
-    else
+    elif [ "$MODE" = final3 ]; then
         SWEEP_SET=fold TEST_K=fold SWEEP_CUT=120 TEST_S=${TEST_S:-120} BENCH_S=${BENCH_S:-380} GRID_S=${GRID_S:-170} CUT=2500
+    else
+        SWEEP_SET=short TEST_K=hoisted-weight-tiles SWEEP_CUT=110 TEST_S=${TEST_S:-60} \
+            BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-1000} CUT=1200
+        EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-165}"
     fi
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the second baseline
@@ -58,16 +65,16 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ]; then
         tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
     timeout $BENCH_S python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set $SWEEP_SET --precompile \
-        --wait-file /tmp/gpu_tests_done --budget-s $GRID_S --write-tuned "$OUT/gdn/tuned_verify_configs.json" \
-        --command "python eval/bench_gdn_verify.py --sweep --sweep-set $SWEEP_SET --precompile (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+        --wait-file /tmp/gpu_tests_done --budget-s $GRID_S --write-tuned "$OUT/gdn/tuned_verify_configs.json" $EXTRA \
+        --command "python eval/bench_gdn_verify.py --sweep --sweep-set $SWEEP_SET --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
         > "$OUT/gdn/bench.log" 2>&1
     echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
     wait
     tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^config errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-$CUT
+    grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -11,11 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not (REPO / ".vendor" / "vllm033").exists(), reason="vLLM 0.33 wheel sources not unpacked")
-def test_bench_quick_writes_results(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--no-fold", "--sweep", "--sweep-set", "short"]], ids=["grid", "sweep-no-fold"])
+def test_bench_quick_writes_results(tmp_path, extra):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONSAFEPATH": "1", "CUDA_VISIBLE_DEVICES": ""}
+    tuned = tmp_path / "tuned.json"
     cmd = [sys.executable, str(REPO / "eval" / "bench_gdn_verify.py"), "--quick", "--out", str(tmp_path / "res"),
-           "--extracted", str(tmp_path / "vsrc")]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+           "--extracted", str(tmp_path / "vsrc"), "--no-plot", *extra] + (["--write-tuned", str(tuned)] if extra else [])
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     doc = json.loads((tmp_path / "res" / "gdn_verify.json").read_text())
     for key in ("bench", "device", "commit", "date", "command", "rows", "summary"):
@@ -24,7 +26,16 @@ def test_bench_quick_writes_results(tmp_path):
     assert doc["correctness"]["vllm_out_rel_err"] < 1e-5
     assert doc["correctness"]["ours_fold_out_rel_err"] < 1e-5  # two folded steps vs the sequential reference
     assert doc["correctness"]["ours_fold_ssm_rel_err"] < 1e-5
-    for key in ("ours_us_all", "ours_folded_us_all", "fold_gain_all", "ours_folded_conv_us"):
-        assert key in doc["rows"][0]
     assert doc["summary"]["state_bytes_ratio"] > 1
     assert (tmp_path / "res" / "gdn_verify.md").exists()
+    if not extra:
+        for key in ("ours_us_all", "ours_folded_us_all", "fold_gain_all", "ours_folded_conv_us"):
+            assert key in doc["rows"][0]
+        return
+    # the sweep's code path: every swept config correct, tuned tables keyed by (L, batch), no folded columns
+    assert "ours_folded_us_all" not in doc["rows"][0] and "fold_gain_L4_b1" not in doc["summary"]
+    parts = {r["part"] for r in doc["sweep"]}
+    assert parts == {"verify", "reconstruct"}
+    assert all(r.get("out_rel_err", r.get("ssm_rel_err")) < 1e-5 for r in doc["sweep"])
+    written = json.loads(tuned.read_text())
+    assert set(written["verify_by_len"]) == {"4"} and set(written["reconstruct_by_len"]["4"]) == {"3"}

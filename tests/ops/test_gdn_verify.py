@@ -407,6 +407,39 @@ def test_fold_every_pending_count(length, config):
 
 
 @needs_kernels
+@pytest.mark.parametrize("block_v,num_warps", [(16, 8), (32, 4), (64, 8)])
+def test_reconstruct_block_sizes_match_naive(block_v, num_warps):
+    """Value blocks of 16 rows, a whole head per program (block_v = V = 32) and block_v above V (clipped to V),
+    over two layers, odd lengths, a null slot and partial accepts."""
+    lens = [5, 11, 1, 7]
+    p = make_problem(lens, head_v_dim=32, head_k_dim=16, seed=block_v, null_requests=(2,))
+    ws = workspace_for(p, num_layers=2)
+    layers = [{k: (v.clone() if k in ("ssm_state", "conv_state") else v) for k, v in p.items()} for _ in range(2)]
+    layers[1]["mixed_qkv"] = p["mixed_qkv"] * 0.5
+    refs = []
+    for layer, lp in enumerate(layers):
+        gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=max(lens))
+        refs.append({**cpu(lp), "ssm_state": lp["ssm_state"].cpu().double(),
+                     "conv_state": lp["conv_state"].cpu().double()})
+    num_accepted = torch.tensor([3, 11, 1, 7], dtype=torch.int32)
+    table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], 4)
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"], block_v=block_v,
+                    num_warps=num_warps)
+    for lp, ref in zip(layers, refs):
+        naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+        assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-5
+        assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
+
+
+def test_reconstruct_rejects_bad_block_v(small):
+    p, ws = small
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    with pytest.raises(ValueError, match="block_v must be a power of two"):
+        gdn_reconstruct(table, ws, p["state_indices"], torch.ones(len(p["state_indices"]), dtype=torch.int32,
+                        device=DEVICE), p["cu_seqlens"], block_v=24)
+
+
+@needs_kernels
 def test_reconstruct_parts_compose_to_all():
     """parts="conv" + parts="ssm" (with workspace_rows) == parts="all" bit for bit; each part leaves the other's
     state alone; num_accepted 0 leaves a request alone."""
@@ -743,35 +776,67 @@ def test_transposed_conv_weight_cache_follows_in_place_updates():
     assert torch.equal(transposed_conv_weight(w.view(24, 4)), w.t())
 
 
-def test_tuned_configs_round_trip(tmp_path):
-    """The bench's --write-tuned file holds configs that `default_verify_config` can rebuild."""
+def test_tuned_configs_round_trip(tmp_path, monkeypatch):
+    """The bench's --write-tuned file holds configs that `default_verify_config` / `default_reconstruct_config`
+    rebuild and pick by the nearest measured (verify length, batch)."""
     import json
 
+    from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
     from hybridspec_kernels.gdn_verify import write_tuned_verify_configs
 
     best = {1: VerifyConfig(hoist=True, weight_tiles=True, num_warps=8), 32: VerifyConfig(whole_v=True)}
+    short = {1: VerifyConfig(hoist=True, weight_tiles=True, block_v=16), 32: VerifyConfig(whole_v=True, two_pass=True)}
     folded = {1: VerifyConfig(), 32: VerifyConfig(whole_v=True, two_pass=True, loop_stages=2)}
+    recon = {4: {1: dict(block_v=128, num_warps=8), 32: dict(block_v=64, num_warps=4)},
+             16: {1: dict(block_v=32, num_warps=8)}}
     path = tmp_path / "tuned.json"
-    write_tuned_verify_configs(path, "some GPU", best, "test", folded)
+    write_tuned_verify_configs(path, "some GPU", best, "test", folded, best_by_len={4: short, 16: best},
+                               best_recon_by_len=recon)
     doc = json.loads(path.read_text())
     assert doc["device"] == "some GPU"
     assert {int(b): VerifyConfig(**c) for b, c in doc["verify"].items()} == best
     assert {int(b): VerifyConfig(**c) for b, c in doc["verify_fold"].items()} == folded
+    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
+    verify._tuned_doc.cache_clear()
+    try:
+        for L, B, want in [(4, 1, short[1]), (2, 3, short[1]), (8, 20, short[32]), (10, 1, best[1]),
+                           (16, 64, best[32]), (32, 1, best[1]), (None, 1, best[1])]:
+            assert default_verify_config(B, max_seqlen=L) == want, (L, B)
+        assert default_verify_config(1, folded=True, max_seqlen=4) == folded[1]
+        assert default_reconstruct_config(1, 4) == recon[4][1]
+        assert default_reconstruct_config(17, 5) == recon[4][32]
+        assert default_reconstruct_config(64, 16) == recon[16][1]
+        assert default_reconstruct_config(8, None) == recon[16][1]
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "another GPU")
+        verify._tuned_doc.cache_clear()
+        assert default_reconstruct_config(1, 4) == dict(block_v=32, num_warps=4)
+        assert default_verify_config(1, max_seqlen=4) == VerifyConfig()
+    finally:
+        verify._tuned_doc.cache_clear()
 
 
 def test_shipped_tuned_configs_load(monkeypatch):
     """tuned_verify_configs.json parses into VerifyConfigs (fields removed from VerifyConfig would break it)."""
     import json
 
-    from hybridspec_kernels.gdn_verify import default_verify_config, verify
+    from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
 
     doc = json.loads(verify.TUNED_CONFIGS_FILE.read_text())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: doc["device"])
-    verify._tuned_verify_configs.cache_clear()
+    verify._tuned_doc.cache_clear()
     try:
         for key in ("verify", "verify_fold"):
             for batch, cfg in doc.get(key, {}).items():
                 assert default_verify_config(int(batch), folded=key == "verify_fold") == VerifyConfig(**cfg)
+        for L, table in doc.get("verify_by_len", {}).items():
+            for batch, cfg in table.items():
+                assert default_verify_config(int(batch), max_seqlen=int(L)) == VerifyConfig(**cfg)
+        for L, table in doc.get("reconstruct_by_len", {}).items():
+            for batch, recon in table.items():
+                assert default_reconstruct_config(int(batch), int(L)) == recon
+                assert set(recon) == {"block_v", "num_warps"}
     finally:
-        verify._tuned_verify_configs.cache_clear()
+        verify._tuned_doc.cache_clear()

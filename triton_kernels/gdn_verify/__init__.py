@@ -6,7 +6,7 @@
     naive_*           sequential float64 references
 """
 from .naive import naive_gdn_reconstruct, naive_gdn_verify
-from .reconstruct import gdn_reconstruct
+from .reconstruct import default_reconstruct_config, gdn_reconstruct
 from .verify import VerifyConfig, default_verify_config, gdn_verify, write_tuned_verify_configs
 from .workspace import MAX_VERIFY_LEN, GDNFold, GDNStateTable, GDNVerifyWorkspace
 
@@ -14,6 +14,7 @@ __all__ = [
     "MAX_VERIFY_LEN",
     "VerifyConfig",
     "default_verify_config",
+    "default_reconstruct_config",
     "GDNFold",
     "GDNStateTable",
     "GDNVerifyWorkspace",

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import _check_index, _check_workspace
+from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned
 from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 
@@ -78,15 +78,26 @@ def _gdn_reconstruct_kernel(
         tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
 
 
+# Before any sweep on this GPU: v2's H200 winner (3.5 TB/s on the states at batch 64)
+FALLBACK_RECONSTRUCT = dict(block_v=32, num_warps=4)
+
+
+def default_reconstruct_config(num_requests, max_len=None):
+    """{block_v, num_warps} of the nearest measured (workspace length, batch) in `tuned_verify_configs.json` when it
+    was measured on this GPU, else `FALLBACK_RECONSTRUCT`."""
+    tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len"), num_requests, max_len)
+    return dict(tuned) if tuned is not None else dict(FALLBACK_RECONSTRUCT)
+
+
 def gdn_reconstruct(
     states: GDNStateTable,
     workspace: GDNVerifyWorkspace,
     state_indices: torch.Tensor,
     num_accepted: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    block_v: int = 32,
+    block_v: int | None = None,
     block_d: int = 512,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     outer_loop: bool = False,
     parts: str = "all",
     workspace_rows: torch.Tensor | None = None,
@@ -105,8 +116,9 @@ def gdn_reconstruct(
                        states untouched; values above L_i are clamped to L_i.
         cu_seqlens     [B+1] int  as passed to `gdn_verify`
         block_v, block_d, num_warps, outer_loop   launch tuning (state block rows, conv channels per program,
-                       warps, rank-1 loop vs one tf32x3 product for the state update); the defaults were the
-                       fastest in the H200 sweep (3.5 TB/s on the states at batch 64; the loop was 2.3x slower)
+                       warps, rank-1 loop vs one tf32x3 product for the state update); block_v / num_warps None:
+                       `default_reconstruct_config(B, workspace.max_len)`, the sweep's fastest on this GPU
+                       (block_v = V is one program per (request, head)); the loop was 2.3x slower (H200)
         parts          "all" (ssm + conv), "conv" (conv windows only) or "ssm" (ssm states only). A caller that folds
                        the ssm part into the next gdn_verify (`GDNFold`) runs parts="conv" right after rejection
                        sampling, so the conv windows stay current and only the ssm states lag ("pending").
@@ -140,6 +152,12 @@ def gdn_reconstruct(
     width = states.conv_width
     if num_requests == 0:
         return
+    if block_v is None or num_warps is None:
+        tuned = default_reconstruct_config(num_requests, workspace.max_len)
+        block_v = tuned["block_v"] if block_v is None else block_v
+        num_warps = tuned["num_warps"] if num_warps is None else num_warps
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")
     block_v = min(block_v, head_v_dim)
     block_t = max(16, triton.next_power_of_2(workspace.max_len))
     num_state_blocks = num_v_heads * (head_v_dim // block_v)

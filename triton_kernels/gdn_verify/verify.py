@@ -577,40 +577,77 @@ class VerifyConfig:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
 
-# Written by eval/bench_gdn_verify.py --write-tuned from its sweep: {"device": name, "verify": {batch: config}}.
+# Written by eval/bench_gdn_verify.py --write-tuned from its sweep on one GPU: {"device": name, "verify": {batch:
+# config} (timed at L = 16), "verify_by_len": {L: {batch: config}}, "verify_fold": {batch: config},
+# "reconstruct_by_len": {L: {batch: {block_v, num_warps}}}}.
 TUNED_CONFIGS_FILE = Path(__file__).with_name("tuned_verify_configs.json")
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_verify_configs(key="verify"):
-    """{batch: VerifyConfig} measured on this process's GPU, or {} (no file, other device, no GPU, no such key).
-    key "verify": timed without a fold; "verify_fold": timed with a `GDNFold` (the folded step)."""
+def _tuned_doc():
+    """The tuned file when it was measured on this process's GPU, else {} (no file, other device, no GPU)."""
     if not TUNED_CONFIGS_FILE.exists() or not torch.cuda.is_available():
         return {}
     doc = json.loads(TUNED_CONFIGS_FILE.read_text())
-    if doc.get("device") != torch.cuda.get_device_name():
-        return {}
-    return {int(batch): VerifyConfig(**cfg) for batch, cfg in doc.get(key, {}).items()}
+    return doc if doc.get("device") == torch.cuda.get_device_name() else {}
 
 
-def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_folded_by_batch=None):
-    """Store the sweep's fastest config per batch (and, when given, per batch with a fold) in the format
-    `default_verify_config` reads."""
+def _tuned_verify_configs(key="verify"):
+    """{batch: VerifyConfig} measured on this process's GPU, or {} (no file, other device, no GPU, no such key).
+    key "verify": timed without a fold at L = 16; "verify_fold": timed with a `GDNFold` (the folded step)."""
+    return {int(batch): VerifyConfig(**cfg) for batch, cfg in _tuned_doc().get(key, {}).items()}
+
+
+
+def _tuned_by_len(key):
+    """{L: {batch: entry}} of a per-length table of the tuned file ({} if absent)."""
+    return {int(L): {int(batch): entry for batch, entry in table.items()}
+            for L, table in _tuned_doc().get(key, {}).items()}
+
+
+def nearest_tuned(table, num_requests, max_seqlen=None):
+    """The entry of the nearest measured verify length (ties: the longer; None: the longest), then of the nearest
+    measured batch (ties: the smaller). table: {L: {batch: entry}}; None if empty."""
+    if not table:
+        return None
+    lengths = sorted(table)
+    length = lengths[-1] if max_seqlen is None else min(lengths, key=lambda m: (abs(m - max_seqlen), -m))
+    by_batch = table[length]
+    return by_batch[min(by_batch, key=lambda batch: (abs(batch - num_requests), batch))] if by_batch else None
+
+
+def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_folded_by_batch=None,
+                               best_by_len=None, best_recon_by_len=None):
+    """Store the sweep's fastest config per batch (`best_by_batch`, timed at L = 16), per (L, batch)
+    (`best_by_len`), per batch with a fold, and the fastest reconstruction launch {block_v, num_warps} per (L, batch),
+    in the format `default_verify_config` / `default_reconstruct_config` read."""
     doc = {"device": device_name, "source": source,
            "verify": {str(batch): asdict(cfg) for batch, cfg in sorted(best_by_batch.items())}}
+    if best_by_len:
+        doc["verify_by_len"] = {str(L): {str(batch): asdict(cfg) for batch, cfg in sorted(table.items())}
+                                for L, table in sorted(best_by_len.items())}
     if best_folded_by_batch:
         doc["verify_fold"] = {str(batch): asdict(cfg) for batch, cfg in sorted(best_folded_by_batch.items())}
+    if best_recon_by_len:
+        doc["reconstruct_by_len"] = {str(L): {str(batch): dict(recon) for batch, recon in sorted(table.items())}
+                                     for L, table in sorted(best_recon_by_len.items())}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def default_verify_config(num_requests, folded=False):
-    """The sweep's fastest config for the nearest measured batch when `tuned_verify_configs.json` was measured on
-    this GPU (folded: the configs timed with a fold, when the file has them); otherwise the v2 H200 sweep's
-    winners (Qwen3-Next shape): one program per (request, head, 32 value columns) at batch 1 (latency), one per
-    (request, head) walking all value blocks from batch 8 on (throughput)."""
-    tuned = (folded and _tuned_verify_configs("verify_fold")) or _tuned_verify_configs("verify")
-    if tuned:
-        return tuned[min(tuned, key=lambda batch: (abs(batch - num_requests), batch))]
+def default_verify_config(num_requests, folded=False, max_seqlen=None):
+    """The sweep's fastest config for the nearest measured (verify length, batch) when `tuned_verify_configs.json`
+    was measured on this GPU (folded: the configs timed with a fold, when the file has them; max_seqlen None: the
+    L = 16 table); otherwise the v2 H200 sweep's winners (Qwen3-Next shape): one program per (request, head, 32 value
+    columns) at batch 1 (latency), one per (request, head) walking all value blocks from batch 8 on (throughput)."""
+    if folded and _tuned_verify_configs("verify_fold"):
+        tables = {16: _tuned_verify_configs("verify_fold")}
+    else:
+        tables = {L: {batch: VerifyConfig(**cfg) for batch, cfg in table.items()}
+                  for L, table in _tuned_by_len("verify_by_len").items()} or \
+            ({16: _tuned_verify_configs("verify")} if _tuned_verify_configs("verify") else {})
+    tuned = nearest_tuned(tables, num_requests, max_seqlen)
+    if tuned is not None:
+        return tuned
     return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True)
 
 
@@ -657,7 +694,8 @@ def gdn_verify(
         max_seqlen    host int, max L_i (vLLM: 1 + num_speculative_tokens); None reads it from cu_seqlens (syncs)
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
-        config        launch tuning (`VerifyConfig`); default `default_verify_config(B, folded=fold is not None)`
+        config        launch tuning (`VerifyConfig`); default `default_verify_config(B, folded=fold is not None,
+                                 max_seqlen=max_seqlen)`: the tuned config of the nearest measured (L, batch)
         workspace_rows [B] int   workspace row request i writes (default i); values < workspace.max_requests
         fold          `GDNFold`: the previous step's pending ssm update, applied first. Each request's committed
                       ssm state is advanced by fold.counts[i] tokens of fold.workspace row fold.rows[i] (as
@@ -710,7 +748,7 @@ def gdn_verify(
         _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
-    config = config or default_verify_config(num_requests, folded=fold is not None)
+    config = config or default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
