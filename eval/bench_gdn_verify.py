@@ -1055,64 +1055,40 @@ def main():
 
 
 def markdown(rows, summary, extra, device_name, command):
-    if not any("ours_folded_us_all" in r for r in rows):
-        return markdown_unfolded(rows, summary, extra, device_name, command)
+    """The run's table; the folded path's columns only when it was timed (not with --no-fold)."""
+    folded = any("ours_folded_us_all" in r for r in rows)
+    what = ("folded = verify folding the previous step's ssm update in (state read and written once) + one "
+            "conv-only reconstruction launch, timed in the same run (not wired); fold gain = ours / folded."
+            if folded else "The fold (not wired) was not timed in this run.")
+    columns = [("L", "L"), ("batch", "B"), ("vLLM us (all)", "vllm_us_all"), ("ours us (all)", "ours_us_all"),
+               ("speedup (all)", "speedup_all"), ("vLLM us (rand)", "vllm_us_random"),
+               ("ours us (rand)", "ours_us_random"), ("speedup (rand)", "speedup_random")]
+    if folded:
+        columns += [("folded us (all)", "ours_folded_us_all"), ("speedup folded (all)", "speedup_folded_all"),
+                    ("fold gain (all)", "fold_gain_all"), ("fold gain (rand)", "fold_gain_random")]
+    columns += [("ours verify us", "ours_verify_us"), ("ours recon us", "ours_reconstruct_us")]
+    if folded:
+        columns += [("folded verify us", "ours_folded_verify_us"), ("folded conv recon us", "ours_folded_conv_us")]
+    columns += [("FLA us", "fla_us"), ("ours MB", "ours_MB"), ("ours floor us", "ours_floor_us"),
+                ("ours TB/s", "ours_TBps"), ("vLLM TB/s", "vllm_TBps")]
     lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
              f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
              "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
-             "vLLM wiring runs). folded = verify folding the previous step's ssm update in (state read and written "
-             "once) + one conv-only reconstruction launch, timed in the same run (not wired); fold gain = ours / "
-             "folded.", "",
-             "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
-             "speedup (rand) | folded us (all) | speedup folded (all) | fold gain (all) | fold gain (rand) | "
-             "ours verify us | ours recon us | folded verify us | folded conv recon us | FLA us | ours MB | "
-             "ours floor us | ours TB/s | vLLM TB/s |", "|" + "---|" * 21]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r.get(k)) for k in (
-            "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
-            "speedup_random", "ours_folded_us_all", "speedup_folded_all", "fold_gain_all", "fold_gain_random",
-            "ours_verify_us", "ours_reconstruct_us", "ours_folded_verify_us", "ours_folded_conv_us",
-            "fla_us", "ours_MB", "ours_floor_us", "ours_TBps", "vllm_TBps")) + " |")
-    chosen = {r["B"]: (r["verify_config"], r.get("folded_verify_config"), r["reconstruct_config"]) for r in rows}
-    lines += ["", "Launch configs of ours (fastest in this run's sweep, per batch):", ""]
-    lines += [f"- batch {B}: verify `{v}`, folded verify `{u}`, reconstruct `{c}`"
-              for B, (v, u, c) in sorted(chosen.items())]
-    if extra.get("sweep"):
-        lines += ["", "Sweep (L=16, us per layer; verify alone, or reconstruction alone):", "",
-                  "| part | batch | config | us |", "|---|---|---|---|"]
-        for r in extra["sweep"]:
-            config = r["config"].replace("VerifyConfig(", "(").replace("big_dot='tf32', ", "")
-            lines.append(f"| {r['part']} | {r['B']} | `{config}` | {r.get('us', 'failed: ' + r.get('error', '')[:60])} |")
-    lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()]
-    lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
-              f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]
-    return "\n".join(lines)
-
-
-def markdown_unfolded(rows, summary, extra, device_name, command):
-    """The table of a run without the folded path (--no-fold); launch configs per (L, batch)."""
-    lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
-             f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
-             "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
-             "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). The fold "
-             "(not wired) was not timed in this run.", "",
-             "| L | batch | vLLM us (all) | ours us (all) | speedup (all) | vLLM us (rand) | ours us (rand) | "
-             "speedup (rand) | ours verify us | ours recon us | FLA us | ours MB | ours floor us | ours TB/s | "
-             "vLLM TB/s |", "|" + "---|" * 15]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r.get(k)) for k in (
-            "L", "B", "vllm_us_all", "ours_us_all", "speedup_all", "vllm_us_random", "ours_us_random",
-            "speedup_random", "ours_verify_us", "ours_reconstruct_us", "fla_us", "ours_MB", "ours_floor_us",
-            "ours_TBps", "vllm_TBps")) + " |")
+             "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). " + what,
+             "", "| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(key)) for _, key in columns) + " |" for r in rows]
     lines += ["", "Launch configs of ours per (L, batch):", ""]
-    lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, reconstruct "
-              f"`{r['reconstruct_config']}`" for r in rows]
+    lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, "
+              + (f"folded verify `{short_config(r['folded_verify_config'])}`, " if folded else "")
+              + f"reconstruct `{r['reconstruct_config']}`" for r in rows]
     if extra.get("sweep"):
         lines += ["", "Sweep (us per layer; verify alone, or reconstruction alone; error = bf16 output / fp32 ssm "
                   "state vs float64):", "", "| part | L | batch | config | us | error |", "|---|---|---|---|---|---|"]
         for r in extra["sweep"]:
             config = short_config(r["config"]) if r["part"].startswith("verify") else r["config"]
             err = r.get("out_rel_err", r.get("ssm_rel_err"))
+            if isinstance(err, dict):  # a folded config: its output and ssm errors
+                err = max(v for v in err.values() if isinstance(v, float))
             err = f"{err:.2e}" if isinstance(err, float) else err
             lines.append(f"| {r['part']} | {r['L']} | {r['B']} | `{config}` | "
                          f"{r.get('us', 'failed: ' + r.get('error', '')[:60])} | {err} |")
