@@ -21,6 +21,15 @@ def models(profile, batch, k):
             VerifyLatencyModel(non_moe_profile(profile), batch, k + 1))
 
 
+def random_problem(seed, chunk, batch, k, scenarios, min_cap=1, shift_scale=1.0):
+    """Fresh stale confidences [chunk, batch, k], capacities [chunk, batch] and scenario shifts."""
+    g = torch.Generator().manual_seed(seed)
+    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
+    caps = torch.randint(min_cap, k + 1, (chunk, batch), generator=g)
+    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64) * shift_scale
+    return stale, caps, shifts
+
+
 @pytest.mark.parametrize("batch,k,scenarios,min_drafts", [
     pytest.param(1, 15, 8, 1, id="b1-k15"),
     pytest.param(3, 5, 5, 0, id="b3-k5"),
@@ -29,11 +38,8 @@ def models(profile, batch, k):
 ])
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_naive_reference(profile, batch, k, scenarios, min_drafts, seed):
-    g = torch.Generator().manual_seed(seed)
     chunk = 2
-    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
-    caps = torch.randint(0, k + 1, (chunk, batch), generator=g)
-    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64) * 1.5
+    stale, caps, shifts = random_problem(seed, chunk, batch, k, scenarios, min_cap=0, shift_scale=1.5)
     latency, cut = models(profile, batch, k)
     host = prefix_scan_budget(stale, caps, latency, min_drafts=min_drafts)
     got = cut_budget(stale, caps, latency, cut, 4.0, shifts, host, min_drafts=min_drafts)
@@ -121,11 +127,8 @@ def test_bad_inputs(profile):
 def test_device_rule_matches_naive_reference(profile, seed):
     """With the device's own rule in the scenarios (here a simple stopping rule: verify while the scenario's
     conditional acceptance stays above one half)."""
-    g = torch.Generator().manual_seed(seed)
-    chunk, batch, k, scenarios = 2, 3, 6, 5
-    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
-    caps = torch.randint(1, k + 1, (chunk, batch), generator=g)
-    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64)
+    chunk, batch, k = 2, 3, 6
+    stale, caps, shifts = random_problem(seed, chunk, batch, k, scenarios=5)
     latency, cut = models(profile, batch, k)
 
     def rule(conf, capacities):
@@ -193,11 +196,8 @@ def test_device_price_matches_naive_reference(profile, seed):
     """The wiring's device model: the prefix of each scenario with the most tokens - price x saving time."""
     from vllm_hybridspec.policy import cut_saving_profile
 
-    g = torch.Generator().manual_seed(seed)
-    chunk, batch, k, scenarios = 2, 3, 6, 5
-    stale = torch.rand(chunk, batch, k, generator=g) * 0.5 + 0.5
-    caps = torch.randint(1, k + 1, (chunk, batch), generator=g)
-    shifts = torch.randn(scenarios, chunk, batch, k, generator=g, dtype=torch.float64)
+    chunk, batch, k = 2, 3, 6
+    stale, caps, shifts = random_problem(seed, chunk, batch, k, scenarios=5)
     latency, cut = models(profile, batch, k)
     saving = VerifyLatencyModel(cut_saving_profile(profile, 2.0), batch, k + 1)
     price = torch.tensor([0.002, 0.01], dtype=torch.float64)

@@ -206,14 +206,13 @@ def manager_class() -> type:
             slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
                                 count=num_reqs)
             stale = torch.from_numpy(self._stale_confidences[self._stale_idx].np[slots])
-            capacity = int(np.minimum(scheduled_drafts, self.max_drafts).sum())
-            max_budget = min(capacity, max(0, self._max_total_logits - num_reqs * self.num_bonus_tokens))
+            capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
+            max_budget = min(int(capacities.sum()), max(0, self._max_total_logits - num_reqs * self.num_bonus_tokens))
             lengths = draft_budget(stale, torch.from_numpy(scheduled_drafts), self.latency,
                                    min_drafts=self.min_drafts, max_drafts=self.max_drafts, max_budget=max_budget)
             budget = policy_budget = int(lengths.sum())
             if self.cut_scheduler is not None:
                 self.cut_scheduler.observe(slots, req_ids, stale.numpy())
-                capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
                 count, self._cut_rate = self.cut_scheduler.budget(stale, capacities, budget)
                 budget = policy_budget = min(max_budget, count)
             if self.probing:
@@ -229,7 +228,6 @@ def manager_class() -> type:
                 # sits where the policy stopped, i.e. where the next token is dear; a typical length hides that)
                 self._step_cost = self.routing_costs.at(max(num_reqs, 1), 1.0 + policy_budget / max(num_reqs, 1))
                 if budget < max_budget:
-                    capacities = torch.from_numpy(np.minimum(scheduled_drafts, self.max_drafts))
                     probes = wiring.probe_requests(stale, lengths, capacities, rate, self.routing,
                                                    self.routing_top_k, cost=self._step_cost)
                     budget += min(int(probes.sum()), max_budget - budget)
