@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned
+from .reconstruct_short import reconstruct_short
 from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 
@@ -151,6 +152,9 @@ def gdn_reconstruct(
                      head_k_dim, head_v_dim, conv_dim, workspace.x.dtype, layered=True)
     width = states.conv_width
     if num_requests == 0:
+        return
+    if (parts == "all" and workspace_rows is None and block_v is None and num_warps is None and not outer_loop
+            and reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens)):
         return
     if block_v is None or num_warps is None:
         tuned = default_reconstruct_config(num_requests, workspace.max_len)
