@@ -431,6 +431,98 @@ def test_reconstruct_block_sizes_match_naive(block_v, num_warps):
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
 
 
+@needs_kernels
+@pytest.mark.parametrize("max_len,block_v,num_warps,state_dtype,width", [
+    pytest.param(4, 32, 4, torch.float32, 4, id="L4-bv32-fp32"),
+    pytest.param(3, 16, 2, torch.float16, 3, id="L3-bv16-fp16-state-w3"),
+    pytest.param(4, 64, 8, torch.float32, 4, id="L4-bv64-above-V"),
+])
+def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, state_dtype, width):
+    """The short form (workspace max_len <= 4) against float64: every accept position 0..L (and above L: clamped),
+    mixed lengths incl. 0, a null slot, two layers with different states, odd head counts, in one launch."""
+    from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
+
+    lens = [max_len] * (max_len + 2) + [1, 0, 2, max_len]
+    num_accepted = torch.tensor(list(range(max_len + 2)) + [1, 1, 2, max_len], dtype=torch.int32)
+    null = (len(lens) - 1,)  # a padding row that "accepts" everything: must stay untouched
+    layers = [make_problem(lens, num_k_heads=1, num_v_heads=3, head_k_dim=16, head_v_dim=32, width=width,
+                           state_dtype=state_dtype, seed=40 + layer, null_requests=null) for layer in range(2)]
+    shared = layers[0]
+    for lp in layers[1:]:
+        lp["state_indices"], lp["cu_seqlens"] = shared["state_indices"], shared["cu_seqlens"]
+    ws = workspace_for(shared, num_layers=2, max_len=max_len)
+    before = [(lp["ssm_state"].clone(), lp["conv_state"].clone()) for lp in layers]
+    for layer, lp in enumerate(layers):
+        gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=max_len)
+    table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], width)
+    gdn_reconstruct_short(table, ws, shared["state_indices"], num_accepted.to(DEVICE), shared["cu_seqlens"],
+                          block_v=block_v, num_warps=num_warps)
+    slot_null = int(shared["state_indices"][null[0]])
+    assert slot_null == 0
+    for lp, (ssm0, conv0) in zip(layers, before):
+        ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+        naive_gdn_reconstruct(**ref, num_accepted=torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32)))
+        tol = 1e-5 if state_dtype == torch.float32 else 2e-3
+        assert rel_err(lp["ssm_state"], ref["ssm_state"]) < tol
+        assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
+        untouched = [int(lp["state_indices"][i]) for i, n in enumerate(num_accepted.tolist())
+                     if min(n, lens[i]) == 0 and int(lp["state_indices"][i]) > 0]
+        for slot in untouched:  # n = 0 (none accepted, or an empty request): bit for bit the old state
+            assert torch.equal(lp["ssm_state"][slot], ssm0[slot]) and torch.equal(lp["conv_state"][slot], conv0[slot])
+
+
+def test_reconstruct_short_rejects_bad_input(small):
+    from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
+
+    p, _ = small
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    ones = torch.ones(len(p["state_indices"]), dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="max_len <= 4"):
+        gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=5), p["state_indices"], ones,
+                              p["cu_seqlens"])
+    with pytest.raises(ValueError, match="block_v must be a power of two"):
+        gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=4), p["state_indices"], ones,
+                              p["cu_seqlens"], block_v=24)
+
+
+@needs_kernels
+def test_reconstruct_short_claims_only_tuned_calls(tmp_path, monkeypatch):
+    """gdn_reconstruct runs the short form only where the tuned file (this GPU) marks it faster at the nearest
+    batch and the workspace holds <= 4 tokens; otherwise the general kernel runs. Same states either way."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import reconstruct_short as rs, verify
+
+    lens = [4, 2, 3]
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"device": "some GPU", "reconstruct_short_by_len": {"4": {
+        "1": {"short": True, "block_v": 16, "num_warps": 4}, "8": {"short": False, "block_v": 32, "num_warps": 4}}}}))
+    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
+    calls = []
+    real = rs.gdn_reconstruct_short
+    monkeypatch.setattr(rs, "gdn_reconstruct_short", lambda *a, **k: (calls.append(k), real(*a, **k)))
+    verify._tuned_doc.cache_clear()
+    try:
+        for max_len, batch, claimed in [(4, 3, True), (4, 6, False), (5, 3, False)]:
+            p = make_problem(lens * (batch // 3), seed=max_len + batch)
+            ws = workspace_for(p, max_len=max_len)
+            ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4)
+            num_accepted = torch.tensor([3, 2, 1] * (batch // 3), dtype=torch.int32)
+            table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+            calls.clear()
+            gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
+            assert calls == ([dict(block_v=16, num_warps=4)] if claimed else []), (max_len, batch)
+            ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+            naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+            assert rel_err(p["ssm_state"], ref["ssm_state"]) < 1e-5
+            assert rel_err(p["conv_state"], ref["conv_state"]) < 1e-7
+    finally:
+        verify._tuned_doc.cache_clear()
+
+
 def test_reconstruct_rejects_bad_block_v(small):
     p, ws = small
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)

@@ -1,11 +1,133 @@
-"""Reconstruction for short verify blocks (workspace max_len <= 4): placeholder until a measured form lands.
+"""Reconstruction for short verify blocks (workspace max_len <= 4): the state update as unrolled rank-1 FMAs.
 
-`gdn_reconstruct` offers every plain call (parts="all", default launch config, no workspace_rows) here first;
-`reconstruct_short` returns False when it does not handle the call, and the general kernel runs.
+    S_n = exp(G_{n-1}) S_0 + sum_{s<n} exp(G_{n-1} - G_s) u_s k_s^T          (n <= 4)
+
+The general kernel (reconstruct.py) feeds a [BV, 16] x [16, K] tf32x3 product, so its state block goes through
+shared memory into the MMA accumulator layout and is stored from there as scalars; with at most 4 terms the
+update is 4 rank-1 FMAs per element, so this form keeps the block in its coalesced load layout (16-byte loads and
+stores) and issues every u / k / G load of the 4 tokens before any math. Conv windows: as the general kernel.
+
+`gdn_reconstruct` offers every plain call (parts="all", default launch config, no workspace_rows) to
+`reconstruct_short` first; it runs this form only where `tuned_verify_configs.json` (measured on this GPU) says it
+was faster than the general kernel at the nearest measured batch, else returns False and the general kernel runs.
 """
 import torch
+import triton
+import triton.language as tl
 
+from .verify import _tuned_by_len, nearest_tuned
 from .workspace import GDNStateTable, GDNVerifyWorkspace
+
+SHORT_MAX_LEN = 4  # tokens per request this form handles (the unrolled update has 4 terms)
+FALLBACK_SHORT = dict(block_v=32, num_warps=4)  # before any sweep: the general kernel's winning block shape
+
+
+@triton.jit
+def _token_terms(ws_u, ws_k, ws_g, ws_base, n, s: tl.constexpr, i_hv, i_h, o_v, o_k, b_Gn, HV: tl.constexpr,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Token s's rank-1 factors: exp(G_{n-1} - G_s) u_s [BV] and k_s [K]; zeros for s >= n (no memory read)."""
+    m_v = (o_v * 0 + s) < n
+    m_k = (o_k * 0 + s) < n
+    b_g = tl.load(ws_g + (ws_base + tl.minimum(n - 1, s)) * HV + i_hv)  # n >= 1: a row of this step
+    b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+    b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    return tl.where(m_v, b_u * tl.exp(b_Gn - b_g), 0.0), b_k
+
+
+@triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
+def _gdn_reconstruct_short_kernel(
+    ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
+    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr,
+):
+    """Program (block, request, layer): blocks 0 .. HV*V/BV - 1 are [BV, K] state blocks, the rest conv blocks of
+    BD channels. Slot <= 0 (vLLM's null block) or n = 0: nothing is touched; n is clamped to the request's length."""
+    i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
+    if (slot <= 0) | (n <= 0):
+        return
+    ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
+    NUM_V_BLOCKS: tl.constexpr = V // BV
+    if i_blk < HV * NUM_V_BLOCKS:
+        i_hv = i_blk // NUM_V_BLOCKS
+        i_h = i_hv // (HV // H)
+        o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
+        o_k = tl.arange(0, K)
+        ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
+        p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h).to(tl.float32)
+        b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
+        c0, k0 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 0, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
+        c1, k1 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 1, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
+        c2, k2 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 2, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
+        c3, k3 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 3, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
+        b_h = b_h * tl.exp(b_Gn) + c0[:, None] * k0[None, :]
+        b_h += c1[:, None] * k1[None, :]
+        b_h += c2[:, None] * k2[None, :]
+        b_h += c3[:, None] * k3[None, :]
+        tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
+    else:
+        o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
+        o_r = tl.arange(0, BW)
+        m_r = o_r < W - 1
+        src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
+        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty)) + slot * stride_conv_slot
+        m_d = o_d < D
+        b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
+                        other=0.0)
+        b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :],
+                        mask=(m_r & (src >= 0))[:, None] & m_d[None, :], other=0.0)
+        b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
+        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
+
+
+def gdn_reconstruct_short(
+    states: GDNStateTable,
+    workspace: GDNVerifyWorkspace,
+    state_indices: torch.Tensor,
+    num_accepted: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    block_d: int = 512,
+) -> None:
+    """`gdn_reconstruct(parts="all")` for a workspace of max_len <= 4, always in the short form (same arguments and
+    semantics; inputs are expected to be checked by `gdn_reconstruct` already, only the form's own limits are
+    checked here). block_v / num_warps None: the tuned short launch, else `FALLBACK_SHORT`."""
+    if workspace.max_len > SHORT_MAX_LEN:
+        raise ValueError(f"the short reconstruction handles workspace max_len <= {SHORT_MAX_LEN}, got "
+                         f"{workspace.max_len}")
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len) or FALLBACK_SHORT
+    block_v = tuned["block_v"] if block_v is None else block_v
+    num_warps = tuned["num_warps"] if num_warps is None else num_warps
+    if block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two, got {block_v}")
+    ssm0, conv0 = states.ssm_states[0], states.conv_states[0]
+    _, num_v_heads, head_v_dim, head_k_dim = ssm0.shape
+    conv_dim = conv0.shape[2]
+    num_k_heads = (conv_dim - num_v_heads * head_v_dim) // (2 * head_k_dim)
+    block_v = min(block_v, head_v_dim)
+    num_requests = cu_seqlens.shape[0] - 1
+    if num_requests == 0:
+        return
+    width = states.conv_width
+    grid = (num_v_heads * (head_v_dim // block_v) + triton.cdiv(conv_dim, block_d), num_requests, states.num_layers)
+    _gdn_reconstruct_short_kernel[grid](
+        states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
+        workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
+        workspace.max_requests, workspace.max_len,
+        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+        BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)), num_warps=num_warps,
+    )
+
+
+def _tuned_short(num_requests, max_len):
+    """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table:
+    {"short": bool (measured faster than the general kernel), "block_v", "num_warps"}; None if absent."""
+    return nearest_tuned(_tuned_by_len("reconstruct_short_by_len"), num_requests, max_len)
 
 
 def reconstruct_short(
@@ -15,5 +137,14 @@ def reconstruct_short(
     num_accepted: torch.Tensor,
     cu_seqlens: torch.Tensor,
 ) -> bool:
-    """Advance the states as `gdn_reconstruct` does, if this form applies; True when done (inputs already checked)."""
-    return False
+    """Advance the states as `gdn_reconstruct` does, if this form applies; True when done (inputs already checked).
+    Applies when the workspace holds at most 4 tokens per request and the tuned file (measured on this GPU) marks
+    the short form faster at the nearest measured batch."""
+    if workspace.max_len > SHORT_MAX_LEN:
+        return False
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len)
+    if not tuned or not tuned.get("short"):
+        return False
+    gdn_reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens, block_v=tuned["block_v"],
+                          num_warps=tuned["num_warps"])
+    return True
