@@ -39,10 +39,10 @@ def _gdn_reconstruct_short_kernel(
     ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr,
+    BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """Program (block, request, layer): blocks 0 .. HV*V/BV - 1 are [BV, K] state blocks, the rest conv blocks of
-    BD channels. Slot <= 0 (vLLM's null block) or n = 0: nothing is touched; n is clamped to the request's length."""
+    BD channels. ALIGNED: every table pointer is a multiple of 16 (elements, hence bytes). Slot <= 0 (vLLM's null block) or n = 0: nothing is touched; n is clamped to the request's length."""
     i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
@@ -57,6 +57,8 @@ def _gdn_reconstruct_short_kernel(
         o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
         o_k = tl.arange(0, K)
         ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
+        if ALIGNED:  # a table pointer's alignment is unknown to the compiler: without this, scalar loads and stores
+            ssm = tl.multiple_of(ssm, 16)
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h).to(tl.float32)
         b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
@@ -74,7 +76,10 @@ def _gdn_reconstruct_short_kernel(
         o_r = tl.arange(0, BW)
         m_r = o_r < W - 1
         src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
-        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty)) + slot * stride_conv_slot
+        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty))
+        if ALIGNED:
+            conv = tl.multiple_of(conv, 16)
+        conv += slot * stride_conv_slot
         m_d = o_d < D
         b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
                         other=0.0)
@@ -120,7 +125,8 @@ def gdn_reconstruct_short(
         workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
         workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
-        BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)), num_warps=num_warps,
+        BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
+        ALIGNED=states.aligned16, num_warps=num_warps,
     )
 
 

@@ -93,6 +93,8 @@ class GDNStateTable:
         self.ssm_states, self.conv_states = list(ssm_states), list(conv_states)
         self.ssm_ptrs = torch.tensor([t.data_ptr() for t in ssm_states], dtype=torch.int64, device=device)
         self.conv_ptrs = torch.tensor([t.data_ptr() for t in conv_states], dtype=torch.int64, device=device)
+        # kernels may then tell the compiler (tl.multiple_of) and load / store the states 16 bytes at a time
+        self.aligned16 = all(t.data_ptr() % 16 == 0 for t in self.ssm_states + self.conv_states)
 
     @property
     def num_layers(self):
