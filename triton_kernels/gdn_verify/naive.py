@@ -86,11 +86,13 @@ def naive_gdn_verify(
 
 def naive_gdn_reconstruct(
     mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    num_accepted, scale=None, dtype=torch.float64, parts="all",
+    num_accepted, scale=None, dtype=torch.float64, parts="all", checkpoint_indices=None, checkpoint_lens=None,
 ):
     """Advances conv_state and ssm_state of each request by its first num_accepted[i] tokens, in place.
 
     num_accepted[i] in 0..L_i (0 leaves the request's states as they are); slot 0 requests are skipped.
+    checkpoint_indices / checkpoint_lens (both or neither): a request that commits also stores the states after its
+    first min(checkpoint_lens[i], n_i) tokens into slot checkpoint_indices[i], unless that slot is <= 0 or its own.
     The states are stored back in their own dtype. parts "conv" / "ssm" store only that state; the replay always
     starts from the conv window passed in, i.e. the window at the start of the step being committed (for the
     fold: replay parts="ssm" before that window is advanced, or replay "all" on copies).
@@ -100,20 +102,29 @@ def naive_gdn_reconstruct(
     """
     if parts not in ("all", "conv", "ssm"):
         raise ValueError(f'parts must be "all", "conv" or "ssm", got {parts!r}')
+    if (checkpoint_indices is None) != (checkpoint_lens is None):
+        raise ValueError("checkpoint_indices and checkpoint_lens go together: pass both or neither")
     num_k_heads, _, head_k_dim, _ = _head_counts(mixed_qkv, ssm_state)
     scale = head_k_dim**-0.5 if scale is None else scale
     width = conv_weight.shape[-1]
+    writes = []  # (slot, ssm state, conv window), stored after every replay: a replay reads states as they were
     for i in range(state_indices.shape[0]):
-        bos, slot, n = int(cu_seqlens[i]), int(state_indices[i]), int(num_accepted[i])
+        bos, slot = int(cu_seqlens[i]), int(state_indices[i])
+        n = min(int(num_accepted[i]), int(cu_seqlens[i + 1]) - bos)
         if slot <= 0 or n <= 0:
             continue
+        c_slot = 0 if checkpoint_indices is None else int(checkpoint_indices[i])
+        c = 0 if checkpoint_lens is None else min(int(checkpoint_lens[i]), n)
         steps = _walk_request(
             mixed_qkv[bos : bos + n].cpu(), a[bos : bos + n].cpu(), b[bos : bos + n].cpu(), conv_weight.cpu(),
             None if conv_bias is None else conv_bias.cpu(), A_log.cpu(), dt_bias.cpu(),
             conv_state[slot, : width - 1].cpu(), ssm_state[slot].cpu(), num_k_heads, scale, dtype,
         )
-        for _, state, window in steps:
-            pass
+        for t, (_, state, window) in enumerate(steps):
+            if t + 1 == c and c_slot > 0 and c_slot != slot:
+                writes.append((c_slot, state, window))
+        writes.append((slot, state, window))
+    for slot, state, window in writes:
         if parts != "conv":
             ssm_state[slot] = state.to(ssm_state.dtype)
         if parts != "ssm":

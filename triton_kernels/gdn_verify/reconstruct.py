@@ -4,6 +4,11 @@ Grid (state blocks + conv blocks, request, layer). A state program owns one [BV,
     S_n = exp(G_{n-1}) S_0 + (u[:n] * exp(G_{n-1} - G[:n]))^T k[:n]
 read once and written once, in place. A conv program owns a block of channels: the new window is the last W-1
 rows of [old window, x_0 .. x_{n-1}], loaded whole before it is stored (in place, same program).
+
+Checkpoints (prefix caching): a request may also name a second slot that receives the state after its first c <= n
+tokens (the state exactly at a KV-block boundary). The same program computes S_c from the S_0 and workspace blocks
+it already holds and stores it beside S_n, so the checkpoint costs one extra state write, no extra launch and no
+second read of S_0 (a second launch of the kernel would re-read S_0, which the first has overwritten in place).
 """
 import torch
 import triton
@@ -17,19 +22,25 @@ from .workspace import GDNStateTable, GDNVerifyWorkspace
 @triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
 def _gdn_reconstruct_kernel(
     ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens, ws_rows,
-    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
+    ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN, ckpt_indices, ckpt_lens,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, OUTER_LOOP: tl.constexpr,
-    FIRST_BLOCK: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
+    FIRST_BLOCK: tl.constexpr, HAS_WS_ROWS: tl.constexpr, HAS_CKPT: tl.constexpr,
 ):
     """Program (block, request, layer). Blocks 0 .. HV*V/BV - 1 are state blocks, the rest conv blocks; FIRST_BLOCK
-    offsets program 0 (HV*V/BV: conv blocks only, parts="conv"); parts="ssm" launches the state blocks only."""
+    offsets program 0 (HV*V/BV: conv blocks only, parts="conv"); parts="ssm" launches the state blocks only.
+    HAS_CKPT: also store the state after c tokens into slot ckpt_indices[i_n] (none when that slot is <= 0 or the
+    request's own slot, or c <= 0)."""
     i_blk, i_n, i_l = tl.program_id(0) + FIRST_BLOCK, tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
     if (slot <= 0) | (n <= 0):
         return
+    if HAS_CKPT:
+        c_slot = tl.load(ckpt_indices + i_n).to(tl.int64)
+        c = tl.minimum(tl.load(ckpt_lens + i_n).to(tl.int64), n)
+        has_ckpt = (c_slot > 0) & (c_slot != slot) & (c > 0)
     if HAS_WS_ROWS:
         row = tl.load(ws_rows + i_n).to(tl.int64)
     else:
@@ -43,9 +54,9 @@ def _gdn_reconstruct_kernel(
         o_k = tl.arange(0, K)
         ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-        b_h = tl.load(p_h).to(tl.float32)
+        b_h0 = tl.load(p_h).to(tl.float32)
         b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
-        b_h *= tl.exp(b_Gn)
+        b_h = b_h0 * tl.exp(b_Gn)
         if OUTER_LOOP:  # rank-1 updates in fp32 registers, token by token
             for s in tl.range(0, n):
                 b_coef = tl.exp(b_Gn - tl.load(ws_g + (ws_base + s) * HV + i_hv))
@@ -64,6 +75,21 @@ def _gdn_reconstruct_kernel(
             # decay on u (not on k as the fold does): the k-scaled form ran 8-13 % slower here (H200, final3 run)
             b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision="tf32x3")
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
+        if HAS_CKPT:
+            if has_ckpt:  # S_c from the same S_0 (and u, k blocks of the product form), tokens c..n-1 masked
+                b_Gc = tl.load(ws_g + (ws_base + c - 1) * HV + i_hv)
+                b_hc = b_h0 * tl.exp(b_Gc)
+                if OUTER_LOOP:
+                    for s in tl.range(0, c):
+                        b_coef = tl.exp(b_Gc - tl.load(ws_g + (ws_base + s) * HV + i_hv))
+                        b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v)
+                        b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k)
+                        b_hc += (b_coef * b_u)[:, None] * b_k[None, :]
+                else:
+                    b_coef_c = tl.where(o_t < c, tl.exp(b_Gc - b_G), 0.0)
+                    b_hc += tl.dot(tl.trans(b_u * b_coef_c[:, None]), b_k, input_precision="tf32x3")
+                p_hc = ssm + c_slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+                tl.store(p_hc, b_hc.to(ssm_ref.dtype.element_ty))
     else:
         o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
         o_r = tl.arange(0, BW)
@@ -76,7 +102,19 @@ def _gdn_reconstruct_kernel(
         b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :], mask=(m_r & (src >= 0))[:, None] & m_d[None, :],
                         other=0.0)
         b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
+        if HAS_CKPT:  # the window after c tokens, loaded before the in-place store below overwrites the old rows
+            src_c = c - (W - 1) + o_r
+            # rows masked by comparison: (block & scalar bool) turns into int32 data under the interpreter
+            m_c = (o_r < tl.where(has_ckpt, W - 1, 0))[:, None] & m_d[None, :]
+            b_old_c = tl.load(conv + (o_r + c)[:, None] * D + o_d[None, :], mask=m_c & (src_c < 0)[:, None],
+                              other=0.0)
+            b_new_c = tl.load(ws_x + (ws_base + src_c)[:, None] * D + o_d[None, :], mask=m_c & (src_c >= 0)[:, None],
+                              other=0.0)
+            b_win_c = tl.where((src_c >= 0)[:, None], b_new_c.to(conv_ref.dtype.element_ty), b_old_c)
         tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
+        if HAS_CKPT:
+            conv_c = conv + (c_slot - slot) * stride_conv_slot
+            tl.store(conv_c + o_r[:, None] * D + o_d[None, :], b_win_c, mask=m_c)
 
 
 # Before any sweep on this GPU: v2's H200 winner (3.5 TB/s on the states at batch 64)
@@ -102,6 +140,8 @@ def gdn_reconstruct(
     outer_loop: bool = False,
     parts: str = "all",
     workspace_rows: torch.Tensor | None = None,
+    checkpoint_indices: torch.Tensor | None = None,
+    checkpoint_lens: torch.Tensor | None = None,
 ) -> None:
     """Advance every layer's committed ssm and conv state of every request by its accepted tokens, in place.
 
@@ -125,6 +165,12 @@ def gdn_reconstruct(
                        sampling, so the conv windows stay current and only the ssm states lag ("pending").
                        "conv" + "ssm" in either order == "all" (they touch disjoint state).
         workspace_rows [B] int  workspace row of request i (default i), as given to this step's gdn_verify
+        checkpoint_indices, checkpoint_lens   [B] int each, both or neither (prefix caching): request i also writes
+                       the state after its first c_i = min(checkpoint_lens[i], n_i) tokens into slot
+                       checkpoint_indices[i] (the same `parts`), read from the same S_0 and workspace. None for rows
+                       whose checkpoint slot is <= 0 or equals state_indices[i], or whose c_i <= 0, and for rows that
+                       commit nothing (slot 0 or n_i = 0). A checkpoint slot must be no request's state slot in this
+                       call (programs of other requests may still be reading it).
     """
     if not isinstance(states, GDNStateTable):
         raise ValueError("states must be a GDNStateTable")
@@ -148,12 +194,21 @@ def gdn_reconstruct(
         _check_index("workspace_rows", workspace_rows, num_requests)
         if workspace_rows.device != workspace.u.device:
             raise ValueError(f"workspace_rows is on {workspace_rows.device}, the workspace on {workspace.u.device}")
+    if (checkpoint_indices is None) != (checkpoint_lens is None):
+        raise ValueError("checkpoint_indices and checkpoint_lens go together: pass both or neither")
+    if checkpoint_indices is not None:
+        _check_index("checkpoint_indices", checkpoint_indices, num_requests)
+        _check_index("checkpoint_lens", checkpoint_lens, num_requests)
+        for name, t in (("checkpoint_indices", checkpoint_indices), ("checkpoint_lens", checkpoint_lens)):
+            if t.device != state_indices.device:
+                raise ValueError(f"{name} is on {t.device}, state_indices on {state_indices.device}")
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, 0, num_k_heads, num_v_heads,
                      head_k_dim, head_v_dim, conv_dim, workspace.x.dtype, layered=True)
     width = states.conv_width
     if num_requests == 0:
         return
     if (parts == "all" and workspace_rows is None and block_v is None and num_warps is None and not outer_loop
+            and checkpoint_indices is None
             and reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens)):
         return
     if block_v is None or num_warps is None:
@@ -173,8 +228,10 @@ def gdn_reconstruct(
         state_indices if workspace_rows is None else workspace_rows,
         workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
         workspace.max_requests, workspace.max_len,
+        state_indices if checkpoint_indices is None else checkpoint_indices,
+        num_accepted if checkpoint_lens is None else checkpoint_lens,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
         OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
-        HAS_WS_ROWS=workspace_rows is not None, num_warps=num_warps,
+        HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint_indices is not None, num_warps=num_warps,
     )
