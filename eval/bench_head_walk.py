@@ -208,6 +208,26 @@ def time_graph(torch, fn, trials=5, replays=10):
     return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
 
 
+def persisting_l2(torch, on: bool) -> dict | None:
+    """Sets the device's persisting-L2 set-aside (cudaLimitPersistingL2CacheSize) to its maximum (on) or to 0, through
+    the CUDA runtime torch already loaded; returns what the runtime reported, None when off."""
+    import ctypes
+
+    path = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
+    if path is None:
+        return dict(error="libcudart not loaded") if on else None
+    cudart = ctypes.CDLL(path)
+    most = ctypes.c_int(0)
+    cudart.cudaDeviceGetAttribute(ctypes.byref(most), 108, 0)  # cudaDevAttrMaxPersistingL2CacheSize
+    rc = cudart.cudaDeviceSetLimit(6, ctypes.c_size_t(most.value if on else 0))  # cudaLimitPersistingL2CacheSize
+    if not on:
+        return None
+    size = ctypes.c_size_t(0)
+    cudart.cudaDeviceGetLimit(ctypes.byref(size), 6)
+    return dict(rc=rc, max_bytes=most.value, set_bytes=size.value,
+                l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
+
+
 def hbm_gbps(torch):
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -260,8 +280,8 @@ def run_gpu(args) -> dict:
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     bw = hbm_gbps(torch)
-    print(f"device {props.name}, {props.multi_processor_count} SMs, copy {bw:.0f} GB/s, vLLM kernels "
-          f"{'found' if gumbel else 'MISSING'}", flush=True)
+    print(f"device {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size / 2**20:.0f} MiB, copy "
+          f"{bw:.0f} GB/s, vLLM kernels {'found' if gumbel else 'MISSING'}", flush=True)
     if args.compile_workers > 0:
         precompile(args, props.multi_processor_count)
     rows_out, checks = [], []
@@ -293,6 +313,7 @@ def run_gpu(args) -> dict:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
+            persist = persisting_l2(torch, kw.pop("persist_l2", False))
             p = Problem(torch, rows, 15, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
@@ -307,8 +328,12 @@ def run_gpu(args) -> dict:
             if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / 15, 2))
+            if persist:
+                row["persisting_l2"] = persist
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            persisting_l2(torch, False)
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -395,7 +420,8 @@ def run_gpu(args) -> dict:
         print(json.dumps(checks[-1]), flush=True)
     errors = barrier_errors(device)
     checks.append(dict(check="barrier_errors", value=errors))
-    return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count)
+    return dict(rows=rows_out, checks=checks, hbm_gbps=round(bw), device=props.name, sms=props.multi_processor_count,
+                l2_mib=round(props.L2_cache_size / 2**20))
 
 
 def launch_rule(checks, candidates, tag="v32k") -> dict:
@@ -528,6 +554,33 @@ STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True),
                      "split_res": dict(split_keys=True, split_streamed=False), "keys64": dict(split_keys=False)}
 TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32, 64)
                  for name, kw in STREAMED_SCORINGS.items()]
+# Session 4 (v8): the streamed part of a 152k shard (~61 MB a step, every step the same bytes) and the 50-60 MB L2.
+# "knee_n<n>": the default walk on a vocabulary whose shards stream n tiles of 64 rows (4.3 MB a tile over 132
+# programs): per-step time against streamed bytes, below and above the L2's size. Variants at 152k: "pf<d>" bulk
+# L2 prefetch d tiles ahead, "keep<t>" the first t streamed tiles evict_last (the rest evict_first), "persist" with
+# the device's persisting-L2 set-aside at its maximum, "serp" odd steps backwards, "res3" 3 resident tiles of 128
+# rows (192 KiB) with 32-row streamed tiles.
+KNEE_TILES = (2, 6, 8, 10, 12, 14)
+L2_VARIANTS = {
+    "tagged": dict(exchange="tagged"),
+    "pf2": dict(l2_prefetch=2), "pf4": dict(l2_prefetch=4), "pf8": dict(l2_prefetch=8),
+    "serp": dict(serpentine=True), "serp_pf4": dict(serpentine=True, l2_prefetch=4),
+    "keep7": dict(l2_keep=7), "keep10": dict(l2_keep=10), "keep10_pf4": dict(l2_keep=10, l2_prefetch=4),
+    "keep10_persist": dict(l2_keep=10, persist_l2=True), "keep10_pf4_persist": dict(l2_keep=10, l2_prefetch=4,
+                                                                                  persist_l2=True),
+    "st32": dict(stream_rows=32), "res3": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32),
+    "res3_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8),
+    "res3_keep16_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8, l2_keep=16),
+    "res3_serp_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8, serpentine=True),
+}
+TUNE_CASES_V8 = (
+    [(f"knee_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(exchange="tagged")) for n in KNEE_TILES]
+    + [(f"knee_pf4_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(l2_prefetch=4))
+       for n in (2, 8, 14)]
+    + [(f"{name}_v152k_b1", 151936, 1, kw) for name, kw in L2_VARIANTS.items() if name != "tagged"]
+    + [(f"{scoring}{suffix}_v152k_b{rows}", 151936, rows, dict(STREAMED_SCORINGS[scoring], **kw))
+       for rows, scoring in ((8, "keys64"), (32, "split"), (64, "keys64"))
+       for suffix, kw in (("", {}), ("_pf4", dict(l2_prefetch=4)))])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -545,6 +598,7 @@ LADDERS = {
                cases=TUNE_CASES_V6, floors=[("tagged", 1), ("poll", 8), ("probe", 32)]),
     # 152k only: no exchange rule (the sweep's exchange is choose_exchange's, measured by v6), a scoring rule.
     "v7": dict(rule={}, scoring=STREAMED_SCORINGS, cases=TUNE_CASES_V7, floors=[]),
+    "v8": dict(rule={}, cases=TUNE_CASES_V8, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -672,7 +726,8 @@ def precompile(args, sms: int) -> None:
              for e, r in ladder["floors"]]
     if not args.no_ladder:
         jobs += [dict(kind="ours", vocab=v, rows=r, sampled=kw.get("sampled", False),
-                      variants=[{k: x for k, x in kw.items() if k != "sampled"}, {"lockstep": True}])
+                      variants=[{k: x for k, x in kw.items() if k not in ("sampled", "persist_l2")},
+                                {"lockstep": True}])
                  for _, v, r, kw in ladder["cases"]]
     start = time.time()
     pool = ProcessPoolExecutor(args.compile_workers, mp_context=multiprocessing.get_context("spawn"))

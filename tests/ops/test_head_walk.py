@@ -258,6 +258,9 @@ def test_sampled_drafts_follow_softmax():
     (dict(exchange="barrier"), "exchange must be"),
     (dict(stream_rows=48), "stream_rows"),
     (dict(num_warps=3), "num_warps"),
+    (dict(l2_prefetch=-1), "l2_prefetch"),
+    (dict(l2_keep=-2), "l2_keep"),
+    (dict(resident_bytes=-1), "resident_bytes"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -289,6 +292,45 @@ def test_launch_options_keep_the_walk(opts, sampled):
 
 
 @needs_kernels
+@pytest.mark.parametrize("opts", [
+    pytest.param(dict(serpentine=True), id="serpentine"),
+    pytest.param(dict(serpentine=True, stream_rows=16), id="serpentine-16-row-tiles"),
+    pytest.param(dict(l2_keep=1), id="keep-1-tile"),
+    pytest.param(dict(l2_keep=3, serpentine=True, stream_rows=16), id="keep-3-serpentine"),
+    pytest.param(dict(l2_keep=1, split_keys=True, split_streamed=True), id="keep-split-streamed"),
+    pytest.param(dict(serpentine=True, split_keys=False, stream_rows=32), id="serpentine-int64-keys"),
+    pytest.param(dict(serpentine=True, tile_rows=64, resident_bytes=0, stream_rows=32), id="nothing-resident"),
+])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
+    """The streamed loop by tile index (serpentine: odd steps walk the streamed tiles backwards; l2_keep: the first
+    tiles loaded evict_last, the rest evict_first) picks the naive walk's tokens: 1031 rows over 3 programs (256
+    resident rows + 2 streamed 64-row tiles each, the last program's streamed tile 7 rows) and over one program,
+    odd steps included."""
+    p = make_problem(rows, 5, 1031, seed=13)
+    kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    for launch in (dict(programs=3, lockstep=True), dict()):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **launch, **opts, **kw)
+        assert torch.equal(tokens, ref), launch
+
+
+def test_plan_of_the_l2_options():
+    """The bulk L2 prefetch is inline PTX: off under the interpreter; serpentine is off where the streamed tiles'
+    split fold needs row order; resident_bytes sets how many resident tiles fit."""
+    from hybridspec_kernels.head_walk.walk import plan_walk
+
+    cpu = torch.device("cpu")
+    assert plan_walk(1000, 16, 1, 4, cpu, l2_prefetch=4).l2_prefetch == 0
+    assert plan_walk(1000, 16, 1, 4, cpu, serpentine=True).serpentine
+    assert not plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=True, split_streamed=True).serpentine
+    assert plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=False).serpentine
+    assert plan_walk(1000, 16, 1, 4, cpu, l2_keep=3).l2_keep == 3
+    assert plan_walk(1000, 16, 1, 4, cpu, resident_bytes=0, tile_rows=64).resident_tiles == 0
+
+
+@needs_kernels
 @pytest.mark.parametrize("sampled,reduced_vocab", [(False, False), (False, True), (True, False), (True, True)],
                          ids=["greedy", "greedy-d2t", "sampled", "sampled-d2t"])
 @pytest.mark.parametrize("logit_scale", [1.0, 0.75])
@@ -315,7 +357,9 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
                  dict(split, split_streamed=False),
                  dict(split, programs=2, lockstep=True), dict(split, tile_rows=64, resident_tiles=3),
                  dict(split, tile_rows=64, resident_tiles=3, split_streamed=False, pair_reduce=False),
-                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False)):
+                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False),
+                 dict(serpentine=True, split_keys=False, stream_rows=16),
+                 dict(serpentine=True, split_keys=False, l2_keep=2, tile_rows=64, resident_tiles=1)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         assert torch.equal(tokens, ref), opts
 

@@ -586,6 +586,49 @@ def _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r):
 
 
 @triton.jit
+def _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r, keep, L2_KEEP: tl.constexpr):
+    """A streamed W2 tile. L2_KEEP > 0: tiles the plan keeps in L2 (keep) are loaded evict_last, the others
+    evict_first, so that the ones re-read from HBM every step do not push the kept ones out of L2."""
+    ptrs = w2_ptr + rows[:, None] * stride_w2v + o_r[None, :] * stride_w2r
+    mask = (rows < shard_end)[:, None]
+    if L2_KEEP > 0:
+        if keep:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+        else:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _prefetch_tile_l2(w2_ptr, stride_w2v, row0, shard_end, R: tl.constexpr, ST: tl.constexpr):
+    """Rows [row0, min(row0 + ST, shard_end)) of a row-contiguous W2 into L2 with one bulk prefetch
+    (cp.async.bulk.prefetch.L2, the copy engine's: nothing waits on it), issued by thread 0."""
+    nbytes = (tl.minimum(shard_end - row0, ST) * R * (w2_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
+    addr = (w2_ptr + row0.to(tl.int64) * stride_w2v).to(tl.int64, bitcast=True)
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred %l2p;
+        .reg .u32 %l2t;
+        mov.u32 %l2t, %tid.x;
+        setp.eq.u32 %l2p, %l2t, 0;
+        setp.gt.and.s32 %l2p, $2, 0, %l2p;
+        @%l2p cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.u32 $0, 0;
+        }""", "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _visit(j, k, n, SERPENTINE: tl.constexpr):
+    """Shard-order index of the j-th streamed tile visited in step k: odd steps walk the tiles backwards, so a
+    step starts on the tiles the last one read most recently (still in L2)."""
+    if SERPENTINE:
+        j = tl.where(k % 2 == 1, tl.maximum(n - 1 - j, 0), j)
+    return j
+
+
+@triton.jit
 def head_walk_kernel(
     u_ptr, stride_ub, stride_uk,
     w1_ptr, stride_w1,
@@ -607,7 +650,7 @@ def head_walk_kernel(
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
-    SPLIT_STREAMED: tl.constexpr,
+    SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_KEEP: tl.constexpr, SERPENTINE: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -617,6 +660,9 @@ def head_walk_kernel(
     # 3 probe / 4 poll (tagged keys; B > 1: batched loads of every live key, after a column-0 spin for probe).
     # KEYS_ONCE: one CTA-wide key reduction per step instead of one per tile. PREFETCH: streamed tiles are
     # double-buffered in registers. L1_PREFETCH: the next U and the candidates' W1 rows into L1 (measured slower).
+    # Streamed tiles and L2 (with PREFETCH): L2_PREFETCH > 0 bulk-prefetches the tile that many ahead into L2 (the
+    # next step's first tiles during this step's last ones); L2_KEEP > 0 loads the shard's first L2_KEEP streamed
+    # tiles evict_last and the rest evict_first; SERPENTINE walks the streamed tiles backwards on odd steps.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
@@ -682,7 +728,23 @@ def head_walk_kernel(
     stream_begin = shard_begin + RES_TILES * RT
     o_s = tl.arange(0, ST)
     STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH
-    if STREAM_PREFETCH:
+    # The streamed loop by tile index (L2 options); SERPENTINE only where the fold does not depend on the visiting
+    # (the split fold's strict `>` keeps the lowest id only when tiles come in row order).
+    SERPENTINE_ON: tl.constexpr = SERPENTINE and not SPLIT_STREAM
+    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON)
+    n_stream = tl.cdiv(shard_end - stream_begin, ST)
+    if STREAM_L2:
+        j0 = _visit(0, k_begin, n_stream, SERPENTINE_ON)
+        if L2_PREFETCH > 0:
+            for jp in tl.static_range(L2_PREFETCH):
+                if jp < n_stream:
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + _visit(jp, k_begin, n_stream, SERPENTINE_ON) * ST,
+                                      shard_end, R, ST)
+        w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + j0 * ST + o_s, shard_end, o_r,
+                              j0 < L2_KEEP, L2_KEEP)
+        u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1),
+                              stream_begin + j0 * ST + o_s, shard_end, o_b, m_b, ONE_ROW)
+    elif STREAM_PREFETCH:
         w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
         u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1), stream_begin + o_s,
                               shard_end, o_b, m_b, ONE_ROW)
@@ -894,7 +956,38 @@ def head_walk_kernel(
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
             best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-        if STREAM_PREFETCH:
+        if STREAM_L2:
+            # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
+            # first, and L2_PREFETCH tiles further on are on their way into L2.
+            for j in range(0, n_stream):
+                rows = stream_begin + _visit(j, k, n_stream, SERPENTINE_ON) * ST + o_s
+                w = w_next
+                u_tile = u_next
+                last = j + 1 == n_stream
+                j_next = tl.where(last, _visit(0, k + 1, n_stream, SERPENTINE_ON), _visit(j + 1, k, n_stream, SERPENTINE_ON))
+                k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
+                rows_next = stream_begin + j_next * ST + o_s
+                if L2_PREFETCH > 0:
+                    ahead = j + L2_PREFETCH
+                    j_ahead = tl.where(ahead < n_stream, _visit(ahead, k, n_stream, SERPENTINE_ON),
+                                       _visit(ahead - n_stream, k + 1, n_stream, SERPENTINE_ON))
+                    if ahead < 2 * n_stream:
+                        _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
+                w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r, j_next < L2_KEEP,
+                                      L2_KEEP)
+                u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                if SPLIT_STREAM:
+                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
+                    if not KEYS_ONCE:
+                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
+                else:
+                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+        elif STREAM_PREFETCH:
             # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
             # scored, and the step's first tile was loaded before the previous exchange.
             for row0 in range(stream_begin, shard_end, ST):
