@@ -53,6 +53,7 @@ from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
 from hybridspec_kernels.gdn_verify.reconstruct import FALLBACK_RECONSTRUCT as FALLBACK_RECON  # noqa: E402
+from hybridspec_kernels.gdn_verify.reconstruct_short import SHORT_MAX_LEN, gdn_reconstruct_short  # noqa: E402
 from hybridspec_kernels.gdn_verify.verify import TUNED_CONFIGS_FILE, nearest_tuned  # noqa: E402
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     GDNFold,
@@ -128,9 +129,26 @@ def default_recon(s):
     return dict(default_reconstruct_config(s["B"], s["L"]), outer_loop=False)
 
 
+def reconstruct_all(s, num_accepted, recon):
+    """One reconstruction launch for all layers: recon None = the library's default path (tuned launch, the short
+    form where the shipped tuned file claims it: what the wiring runs); {"short": True, ...} = the short form; else
+    the general kernel with these launch arguments."""
+    args = (s["table"], s["ws"], s["slots"], num_accepted, s["cu"])
+    if recon is None:
+        gdn_reconstruct(*args)
+    elif recon.get("short"):
+        gdn_reconstruct_short(*args, block_v=recon["block_v"], num_warps=recon["num_warps"])
+    else:
+        gdn_reconstruct(*args, **recon)
+
+
+def is_short(config):
+    """A verify config or reconstruction launch of the short forms (max_seqlen <= 4 only)."""
+    return bool(config.get("short")) if isinstance(config, dict) else config.short
+
+
 def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):
     config = config or default_verify_config(s["B"], max_seqlen=s["L"])
-    recon = recon or default_recon(s)
 
     def run():
         if verify:
@@ -139,7 +157,7 @@ def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon
                            s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"],
                            s["ws"].layer(layer), max_seqlen=s["L"], out=s["out"][layer], config=config)
         if reconstruct:
-            gdn_reconstruct(s["table"], s["ws"], s["slots"], num_accepted, s["cu"], **recon)
+            reconstruct_all(s, num_accepted, recon)
     return run
 
 
@@ -296,12 +314,15 @@ def rel_err(x, ref):
     return ((x - ref).norm() / ref.norm()).item()
 
 
-def mixed_length_problem(gdn, device, seed):
+MIXED_LENS = [17, 4, 1, 16, 9, 12]
+SHORT_LENS = [4, 2, 1, 4, 3, 1]  # the same problem for the short forms (max_seqlen <= 4); request 2 on slot 0
+
+
+def mixed_length_problem(gdn, device, seed, lens=MIXED_LENS):
     """The correctness problem of the GPU checks: lengths 1..17 in one batch, one request on the null slot 0,
     bf16 inputs on the GPU (fp32 under the interpreter) and an fp32 state. Returns (gdn_verify kwargs, lens, act)."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
-    lens = [17, 4, 1, 16, 9, 12]
     B, T = len(lens), sum(lens)
     act = torch.bfloat16 if ON_GPU else torch.float32
     torch.manual_seed(seed)
@@ -512,13 +533,23 @@ SWEEP_VERIFY_SHORT = [
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
     VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
 ]
+# --sweep-set short4 (session 4): the short set plus the 4-row FMA form (verify_short.py, timed at L <= 4 only;
+# triton 3.6 sm_90: BV32 x 8 warps 194 registers, no stack, 68 barriers; BV16 x 4 warps 168 registers)
+_B1 = dict(block_v=32, hoist=True, weight_tiles=True, num_warps=8)  # the b1 winner; a short config falls back to it
+SWEEP_VERIFY_SHORT4 = SWEEP_VERIFY_SHORT + [
+    VerifyConfig(**_B1, short=True), VerifyConfig(**dict(_B1, block_v=16, num_warps=4), short=True),
+]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
-              "short": SWEEP_VERIFY_SHORT}
+              "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
 SWEEP_RECON_SHORT = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv in (32, 64, 128) for w in (4, 8)]
 SWEEP_RECON_SHORT.append(dict(block_v=128, num_warps=16, outer_loop=False))
+# short4: the general kernel's winner (BV32 x 4 warps at every (L, batch) in G4's final4) against the short form's
+# launches (triton 3.6 sm_90, no stack: BV16 x 2 warps 107 registers, BV32 x 4 104, BV64 x 8 104, BV128 x 8 165)
+SWEEP_RECON_SHORT4 = [dict(block_v=32, num_warps=4, outer_loop=False)] + [
+    dict(short=True, block_v=bv, num_warps=w) for bv, w in ((16, 2), (32, 4), (64, 8), (128, 8))]
 
 
 def default_eligible(config):
@@ -534,7 +565,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     (`default_eligible`, and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same
     with a fold, and the fastest reconstruction config per batch (ssm error below 1e-3 in `recon_errs` when given;
     timed at the smallest and largest batch, or at every batch with `recon_every_batch`)."""
-    rows, best_verify, best_fold, best_recon = [], {}, {}, {}
+    rows, best_verify, best_fold, best_recon, best_short = [], {}, {}, {}, {}
     errors, fold_errs, recon_errs = errors or {}, fold_errs or {}, recon_errs or {}
 
     def ok(err):
@@ -545,7 +576,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
-        for config in configs:
+        for config in [c for c in configs if seqlen <= SHORT_MAX_LEN or not is_short(c)]:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
             if folded:
                 parts.append(("verify_fold", lambda: ours_fold_step(s, n, conv=False, config=config), 2, fold_errs,
@@ -561,6 +592,8 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                 if default_eligible(config) and ok(err) and us < best.get(B, (None, float("inf")))[1]:
                     best[B] = (config, us)
         for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
+            if is_short(recon) and seqlen > SHORT_MAX_LEN:
+                continue
             try:
                 us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
             except Exception as exc:  # a config that fails to compile is reported, not fatal
@@ -568,13 +601,17 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                 continue
             err = recon_errs.get(repr(recon))
             rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3), ssm_rel_err=err))
+            best = best_short if is_short(recon) else best_recon
             if (err is None or (isinstance(err, float) and err < 1e-3)) and \
-                    us < best_recon.get(B, (None, float("inf")))[1]:
-                best_recon[B] = (recon, us)
+                    us < best.get(B, (None, float("inf")))[1]:
+                best[B] = (recon, us)
         del s
         torch.cuda.empty_cache()
+    # the short form per batch: its fastest launch, and whether it beat the general kernel's fastest
+    short = {B: dict(short=us < best_recon.get(B, (None, float("inf")))[1], block_v=c["block_v"],
+                     num_warps=c["num_warps"]) for B, (c, us) in best_short.items()}
     return (rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_fold.items()},
-            {B: c for B, (c, _) in best_recon.items()})
+            {B: c for B, (c, _) in best_recon.items()}, short)
 
 
 def distinct_specialisations(lens):
@@ -609,6 +646,30 @@ LADDER_BASES = [  # (name, config, batch, bits)
     ("b32 whole-V rolled loop2", VerifyConfig(block_v=32, whole_v=True, loop_stages=2), 32, LADDER_BITS_SHORT),
     ("b32 whole-V v2", VerifyConfig(block_v=32, whole_v=True), 32, [1 | 2 | 4 | 8, 16 | 32]),
 ]
+LADDER_B1_WINNER = VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8)
+LADDER_STAGES = {0: "none", 1: "q/k conv", 2: "q/k norms", 4: "Gram products", 8: "Neumann steps",
+                 15: "q/k conv+norms+Gram+Neumann", 16: "state load", 32: "state products", 48: "state load+products",
+                 64: "v conv", 128: "small products", 256: "workspace stores", 207: "all but state + stores",
+                 512: "everything (launch floor)"}
+
+
+def stage_ladder(gdn, device, num_layers, rep_ms, L=4, B=1):
+    """Verify alone with one stage left out at a time (outputs wrong: timing only), the b1 winner at (L, B):
+    where its time goes. Rows {stage, skip, us}; printed as they come."""
+    s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
+    n = accept_counts(L, B, "all", device)
+    rows = []
+    for bit in LADDER_BITS:
+        config = dataclasses.replace(LADDER_B1_WINNER, skip_stages=bit)
+        try:
+            us = per_layer_us(ours_step(s, n, reconstruct=False, config=config), rep_ms, num_layers)
+            rows.append(dict(stage=LADDER_STAGES.get(bit, str(bit)), skip=bit, L=L, B=B, us=round(us, 3)))
+        except Exception as exc:  # reported, not fatal
+            rows.append(dict(stage=LADDER_STAGES.get(bit, str(bit)), skip=bit, L=L, B=B, error=repr(exc)[:200]))
+        print("ladder", json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 CANDIDATES_LATENCY = [
     VerifyConfig(block_v=32), VerifyConfig(block_v=32, num_warps=8), VerifyConfig(block_v=32, num_warps=2),
     VerifyConfig(block_v=16), VerifyConfig(block_v=32, state_dot="bf16"),
@@ -672,14 +733,20 @@ def precompile(gdn, jobs, workers=15):
 
 
 def config_errors(gdn, device, configs, folded=True):
-    """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
+    """bf16 inputs, fp32 state, mixed lengths 1..17 (1..4 for the short forms) + a null slot: each config's output
+    error vs float64."""
     H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
-    p, lens, act = mixed_length_problem(gdn, device, seed=321)
-    B, T = len(lens), sum(lens)
-    ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
-    ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
+    problems = {}
     errors, fold = {}, {}
     for config in configs:
+        short = is_short(config)
+        if short not in problems:
+            p, lens, act = mixed_length_problem(gdn, device, seed=321, lens=SHORT_LENS if short else MIXED_LENS)
+            ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
+            problems[short] = (p, lens, act, ref, GDNVerifyWorkspace.allocate(1, len(lens), max(lens) if short else 32,
+                                                                              H, HV, K, V, act, device))
+        p, lens, act, ref, ws = problems[short]
+        T = sum(lens)
         try:
             out = torch.full((T, HV, V), float("nan"), dtype=act, device=device)
             gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
@@ -687,7 +754,7 @@ def config_errors(gdn, device, configs, folded=True):
         except Exception as exc:
             errors[repr(config)] = repr(exc)[:200]
         try:
-            if folded:
+            if folded and not short:
                 fold[repr(config)] = fold_errors(gdn, device, config)
         except Exception as exc:
             fold[repr(config)] = repr(exc)[:200]
@@ -696,25 +763,31 @@ def config_errors(gdn, device, configs, folded=True):
 
 def recon_errors(gdn, device, recon_configs):
     """Each reconstruction config on the mixed-length problem (bf16 inputs, fp32 state, a null slot, accepted
-    counts 1..16, full and partial): relative ssm error vs float64 (conv windows must match exactly, else the error
-    is reported as a string)."""
+    counts 1..16, full and partial; lengths 1..4 and counts 0..4 for the short form): relative ssm error vs float64
+    (conv windows must match exactly, else the error is reported as a string)."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
-    p, lens, act = mixed_length_problem(gdn, device, seed=456)
-    B = len(lens)
-    ws = GDNVerifyWorkspace.allocate(1, B, 32, H, HV, K, V, act, device)
-    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
-    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
-    num_accepted = torch.tensor([9, 4, 1, 16, 7, 12], dtype=torch.int32)
-    ref = {**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()},
-           "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+    problems = {}
     errors = {}
     for recon in recon_configs:
+        short = is_short(recon)
+        if short not in problems:
+            lens = SHORT_LENS if short else MIXED_LENS
+            p, lens, act = mixed_length_problem(gdn, device, seed=456, lens=lens)
+            ws = GDNVerifyWorkspace.allocate(1, len(lens), max(lens) if short else 32, H, HV, K, V, act, device)
+            ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
+            num_accepted = torch.tensor([2, 1, 1, 4, 0, 1] if short else [9, 4, 1, 16, 7, 12], dtype=torch.int32)
+            ref = {**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()},
+                   "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+            naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+            problems[short] = (p, ws, ssm0, conv0, num_accepted, ref)
+        p, ws, ssm0, conv0, num_accepted, ref = problems[short]
         try:
             p["ssm_state"].copy_(ssm0)
             p["conv_state"].copy_(conv0)
-            gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], W), ws, p["state_indices"],
-                            num_accepted.to(device), p["cu_seqlens"], **recon)
+            s = dict(table=GDNStateTable([p["ssm_state"]], [p["conv_state"]], W), ws=ws, slots=p["state_indices"],
+                     cu=p["cu_seqlens"])
+            reconstruct_all(s, num_accepted.to(device), recon)
             conv_err = rel_err(p["conv_state"], ref["conv_state"])
             errors[repr(recon)] = rel_err(p["ssm_state"], ref["ssm_state"]) if conv_err == 0 else \
                 f"conv window error {conv_err}"
@@ -862,6 +935,8 @@ def main():
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--diagnose", action="store_true",
                         help="v4 diagnosis: stage ladder + launch candidates (GPU), writes gdn_verify_diag.json")
+    parser.add_argument("--ladder", action="store_true",
+                        help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
     parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
@@ -892,24 +967,31 @@ def main():
     print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
 
     sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
-    recon_configs = SWEEP_RECON_SHORT if args.sweep_set == "short" else \
-        SWEEP_RECON if args.sweep_set == "full" else [dict(FALLBACK_RECON, outer_loop=False)]
+    recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "full": SWEEP_RECON}.get(
+        args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
         jobs = [(L, c, folded) for c in configs for L in distinct_specialisations(lens + sweep_lens + [17])
-                for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
-        jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)]
+                for folded in ((False, True) if args.sweep_set == "fold" else (False,))
+                if L <= SHORT_MAX_LEN or not is_short(c)]
+        jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)
+                 if L <= SHORT_MAX_LEN or not is_short(r)]
+        if args.ladder:
+            jobs += [(4, dataclasses.replace(LADDER_B1_WINNER, skip_stages=bit)) for bit in LADDER_BITS if bit]
         precompile(gdn, jobs)
     wait_for_file(args.wait_file)
     check = check_correctness(gdn, device, vk)
     print("correctness", json.dumps(check), flush=True)
+    ladder_rows = stage_ladder(gdn, device, num_layers, args.rep_ms) if args.ladder and (ON_GPU or args.quick) else []
 
     # {L: {batch: config}}: the sweep's fastest per (verify length, batch); the grid takes the nearest measured one
     sweep_rows, best_verify, best_fold, best_recon, config_errs, recon_errs = [], {}, {}, {}, {}, {}
+    best_recon_short = {}  # {L <= 4: {batch: {short: faster than the general kernel, block_v, num_warps}}}
     if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
-        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind
-            configs, recon_configs = configs[:2], recon_configs[:2]
+        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a short form)
+            configs = configs[:2] + [c for c in configs if is_short(c)][:1]
+            recon_configs = recon_configs[:2]
         wait_for_file(args.wait_file)
         errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
         config_errs = {short_config(k): dict(verify=v, fold=fold_errs.get(k)) for k, v in errors.items()}
@@ -917,11 +999,13 @@ def main():
         recon_errs = recon_errors(gdn, device, recon_configs)
         print("recon errors", json.dumps(recon_errs), flush=True)
         for L in sweep_lens:
-            rows_L, best_verify[L], best_fold_L, best_recon[L] = sweep(
+            rows_L, best_verify[L], best_fold_L, best_recon[L], short_L = sweep(
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
-                recon_every_batch=args.sweep_set == "short", recon_errs=recon_errs)
+                recon_every_batch=args.sweep_set in ("short", "short4"), recon_errs=recon_errs)
             sweep_rows += rows_L
+            if short_L:
+                best_recon_short[L] = short_L
             if best_fold_L and L == 16:
                 best_fold = {16: best_fold_L}
         if args.write_tuned and best_verify:
@@ -937,7 +1021,8 @@ def main():
                                        folded_by_batch, best_by_len=best_verify,
                                        best_recon_by_len={L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
                                                               for B, r in t.items() if not r.get("outer_loop")}
-                                                          for L, t in best_recon.items()})
+                                                          for L, t in best_recon.items()},
+                                       best_recon_short_by_len=best_recon_short)
         for r in sweep_rows:
             print("sweep", r["part"], "L", r["L"], "B", r["B"], r.get("us", r.get("error")), "err",
                   r.get("out_rel_err", r.get("ssm_rel_err")),
@@ -955,6 +1040,9 @@ def main():
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
+        short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
+        if short and short["short"]:  # the sweep measured the short form faster here
+            recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"])
         fold_config = nearest_tuned(best_fold, B, L) or default_verify_config(B, folded=True)
         row = dict(L=L, B=B)
         us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)
@@ -1043,6 +1131,8 @@ def main():
               "verify with the previous step's ssm update folded in + one conv-only reconstruction launch (two "
               "steps per graph, rows double-buffered); speedup = vLLM / ours",
     )
+    if ladder_rows:
+        extra["ladder"] = ladder_rows
     if sweep_rows:
         extra["sweep"] = sweep_rows
         extra["config_errors"] = config_errs
@@ -1081,6 +1171,11 @@ def markdown(rows, summary, extra, device_name, command):
     lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, "
               + (f"folded verify `{short_config(r['folded_verify_config'])}`, " if folded else "")
               + f"reconstruct `{r['reconstruct_config']}`" for r in rows]
+    if extra.get("ladder"):
+        lines += ["", "Stage ladder of the b1 winner (verify alone, one stage left out; outputs wrong, timing only):",
+                  "", "| stage left out | skip bits | L | batch | us |", "|---|---|---|---|---|"]
+        lines += [f"| {r['stage']} | {r['skip']} | {r['L']} | {r['B']} | {r.get('us', r.get('error'))} |"
+                  for r in extra["ladder"]]
     if extra.get("sweep"):
         lines += ["", "Sweep (us per layer; verify alone, or reconstruction alone; error = bf16 output / fp32 ssm "
                   "state vs float64):", "", "| part | L | batch | config | us | error |", "|---|---|---|---|---|---|"]

@@ -16,6 +16,7 @@ import collections
 import functools
 import json
 import math
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import triton
 import triton.language as tl
 
 from .workspace import MAX_VERIFY_LEN, GDNFold, GDNVerifyWorkspace, check_conv_state, check_ssm_state
+
+SHORT_MAX_LEN = 4  # VerifyConfig(short=True): tokens per request of the 4-row form (verify_short.py)
 
 # tl.dot input precision. The [L, K] x [K, BV] state products and the q/k Gram products run in tf32: fp32 "ieee"
 # dots are emulated with FMAs and spill at K = 128 (measured 2x slower, eval/notes/gdn_verify.md); tf32 keeps
@@ -356,16 +359,30 @@ def _gdn_verify_kernel(
                         mask=m_w[:, None], other=0.0)
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    if HOIST and WT and W <= 4 and not (SKIP & 1):
-        q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
-                                                              i_h * K + o_k, D, W)
-        k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
-                                                              (H + i_h) * K + o_k, D, W)
-        b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
-                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
-        b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
-        b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k, HAS_BIAS)
-        b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
+    if HOIST and WT and W <= 4:  # SKIP bits 1 / 16 / 64 honoured here too: the stage ladder of the b1 winner
+        if SKIP & 1:
+            b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
+                          other=0.0).to(tl.float32)
+            b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
+                          other=0.0).to(tl.float32)
+        else:
+            q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
+                                                                  i_h * K + o_k, D, W)
+            k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
+                                                                  (H + i_h) * K + o_k, D, W)
+        if SKIP & 16:  # synthetic block: no load
+            b_h0 = ((i_vs * BV + tl.arange(0, BV))[:, None] * K + o_k[None, :]).to(tl.float32) * 1e-6
+        else:
+            b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
+                                fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
+        if not (SKIP & 1):
+            b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
+            b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k,
+                              HAS_BIAS)
+        if SKIP & 64:
+            b_v0 = b_xv0.to(tl.float32)
+        else:
+            b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
     elif LOADS_FIRST:
         b_qx, b_qs_, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
                                              D, W, BW, HAS_BIAS)
@@ -556,6 +573,9 @@ class VerifyConfig:
     # value block that reads its results from a scratch buffer (two_pass.py); prep_warps = the prep's num_warps
     two_pass: bool = False
     prep_warps: int = 4
+    # session 4: at max_seqlen <= 4 the 4-row FMA form (verify_short.py: no tensor-core tiles padded to 16 rows);
+    # where it does not apply (longer blocks, workspace_rows, a fold, W > 4) a tuned config runs as if short=False
+    short: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -569,17 +589,22 @@ class VerifyConfig:
                              "two_pass)")
         if self.loads_first and self.skip_stages:
             raise ValueError("loads_first cannot be combined with skip_stages")
-        if self.weight_tiles and (self.loads_first or self.skip_stages):
-            raise ValueError("weight_tiles cannot be combined with loads_first or skip_stages")
+        if self.weight_tiles and (self.loads_first or (self.skip_stages and not self.hoist)):
+            raise ValueError("weight_tiles cannot be combined with loads_first, nor with skip_stages unless hoisted")
         if self.two_pass and (self.group_heads or self.skip_stages):
             raise ValueError("two_pass cannot be combined with group_heads or skip_stages")
+        if self.short and (self.whole_v or self.group_heads or self.two_pass or self.loads_first or self.skip_stages
+                           or self.state_dot != "fp32"):
+            raise ValueError("short (one value block per program, fp32 FMA products) cannot be combined with whole_v, "
+                             "group_heads, two_pass, loads_first, skip_stages or 16-bit state_dot")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
 
 # Written by eval/bench_gdn_verify.py --write-tuned from its sweep on one GPU: {"device": name, "verify": {batch:
 # config} (timed at L = 16), "verify_by_len": {L: {batch: config}}, "verify_fold": {batch: config},
-# "reconstruct_by_len": {L: {batch: {block_v, num_warps}}}}.
+# "reconstruct_by_len": {L: {batch: {block_v, num_warps}}}, "reconstruct_short_by_len": {L <= 4: {batch: {short,
+# block_v, num_warps}}}}.
 TUNED_CONFIGS_FILE = Path(__file__).with_name("tuned_verify_configs.json")
 
 
@@ -617,10 +642,12 @@ def nearest_tuned(table, num_requests, max_seqlen=None):
 
 
 def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_folded_by_batch=None,
-                               best_by_len=None, best_recon_by_len=None):
+                               best_by_len=None, best_recon_by_len=None, best_recon_short_by_len=None):
     """Store the sweep's fastest config per batch (`best_by_batch`, timed at L = 16), per (L, batch)
-    (`best_by_len`), per batch with a fold, and the fastest reconstruction launch {block_v, num_warps} per (L, batch),
-    in the format `default_verify_config` / `default_reconstruct_config` read."""
+    (`best_by_len`), per batch with a fold, the fastest reconstruction launch {block_v, num_warps} per (L, batch),
+    and per (L <= 4, batch) the short reconstruction's fastest launch with whether it beat the general kernel
+    {short, block_v, num_warps}, in the format `default_verify_config` / `default_reconstruct_config` /
+    `reconstruct_short` read."""
     doc = {"device": device_name, "source": source,
            "verify": {str(batch): asdict(cfg) for batch, cfg in sorted(best_by_batch.items())}}
     if best_by_len:
@@ -631,6 +658,9 @@ def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_fo
     if best_recon_by_len:
         doc["reconstruct_by_len"] = {str(L): {str(batch): dict(recon) for batch, recon in sorted(table.items())}
                                      for L, table in sorted(best_recon_by_len.items())}
+    if best_recon_short_by_len:
+        doc["reconstruct_short_by_len"] = {str(L): {str(batch): dict(entry) for batch, entry in sorted(table.items())}
+                                           for L, table in sorted(best_recon_short_by_len.items())}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -748,7 +778,16 @@ def gdn_verify(
         _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
+    explicit = config is not None
     config = config or default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
+    if config.short and (max_seqlen > SHORT_MAX_LEN or workspace_rows is not None or fold is not None
+                         or conv_weight.shape[1] > 4):
+        if explicit:
+            raise ValueError(f"VerifyConfig(short=True) needs max_seqlen <= {SHORT_MAX_LEN}, conv width <= 4, no "
+                             f"workspace_rows and no fold (got max_seqlen {max_seqlen}, width "
+                             f"{conv_weight.shape[1]}, workspace_rows {workspace_rows is not None}, fold "
+                             f"{fold is not None})")
+        config = dataclasses.replace(config, short=False)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
@@ -766,6 +805,11 @@ def gdn_verify(
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
     conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles else conv_weight
+    if config.short:
+        from .verify_short import launch_short
+        return launch_short(mixed_qkv, a, b, transposed_conv_weight(conv_weight), conv_bias, A_log, dt_bias,
+                            conv_state, ssm_state, state_indices, cu_seqlens, workspace, out, scale, block_v,
+                            config.num_warps, num_k_heads)
     rows_and_fold = _rows_and_fold_args(workspace, workspace_rows, fold, state_indices)
     if config.two_pass:
         from .two_pass import launch_two_pass
