@@ -1039,6 +1039,8 @@ def main():
             continue
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
+        if config.short and L > SHORT_MAX_LEN:  # as gdn_verify does with a tuned short config it cannot run
+            config = dataclasses.replace(config, short=False)
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here
