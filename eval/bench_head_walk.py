@@ -363,7 +363,7 @@ def run_gpu(args) -> dict:
                     row["ours_variant"] = pick_variant(rule, rows)
                     ours_kw = dict(ladder["rule"].get(row["ours_variant"], {}))
                     row["ours_exchange"] = ours_kw.get("exchange", "auto")
-                    if scoring_rule and vocab == 151936 and rows > 1:
+                    if scoring_rule and vocab == 151936 and (rows > 1 or 1 in scoring_rule):
                         row["ours_scoring"] = pick_variant(scoring_rule, rows)
                         ours_kw.update(ladder["scoring"][row["ours_scoring"]])
                     variants = {"ours": ours_fn(head_walk, p, **ours_kw),
@@ -581,6 +581,29 @@ TUNE_CASES_V8 = (
     + [(f"{scoring}{suffix}_v152k_b{rows}", 151936, rows, dict(STREAMED_SCORINGS[scoring], **kw))
        for rows, scoring in ((8, "keys64"), (32, "split"), (64, "keys64"))
        for suffix, kw in (("", {}), ("_pf4", dict(l2_prefetch=4)))])
+# Session 4, call 2 (v9): v8 found no L2 knee worth having (a streamed tile cost 1.2 us even from L2) and the SASS
+# why: the shared-memory fence before each streamed tile's wgmma (MEMBAR.ALL.CTA) waited for the next tile's loads,
+# issued just before it, so the register double buffer never overlapped. "late": those loads after the dot
+# (loads_after_dot). Per batch size, the streaming variants of the 152k walk; the sweep's 152k rows take the one
+# this run's ladder finds fastest (check ours_scoring_rule_v152k), and plan_walk's MEASURED_STREAMING follows it.
+LATE = dict(loads_after_dot=True)
+STREAMING_BY_BATCH = {
+    1: {"tagged": dict(exchange="tagged"), "late": LATE, "late_pf2": dict(LATE, l2_prefetch=2),
+        "late_pf4": dict(LATE, l2_prefetch=4), "late_pf8": dict(LATE, l2_prefetch=8),
+        "late_serp_pf4": dict(LATE, l2_prefetch=4, serpentine=True),
+        "late_res3_pf8": dict(LATE, tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8)},
+    8: {"keys64": dict(split_keys=False), "keys64_pf4": dict(split_keys=False, l2_prefetch=4),
+        "keys64_late": dict(LATE, split_keys=False), "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
+    32: {"split": dict(split_keys=True, split_streamed=True),
+         "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4),
+         "split_late": dict(LATE, split_keys=True, split_streamed=True),
+         "split_late_pf4": dict(LATE, split_keys=True, split_streamed=True, l2_prefetch=4)},
+    64: {"keys64": dict(split_keys=False), "keys64_late": dict(LATE, split_keys=False),
+         "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
+}
+STREAMING = {name: kw for variants in STREAMING_BY_BATCH.values() for name, kw in variants.items()}
+TUNE_CASES_V9 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_BY_BATCH.items()
+                 for name, kw in variants.items()]
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -599,6 +622,7 @@ LADDERS = {
     # 152k only: no exchange rule (the sweep's exchange is choose_exchange's, measured by v6), a scoring rule.
     "v7": dict(rule={}, scoring=STREAMED_SCORINGS, cases=TUNE_CASES_V7, floors=[]),
     "v8": dict(rule={}, cases=TUNE_CASES_V8, floors=[]),
+    "v9": dict(rule={}, scoring=STREAMING, scoring_by_batch=STREAMING_BY_BATCH, cases=TUNE_CASES_V9, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -711,7 +735,10 @@ def precompile(args, sms: int) -> None:
         for rows in args.batches:
             for mode in args.modes:
                 chosen = [{"exchange": "tagged"}] if rows == 1 else (candidates or [{}])
-                if rows > 1 and vocab == 151936 and ladder.get("scoring"):
+                if vocab == 151936 and ladder.get("scoring_by_batch"):
+                    chosen = list(ladder["scoring_by_batch"][min((b for b in ladder["scoring_by_batch"] if b >= rows),
+                                                                 default=max(ladder["scoring_by_batch"]))].values())
+                elif rows > 1 and vocab == 151936 and ladder.get("scoring"):
                     chosen = [dict(kw, **scoring) for kw in chosen for scoring in ladder["scoring"].values()]
                 jobs.append(dict(kind="ours", vocab=vocab, rows=rows, sampled=mode == "sampled",
                                  variants=chosen + [{"lockstep": True}]))

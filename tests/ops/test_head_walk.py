@@ -300,12 +300,15 @@ def test_launch_options_keep_the_walk(opts, sampled):
     pytest.param(dict(l2_keep=1, split_keys=True, split_streamed=True), id="keep-split-streamed"),
     pytest.param(dict(serpentine=True, split_keys=False, stream_rows=32), id="serpentine-int64-keys"),
     pytest.param(dict(serpentine=True, tile_rows=64, resident_bytes=0, stream_rows=32), id="nothing-resident"),
+    pytest.param(dict(loads_after_dot=True), id="loads-after-dot"),
+    pytest.param(dict(loads_after_dot=True, serpentine=True, stream_rows=16, split_keys=False), id="late-serpentine"),
+    pytest.param(dict(loads_after_dot=True, split_keys=True, split_streamed=True), id="late-split-streamed"),
 ])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
     """The streamed loop by tile index (serpentine: odd steps walk the streamed tiles backwards; l2_keep: the first
-    tiles loaded evict_last, the rest evict_first) picks the naive walk's tokens: 1031 rows over 3 programs (256
+    tiles loaded evict_last, the rest evict_first; loads_after_dot: the next tile's loads after this tile's dot) picks the naive walk's tokens: 1031 rows over 3 programs (256
     resident rows + 2 streamed 64-row tiles each, the last program's streamed tile 7 rows) and over one program,
     odd steps included."""
     p = make_problem(rows, 5, 1031, seed=13)

@@ -382,8 +382,19 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
     """
-    m_v = rows < vocab
     acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
+    return _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                      stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, SAMPLED,
+                      HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, ONE_ROW, SCALED, SPLIT)
+
+
+@triton.jit
+def _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
+               w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, SAMPLED: tl.constexpr,
+               HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
+               KEY_BY_TARGET: tl.constexpr, ONE_ROW: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr):
+    """_score_tile after its dot: acc [rows, BP] = the tile's W2 rows @ m."""
+    m_v = rows < vocab
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
@@ -651,6 +662,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_KEEP: tl.constexpr, SERPENTINE: tl.constexpr,
+    LOADS_AFTER_DOT: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -731,7 +743,7 @@ def head_walk_kernel(
     # The streamed loop by tile index (L2 options); SERPENTINE only where the fold does not depend on the visiting
     # (the split fold's strict `>` keeps the lowest id only when tiles come in row order).
     SERPENTINE_ON: tl.constexpr = SERPENTINE and not SPLIT_STREAM
-    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON)
+    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON or LOADS_AFTER_DOT)
     n_stream = tl.cdiv(shard_end - stream_begin, ST)
     if STREAM_L2:
         j0 = _visit(0, k_begin, n_stream, SERPENTINE_ON)
@@ -958,15 +970,20 @@ def head_walk_kernel(
             best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
         if STREAM_L2:
             # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
-            # first, and L2_PREFETCH tiles further on are on their way into L2.
+            # first, and L2_PREFETCH tiles further on are on their way into L2. LOADS_AFTER_DOT: the next tile's
+            # loads are issued after this tile's dot, whose shared-memory fence (MEMBAR.ALL.CTA before the wgmma)
+            # otherwise waits for them, so that every tile paid a whole load latency (1.2 us from L2, 1.8 from HBM).
             for j in range(0, n_stream):
                 rows = stream_begin + _visit(j, k, n_stream, SERPENTINE_ON) * ST + o_s
                 w = w_next
                 u_tile = u_next
                 last = j + 1 == n_stream
-                j_next = tl.where(last, _visit(0, k + 1, n_stream, SERPENTINE_ON), _visit(j + 1, k, n_stream, SERPENTINE_ON))
+                j_next = tl.where(last, _visit(0, k + 1, n_stream, SERPENTINE_ON),
+                                  _visit(j + 1, k, n_stream, SERPENTINE_ON))
                 k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
                 rows_next = stream_begin + j_next * ST + o_s
+                if LOADS_AFTER_DOT:
+                    acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
                 if L2_PREFETCH > 0:
                     ahead = j + L2_PREFETCH
                     j_ahead = tl.where(ahead < n_stream, _visit(ahead, k, n_stream, SERPENTINE_ON),
@@ -976,11 +993,17 @@ def head_walk_kernel(
                 w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r, j_next < L2_KEEP,
                                       L2_KEEP)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
-                tile_keys, tile_ids = _score_tile(
-                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                    SPLIT_STREAM)
+                if LOADS_AFTER_DOT:
+                    tile_keys, tile_ids = _score_acc(
+                        acc, u_tile, None, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, ONE_ROW, SCALED, SPLIT_STREAM)
+                else:
+                    tile_keys, tile_ids = _score_tile(
+                        w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                        SPLIT_STREAM)
                 if SPLIT_STREAM:
                     stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
                     if not KEYS_ONCE:

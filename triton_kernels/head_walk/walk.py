@@ -78,6 +78,9 @@ class WalkConfig:
     l2_prefetch: int = 0
     l2_keep: int = 0
     serpentine: bool = False
+    # Partly streamed shards (with prefetch): the next streamed tile's loads issued after this tile's dot, out of
+    # reach of the shared-memory fence before its wgmma (which waits for every load in flight).
+    loads_after_dot: bool = False
 
 
 def _interpreting() -> bool:
@@ -120,7 +123,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int = 0, l2_keep: int = 0, serpentine: bool = False,
-              resident_bytes: int | None = None) -> WalkConfig:
+              resident_bytes: int | None = None, loads_after_dot: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -194,7 +197,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch if on_gpu else 0, l2_keep=l2_keep,
-                      serpentine=serpentine and not (split_keys and split_streamed))
+                      serpentine=serpentine and not (split_keys and split_streamed), loads_after_dot=loads_after_dot)
 
 
 _workspaces: dict = {}
@@ -301,6 +304,7 @@ def head_walk(
     l2_keep: int = 0,
     serpentine: bool = False,
     resident_bytes: int | None = None,
+    loads_after_dot: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -341,7 +345,7 @@ def head_walk(
             also on streamed tiles; None: choose_streamed_scoring for partly streamed shards), pair_reduce (False:
             split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
-            padded rows), l2_prefetch / l2_keep / serpentine (streamed tiles and the L2: WalkConfig),
+            padded rows), l2_prefetch / l2_keep / serpentine / loads_after_dot (streamed tiles: WalkConfig),
             resident_bytes (W2 bytes a program keeps in shared memory; None: RESIDENT_BYTES): launch overrides for
             tests and tuning.
 
@@ -439,7 +443,8 @@ def head_walk(
                     prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
-                    l2_keep=l2_keep, serpentine=serpentine, resident_bytes=resident_bytes)
+                    l2_keep=l2_keep, serpentine=serpentine, resident_bytes=resident_bytes,
+                    loads_after_dot=loads_after_dot)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -501,7 +506,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
-        L2_KEEP=cfg.l2_keep, SERPENTINE=cfg.serpentine,
+        L2_KEEP=cfg.l2_keep, SERPENTINE=cfg.serpentine, LOADS_AFTER_DOT=cfg.loads_after_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
