@@ -137,7 +137,8 @@ def reconstruct_all(s, num_accepted, recon):
     if recon is None:
         gdn_reconstruct(*args)
     elif recon.get("short"):
-        gdn_reconstruct_short(*args, block_v=recon["block_v"], num_warps=recon["num_warps"])
+        gdn_reconstruct_short(*args, block_v=recon["block_v"], num_warps=recon["num_warps"],
+                              early=recon.get("early", False))
     else:
         gdn_reconstruct(*args, **recon)
 
@@ -539,8 +540,21 @@ _B1 = dict(block_v=32, hoist=True, weight_tiles=True, num_warps=8)  # the b1 win
 SWEEP_VERIFY_SHORT4 = SWEEP_VERIFY_SHORT + [
     VerifyConfig(**_B1, short=True), VerifyConfig(**dict(_B1, block_v=16, num_warps=4), short=True),
 ]
+# --sweep-set short5 (session 4, second call): the tuned winners and the b1 winner with early workspace stores /
+# O's product beside U's (flat_small), alone and together (triton 3.6 sm_90 at L = 4: 2,080 -> 1,976 / 2,112 /
+# 2,024 instructions per warp, 244 -> 217 / 255 / 229 registers, no stack); the 4-row FMA form and hoisted BV16 are
+# out (final5: 1.5x / 1.95x the b1 winner at L4 b1)
+_ES, _FS = dict(early_stores=True), dict(flat_small=True)
+SWEEP_VERIFY_SHORT5 = [
+    VerifyConfig(**_B1), VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1, **_FS), VerifyConfig(**_B1, **_ES, **_FS),
+    VerifyConfig(block_v=32, hoist=True, weight_tiles=True), VerifyConfig(block_v=32, hoist=True, weight_tiles=True,
+                                                                          **_ES),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2),  # b8 winner
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
+    VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
+]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
-              "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4}
+              "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -550,6 +564,10 @@ SWEEP_RECON_SHORT.append(dict(block_v=128, num_warps=16, outer_loop=False))
 # launches (triton 3.6 sm_90, no stack: BV16 x 2 warps 107 registers, BV32 x 4 104, BV64 x 8 104, BV128 x 8 165)
 SWEEP_RECON_SHORT4 = [dict(block_v=32, num_warps=4, outer_loop=False)] + [
     dict(short=True, block_v=bv, num_warps=w) for bv, w in ((16, 2), (32, 4), (64, 8), (128, 8))]
+# short5: final5's two fastest short launches with and without the early workspace reads (EARLY), and BV64 x 8
+SWEEP_RECON_SHORT5 = [dict(block_v=32, num_warps=4, outer_loop=False)] + [
+    dict(short=True, block_v=bv, num_warps=w, early=early) for bv, w in ((16, 2), (32, 4)) for early in (False, True)]
+SWEEP_RECON_SHORT5.append(dict(short=True, block_v=64, num_warps=8, early=True))
 
 
 def default_eligible(config):
@@ -609,7 +627,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         torch.cuda.empty_cache()
     # the short form per batch: its fastest launch, and whether it beat the general kernel's fastest
     short = {B: dict(short=us < best_recon.get(B, (None, float("inf")))[1], block_v=c["block_v"],
-                     num_warps=c["num_warps"]) for B, (c, us) in best_short.items()}
+                     num_warps=c["num_warps"], early=c.get("early", False)) for B, (c, us) in best_short.items()}
     return (rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_fold.items()},
             {B: c for B, (c, _) in best_recon.items()}, short)
 
@@ -967,7 +985,8 @@ def main():
     print(f"device {device_name}, layers {num_layers}, gdn {gdn}", flush=True)
 
     sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
-    recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "full": SWEEP_RECON}.get(
+    recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
+                     "full": SWEEP_RECON}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1002,7 +1021,7 @@ def main():
             rows_L, best_verify[L], best_fold_L, best_recon[L], short_L = sweep(
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
-                recon_every_batch=args.sweep_set in ("short", "short4"), recon_errs=recon_errs)
+                recon_every_batch=args.sweep_set in ("short", "short4", "short5"), recon_errs=recon_errs)
             sweep_rows += rows_L
             if short_L:
                 best_recon_short[L] = short_L
@@ -1044,7 +1063,8 @@ def main():
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here
-            recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"])
+            recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"],
+                         early=short.get("early", False))
         fold_config = nearest_tuned(best_fold, B, L) or default_verify_config(B, folded=True)
         row = dict(L=L, B=B)
         us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)

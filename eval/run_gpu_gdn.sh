@@ -12,6 +12,8 @@
 #   MODE=final5 (session 4, G: the L4 b1 goal) as final4 with --sweep-set short4 (+ the 4-row FMA verify form and
 #               the short reconstruction's launches at L = 4, reconstruct_short_by_len in the tuned file) and the
 #               L4 b1 stage ladder of the b1 winner (--ladder); GPU tests: short forms + hoisted weight tiles
+#   MODE=final6 (session 4, G's second call) as final5 with --sweep-set short5 (early workspace stores / flat small
+#               products of the b1 winner; short reconstruction with and without early workspace reads), no ladder
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -44,7 +46,7 @@ if [ "$MODE" = diag ]; then
     tail -3 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -57,10 +59,14 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=short TEST_K=hoisted-weight-tiles SWEEP_CUT=110 TEST_S=${TEST_S:-60} \
             BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-1000} CUT=1200
         EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-165}"
-    else
+    elif [ "$MODE" = final5 ]; then
         SWEEP_SET=short4 TEST_K="short_forms or hoisted-weight-tiles" SWEEP_CUT=120 TEST_S=${TEST_S:-80} \
             BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --ladder --stop-at-s ${STOP_AT_S:-200}"
+    else
+        SWEEP_SET=short5 TEST_K="short_forms or hoisted-weight-tiles or hoisted-early-stores" SWEEP_CUT=120 \
+            TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
+        EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
     fi
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the issue's second baseline
@@ -81,7 +87,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

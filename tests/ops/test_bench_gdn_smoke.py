@@ -43,5 +43,5 @@ def test_bench_quick_writes_results(tmp_path, extra):
     # short4: a short verify form and the short reconstruction were swept (L = 4); the ladder ran every stage
     assert any("short=True" in r["config"] for r in doc["sweep"] if r["part"] == "verify")
     assert any("'short': True" in r["config"] for r in doc["sweep"] if r["part"] == "reconstruct")
-    assert set(written["reconstruct_short_by_len"]["4"]["3"]) == {"short", "block_v", "num_warps"}
+    assert set(written["reconstruct_short_by_len"]["4"]["3"]) == {"short", "block_v", "num_warps", "early"}
     assert [r["skip"] for r in doc["ladder"]][:2] == [0, 1] and all("us" in r for r in doc["ladder"])

@@ -163,9 +163,10 @@ VERIFY_CASES = [
 @pytest.mark.parametrize("config", [None, VerifyConfig(block_v=16, two_pass=True), VerifyConfig(hoist=True),
                                     VerifyConfig(hoist=True, loads_first=True),
                                     VerifyConfig(block_v=16, two_pass=True, loads_first=True),
-                                    VerifyConfig(hoist=True, weight_tiles=True)],
+                                    VerifyConfig(hoist=True, weight_tiles=True),
+                                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, flat_small=True)],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
-                              "hoisted-weight-tiles"])
+                              "hoisted-weight-tiles", "hoisted-early-stores-flat"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -241,6 +242,11 @@ def test_every_accept_position_over_layers(length, config):
                  id="two-pass-weight-tiles"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2, prep_warps=2), True,
                  id="two-pass-whole-v-rolled"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8, early_stores=True), False,
+                 id="hoisted-weight-tiles-early-stores"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, flat_small=True), False,
+                 id="hoisted-weight-tiles-flat-small"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, flat_small=True), False, id="hoisted-flat-small"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -432,17 +438,21 @@ def test_reconstruct_block_sizes_match_naive(block_v, num_warps):
 
 
 @needs_kernels
-@pytest.mark.parametrize("max_len,block_v,num_warps,state_dtype,width", [
-    pytest.param(4, 32, 4, torch.float32, 4, id="L4-bv32-fp32"),
-    pytest.param(3, 16, 2, torch.float16, 3, id="L3-bv16-fp16-state-w3"),
-    pytest.param(4, 64, 8, torch.float32, 4, id="L4-bv64-above-V"),
+@pytest.mark.parametrize("max_len,block_v,num_warps,state_dtype,width,early", [
+    pytest.param(4, 32, 4, torch.float32, 4, False, id="L4-bv32-fp32"),
+    pytest.param(4, 32, 4, torch.float32, 4, True, id="L4-bv32-fp32-early"),
+    pytest.param(3, 16, 2, torch.float16, 3, False, id="L3-bv16-fp16-state-w3"),
+    pytest.param(3, 16, 2, torch.float16, 3, True, id="L3-bv16-fp16-state-w3-early"),
+    pytest.param(4, 64, 8, torch.float32, 4, True, id="L4-bv64-above-V-early"),
+    pytest.param(1, 16, 4, torch.float32, 4, True, id="L1-early"),
 ])
-def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, state_dtype, width):
+def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, state_dtype, width, early):
     """The short form (workspace max_len <= 4) against float64: every accept position 0..L (and above L: clamped),
-    mixed lengths incl. 0, a null slot, two layers with different states, odd head counts, in one launch."""
+    mixed lengths incl. 0, a null slot, two layers with different states, odd head counts, in one launch. The
+    workspace starts as NaN: rows past a request's accepted count (read by the early form) must not leak in."""
     from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
 
-    lens = [max_len] * (max_len + 2) + [1, 0, 2, max_len]
+    lens = [max_len] * (max_len + 2) + [1, 0, min(2, max_len), max_len]
     num_accepted = torch.tensor(list(range(max_len + 2)) + [1, 1, 2, max_len], dtype=torch.int32)
     null = (len(lens) - 1,)  # a padding row that "accepts" everything: must stay untouched
     layers = [make_problem(lens, num_k_heads=1, num_v_heads=3, head_k_dim=16, head_v_dim=32, width=width,
@@ -451,12 +461,14 @@ def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, st
     for lp in layers[1:]:
         lp["state_indices"], lp["cu_seqlens"] = shared["state_indices"], shared["cu_seqlens"]
     ws = workspace_for(shared, num_layers=2, max_len=max_len)
+    for t in (ws.u, ws.k, ws.g, ws.x):
+        t.fill_(float("nan"))
     before = [(lp["ssm_state"].clone(), lp["conv_state"].clone()) for lp in layers]
     for layer, lp in enumerate(layers):
         gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=max_len)
     table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], width)
     gdn_reconstruct_short(table, ws, shared["state_indices"], num_accepted.to(DEVICE), shared["cu_seqlens"],
-                          block_v=block_v, num_warps=num_warps)
+                          block_v=block_v, num_warps=num_warps, early=early)
     slot_null = int(shared["state_indices"][null[0]])
     assert slot_null == 0
     for lp, (ssm0, conv0) in zip(layers, before):
@@ -611,7 +623,8 @@ def test_reconstruct_short_claims_only_tuned_calls(tmp_path, monkeypatch):
     lens = [4, 2, 3]
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps({"device": "some GPU", "reconstruct_short_by_len": {"4": {
-        "1": {"short": True, "block_v": 16, "num_warps": 4}, "8": {"short": False, "block_v": 32, "num_warps": 4}}}}))
+        "1": {"short": True, "block_v": 16, "num_warps": 4, "early": True},
+        "8": {"short": False, "block_v": 32, "num_warps": 4, "early": False}}}}))
     monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
@@ -629,7 +642,7 @@ def test_reconstruct_short_claims_only_tuned_calls(tmp_path, monkeypatch):
             table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
             calls.clear()
             gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
-            assert calls == ([dict(block_v=16, num_warps=4)] if claimed else []), (max_len, batch)
+            assert calls == ([dict(block_v=16, num_warps=4, early=True)] if claimed else []), (max_len, batch)
             ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
             naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
             assert rel_err(p["ssm_state"], ref["ssm_state"]) < 1e-5
@@ -815,6 +828,10 @@ def test_rejects_bad_configs():
         VerifyConfig(weight_tiles=True, skip_stages=1)
     with pytest.raises(ValueError, match="hoist needs one value block"):
         VerifyConfig(hoist=True, whole_v=True)
+    with pytest.raises(ValueError, match="early_stores needs hoist and weight_tiles"):
+        VerifyConfig(early_stores=True, hoist=True)
+    with pytest.raises(ValueError, match="flat_small needs hoist"):
+        VerifyConfig(flat_small=True, whole_v=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
 
@@ -931,6 +948,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-hoisted-weight-tiles"),
     pytest.param(torch.float32, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True), False,
                  id="fp32-state-two-pass-rolled-weight-tiles"),
+    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
+                                             flat_small=True), False, id="fp32-state-hoisted-early-stores-flat"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]
@@ -993,13 +1012,13 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
     num_accepted = torch.tensor([4, 1, 2, 0, 2, 3], dtype=torch.int32)
     ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
-    for block_v, num_warps in ((16, 2), (32, 4), (64, 8), (128, 8)):
+    for block_v, num_warps, early in ((16, 2, False), (32, 4, True), (64, 8, True), (128, 8, False)):
         p["ssm_state"].copy_(ssm0)
         p["conv_state"].copy_(conv0)
         table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
         assert table.aligned16
         gdn_reconstruct_short(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"], block_v=block_v,
-                              num_warps=num_warps)
+                              num_warps=num_warps, early=early)
         assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
         assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
 

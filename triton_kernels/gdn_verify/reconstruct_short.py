@@ -19,19 +19,24 @@ from .verify import _tuned_by_len, nearest_tuned
 from .workspace import GDNStateTable, GDNVerifyWorkspace
 
 SHORT_MAX_LEN = 4  # tokens per request this form handles (the unrolled update has 4 terms)
-FALLBACK_SHORT = dict(block_v=32, num_warps=4)  # before any sweep: the general kernel's winning block shape
+FALLBACK_SHORT = dict(block_v=32, num_warps=4, early=False)  # before any sweep: final5's fastest (H200)
 
 
 @triton.jit
-def _token_terms(ws_u, ws_k, ws_g, ws_base, n, s: tl.constexpr, i_hv, i_h, o_v, o_k, b_Gn, HV: tl.constexpr,
+def _token_loads(ws_u, ws_k, ws_g, ws_base, n_rows, s: tl.constexpr, i_hv, i_h, o_v, o_k, HV: tl.constexpr,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """Token s's rank-1 factors: exp(G_{n-1} - G_s) u_s [BV] and k_s [K]; zeros for s >= n (no memory read)."""
-    m_v = (o_v * 0 + s) < n
-    m_k = (o_k * 0 + s) < n
-    b_g = tl.load(ws_g + (ws_base + tl.minimum(n - 1, s)) * HV + i_hv)  # n >= 1: a row of this step
-    b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
-    b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    return tl.where(m_v, b_u * tl.exp(b_Gn - b_g), 0.0), b_k
+    """Token s's workspace entries G_s (scalar), u_s [BV], k_s [K]; zeros (no memory read) unless s < n_rows."""
+    b_g = tl.load(ws_g + (ws_base + s) * HV + i_hv, mask=s < n_rows, other=0.0)
+    b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v, mask=(o_v * 0 + s) < n_rows, other=0.0)
+    b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k, mask=(o_k * 0 + s) < n_rows, other=0.0)
+    return b_g, b_u, b_k
+
+
+@triton.jit
+def _token_terms(b_g, b_u, b_k, b_Gn, n, s: tl.constexpr):
+    """Token s's rank-1 factors exp(G_{n-1} - G_s) u_s and k_s, zeros for s >= n (selected, not multiplied: rows
+    past n may hold anything, NaN included)."""
+    return tl.where((b_u * 0 + s) < n, b_u * tl.exp(b_Gn - b_g), 0.0), tl.where((b_k * 0 + s) < n, b_k, 0.0)
 
 
 @triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
@@ -39,37 +44,56 @@ def _gdn_reconstruct_short_kernel(
     ssm_ptrs, conv_ptrs, ssm_ref, conv_ref, state_indices, num_accepted, cu_seqlens,
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr,
+    BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Program (block, request, layer): blocks 0 .. HV*V/BV - 1 are [BV, K] state blocks, the rest conv blocks of
-    BD channels. ALIGNED: every table pointer is a multiple of 16 (elements, hence bytes). Slot <= 0 (vLLM's null block) or n = 0: nothing is touched; n is clamped to the request's length."""
+    BD channels. ALIGNED: every table pointer is a multiple of 16 (elements, hence bytes). Slot <= 0 (vLLM's null
+    block) or n = 0: nothing is touched; n is clamped to the request's length.
+
+    EARLY: a state program reads all min(4, WS_LEN) workspace tokens (they exist whatever n is) before it knows n,
+    so those reads overlap the slot / length / accepted-count reads instead of waiting for them; the terms past n
+    are dropped by selection. Otherwise only the n accepted tokens are read, once n is known."""
     i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
+    NUM_V_BLOCKS: tl.constexpr = V // BV
+    is_state = i_blk < HV * NUM_V_BLOCKS
+    i_hv = i_blk // NUM_V_BLOCKS
+    i_h = i_hv // (HV // H)
+    o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    if EARLY:
+        rows = tl.where(is_state, WS_LEN, 0)
+        g0, u0, k0 = _token_loads(ws_u, ws_k, ws_g, ws_base, rows, 0, i_hv, i_h, o_v, o_k, HV, H, K, V)
+        g1, u1, k1 = _token_loads(ws_u, ws_k, ws_g, ws_base, rows, 1, i_hv, i_h, o_v, o_k, HV, H, K, V)
+        g2, u2, k2 = _token_loads(ws_u, ws_k, ws_g, ws_base, rows, 2, i_hv, i_h, o_v, o_k, HV, H, K, V)
+        g3, u3, k3 = _token_loads(ws_u, ws_k, ws_g, ws_base, rows, 3, i_hv, i_h, o_v, o_k, HV, H, K, V)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
     if (slot <= 0) | (n <= 0):
         return
-    ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
-    NUM_V_BLOCKS: tl.constexpr = V // BV
-    if i_blk < HV * NUM_V_BLOCKS:
-        i_hv = i_blk // NUM_V_BLOCKS
-        i_h = i_hv // (HV // H)
-        o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
-        o_k = tl.arange(0, K)
+    if is_state:
         ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
         if ALIGNED:  # a table pointer's alignment is unknown to the compiler: without this, scalar loads and stores
             ssm = tl.multiple_of(ssm, 16)
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h).to(tl.float32)
-        b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
-        c0, k0 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 0, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
-        c1, k1 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 1, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
-        c2, k2 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 2, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
-        c3, k3 = _token_terms(ws_u, ws_k, ws_g, ws_base, n, 3, i_hv, i_h, o_v, o_k, b_Gn, HV, H, K, V)
-        b_h = b_h * tl.exp(b_Gn) + c0[:, None] * k0[None, :]
-        b_h += c1[:, None] * k1[None, :]
-        b_h += c2[:, None] * k2[None, :]
-        b_h += c3[:, None] * k3[None, :]
+        if EARLY:
+            b_Gn = tl.where(n == 1, g0, tl.where(n == 2, g1, tl.where(n == 3, g2, g3)))
+        else:
+            g0, u0, k0 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 0, i_hv, i_h, o_v, o_k, HV, H, K, V)
+            g1, u1, k1 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 1, i_hv, i_h, o_v, o_k, HV, H, K, V)
+            g2, u2, k2 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 2, i_hv, i_h, o_v, o_k, HV, H, K, V)
+            g3, u3, k3 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 3, i_hv, i_h, o_v, o_k, HV, H, K, V)
+            b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
+        c0, e0 = _token_terms(g0, u0, k0, b_Gn, n, 0)
+        c1, e1 = _token_terms(g1, u1, k1, b_Gn, n, 1)
+        c2, e2 = _token_terms(g2, u2, k2, b_Gn, n, 2)
+        c3, e3 = _token_terms(g3, u3, k3, b_Gn, n, 3)
+        b_h = b_h * tl.exp(b_Gn) + c0[:, None] * e0[None, :]
+        b_h += c1[:, None] * e1[None, :]
+        b_h += c2[:, None] * e2[None, :]
+        b_h += c3[:, None] * e3[None, :]
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
         o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
@@ -98,16 +122,19 @@ def gdn_reconstruct_short(
     block_v: int | None = None,
     num_warps: int | None = None,
     block_d: int = 512,
+    early: bool | None = None,
 ) -> None:
     """`gdn_reconstruct(parts="all")` for a workspace of max_len <= 4, always in the short form (same arguments and
     semantics; inputs are expected to be checked by `gdn_reconstruct` already, only the form's own limits are
-    checked here). block_v / num_warps None: the tuned short launch, else `FALLBACK_SHORT`."""
+    checked here). block_v / num_warps / early None: the tuned short launch, else `FALLBACK_SHORT` (early: the
+    kernel's EARLY workspace reads)."""
     if workspace.max_len > SHORT_MAX_LEN:
         raise ValueError(f"the short reconstruction handles workspace max_len <= {SHORT_MAX_LEN}, got "
                          f"{workspace.max_len}")
     tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len) or FALLBACK_SHORT
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
+    early = tuned.get("early", False) if early is None else early
     if block_v < 1 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two, got {block_v}")
     ssm0, conv0 = states.ssm_states[0], states.conv_states[0]
@@ -126,13 +153,13 @@ def gdn_reconstruct_short(
         workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
-        ALIGNED=states.aligned16, num_warps=num_warps,
+        ALIGNED=states.aligned16, EARLY=early, num_warps=num_warps,
     )
 
 
 def _tuned_short(num_requests, max_len):
     """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table:
-    {"short": bool (measured faster than the general kernel), "block_v", "num_warps"}; None if absent."""
+    {"short": bool (measured faster than the general kernel), "block_v", "num_warps"[, "early"]}; None if absent."""
     return nearest_tuned(_tuned_by_len("reconstruct_short_by_len"), num_requests, max_len)
 
 
@@ -152,5 +179,5 @@ def reconstruct_short(
     if not tuned or not tuned.get("short"):
         return False
     gdn_reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens, block_v=tuned["block_v"],
-                          num_warps=tuned["num_warps"])
+                          num_warps=tuned["num_warps"], early=tuned.get("early", False))
     return True

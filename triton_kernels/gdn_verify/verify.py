@@ -91,6 +91,18 @@ def _conv4_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, D: tl.co
 
 
 @triton.jit
+def _current_tap(i0, i1, i2, i3, W: tl.constexpr):
+    """The input rows of tap W-1 of `_conv4_loads` (i_j = its j-th input tile): token t's own row, i.e. the raw
+    inputs of this step."""
+    if W == 4:
+        return i3
+    elif W == 3:
+        return i2
+    else:
+        return i1
+
+
+@triton.jit
 def _conv4_math(i0, w0, i1, w1, i2, w2, i3, w3, conv_b, o_t, m_t, o_c, HAS_BIAS: tl.constexpr):
     """silu(sum_j input_j * weight_j + bias), zero past the request's length: `_causal_conv_silu` on loaded taps."""
     acc = i0.to(tl.float32) * w0.to(tl.float32) + i1.to(tl.float32) * w1.to(tl.float32)
@@ -224,9 +236,10 @@ def _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
 def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                       BV: tl.constexpr, H: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                      SKIP: tl.constexpr):
+                      SKIP: tl.constexpr, ATTN_INV: tl.constexpr = False, STORE_X: tl.constexpr = True):
     """Outputs O and the workspace's u and raw v of one value block. b_k / b_q [BT, K] are the normalised k / q in
-    the state product's operand dtype (fp32 for tf32 dots, or 16-bit)."""
+    the state product's operand dtype (fp32 for tf32 dots, or 16-bit). ATTN_INV: b_attn is already
+    attn (I + A)^-1, so O's product runs beside U's instead of after it. STORE_X False: the caller stored raw v."""
     o_v = v0 + tl.arange(0, BV)
     o_xv = 2 * H * K + i_hv * V + o_v
     if SKIP & 32:  # keep the load alive, no product
@@ -243,6 +256,10 @@ def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv
     if SKIP & 128:
         b_u = tl.sum(b_inv, 1)[:, None] * b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks)
         b_o = b_gamma[:, None] * b_qs + tl.sum(b_attn, 1)[:, None] * b_u
+    elif ATTN_INV:
+        b_x = b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks)
+        b_u = tl.dot(b_inv, b_x, input_precision=SMALL_DOT)
+        b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_x, input_precision=SMALL_DOT)
     else:
         b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
         b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
@@ -250,7 +267,8 @@ def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None])
     if not (SKIP & 256):
         tl.store(ws_u + (ws_row[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_t[:, None])
-        tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
+        if STORE_X:
+            tl.store(ws_x + ws_row[:, None] * D + o_xv[None, :], b_xv, mask=m_t[:, None])
 
 
 @triton.jit
@@ -286,7 +304,7 @@ def _gdn_verify_kernel(
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
     LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
-    BTF: tl.constexpr,
+    BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, FLAT: tl.constexpr = False,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -305,7 +323,13 @@ def _gdn_verify_kernel(
 
     HOIST (one value block and one head per program): every global load of the program (state block, v conv
     inputs, gates, raw q/k) is issued at the start, before the first cross-thread step; otherwise loads placed
-    after a barrier wait for the whole q/k / Neumann chain before they are even issued."""
+    after a barrier wait for the whole q/k / Neumann chain before they are even issued.
+
+    EARLY_ST (HOIST, WT, W <= 4): the raw q / k / v rows come from the conv's current-token tap (no second load)
+    and every workspace store is issued as soon as its data exists (raw rows after the loads, k after its norm,
+    G after its cumsum), not at the end. FLAT (HOIST): O's small product uses attn (I + A)^-1, built beside the
+    inverse (attn (I - A) (I + A^2) ...), so it runs next to U's product instead of after it: one dependent
+    [BT, BT] product fewer on the chain, one more off it."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -340,9 +364,12 @@ def _gdn_verify_kernel(
                                                           V, D, W, BW, BV, H, HAS_BIAS)
     elif HOIST and WT and W <= 4:  # every load first (v, gates, raw q/k, q/k taps, state block), then the math
         o_xv0 = 2 * H * K + i_hg * V + i_vs * BV + tl.arange(0, BV)
-        b_xv0 = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv0[None, :], mask=m_t[:, None], other=0.0)
+        if not EARLY_ST:
+            b_xv0 = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv0[None, :], mask=m_t[:, None], other=0.0)
         v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t, o_xv0,
                                                               D, W)
+        if EARLY_ST:
+            b_xv0 = _current_tap(v0_, v2_, v4_, v6_, W)
     elif HOIST:  # with WT the state block is loaded after the q/k convs
         b_h0, b_v0, b_xv0 = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K, V, D, W,
@@ -353,10 +380,16 @@ def _gdn_verify_kernel(
         b_b0 = tl.load(b + (bos + o_t) * stride_b + i_hg, mask=m_t, other=0.0).to(tl.float32)
         b_dtb0 = tl.load(dt_bias + i_hg).to(tl.float32)
         b_alog0 = tl.load(A_log + i_hg).to(tl.float32)
-        b_xq0 = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None],
-                        other=0.0)
-        b_xk0 = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :],
-                        mask=m_w[:, None], other=0.0)
+        if not EARLY_ST:
+            b_xq0 = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None],
+                            other=0.0)
+            b_xk0 = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :],
+                            mask=m_w[:, None], other=0.0)
+    if EARLY_ST:
+        if HAS_WS_ROWS:
+            ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+        else:
+            ws_row = i_n.to(tl.int64) * WS_LEN + o_t
     causal = o_t[:, None] >= o_t[None, :]
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     if HOIST and WT and W <= 4:  # SKIP bits 1 / 16 / 64 honoured here too: the stage ladder of the b1 winner
@@ -375,6 +408,12 @@ def _gdn_verify_kernel(
         else:
             b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
                                 fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
+        if EARLY_ST:  # the raw rows the reconstruction's conv windows need: stored now, not held to the end
+            tl.store(ws_x + ws_row[:, None] * D + o_xv0[None, :], b_xv0, mask=m_t[:, None])
+            tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], _current_tap(q0_, q2_, q4_, q6_, W),
+                     mask=m_w[:, None])
+            tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], _current_tap(k0_, k2_, k4_, k6_, W),
+                     mask=m_w[:, None])
         if not (SKIP & 1):
             b_q = _conv4_math(q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_, conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
             b_k = _conv4_math(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, o_t, m_t, (H + i_h) * K + o_k,
@@ -411,6 +450,8 @@ def _gdn_verify_kernel(
     if not (SKIP & 2):
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    if EARLY_ST:
+        tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
     if SKIP & 4:
         b_kk = eye * 0.5
         b_qk = eye * 0.25
@@ -426,7 +467,9 @@ def _gdn_verify_kernel(
     else:
         b_k16 = b_k
         b_q16 = b_q
-    if HAS_WS_ROWS:
+    if EARLY_ST:
+        pass
+    elif HAS_WS_ROWS:
         ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
     else:
         ws_row = i_n.to(tl.int64) * WS_LEN + o_t
@@ -448,23 +491,30 @@ def _gdn_verify_kernel(
         b_g = tl.where(m_t, -tl.exp(b_alog) * softplus, 0.0)
         b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
         b_G = tl.cumsum(b_g, 0)
+        if EARLY_ST and not (SKIP & 256):
+            tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=o_t < tl.where(i_vs == 0, seqlen, 0))
         b_gamma = tl.exp(b_G)
         decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
         b_A = tl.where(o_t[:, None] > o_t[None, :], b_beta[:, None] * decay * b_kk, 0.0)
         # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^L = 0 for L tokens, so ceil(log2 L) - 1 steps suffice
         b_inv = eye - b_A
         b_pow = b_A
+        b_attn = decay * b_qk
+        if FLAT:  # attn (I + A)^-1 built beside the inverse, factor by factor
+            b_attn = b_attn - tl.dot(b_attn, b_A, input_precision=SMALL_DOT)
         for _ in tl.static_range(0 if SKIP & 8 else NEUMANN_STEPS):
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
-        b_attn = decay * b_qk
-        if not (SKIP & 256):
+            if FLAT:
+                b_attn = tl.dot(b_attn, eye + b_pow, input_precision=SMALL_DOT)
+        if not (SKIP & 256) and not EARLY_ST:
             if i_vs == 0:
                 tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
 
         if HOIST:
             _value_block_math(b_h0, b_v0, b_xv0, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k16, b_q16,
-                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
+                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP,
+                              FLAT, not EARLY_ST)
         elif LOOP_STAGES > 0:
             for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
@@ -478,7 +528,7 @@ def _gdn_verify_kernel(
                              b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, W, BV, H, HAS_BIAS, BIG_DOT,
                              SMALL_DOT, SKIP, BW, LOADS_FIRST, WT, fu, f_kc, f_gamma, f_base, f_n, BTF, FOLD)
 
-    if SKIP & 256:
+    if (SKIP & 256) or EARLY_ST:
         pass
     elif HOIST:
         tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
@@ -576,6 +626,10 @@ class VerifyConfig:
     # session 4: at max_seqlen <= 4 the 4-row FMA form (verify_short.py: no tensor-core tiles padded to 16 rows);
     # where it does not apply (longer blocks, workspace_rows, a fold, W > 4) a tuned config runs as if short=False
     short: bool = False
+    # session 4 (hoisted forms): raw rows from the conv's own taps + workspace stores as early as their data exist;
+    # O's small product beside U's (attn (I + A)^-1 built beside the inverse). See _gdn_verify_kernel
+    early_stores: bool = False
+    flat_small: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -597,6 +651,10 @@ class VerifyConfig:
                            or self.state_dot != "fp32"):
             raise ValueError("short (one value block per program, fp32 FMA products) cannot be combined with whole_v, "
                              "group_heads, two_pass, loads_first, skip_stages or 16-bit state_dot")
+        if self.early_stores and not (self.hoist and self.weight_tiles and not self.skip_stages):
+            raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
+        if self.flat_small and not self.hoist:
+            raise ValueError("flat_small needs hoist")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -827,6 +885,7 @@ def gdn_verify(
         NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
+        EARLY_ST=config.early_stores and width <= 4, FLAT=config.flat_small,
         **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
