@@ -604,6 +604,21 @@ STREAMING_BY_BATCH = {
 STREAMING = {name: kw for variants in STREAMING_BY_BATCH.values() for name, kw in variants.items()}
 TUNE_CASES_V9 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_BY_BATCH.items()
                  for name, kw in variants.items()]
+# Session 4, call 3 (v10): "late" measured no faster (25.8 us/step): the wgmma's own fence (WARPGROUP.ARRIVE) waits
+# for the registers of every load in flight too. One row, "fma": the streamed tiles' products on the CUDA cores
+# (stream_fma: no shared memory, fence or wgmma in the stream loop, so the next tile's loads stay in flight while
+# this tile is scored), with the L2 prefetch, 128-row tiles, serpentine order and 3 resident tiles of 128 rows.
+FMA = dict(stream_fma=True)
+STREAMING_BY_BATCH_V10 = {
+    1: {"tagged": dict(exchange="tagged"), "fma": FMA, "fma_pf2": dict(FMA, l2_prefetch=2),
+        "fma_pf4": dict(FMA, l2_prefetch=4), "fma_pf8": dict(FMA, l2_prefetch=8),
+        "fma128": dict(FMA, stream_rows=128), "fma128_pf2": dict(FMA, stream_rows=128, l2_prefetch=2),
+        "fma_serp_pf4": dict(FMA, l2_prefetch=4, serpentine=True),
+        "fma_res3_pf4": dict(FMA, tile_rows=128, resident_bytes=3 << 16, l2_prefetch=4)},
+}
+TUNE_CASES_V10 = ([(f"{name}_v152k_b1", 151936, 1, kw) for name, kw in STREAMING_BY_BATCH_V10[1].items()]
+                  + [(f"knee_n2_v50688_b1", 50688, 1, dict(exchange="tagged")),
+                     (f"knee_fma_n2_v50688_b1", 50688, 1, FMA)])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -623,6 +638,8 @@ LADDERS = {
     "v7": dict(rule={}, scoring=STREAMED_SCORINGS, cases=TUNE_CASES_V7, floors=[]),
     "v8": dict(rule={}, cases=TUNE_CASES_V8, floors=[]),
     "v9": dict(rule={}, scoring=STREAMING, scoring_by_batch=STREAMING_BY_BATCH, cases=TUNE_CASES_V9, floors=[]),
+    "v10": dict(rule={}, scoring=STREAMING_BY_BATCH_V10[1], scoring_by_batch=STREAMING_BY_BATCH_V10,
+                cases=TUNE_CASES_V10, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -303,12 +303,16 @@ def test_launch_options_keep_the_walk(opts, sampled):
     pytest.param(dict(loads_after_dot=True), id="loads-after-dot"),
     pytest.param(dict(loads_after_dot=True, serpentine=True, stream_rows=16, split_keys=False), id="late-serpentine"),
     pytest.param(dict(loads_after_dot=True, split_keys=True, split_streamed=True), id="late-split-streamed"),
+    pytest.param(dict(stream_fma=True), id="fma"),
+    pytest.param(dict(stream_fma=True, stream_rows=128, serpentine=True), id="fma-128-row-tiles-serpentine"),
+    pytest.param(dict(stream_fma=True, tile_rows=64, resident_bytes=0, stream_rows=16), id="fma-nothing-resident"),
 ])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
     """The streamed loop by tile index (serpentine: odd steps walk the streamed tiles backwards; l2_keep: the first
-    tiles loaded evict_last, the rest evict_first; loads_after_dot: the next tile's loads after this tile's dot) picks the naive walk's tokens: 1031 rows over 3 programs (256
+    tiles loaded evict_last, the rest evict_first; loads_after_dot: the next tile's loads after this tile's dot;
+    stream_fma: one row's streamed products on the CUDA cores, ignored with several rows) picks the naive walk's tokens: 1031 rows over 3 programs (256
     resident rows + 2 streamed 64-row tiles each, the last program's streamed tile 7 rows) and over one program,
     odd steps included."""
     p = make_problem(rows, 5, 1031, seed=13)
@@ -321,8 +325,10 @@ def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
 
 def test_plan_of_the_l2_options():
     """The bulk L2 prefetch is inline PTX: off under the interpreter; serpentine is off where the streamed tiles'
-    split fold needs row order; resident_bytes sets how many resident tiles fit."""
-    from hybridspec_kernels.head_walk.walk import plan_walk
+    split fold needs row order; resident_bytes sets how many resident tiles fit; partly streamed shards take the
+    prefetch distance measured for their batch size (MEASURED_STREAMED_L2_PREFETCH)."""
+    from hybridspec_kernels.head_walk.walk import (MEASURED_STREAMED_L2_PREFETCH, choose_streamed_l2_prefetch,
+                                                   plan_walk)
 
     cpu = torch.device("cpu")
     assert plan_walk(1000, 16, 1, 4, cpu, l2_prefetch=4).l2_prefetch == 0
@@ -331,6 +337,11 @@ def test_plan_of_the_l2_options():
     assert plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=False).serpentine
     assert plan_walk(1000, 16, 1, 4, cpu, l2_keep=3).l2_keep == 3
     assert plan_walk(1000, 16, 1, 4, cpu, resident_bytes=0, tile_rows=64).resident_tiles == 0
+    measured = dict(MEASURED_STREAMED_L2_PREFETCH)
+    assert choose_streamed_l2_prefetch(1) == measured[1]
+    assert choose_streamed_l2_prefetch(2) == choose_streamed_l2_prefetch(8) == measured[8]
+    assert choose_streamed_l2_prefetch(9) == choose_streamed_l2_prefetch(32) == measured[32]
+    assert choose_streamed_l2_prefetch(33) == choose_streamed_l2_prefetch(500) == measured[64]
 
 
 @needs_kernels

@@ -398,7 +398,7 @@ def _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed,
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
-                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED)
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED, False)
         ids = rows
     else:
         if W2_SCALED:
@@ -446,12 +446,14 @@ def _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed,
 def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
                stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
                STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
-               SCALED: tl.constexpr):
+               SCALED: tl.constexpr, FOLDED: tl.constexpr):
     """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
     (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
-    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
+    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector. FOLDED: acc is
+    that [rows] column already."""
     m_v = rows < vocab
-    acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
+    if not FOLDED:
+        acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
     if W2_SCALED:
         acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)
     out_ty = u_ptr.dtype.element_ty
@@ -662,7 +664,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_KEEP: tl.constexpr, SERPENTINE: tl.constexpr,
-    LOADS_AFTER_DOT: tl.constexpr,
+    LOADS_AFTER_DOT: tl.constexpr, STREAM_FMA: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -743,7 +745,11 @@ def head_walk_kernel(
     # The streamed loop by tile index (L2 options); SERPENTINE only where the fold does not depend on the visiting
     # (the split fold's strict `>` keeps the lowest id only when tiles come in row order).
     SERPENTINE_ON: tl.constexpr = SERPENTINE and not SPLIT_STREAM
-    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON or LOADS_AFTER_DOT)
+    # One row: the streamed tiles' products on the CUDA cores (a [ST, R] tile times W1[x], reduced inside each warp)
+    # instead of a wgmma, which needs the tile in shared memory behind a fence and CTA-wide syncs every tile.
+    FMA_ROWS: tl.constexpr = STREAM_FMA and ONE_ROW and STREAM_PREFETCH
+    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON or LOADS_AFTER_DOT
+                                                   or FMA_ROWS)
     n_stream = tl.cdiv(shard_end - stream_begin, ST)
     if STREAM_L2:
         j0 = _visit(0, k_begin, n_stream, SERPENTINE_ON)
@@ -897,6 +903,9 @@ def head_walk_kernel(
                 tl.debug_barrier()
             m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
         m_dot = m.to(w2_dot_ty)
+        if FMA_ROWS:
+            # W1[x] as the dot sees it (rounded to W2's type), [R]: bf16 x bf16 products are exact in fp32.
+            m_row = tl.sum(tl.where((o_b == 0)[None, :], m_dot.to(tl.float32), 0.0), axis=1)
 
         seed = seed0
         if ONE_ROW:
@@ -982,7 +991,7 @@ def head_walk_kernel(
                                   _visit(j + 1, k, n_stream, SERPENTINE_ON))
                 k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
                 rows_next = stream_begin + j_next * ST + o_s
-                if LOADS_AFTER_DOT:
+                if LOADS_AFTER_DOT and not FMA_ROWS:
                     acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
                 if L2_PREFETCH > 0:
                     ahead = j + L2_PREFETCH
@@ -993,7 +1002,14 @@ def head_walk_kernel(
                 w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r, j_next < L2_KEEP,
                                       L2_KEEP)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
-                if LOADS_AFTER_DOT:
+                if FMA_ROWS:
+                    acc_rows = tl.sum(w.to(tl.float32) * m_row[None, :], axis=1)
+                    tile_keys = _score_row(acc_rows, u_tile, rows, k, req_safe, valid, temp, seed, pos, u_ptr, stride_uk,
+                                           w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                                           shard_end, o_b, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
+                                           SCALED, True)
+                    tile_ids = rows
+                elif LOADS_AFTER_DOT:
                     tile_keys, tile_ids = _score_acc(
                         acc, u_tile, None, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                         stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,

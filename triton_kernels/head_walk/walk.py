@@ -81,6 +81,8 @@ class WalkConfig:
     # Partly streamed shards (with prefetch): the next streamed tile's loads issued after this tile's dot, out of
     # reach of the shared-memory fence before its wgmma (which waits for every load in flight).
     loads_after_dot: bool = False
+    # One row, partly streamed shards: the streamed tiles' products on the CUDA cores, not a wgmma.
+    stream_fma: bool = False
 
 
 def _interpreting() -> bool:
@@ -104,6 +106,17 @@ MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "poll"))
 MEASURED_STREAMED_SCORING = ((8, "keys64"), (32, "split"), (64, "keys64"))
 
 
+# Partly streamed shards (V = 152k): how many streamed tiles ahead each batch size bulk-prefetches into L2, as
+# measured (ladder v9 of eval/results/head_walk.json, check ours_scoring_rule_v152k): b8 -9%, b32 -11%; one row
+# +4% and b64 +8% (spills) slower with it, so none there.
+MEASURED_STREAMED_L2_PREFETCH = ((1, 0), (8, 4), (32, 4), (64, 0))
+
+
+def choose_streamed_l2_prefetch(num_rows: int) -> int:
+    return next((tiles for rows, tiles in MEASURED_STREAMED_L2_PREFETCH if num_rows <= rows),
+                MEASURED_STREAMED_L2_PREFETCH[-1][1])
+
+
 def choose_streamed_scoring(num_rows: int) -> str:
     return next((scoring for rows, scoring in MEASURED_STREAMED_SCORING if num_rows <= rows),
                 MEASURED_STREAMED_SCORING[-1][1])
@@ -122,8 +135,10 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
-              noise_ahead: bool | None = None, l2_prefetch: int = 0, l2_keep: int = 0, serpentine: bool = False,
-              resident_bytes: int | None = None, loads_after_dot: bool = False) -> WalkConfig:
+              noise_ahead: bool | None = None, l2_prefetch: int | None = None, l2_keep: int = 0,
+              serpentine: bool = False,
+              resident_bytes: int | None = None, loads_after_dot: bool = False,
+              stream_fma: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -135,7 +150,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"stream_rows must be a power of two >= 16, got {stream_rows}")
     if num_warps is not None and num_warps not in (4, 8, 16):
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
-    if l2_prefetch < 0 or l2_keep < 0:
+    if (l2_prefetch is not None and l2_prefetch < 0) or l2_keep < 0:
         raise ValueError(f"l2_prefetch and l2_keep must be >= 0, got {l2_prefetch}, {l2_keep}")
     if resident_bytes is not None and resident_bytes < 0:
         raise ValueError(f"resident_bytes must be >= 0, got {resident_bytes}")
@@ -179,8 +194,10 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
+    streamed = chunk_rows > resident_tiles * tile_rows
+    if l2_prefetch is None:
+        l2_prefetch = choose_streamed_l2_prefetch(num_rows) if streamed and prefetch else 0
     if split_keys is None or split_streamed is None:
-        streamed = chunk_rows > resident_tiles * tile_rows
         scoring = choose_streamed_scoring(num_rows) if streamed else "split"
         split_keys = scoring != "keys64" if split_keys is None else split_keys
         split_streamed = scoring == "split" if split_streamed is None else split_streamed
@@ -197,7 +214,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch if on_gpu else 0, l2_keep=l2_keep,
-                      serpentine=serpentine and not (split_keys and split_streamed), loads_after_dot=loads_after_dot)
+                      serpentine=serpentine and not (split_keys and split_streamed), loads_after_dot=loads_after_dot,
+                      stream_fma=stream_fma)
 
 
 _workspaces: dict = {}
@@ -300,11 +318,12 @@ def head_walk(
     pair_reduce: bool = True,
     split_streamed: bool | None = None,
     noise_ahead: bool | None = None,
-    l2_prefetch: int = 0,
+    l2_prefetch: int | None = None,
     l2_keep: int = 0,
     serpentine: bool = False,
     resident_bytes: int | None = None,
     loads_after_dot: bool = False,
+    stream_fma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -345,7 +364,9 @@ def head_walk(
             also on streamed tiles; None: choose_streamed_scoring for partly streamed shards), pair_reduce (False:
             split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
-            padded rows), l2_prefetch / l2_keep / serpentine / loads_after_dot (streamed tiles: WalkConfig),
+            padded rows), l2_prefetch / l2_keep / serpentine / loads_after_dot / stream_fma (streamed tiles:
+            WalkConfig;
+            l2_prefetch None: choose_streamed_l2_prefetch for partly streamed shards),
             resident_bytes (W2 bytes a program keeps in shared memory; None: RESIDENT_BYTES): launch overrides for
             tests and tuning.
 
@@ -391,7 +412,8 @@ def head_walk(
     if head != "markov":
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
-    _check(l2_prefetch >= 0 and l2_keep >= 0, f"l2_prefetch and l2_keep must be >= 0, got {l2_prefetch}, {l2_keep}")
+    _check((l2_prefetch is None or l2_prefetch >= 0) and l2_keep >= 0,
+           f"l2_prefetch and l2_keep must be >= 0, got {l2_prefetch}, {l2_keep}")
     if w2_dtype is not None:
         _check(w2_dtype == torch.float8_e4m3fn, f"w2_dtype must be None or torch.float8_e4m3fn, got {w2_dtype}")
     on_cuda = base_logits.device.type == "cuda"
@@ -444,7 +466,7 @@ def head_walk(
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
                     l2_keep=l2_keep, serpentine=serpentine, resident_bytes=resident_bytes,
-                    loads_after_dot=loads_after_dot)
+                    loads_after_dot=loads_after_dot, stream_fma=stream_fma)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -507,6 +529,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
         L2_KEEP=cfg.l2_keep, SERPENTINE=cfg.serpentine, LOADS_AFTER_DOT=cfg.loads_after_dot,
+        STREAM_FMA=cfg.stream_fma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
