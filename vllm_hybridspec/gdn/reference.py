@@ -52,9 +52,11 @@ def reference_verify(layer, mixed_qkv, a, b, state_indices, cu_seqlens) -> torch
     )
 
 
-def reference_reconstruct(layer, mixed_qkv, a, b, state_indices, cu_seqlens, num_accepted) -> None:
+def reference_reconstruct(layer, mixed_qkv, a, b, state_indices, cu_seqlens, num_accepted, checkpoints=None) -> None:
+    """`checkpoints`: None or (slots, token counts) of block-boundary states to write as well (prefix caching)."""
     weight, bias, A_log, dt_bias, conv_state, ssm_state = _operands(layer)
+    checkpoint_indices, checkpoint_lens = (None, None) if checkpoints is None else checkpoints
     naive_gdn_reconstruct(
         mixed_qkv, a, b, weight, bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-        num_accepted, dtype=REFERENCE_DTYPE,
+        num_accepted, dtype=REFERENCE_DTYPE, checkpoint_indices=checkpoint_indices, checkpoint_lens=checkpoint_lens,
     )

@@ -13,6 +13,14 @@ own block table and metadata builder, so a request's state slot differs between 
 3. after rejection sampling a runner hook calls `commit(accepted)`: one `gdn_reconstruct` launch per KV-cache
    group (one for the tiny models, 3 for Qwen3-Next-80B / Qwen3.5-35B), or the reference replay per layer.
 A step without spec rows records None, so nothing stale (e.g. from a dummy or capture run) is ever committed.
+
+Prefix caching (vLLM's "align" mamba cache mode): a GDN state is kept per KV block, and block b must hold the
+state after exactly (b + 1) * block_size tokens once those tokens are computed, since a later prefix-cache hit
+restores it. The running state lives in the block of the step's last scheduled token (vLLM's choice; its
+pre-forward copy moves it along, which the runner hooks keep at token offset 0 for our single state). When a
+row's accepted tokens reach a block boundary, the commit also writes the state at that boundary into the block
+ending there (`checkpoints`): slot and token count come from the rows' computed-token counts, the accepted counts
+and the block table, all on the device.
 """
 from __future__ import annotations
 
@@ -35,9 +43,12 @@ class GDNCounters:
     reconstructions: int = 0    # reconstruct calls (kernel: one per KV-cache group; reference: one per layer)
     committed_tokens: int = 0   # tokens committed, summed over layers (reference path only: counting syncs)
     mixed_batches: int = 0      # layer forwards whose batch had non-spec rows (prefill chunks) beside spec rows
+    checkpoint_commits: int = 0   # KV-cache-group commits that could write block-boundary states (prefix caching)
+    checkpoints_written: int = 0  # block-boundary states written, summed over layers (reference path only)
 
     def reset(self) -> None:
-        self.verify_calls = self.commits = self.reconstructions = self.committed_tokens = self.mixed_batches = 0
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0)
 
 
 COUNTERS = GDNCounters()
@@ -50,6 +61,16 @@ class VerifiedRows:
     state_indices: torch.Tensor  # [R] int32 committed-state slot per spec row (0 = vLLM's null block)
     cu_seqlens: torch.Tensor     # [R+1] int32: verified tokens of spec row r are cu[r]:cu[r+1]
     batch_rows: torch.Tensor     # [R] long: batch position of each spec row (its row in the sampler output)
+    blocks: BlockCheckpoints | None = None  # prefix caching ("align" mode) only
+
+
+@dataclass(frozen=True)
+class BlockCheckpoints:
+    """What the commit needs to write block-boundary states (prefix caching), per spec row, on the device."""
+
+    computed: torch.Tensor     # [R] int32 tokens computed before this step (the verified block starts there)
+    block_table: torch.Tensor  # [R, max_blocks] int32 the row's KV-cache block ids of this group (0 = null)
+    block_size: int            # tokens per block (vLLM's mamba_block_size)
 
 
 def verified_rows(metadata: Any) -> VerifiedRows | None:
@@ -65,6 +86,33 @@ def verified_rows(metadata: Any) -> VerifiedRows | None:
     else:
         batch_rows = metadata.spec_sequence_masks_cpu.nonzero().flatten().to(device, non_blocking=True)
     return VerifiedRows(state_indices, metadata.spec_query_start_loc[: num_rows + 1], batch_rows)
+
+
+def block_checkpoints(rows: VerifiedRows, block_table: torch.Tensor, computed: torch.Tensor,
+                      block_size: int) -> BlockCheckpoints:
+    """The spec rows' block-table rows and computed-token counts, gathered from the batch's ([num_reqs, ...]).
+
+    Padding rows past the batch (FULL cudagraphs; slot 0, never committed) read the batch's last row."""
+    last = block_table.shape[0] - 1
+    batch_rows = rows.batch_rows.clamp(max=max(last, 0))
+    return BlockCheckpoints(
+        computed=computed.index_select(0, batch_rows).to(torch.int32),
+        block_table=block_table.index_select(0, batch_rows),
+        block_size=block_size,
+    )
+
+
+def checkpoints(blocks: BlockCheckpoints, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot, tokens) per spec row of the block-boundary state to write: the last boundary b * block_size within
+    the row's committed tokens (computed, computed + accepted], its slot block_table[b - 1] and the tokens of this
+    step up to it; slot 0 (none) when no boundary was reached. The same rule as vLLM's align post-copy
+    (`postprocess_mamba_fused_kernel`), which copies one of its per-token states there instead."""
+    boundary = (blocks.computed + accepted) // blocks.block_size * blocks.block_size
+    reached = (boundary > blocks.computed) & (accepted > 0)
+    column = (boundary // blocks.block_size - 1).clamp(min=0, max=blocks.block_table.shape[1] - 1)
+    slots = blocks.block_table.gather(1, column.long()[:, None])[:, 0]
+    zero = torch.zeros_like(accepted)
+    return torch.where(reached, slots.to(accepted.dtype), zero), torch.where(reached, boundary - blocks.computed, zero)
 
 
 class GDNLayerGroup:
@@ -121,6 +169,12 @@ class GDNLayerGroup:
     def record(self, kv_group: int, rows: VerifiedRows | None) -> None:
         self.pending[kv_group] = rows
 
+    def step_computed(self) -> BlockCheckpoints | None:
+        """The block checkpoints a builder recorded this step (rows and computed counts are the batch's, the block
+        table its group's), for a group that reuses that builder's metadata."""
+        return next((rows.blocks for rows in self.pending.values() if rows is not None and rows.blocks is not None),
+                    None)
+
     def commit(self, accepted_per_batch_row: torch.Tensor | int) -> None:
         """Advance every layer's committed state of this step's spec rows by their accepted tokens.
 
@@ -135,12 +189,15 @@ class GDNLayerGroup:
             if rows is None:
                 continue
             accepted = _accepted_per_spec_row(rows, accepted_per_batch_row)
+            boundary = None if rows.blocks is None else checkpoints(rows.blocks, accepted)
+            if boundary is not None:
+                COUNTERS.checkpoint_commits += 1
             if self.plan.use_kernels:
-                self._reconstruct_kernel(kv_group, rows, accepted)
+                self._reconstruct_kernel(kv_group, rows, accepted, boundary)
             else:
-                self._reconstruct_reference(kv_group, rows, accepted)
+                self._reconstruct_reference(kv_group, rows, accepted, boundary)
 
-    def _reconstruct_kernel(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor) -> None:
+    def _reconstruct_kernel(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor, boundary) -> None:
         from hybridspec_kernels.gdn_verify import GDNStateTable, GDNVerifyWorkspace, gdn_reconstruct
 
         members = self.kv_groups[kv_group]
@@ -155,18 +212,23 @@ class GDNLayerGroup:
         stop = start + len(members)
         ws = self.workspace
         workspace = GDNVerifyWorkspace(ws.u[start:stop], ws.k[start:stop], ws.g[start:stop], ws.x[start:stop])
-        gdn_reconstruct(table, workspace, rows.state_indices, accepted, rows.cu_seqlens)
+        checkpoint_indices, checkpoint_lens = (None, None) if boundary is None else boundary
+        gdn_reconstruct(table, workspace, rows.state_indices, accepted, rows.cu_seqlens,
+                        checkpoint_indices=checkpoint_indices, checkpoint_lens=checkpoint_lens)
         COUNTERS.reconstructions += 1
 
-    def _reconstruct_reference(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor) -> None:
+    def _reconstruct_reference(self, kv_group: int, rows: VerifiedRows, accepted: torch.Tensor, boundary) -> None:
         from vllm_hybridspec.gdn.reference import reference_reconstruct
 
         committed = int(accepted.clamp(min=0).sum())
+        if boundary is not None:  # the reference path syncs anyway; counting boundary states costs nothing more
+            COUNTERS.checkpoints_written += int((boundary[0] > 0).sum()) * len(self.kv_groups[kv_group])
         for index in self.kv_groups[kv_group]:
             if index not in self.inputs:
                 raise RuntimeError(f"GDN layer {self.layers[index].prefix} did not verify the rows it must commit")
             mixed_qkv, a, b = self.inputs.pop(index)
-            reference_reconstruct(self.layers[index], mixed_qkv, a, b, rows.state_indices, rows.cu_seqlens, accepted)
+            reference_reconstruct(self.layers[index], mixed_qkv, a, b, rows.state_indices, rows.cu_seqlens, accepted,
+                                  boundary)
             COUNTERS.reconstructions += 1
             COUNTERS.committed_tokens += committed
 
