@@ -1095,5 +1095,11 @@ def test_shipped_tuned_configs_load(monkeypatch):
             for batch, recon in table.items():
                 assert default_reconstruct_config(int(batch), int(L)) == recon
                 assert set(recon) == {"block_v", "num_warps"}
+        from hybridspec_kernels.gdn_verify.reconstruct_short import SHORT_MAX_LEN, _tuned_short
+        for L, table in doc.get("reconstruct_short_by_len", {}).items():
+            assert int(L) <= SHORT_MAX_LEN
+            for batch, entry in table.items():
+                assert _tuned_short(int(batch), int(L)) == entry
+                assert set(entry) <= {"short", "block_v", "num_warps", "early"} and isinstance(entry["short"], bool)
     finally:
         verify._tuned_doc.cache_clear()
