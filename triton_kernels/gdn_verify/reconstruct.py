@@ -25,12 +25,12 @@ def _gdn_reconstruct_kernel(
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN, ckpt_indices, ckpt_lens,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, OUTER_LOOP: tl.constexpr,
-    FIRST_BLOCK: tl.constexpr, HAS_WS_ROWS: tl.constexpr, HAS_CKPT: tl.constexpr,
+    FIRST_BLOCK: tl.constexpr, HAS_WS_ROWS: tl.constexpr, HAS_CKPT: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """Program (block, request, layer). Blocks 0 .. HV*V/BV - 1 are state blocks, the rest conv blocks; FIRST_BLOCK
     offsets program 0 (HV*V/BV: conv blocks only, parts="conv"); parts="ssm" launches the state blocks only.
     HAS_CKPT: also store the state after c tokens into slot ckpt_indices[i_n] (none when that slot is <= 0 or the
-    request's own slot, or c <= 0)."""
+    request's own slot, or c <= 0). ALIGNED: every table pointer is a multiple of 16 (`GDNStateTable.aligned16`)."""
     i_blk, i_n, i_l = tl.program_id(0) + FIRST_BLOCK, tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
@@ -53,6 +53,8 @@ def _gdn_reconstruct_kernel(
         o_v = (i_blk % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
         o_k = tl.arange(0, K)
         ssm = tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty))
+        if ALIGNED:  # a table pointer's alignment is unknown to the compiler: without this, scalar loads and stores
+            ssm = tl.multiple_of(ssm, 16)
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h0 = tl.load(p_h).to(tl.float32)
         b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
@@ -95,7 +97,10 @@ def _gdn_reconstruct_kernel(
         o_r = tl.arange(0, BW)
         m_r = o_r < W - 1
         src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
-        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty)) + slot * stride_conv_slot
+        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty))
+        if ALIGNED:
+            conv = tl.multiple_of(conv, 16)
+        conv += slot * stride_conv_slot
         m_d = o_d < D
         b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
                         other=0.0)
@@ -233,5 +238,6 @@ def gdn_reconstruct(
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
         OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
-        HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint_indices is not None, num_warps=num_warps,
+        HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint_indices is not None, ALIGNED=states.aligned16,
+        num_warps=num_warps,
     )
