@@ -4,7 +4,8 @@ layer -> one reconstruct launch per KV-cache group, against the naive reference 
     TRITON_INTERPRET=1 python tests/gdn/kernel_path_job.py      (prints OK; started by test_gdn_kernel_path.py)
 
 Fake layers carry what the path reads from vLLM's layer. Two KV-cache groups, strided like vLLM's, with their
-own slots; one cudagraph padding row (slot 0, no tokens); accepted counts 1..L per row.
+own slots; one cudagraph padding row (slot 0, no tokens); accepted counts 1..L per row. Run twice: plain, then
+with prefix caching's block-boundary states (each row reaches a boundary at a different token of its step).
 """
 import os
 from types import SimpleNamespace
@@ -16,11 +17,16 @@ import torch  # noqa: E402
 from hybridspec_kernels.gdn_verify import naive_gdn_reconstruct, naive_gdn_verify  # noqa: E402
 from vllm_hybridspec.gdn.kernel_path import kernel_verify  # noqa: E402
 from vllm_hybridspec.gdn.plan import BlockParallelPlan  # noqa: E402
-from vllm_hybridspec.gdn.step import GDNLayerGroup, VerifiedRows  # noqa: E402
+from vllm_hybridspec.gdn.step import BlockCheckpoints, GDNLayerGroup, VerifiedRows  # noqa: E402
 
 H, HV, K, V, W = 1, 2, 16, 16, 4
 D = 2 * H * K + HV * V
-NUM_SLOTS, NUM_LAYERS, MAX_LEN = 6, 4, 4
+NUM_SLOTS, NUM_LAYERS, MAX_LEN = 10, 4, 4
+BLOCK_SIZE = 4
+# rows computed 2, 3, 5 tokens before the step and accept 2, 1, 4: boundaries 4, 4, 8 after 2, 1, 3 of their tokens
+COMPUTED = torch.tensor([2, 3, 5, 0], dtype=torch.int32)
+BLOCK_TABLE = torch.tensor([[6, 2, 0], [7, 5, 0], [1, 8, 0], [0, 0, 0]], dtype=torch.int32)
+CHECKPOINT_SLOTS, CHECKPOINT_LENS = torch.tensor([6, 7, 8, 0]), torch.tensor([2, 1, 3, 0])
 
 
 def fake_layer(index, generator):
@@ -37,6 +43,12 @@ def fake_layer(index, generator):
 
 
 def main():
+    for checkpoints in (False, True):
+        run_step(checkpoints)
+    print("OK")
+
+
+def run_step(checkpoints: bool):
     generator = torch.Generator().manual_seed(0)
     plan = BlockParallelPlan(max_verify_len=MAX_LEN, max_requests=4, use_kernels=True)
     group = GDNLayerGroup(plan, NUM_LAYERS)
@@ -63,15 +75,17 @@ def main():
         torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-3)
         n = torch.tensor([2, 1, 4, 0], dtype=torch.int32)
         naive_gdn_reconstruct(x, a, b, weight, None, layer.A_log, layer.dt_bias, expected[i][0], expected[i][1],
-                              state_indices, cu, n, dtype=torch.float64)
+                              state_indices, cu, n, dtype=torch.float64,
+                              checkpoint_indices=CHECKPOINT_SLOTS if checkpoints else None,
+                              checkpoint_lens=CHECKPOINT_LENS if checkpoints else None)
+    blocks = BlockCheckpoints(COMPUTED, BLOCK_TABLE, BLOCK_SIZE) if checkpoints else None
     for kv_group in kv_groups:
-        group.record(kv_group, VerifiedRows(slots[kv_group], cu, torch.arange(4)))
+        group.record(kv_group, VerifiedRows(slots[kv_group], cu, torch.arange(4), blocks))
     group.commit(accepted)
     for i, layer in enumerate(layers):
         torch.testing.assert_close(layer.kv_cache[1], expected[i][1], atol=2e-4, rtol=2e-3)
         torch.testing.assert_close(layer.kv_cache[0], expected[i][0])
     assert group.pending == {}
-    print("OK")
 
 
 if __name__ == "__main__":
