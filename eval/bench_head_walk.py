@@ -550,8 +550,10 @@ TUNE_CASES_V6 = [
 # Session 3, second round, call 2 (v7): with a partly streamed shard (V = 152k) the split fold measured +40% at b8 and
 # +28% at b64 (sweep, against session 3's int64 keys) and -17% at b32 (ladder v6): the scoring of each batch size
 # measured side by side, its winner taken by the sweep's 152k rows (and by plan_walk: MEASURED_STREAMED_SCORING).
-STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True),
-                     "split_res": dict(split_keys=True, split_streamed=False), "keys64": dict(split_keys=False)}
+# (l2_prefetch=0: what these rows ran before plan_walk prefetched by default.)
+STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0),
+                     "split_res": dict(split_keys=True, split_streamed=False, l2_prefetch=0),
+                     "keys64": dict(split_keys=False, l2_prefetch=0)}
 TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32, 64)
                  for name, kw in STREAMED_SCORINGS.items()]
 # Session 4 (v8): the streamed part of a 152k shard (~61 MB a step, every step the same bytes) and the 50-60 MB L2.
@@ -592,13 +594,14 @@ STREAMING_BY_BATCH = {
         "late_pf4": dict(LATE, l2_prefetch=4), "late_pf8": dict(LATE, l2_prefetch=8),
         "late_serp_pf4": dict(LATE, l2_prefetch=4, serpentine=True),
         "late_res3_pf8": dict(LATE, tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8)},
-    8: {"keys64": dict(split_keys=False), "keys64_pf4": dict(split_keys=False, l2_prefetch=4),
-        "keys64_late": dict(LATE, split_keys=False), "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
-    32: {"split": dict(split_keys=True, split_streamed=True),
+    8: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4),
+        "keys64_late": dict(LATE, split_keys=False, l2_prefetch=0),
+        "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
+    32: {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0),
          "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4),
-         "split_late": dict(LATE, split_keys=True, split_streamed=True),
+         "split_late": dict(LATE, split_keys=True, split_streamed=True, l2_prefetch=0),
          "split_late_pf4": dict(LATE, split_keys=True, split_streamed=True, l2_prefetch=4)},
-    64: {"keys64": dict(split_keys=False), "keys64_late": dict(LATE, split_keys=False),
+    64: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_late": dict(LATE, split_keys=False, l2_prefetch=0),
          "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
 }
 STREAMING = {name: kw for variants in STREAMING_BY_BATCH.values() for name, kw in variants.items()}
@@ -619,6 +622,22 @@ STREAMING_BY_BATCH_V10 = {
 TUNE_CASES_V10 = ([(f"{name}_v152k_b1", 151936, 1, kw) for name, kw in STREAMING_BY_BATCH_V10[1].items()]
                   + [(f"knee_n2_v50688_b1", 50688, 1, dict(exchange="tagged")),
                      (f"knee_fma_n2_v50688_b1", 50688, 1, FMA)])
+# Session 4, call 4 (v11): the 152k b8 / b32 sampled sweep rows of v9 (prefetch 4, chosen on greedy rows) came out
+# 3-4% slower than session 3's without it: the prefetch distance of sampled walks measured on their own ("s_" rows,
+# the rule and the sampled sweep rows), greedy pf2 beside.
+STREAMING_SAMPLED_BY_BATCH = {
+    8: {f"s_keys64{suffix}": dict(split_keys=False, sampled=True, **kw)
+        for suffix, kw in (("", dict(l2_prefetch=0)), ("_pf2", dict(l2_prefetch=2)), ("_pf4", dict(l2_prefetch=4)))},
+    32: {f"s_split{suffix}": dict(split_keys=True, split_streamed=True, sampled=True, **kw)
+         for suffix, kw in (("", dict(l2_prefetch=0)), ("_pf2", dict(l2_prefetch=2)),
+                            ("_pf4", dict(l2_prefetch=4)))},
+}
+TUNE_CASES_V11 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_SAMPLED_BY_BATCH.items()
+                   for name, kw in variants.items()]
+                  + [("keys64_pf2_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=2)),
+                     ("keys64_pf4_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=4)),
+                     ("split_pf2_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=2)),
+                     ("split_pf4_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=4))])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -638,6 +657,12 @@ LADDERS = {
     "v7": dict(rule={}, scoring=STREAMED_SCORINGS, cases=TUNE_CASES_V7, floors=[]),
     "v8": dict(rule={}, cases=TUNE_CASES_V8, floors=[]),
     "v9": dict(rule={}, scoring=STREAMING, scoring_by_batch=STREAMING_BY_BATCH, cases=TUNE_CASES_V9, floors=[]),
+    "v11": dict(rule={}, scoring={name: {k: x for k, x in kw.items() if k != "sampled"}
+                                  for variants in STREAMING_SAMPLED_BY_BATCH.values() for name, kw in variants.items()},
+                scoring_by_batch={rows: {name: {k: x for k, x in kw.items() if k != "sampled"}
+                                         for name, kw in variants.items()}
+                                  for rows, variants in STREAMING_SAMPLED_BY_BATCH.items()},
+                cases=TUNE_CASES_V11, floors=[]),
     "v10": dict(rule={}, scoring=STREAMING_BY_BATCH_V10[1], scoring_by_batch=STREAMING_BY_BATCH_V10,
                 cases=TUNE_CASES_V10, floors=[]),
 }

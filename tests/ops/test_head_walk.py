@@ -291,36 +291,60 @@ def test_launch_options_keep_the_walk(opts, sampled):
     assert torch.equal(tokens, ref)
 
 
+S16 = dict(serpentine=True, stream_rows=16)
+
+
 @needs_kernels
-@pytest.mark.parametrize("opts", [
-    pytest.param(dict(serpentine=True), id="serpentine"),
-    pytest.param(dict(serpentine=True, stream_rows=16), id="serpentine-16-row-tiles"),
-    pytest.param(dict(l2_keep=1), id="keep-1-tile"),
-    pytest.param(dict(l2_keep=3, serpentine=True, stream_rows=16), id="keep-3-serpentine"),
-    pytest.param(dict(l2_keep=1, split_keys=True, split_streamed=True), id="keep-split-streamed"),
-    pytest.param(dict(serpentine=True, split_keys=False, stream_rows=32), id="serpentine-int64-keys"),
-    pytest.param(dict(serpentine=True, tile_rows=64, resident_bytes=0, stream_rows=32), id="nothing-resident"),
-    pytest.param(dict(loads_after_dot=True), id="loads-after-dot"),
-    pytest.param(dict(loads_after_dot=True, serpentine=True, stream_rows=16, split_keys=False), id="late-serpentine"),
-    pytest.param(dict(loads_after_dot=True, split_keys=True, split_streamed=True), id="late-split-streamed"),
-    pytest.param(dict(stream_fma=True), id="fma"),
-    pytest.param(dict(stream_fma=True, stream_rows=128, serpentine=True), id="fma-128-row-tiles-serpentine"),
-    pytest.param(dict(stream_fma=True, tile_rows=64, resident_bytes=0, stream_rows=16), id="fma-nothing-resident"),
+@pytest.mark.parametrize("opts,rows,sampled", [
+    pytest.param(S16, 1, False, id="serpentine-16-row-tiles-b1"),
+    pytest.param(S16, 3, True, id="serpentine-16-row-tiles-b3-sampled"),
+    pytest.param(dict(S16, l2_keep=3), 1, True, id="keep-3-serpentine-b1-sampled"),
+    pytest.param(dict(l2_keep=1, split_keys=True, split_streamed=True), 3, False, id="keep-split-streamed-b3"),
+    pytest.param(dict(serpentine=True, split_keys=False, stream_rows=32), 3, False, id="serpentine-int64-keys-b3"),
+    pytest.param(dict(serpentine=True, tile_rows=64, resident_bytes=0, stream_rows=32), 3, False,
+                 id="nothing-resident-b3"),
+    pytest.param(dict(loads_after_dot=True), 1, False, id="loads-after-dot-b1"),
+    pytest.param(dict(loads_after_dot=True), 3, True, id="loads-after-dot-b3-sampled"),
+    pytest.param(dict(S16, loads_after_dot=True, split_keys=False), 3, False, id="late-serpentine-b3"),
+    pytest.param(dict(loads_after_dot=True, split_keys=True, split_streamed=True), 3, True,
+                 id="late-split-streamed-b3-sampled"),
+    pytest.param(dict(stream_fma=True), 1, False, id="fma-b1"),
+    pytest.param(dict(stream_fma=True), 1, True, id="fma-b1-sampled"),
+    pytest.param(dict(stream_fma=True, stream_rows=128, serpentine=True), 1, False, id="fma-128-row-tiles-serpentine"),
+    pytest.param(dict(stream_fma=True, tile_rows=64, resident_bytes=0, stream_rows=16), 1, True,
+                 id="fma-nothing-resident-sampled"),
 ])
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
     """The streamed loop by tile index (serpentine: odd steps walk the streamed tiles backwards; l2_keep: the first
     tiles loaded evict_last, the rest evict_first; loads_after_dot: the next tile's loads after this tile's dot;
-    stream_fma: one row's streamed products on the CUDA cores, ignored with several rows) picks the naive walk's tokens: 1031 rows over 3 programs (256
-    resident rows + 2 streamed 64-row tiles each, the last program's streamed tile 7 rows) and over one program,
-    odd steps included."""
+    stream_fma: one row's streamed products on the CUDA cores, ignored with several rows) picks the naive walk's
+    tokens: 1031 rows over 3 programs (256 resident rows + 2 streamed 64-row tiles each, the last program's
+    streamed tile 7 rows) and over one program, odd steps included."""
     p = make_problem(rows, 5, 1031, seed=13)
     kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     for launch in (dict(programs=3, lockstep=True), dict()):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **launch, **opts, **kw)
         assert torch.equal(tokens, ref), launch
+
+
+def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
+    """The plan of a 132-SM GPU (no GPU needed): V = 151,936 streams 14 tiles a program, so each batch size takes its
+    measured scoring and L2 prefetch distance; V = 32,000 is fully resident and prefetches nothing."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(walk, "_interpreting", lambda: False)
+    cuda = torch.device("cuda")
+    for rows in (1, 8, 32, 64):
+        cfg = walk.plan_walk(151936, 256, rows, 2, cuda)
+        resident_rows = cfg.resident_tiles * cfg.tile_rows
+        assert (cfg.programs, cfg.chunk_rows, resident_rows) == (132, 1152, 256 if rows < 64 else 128)
+        assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows)
+        assert cfg.split_keys == (rows > 1 and walk.choose_streamed_scoring(rows) != "keys64")
+        assert walk.plan_walk(32000, 256, rows, 2, cuda).l2_prefetch == 0
+    assert walk.plan_walk(151936, 256, 8, 2, cuda, l2_prefetch=0).l2_prefetch == 0
+    assert walk.plan_walk(151936, 256, 8, 2, cuda, prefetch=False).l2_prefetch == 0
 
 
 def test_plan_of_the_l2_options():
@@ -486,6 +510,11 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
     if sampled:
         variants.update(poll_ahead=dict(exchange="poll", noise_ahead=True),
                         poll_inline=dict(exchange="poll", noise_ahead=False))
+    if vocab > 32000:
+        # Partly streamed shards: the streamed loop by tile index with its L2 options.
+        variants.update(poll_pf4=dict(exchange="poll", l2_prefetch=4), poll_pf0=dict(exchange="poll", l2_prefetch=0),
+                        poll_late=dict(exchange="poll", loads_after_dot=True),
+                        poll_serp_keep=dict(exchange="poll", split_keys=False, serpentine=True, l2_keep=3))
     errors = barrier_errors(DEVICE)
     walks = {name: head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)[0] for name, opts in variants.items()}
     torch.cuda.synchronize()
@@ -493,3 +522,23 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
     for name, tokens in walks.items():
         assert torch.equal(tokens, walks["counter"]), name
     assert_walk_tolerated(p, walks["poll"], {}, sampled)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_one_row_streamed_options_agree(sampled):
+    """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch, the CUDA-core products, serpentine
+    order, the evict_last keep set and 3 resident tiles of 128 rows pick the one-launch-per-step walk's tokens."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=21, scale=0.1)
+    kw = dict(sampling_kwargs(p), req_indices=torch.zeros(1, dtype=torch.long, device=DEVICE)) if sampled else {}
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+    errors = barrier_errors(DEVICE)
+    for opts in (dict(), dict(l2_prefetch=4), dict(stream_fma=True, l2_prefetch=2, serpentine=True),
+                 dict(l2_keep=5, loads_after_dot=True), dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32)):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref), opts
+    assert barrier_errors(DEVICE) == errors

@@ -756,8 +756,8 @@ def head_walk_kernel(
         if L2_PREFETCH > 0:
             for jp in tl.static_range(L2_PREFETCH):
                 if jp < n_stream:
-                    _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + _visit(jp, k_begin, n_stream, SERPENTINE_ON) * ST,
-                                      shard_end, R, ST)
+                    row0 = stream_begin + _visit(jp, k_begin, n_stream, SERPENTINE_ON) * ST
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, row0, shard_end, R, ST)
         w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + j0 * ST + o_s, shard_end, o_r,
                               j0 < L2_KEEP, L2_KEEP)
         u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1),
@@ -1004,10 +1004,10 @@ def head_walk_kernel(
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
                 if FMA_ROWS:
                     acc_rows = tl.sum(w.to(tl.float32) * m_row[None, :], axis=1)
-                    tile_keys = _score_row(acc_rows, u_tile, rows, k, req_safe, valid, temp, seed, pos, u_ptr, stride_uk,
-                                           w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
-                                           shard_end, o_b, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
-                                           SCALED, True)
+                    tile_keys = _score_row(acc_rows, u_tile, rows, k, req_safe, valid, temp, seed, pos, u_ptr,
+                                           stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
+                                           logit_scale, shard_end, o_b, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED,
+                                           KEY_BY_TARGET, SCALED, True)
                     tile_ids = rows
                 elif LOADS_AFTER_DOT:
                     tile_keys, tile_ids = _score_acc(
