@@ -553,8 +553,21 @@ SWEEP_VERIFY_SHORT5 = [
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
     VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
 ]
+# --sweep-set split6 (session 4, G2): the tuned winners with and without the split Gram products (two half-K MMA
+# chains each; triton 3.6 sm_90, b1 winner + early stores at L = 4: 1,976 -> 2,112 instructions per warp, 217 -> 172
+# registers, 24.6 -> 36.9 KB shared, no stack); flat_small is out (final6: slower everywhere)
+_SG = dict(split_gram=True)
+_B1_4 = dict(_B1, num_warps=4)
+SWEEP_VERIFY_SPLIT6 = [
+    VerifyConfig(**_B1), VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1, **_ES, **_SG),
+    VerifyConfig(**_B1_4, **_ES), VerifyConfig(**_B1_4, **_ES, **_SG),
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2), VerifyConfig(block_v=32, whole_v=True, loop_stages=2, **_SG),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
+    VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
+]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
-              "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5}
+              "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
+              "split6": SWEEP_VERIFY_SPLIT6}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -568,6 +581,10 @@ SWEEP_RECON_SHORT4 = [dict(block_v=32, num_warps=4, outer_loop=False)] + [
 SWEEP_RECON_SHORT5 = [dict(block_v=32, num_warps=4, outer_loop=False)] + [
     dict(short=True, block_v=bv, num_warps=w, early=early) for bv, w in ((16, 2), (32, 4)) for early in (False, True)]
 SWEEP_RECON_SHORT5.append(dict(short=True, block_v=64, num_warps=8, early=True))
+# split6: the general kernel now stores 16 bytes at a time (ALIGNED; triton 3.6 BV32 x 4: STG 44 -> 10, LDG 55 -> 24),
+# so its launches are timed again beside final6's short picks
+SWEEP_RECON_SPLIT6 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in ((32, 4), (32, 8), (64, 8))] + [
+    dict(short=True, block_v=bv, num_warps=w, early=early) for bv, w, early in ((16, 2, False), (32, 4, True))]
 
 
 def default_eligible(config):
@@ -986,7 +1003,7 @@ def main():
 
     sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
-                     "full": SWEEP_RECON}.get(
+                     "split6": SWEEP_RECON_SPLIT6, "full": SWEEP_RECON}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1008,9 +1025,10 @@ def main():
     best_recon_short = {}  # {L <= 4: {batch: {short: faster than the general kernel, block_v, num_warps}}}
     if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
-        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a short form)
-            configs = configs[:2] + [c for c in configs if is_short(c)][:1]
-            recon_configs = recon_configs[:2]
+        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a short / split form)
+            configs = configs[:2] + [c for c in configs[2:] if is_short(c)][:1] + \
+                [c for c in configs[2:] if c.split_gram][:1]
+            recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
         wait_for_file(args.wait_file)
         errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
         config_errs = {short_config(k): dict(verify=v, fold=fold_errs.get(k)) for k, v in errors.items()}
@@ -1021,7 +1039,7 @@ def main():
             rows_L, best_verify[L], best_fold_L, best_recon[L], short_L = sweep(
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
-                recon_every_batch=args.sweep_set in ("short", "short4", "short5"), recon_errs=recon_errs)
+                recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6"), recon_errs=recon_errs)
             sweep_rows += rows_L
             if short_L:
                 best_recon_short[L] = short_L

@@ -14,6 +14,9 @@
 #               L4 b1 stage ladder of the b1 winner (--ladder); GPU tests: short forms + hoisted weight tiles
 #   MODE=final6 (session 4, G's second call) as final5 with --sweep-set short5 (early workspace stores / flat small
 #               products of the b1 winner; short reconstruction with and without early workspace reads), no ladder
+#   MODE=final7 (session 4, G2) as final6 with --sweep-set split6 (split Gram products; the general reconstruction's
+#               launches again, now with 16-byte state access); GPU tests: split Gram, unaligned tables, short forms,
+#               hoisted weight tiles, and the checkpoint reconstruction (tests/ops/test_gdn_checkpoint.py)
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -46,7 +49,7 @@ if [ "$MODE" = diag ]; then
     tail -3 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -63,10 +66,15 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=short4 TEST_K="short_forms or hoisted-weight-tiles" SWEEP_CUT=120 TEST_S=${TEST_S:-80} \
             BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --ladder --stop-at-s ${STOP_AT_S:-200}"
-    else
+    elif [ "$MODE" = final6 ]; then
         SWEEP_SET=short5 TEST_K="short_forms or hoisted-weight-tiles or hoisted-early-stores" SWEEP_CUT=120 \
             TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
+    else
+        SWEEP_SET=split6 TEST_K="split or unaligned or short_forms or hoisted-weight-tiles or checkpoint" \
+            SWEEP_CUT=120 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-200} GRID_S=${GRID_S:-1000} CUT=1500
+        EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-170}"
+        TEST_FILES=tests/ops/test_gdn_checkpoint.py
     fi
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the issue's second baseline
@@ -75,7 +83,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     rm -f /tmp/gpu_tests_done
     # the GPU tests compile while the bench precompiles (16 cores); the bench times nothing before they end
     ( timeout $TEST_S python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu ${TEST_K:+-k "$TEST_K"} \
-        tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
+        tests/ops/test_gdn_verify.py $TEST_FILES > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
     timeout $BENCH_S python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set $SWEEP_SET --precompile \
         --wait-file /tmp/gpu_tests_done --budget-s $GRID_S --write-tuned "$OUT/gdn/tuned_verify_configs.json" $EXTRA \
@@ -87,7 +95,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -247,6 +247,10 @@ def test_every_accept_position_over_layers(length, config):
     pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, flat_small=True), False,
                  id="hoisted-weight-tiles-flat-small"),
     pytest.param(VerifyConfig(block_v=16, hoist=True, flat_small=True), False, id="hoisted-flat-small"),
+    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
+                              split_gram=True), False, id="hoisted-early-stores-split-gram"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, split_gram=True), True,
+                 id="whole-v-rolled-split-gram"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -435,6 +439,48 @@ def test_reconstruct_block_sizes_match_naive(block_v, num_warps):
         naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-5
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
+
+
+def unaligned_copy(t):
+    """t's values in a tensor whose data pointer is 4 bytes past a 16-byte boundary (same shape and strides)."""
+    buf = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
+    skip = next(i for i in range(1, 16) if (buf.data_ptr() + i * t.element_size()) % 16)
+    out = buf[skip:skip + t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def reconstruct_unaligned_vs_aligned(device, shape, lens, num_accepted, block_v, tol):
+    """The general reconstruction over a table with one unaligned layer (ALIGNED off: element-wise state access)
+    and over the aligned original (ALIGNED on) gives the float64 reference's states in both."""
+    p = make_problem(lens, device=device, seed=23, null_requests=(1,), **shape)
+    ws = workspace_for(p, max_len=16)
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
+    ref_p = {**cpu(p), "ssm_state": p["ssm_state"].cpu().double(), "conv_state": p["conv_state"].cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    for aligned in (True, False):
+        ssm = p["ssm_state"].clone() if aligned else unaligned_copy(p["ssm_state"])
+        conv = p["conv_state"].clone() if aligned else unaligned_copy(p["conv_state"])
+        table = GDNStateTable([ssm], [conv], 4)
+        assert table.aligned16 == aligned
+        gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(device), p["cu_seqlens"], block_v=block_v,
+                        num_warps=4)
+        assert rel_err(ssm, ref_p["ssm_state"]) < tol
+        assert rel_err(conv, ref_p["conv_state"]) < 1e-7
+
+
+@needs_kernels
+def test_reconstruct_unaligned_table_matches_naive():
+    reconstruct_unaligned_vs_aligned(DEVICE, dict(head_v_dim=32), [6, 3, 9], torch.tensor([5, 2, 9], dtype=torch.int32),
+                                     16, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+def test_gpu_reconstruct_unaligned_table_real_shape():
+    reconstruct_unaligned_vs_aligned("cuda", dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                                                  bias=False), [16, 5, 11, 16],
+                                     torch.tensor([16, 1, 7, 12], dtype=torch.int32), 32, 1e-3)
 
 
 @needs_kernels
@@ -832,6 +878,10 @@ def test_rejects_bad_configs():
         VerifyConfig(early_stores=True, hoist=True)
     with pytest.raises(ValueError, match="flat_small needs hoist"):
         VerifyConfig(flat_small=True, whole_v=True)
+    with pytest.raises(ValueError, match="split_gram cannot be combined"):
+        VerifyConfig(split_gram=True, two_pass=True)
+    with pytest.raises(ValueError, match="split_gram cannot be combined"):
+        VerifyConfig(split_gram=True, short=True, hoist=True, weight_tiles=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
 
@@ -950,6 +1000,10 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-two-pass-rolled-weight-tiles"),
     pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
                                              flat_small=True), False, id="fp32-state-hoisted-early-stores-flat"),
+    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
+                                             split_gram=True), False, id="fp32-state-hoisted-early-stores-split-gram"),
+    pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, loop_stages=2, split_gram=True), False,
+                 id="bf16-state-whole-v-rolled-split-gram"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

@@ -294,6 +294,26 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                       b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP)
 
 
+@triton.jit
+def _gram_products(b_q, b_k, BIG_DOT: tl.constexpr, SPLIT: tl.constexpr):
+    """k k^T and q k^T [BT, BT] of the normalised q, k [BT, K]. Without SPLIT each is one product over K, a chain of
+    K / 8 dependent tf32 MMAs. SPLIT: each is the sum of two independent half products over the even and odd
+    columns (a register-local split of the load layout), so the half chains can overlap. The halves are summed
+    through a join, not `+`: Triton folds `dot + x` into the dot's accumulator, which would chain them again."""
+    if not SPLIT:
+        return (tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT),
+                tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT))
+    BT: tl.constexpr = b_k.shape[0]
+    K: tl.constexpr = b_k.shape[1]
+    k_even, k_odd = tl.split(tl.reshape(b_k, [BT, K // 2, 2]))
+    q_even, q_odd = tl.split(tl.reshape(b_q, [BT, K // 2, 2]))
+    kk_even = tl.dot(k_even, tl.trans(k_even), input_precision=BIG_DOT)
+    kk_odd = tl.dot(k_odd, tl.trans(k_odd), input_precision=BIG_DOT)
+    qk_even = tl.dot(q_even, tl.trans(k_even), input_precision=BIG_DOT)
+    qk_odd = tl.dot(q_odd, tl.trans(k_odd), input_precision=BIG_DOT)
+    return tl.sum(tl.join(kk_even, kk_odd), 2), tl.sum(tl.join(qk_even, qk_odd), 2)
+
+
 @triton.jit(do_not_specialize=["scale", "WS_LEN", "F_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
@@ -304,7 +324,7 @@ def _gdn_verify_kernel(
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
     LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
-    BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, FLAT: tl.constexpr = False,
+    BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, FLAT: tl.constexpr = False, SPLIT_GRAM: tl.constexpr = False,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -329,7 +349,8 @@ def _gdn_verify_kernel(
     and every workspace store is issued as soon as its data exists (raw rows after the loads, k after its norm,
     G after its cumsum), not at the end. FLAT (HOIST): O's small product uses attn (I + A)^-1, built beside the
     inverse (attn (I - A) (I + A^2) ...), so it runs next to U's product instead of after it: one dependent
-    [BT, BT] product fewer on the chain, one more off it."""
+    [BT, BT] product fewer on the chain, one more off it. SPLIT_GRAM: the Gram products as two independent
+    half-K chains each (`_gram_products`)."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -456,8 +477,7 @@ def _gdn_verify_kernel(
         b_kk = eye * 0.5
         b_qk = eye * 0.25
     else:
-        b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
-        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
+        b_kk, b_qk = _gram_products(b_q, b_k, BIG_DOT, SPLIT_GRAM)  # [BT, BT] each
     if STATE_DOT == "bf16":  # 16-bit copies for the state products, made once per program
         b_k16 = b_k.to(tl.bfloat16)
         b_q16 = b_q.to(tl.bfloat16)
@@ -630,6 +650,9 @@ class VerifyConfig:
     # O's small product beside U's (attn (I + A)^-1 built beside the inverse). See _gdn_verify_kernel
     early_stores: bool = False
     flat_small: bool = False
+    # session 4, G2: the q/k Gram products as two half-K products each, summed after (two MMA chains of K/16 steps
+    # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass or short forms (their own Gram)
+    split_gram: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -655,6 +678,8 @@ class VerifyConfig:
             raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
         if self.flat_small and not self.hoist:
             raise ValueError("flat_small needs hoist")
+        if self.split_gram and (self.two_pass or self.short):
+            raise ValueError("split_gram cannot be combined with two_pass or short (their Gram products are their own)")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -885,7 +910,7 @@ def gdn_verify(
         NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
-        EARLY_ST=config.early_stores and width <= 4, FLAT=config.flat_small,
+        EARLY_ST=config.early_stores and width <= 4, FLAT=config.flat_small, SPLIT_GRAM=config.split_gram,
         **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
