@@ -6,9 +6,11 @@ read once and written once, in place. A conv program owns a block of channels: t
 rows of [old window, x_0 .. x_{n-1}], loaded whole before it is stored (in place, same program).
 
 Checkpoints (prefix caching): a request may also name a second slot that receives the state after its first c <= n
-tokens (the state exactly at a KV-block boundary). The same program computes S_c from the S_0 and workspace blocks
-it already holds and stores it beside S_n, so the checkpoint costs one extra state write, no extra launch and no
-second read of S_0 (a second launch of the kernel would re-read S_0, which the first has overwritten in place).
+tokens (the state exactly at a KV-block boundary). A first launch of the same kernel (HAS_CKPT) reads S_0 and writes
+S_c there, before the usual launch overwrites S_0 in place. Computing both in one program was measured slower
+(H200, 12 layers, Qwen3-Next shape): keeping S_0 beside S_n cost every launch 16 % at batch 32 even when no row had
+a checkpoint, while rows reach a block boundary once every block_size / accepted steps; the checkpoint launch costs
+an early exit per program when no row has one, and S_0's read again for the rows that do.
 """
 import torch
 import triton
@@ -29,8 +31,9 @@ def _gdn_reconstruct_kernel(
 ):
     """Program (block, request, layer). Blocks 0 .. HV*V/BV - 1 are state blocks, the rest conv blocks; FIRST_BLOCK
     offsets program 0 (HV*V/BV: conv blocks only, parts="conv"); parts="ssm" launches the state blocks only.
-    HAS_CKPT: also store the state after c tokens into slot ckpt_indices[i_n] (none when that slot is <= 0 or the
-    request's own slot, or c <= 0). ALIGNED: every table pointer is a multiple of 16 (`GDNStateTable.aligned16`)."""
+    HAS_CKPT (the checkpoint launch): the state after c_i = min(ckpt_lens[i_n], n_i) tokens goes to slot
+    ckpt_indices[i_n] instead of the request's own, which stays as it is; rows whose checkpoint slot is <= 0 or their
+    own, or whose c_i <= 0, do nothing. ALIGNED: every table pointer is a multiple of 16 (`GDNStateTable.aligned16`)."""
     i_blk, i_n, i_l = tl.program_id(0) + FIRST_BLOCK, tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
@@ -38,9 +41,10 @@ def _gdn_reconstruct_kernel(
     if (slot <= 0) | (n <= 0):
         return
     if HAS_CKPT:
-        c_slot = tl.load(ckpt_indices + i_n).to(tl.int64)
-        c = tl.minimum(tl.load(ckpt_lens + i_n).to(tl.int64), n)
-        has_ckpt = (c_slot > 0) & (c_slot != slot) & (c > 0)
+        out_slot = tl.load(ckpt_indices + i_n).to(tl.int64)
+        n = tl.minimum(tl.load(ckpt_lens + i_n).to(tl.int64), n)
+        if (out_slot <= 0) | (out_slot == slot) | (n <= 0):
+            return
     if HAS_WS_ROWS:
         row = tl.load(ws_rows + i_n).to(tl.int64)
     else:
@@ -56,9 +60,9 @@ def _gdn_reconstruct_kernel(
         if ALIGNED:  # a table pointer's alignment is unknown to the compiler: without this, scalar loads and stores
             ssm = tl.multiple_of(ssm, 16)
         p_h = ssm + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-        b_h0 = tl.load(p_h).to(tl.float32)
+        b_h = tl.load(p_h).to(tl.float32)
         b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
-        b_h = b_h0 * tl.exp(b_Gn)
+        b_h *= tl.exp(b_Gn)
         if OUTER_LOOP:  # rank-1 updates in fp32 registers, token by token
             for s in tl.range(0, n):
                 b_coef = tl.exp(b_Gn - tl.load(ws_g + (ws_base + s) * HV + i_hv))
@@ -76,22 +80,9 @@ def _gdn_reconstruct_kernel(
                           other=0.0)
             # decay on u (not on k as the fold does): the k-scaled form ran 8-13 % slower here (H200, final3 run)
             b_h += tl.dot(tl.trans(b_u * b_coef[:, None]), b_k, input_precision="tf32x3")
-        tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
         if HAS_CKPT:
-            if has_ckpt:  # S_c from the same S_0 (and u, k blocks of the product form), tokens c..n-1 masked
-                b_Gc = tl.load(ws_g + (ws_base + c - 1) * HV + i_hv)
-                b_hc = b_h0 * tl.exp(b_Gc)
-                if OUTER_LOOP:
-                    for s in tl.range(0, c):
-                        b_coef = tl.exp(b_Gc - tl.load(ws_g + (ws_base + s) * HV + i_hv))
-                        b_u = tl.load(ws_u + ((ws_base + s) * HV + i_hv) * V + o_v)
-                        b_k = tl.load(ws_k + ((ws_base + s) * H + i_h) * K + o_k)
-                        b_hc += (b_coef * b_u)[:, None] * b_k[None, :]
-                else:
-                    b_coef_c = tl.where(o_t < c, tl.exp(b_Gc - b_G), 0.0)
-                    b_hc += tl.dot(tl.trans(b_u * b_coef_c[:, None]), b_k, input_precision="tf32x3")
-                p_hc = ssm + c_slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-                tl.store(p_hc, b_hc.to(ssm_ref.dtype.element_ty))
+            p_h += (out_slot - slot) * stride_ssm_slot
+        tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
         o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
         o_r = tl.arange(0, BW)
@@ -107,19 +98,9 @@ def _gdn_reconstruct_kernel(
         b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :], mask=(m_r & (src >= 0))[:, None] & m_d[None, :],
                         other=0.0)
         b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
-        if HAS_CKPT:  # the window after c tokens, loaded before the in-place store below overwrites the old rows
-            src_c = c - (W - 1) + o_r
-            # rows masked by comparison: (block & scalar bool) turns into int32 data under the interpreter
-            m_c = (o_r < tl.where(has_ckpt, W - 1, 0))[:, None] & m_d[None, :]
-            b_old_c = tl.load(conv + (o_r + c)[:, None] * D + o_d[None, :], mask=m_c & (src_c < 0)[:, None],
-                              other=0.0)
-            b_new_c = tl.load(ws_x + (ws_base + src_c)[:, None] * D + o_d[None, :], mask=m_c & (src_c >= 0)[:, None],
-                              other=0.0)
-            b_win_c = tl.where((src_c >= 0)[:, None], b_new_c.to(conv_ref.dtype.element_ty), b_old_c)
-        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
         if HAS_CKPT:
-            conv_c = conv + (c_slot - slot) * stride_conv_slot
-            tl.store(conv_c + o_r[:, None] * D + o_d[None, :], b_win_c, mask=m_c)
+            conv += (out_slot - slot) * stride_conv_slot
+        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
 
 
 # Before any sweep on this GPU: v2's H200 winner (3.5 TB/s on the states at batch 64)
@@ -172,10 +153,10 @@ def gdn_reconstruct(
         workspace_rows [B] int  workspace row of request i (default i), as given to this step's gdn_verify
         checkpoint_indices, checkpoint_lens   [B] int each, both or neither (prefix caching): request i also writes
                        the state after its first c_i = min(checkpoint_lens[i], n_i) tokens into slot
-                       checkpoint_indices[i] (the same `parts`), read from the same S_0 and workspace. None for rows
-                       whose checkpoint slot is <= 0 or equals state_indices[i], or whose c_i <= 0, and for rows that
-                       commit nothing (slot 0 or n_i = 0). A checkpoint slot must be no request's state slot in this
-                       call (programs of other requests may still be reading it).
+                       checkpoint_indices[i] (the same `parts`), from the same S_0 and workspace (a second launch,
+                       before the usual one). None for rows whose checkpoint slot is <= 0 or equals state_indices[i],
+                       or whose c_i <= 0, and for rows that commit nothing (slot 0 or n_i = 0). A checkpoint slot must
+                       be no request's state slot in this call.
     """
     if not isinstance(states, GDNStateTable):
         raise ValueError("states must be a GDNStateTable")
@@ -228,16 +209,18 @@ def gdn_reconstruct(
     num_conv_blocks = triton.cdiv(conv_dim, block_d)
     num_blocks = {"all": num_state_blocks + num_conv_blocks, "conv": num_conv_blocks, "ssm": num_state_blocks}[parts]
     grid = (num_blocks, num_requests, states.num_layers)
-    _gdn_reconstruct_kernel[grid](
-        states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
-        state_indices if workspace_rows is None else workspace_rows,
-        workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
-        workspace.max_requests, workspace.max_len,
-        state_indices if checkpoint_indices is None else checkpoint_indices,
-        num_accepted if checkpoint_lens is None else checkpoint_lens,
-        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
-        BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
-        OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
-        HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint_indices is not None, ALIGNED=states.aligned16,
-        num_warps=num_warps,
-    )
+    launches = [(False, state_indices, num_accepted)]
+    if checkpoint_indices is not None:  # first: it reads the states the plain launch then overwrites in place
+        launches.insert(0, (True, checkpoint_indices, checkpoint_lens))
+    for checkpoint, out_slots, out_lens in launches:
+        _gdn_reconstruct_kernel[grid](
+            states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
+            state_indices if workspace_rows is None else workspace_rows,
+            workspace.u, workspace.k, workspace.g, workspace.x, ssm0.stride(0), conv0.stride(0),
+            workspace.max_requests, workspace.max_len, out_slots, out_lens,
+            H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+            BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
+            OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
+            HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint, ALIGNED=states.aligned16,
+            num_warps=num_warps,
+        )

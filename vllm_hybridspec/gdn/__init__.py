@@ -33,10 +33,19 @@ workspace (kernel path) is allocated with the model, rows = scheduler max_num_se
 Adaptive verification: the backend reports `supports_device_cpu_query_lens_mismatch()` true (verification reads
 device cu_seqlens only) and replays FULL decode graphs with 1..K+1 tokens per request.
 
+Prefix caching (vLLM's "align" mamba cache mode, on by default): vLLM keeps a GDN state per KV block and the
+running state in the block of the step's last scheduled token. The commit also writes the state at the block
+boundary the accepted tokens reach, if any, into the block that ends there (a checkpoint launch of
+`gdn_reconstruct` before the usual one; slots and token counts computed on the device from the computed-token
+counts, accepted counts and block table), and the runner hooks replace vLLM's align post-copy, which reads
+per-token slots, and keep the accepted count at 1 so that vLLM's pre-forward migration copies the whole running
+state (token offset 0). Every mamba layer of the model must be a block-parallel GDN layer (Qwen3-Next, Qwen3.5).
+Tested end to end on CPU (V1 and Model Runner V2, through the tests' Triton-interpreter shim); untested in a GPU
+engine.
+
 Limits (the engine falls back to vLLM's GDN path, logs why and records it in `vllm_hybridspec.status`):
-prefix caching on the hybrid model (vLLM's "align" mamba cache mode copies per-token slots; pass
-`enable_prefix_caching=False`), pipeline parallelism, ReplaySSM/RecoverSSM, the DS conv-state layout, and verify
-lengths above 32. Tensor parallelism is per rank: heads, states and workspace are the rank's shard. CUDA graphs:
+mamba cache modes other than none/align, pipeline parallelism, ReplaySSM/RecoverSSM, the DS conv-state layout, and
+verify lengths above 32. Tensor parallelism is per rank: heads, states and workspace are the rank's shard. CUDA graphs:
 the GDN core op runs eagerly in PIECEWISE mode; in FULL mode shapes are static (max verify length, padding
 rows with slot 0); the commit runs outside graphs.
 """
