@@ -651,7 +651,8 @@ class VerifyConfig:
     early_stores: bool = False
     flat_small: bool = False
     # session 4, G2: the q/k Gram products as two half-K products each, summed after (two MMA chains of K/16 steps
-    # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass or short forms (their own Gram)
+    # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass or short forms (their own Gram).
+    # H200 (final7): 8-17 % slower at batch 1 (the split / join's layout conversions), within 1 % in whole-V forms
     split_gram: bool = False
 
     def __post_init__(self):
