@@ -330,17 +330,18 @@ def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
 
 def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
     """The plan of a 132-SM GPU (no GPU needed): V = 151,936 streams 14 tiles a program, so each batch size takes its
-    measured scoring and L2 prefetch distance; V = 32,000 is fully resident and prefetches nothing."""
+    measured scoring and L2 prefetch distance (sampled walks their own); V = 32,000 is fully resident and prefetches
+    nothing."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
     monkeypatch.setattr(walk, "_interpreting", lambda: False)
     cuda = torch.device("cuda")
-    for rows in (1, 8, 32, 64):
-        cfg = walk.plan_walk(151936, 256, rows, 2, cuda)
+    for rows, sampled in ((1, False), (8, False), (8, True), (32, False), (32, True), (64, False)):
+        cfg = walk.plan_walk(151936, 256, rows, 2, cuda, sampled=sampled)
         resident_rows = cfg.resident_tiles * cfg.tile_rows
         assert (cfg.programs, cfg.chunk_rows, resident_rows) == (132, 1152, 256 if rows < 64 else 128)
-        assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows)
+        assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows, sampled)
         assert cfg.split_keys == (rows > 1 and walk.choose_streamed_scoring(rows) != "keys64")
         assert walk.plan_walk(32000, 256, rows, 2, cuda).l2_prefetch == 0
     assert walk.plan_walk(151936, 256, 8, 2, cuda, l2_prefetch=0).l2_prefetch == 0
@@ -351,7 +352,8 @@ def test_plan_of_the_l2_options():
     """The bulk L2 prefetch is inline PTX: off under the interpreter; serpentine is off where the streamed tiles'
     split fold needs row order; resident_bytes sets how many resident tiles fit; partly streamed shards take the
     prefetch distance measured for their batch size (MEASURED_STREAMED_L2_PREFETCH)."""
-    from hybridspec_kernels.head_walk.walk import (MEASURED_STREAMED_L2_PREFETCH, choose_streamed_l2_prefetch,
+    from hybridspec_kernels.head_walk.walk import (MEASURED_STREAMED_L2_PREFETCH,
+                                                   MEASURED_STREAMED_L2_PREFETCH_SAMPLED, choose_streamed_l2_prefetch,
                                                    plan_walk)
 
     cpu = torch.device("cpu")
@@ -361,11 +363,12 @@ def test_plan_of_the_l2_options():
     assert plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=False).serpentine
     assert plan_walk(1000, 16, 1, 4, cpu, l2_keep=3).l2_keep == 3
     assert plan_walk(1000, 16, 1, 4, cpu, resident_bytes=0, tile_rows=64).resident_tiles == 0
-    measured = dict(MEASURED_STREAMED_L2_PREFETCH)
-    assert choose_streamed_l2_prefetch(1) == measured[1]
-    assert choose_streamed_l2_prefetch(2) == choose_streamed_l2_prefetch(8) == measured[8]
-    assert choose_streamed_l2_prefetch(9) == choose_streamed_l2_prefetch(32) == measured[32]
-    assert choose_streamed_l2_prefetch(33) == choose_streamed_l2_prefetch(500) == measured[64]
+    for sampled, rule in ((False, MEASURED_STREAMED_L2_PREFETCH), (True, MEASURED_STREAMED_L2_PREFETCH_SAMPLED)):
+        measured = dict(rule)
+        assert choose_streamed_l2_prefetch(1, sampled) == measured[1]
+        assert choose_streamed_l2_prefetch(2, sampled) == choose_streamed_l2_prefetch(8, sampled) == measured[8]
+        assert choose_streamed_l2_prefetch(9, sampled) == choose_streamed_l2_prefetch(32, sampled) == measured[32]
+        assert choose_streamed_l2_prefetch(33, sampled) == choose_streamed_l2_prefetch(500, sampled) == measured[64]
 
 
 @needs_kernels

@@ -107,14 +107,16 @@ MEASURED_STREAMED_SCORING = ((8, "keys64"), (32, "split"), (64, "keys64"))
 
 
 # Partly streamed shards (V = 152k): how many streamed tiles ahead each batch size bulk-prefetches into L2, as
-# measured (ladder v9 of eval/results/head_walk.json, check ours_scoring_rule_v152k): b8 -9%, b32 -11%; one row
-# +4% and b64 +8% (spills) slower with it, so none there.
+# measured (eval/results/head_walk.json, ladders v9 and v11): greedy b8 -9%, b32 -11%; one row +4% and b64 +8%
+# (spills) slower with it, so none there. Sampled walks (more registers: the prefetch made the b8 build spill)
+# measured on their own: b8 +3% with it, b32 -1% with 2 tiles (+3% with 4).
 MEASURED_STREAMED_L2_PREFETCH = ((1, 0), (8, 4), (32, 4), (64, 0))
+MEASURED_STREAMED_L2_PREFETCH_SAMPLED = ((1, 0), (8, 0), (32, 2), (64, 0))
 
 
-def choose_streamed_l2_prefetch(num_rows: int) -> int:
-    return next((tiles for rows, tiles in MEASURED_STREAMED_L2_PREFETCH if num_rows <= rows),
-                MEASURED_STREAMED_L2_PREFETCH[-1][1])
+def choose_streamed_l2_prefetch(num_rows: int, sampled: bool = False) -> int:
+    rule = MEASURED_STREAMED_L2_PREFETCH_SAMPLED if sampled else MEASURED_STREAMED_L2_PREFETCH
+    return next((tiles for rows, tiles in rule if num_rows <= rows), rule[-1][1])
 
 
 def choose_streamed_scoring(num_rows: int) -> str:
@@ -138,7 +140,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, l2_keep: int = 0,
               serpentine: bool = False,
               resident_bytes: int | None = None, loads_after_dot: bool = False,
-              stream_fma: bool = False) -> WalkConfig:
+              stream_fma: bool = False, sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -196,7 +198,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     multi = on_gpu and num_programs > 1 and not lockstep
     streamed = chunk_rows > resident_tiles * tile_rows
     if l2_prefetch is None:
-        l2_prefetch = choose_streamed_l2_prefetch(num_rows) if streamed and prefetch else 0
+        l2_prefetch = choose_streamed_l2_prefetch(num_rows, sampled) if streamed and prefetch else 0
     if split_keys is None or split_streamed is None:
         scoring = choose_streamed_scoring(num_rows) if streamed else "split"
         split_keys = scoring != "keys64" if split_keys is None else split_keys
@@ -466,7 +468,7 @@ def head_walk(
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
                     l2_keep=l2_keep, serpentine=serpentine, resident_bytes=resident_bytes,
-                    loads_after_dot=loads_after_dot, stream_fma=stream_fma)
+                    loads_after_dot=loads_after_dot, stream_fma=stream_fma, sampled=sampled)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
