@@ -35,15 +35,18 @@ def _gdn_reconstruct_kernel(
     ckpt_indices[i_n] instead of the request's own, which stays as it is; rows whose checkpoint slot is <= 0 or their
     own, or whose c_i <= 0, do nothing. ALIGNED: every table pointer is a multiple of 16 (`GDNStateTable.aligned16`)."""
     i_blk, i_n, i_l = tl.program_id(0) + FIRST_BLOCK, tl.program_id(1), tl.program_id(2)
+    if HAS_CKPT:  # most rows have no checkpoint: exit on the first load
+        out_slot = tl.load(ckpt_indices + i_n).to(tl.int64)
+        if out_slot <= 0:
+            return
     slot = tl.load(state_indices + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     n = tl.minimum(tl.load(num_accepted + i_n), seqlen).to(tl.int64)
     if (slot <= 0) | (n <= 0):
         return
     if HAS_CKPT:
-        out_slot = tl.load(ckpt_indices + i_n).to(tl.int64)
         n = tl.minimum(tl.load(ckpt_lens + i_n).to(tl.int64), n)
-        if (out_slot <= 0) | (out_slot == slot) | (n <= 0):
+        if (out_slot == slot) | (n <= 0):
             return
     if HAS_WS_ROWS:
         row = tl.load(ws_rows + i_n).to(tl.int64)
