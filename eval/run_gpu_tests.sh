@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-only kernel tests (pytest -m gpu: gdn_verify + head_walk, bf16 at real shapes, multi-program walks)
+# The GPU-only kernel tests (pytest -m gpu: gdn_verify, its checkpoint form, head_walk; bf16 at real shapes, multi-program walks)
 # on the lent H200, in parallel (pytest-xdist from carried wheels: the device has no network).
 # Here:    cp <wheels of pytest-xdist and execnet> .whl/      (carry .whl)
 # Device:  TESTS_S=150 bash eval/run_gpu_tests.sh             (log in $OUT/gpu_tests/pytest.log)
@@ -12,6 +12,7 @@ export PYTHONPATH=/tmp/pk:/tmp/site
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n "${WORKERS:-14}" \
-    --durations=5 tests/ops/test_gdn_verify.py tests/ops/test_head_walk.py > "$OUT/gpu_tests/pytest.log" 2>&1
+    --durations=5 tests/ops/test_gdn_verify.py tests/ops/test_gdn_checkpoint.py tests/ops/test_head_walk.py \
+    > "$OUT/gpu_tests/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/gpu_tests/pytest.log"
 tail -25 "$OUT/gpu_tests/pytest.log"
