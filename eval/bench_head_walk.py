@@ -208,26 +208,6 @@ def time_graph(torch, fn, trials=5, replays=10):
     return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
 
 
-def persisting_l2(torch, on: bool) -> dict | None:
-    """Sets the device's persisting-L2 set-aside (cudaLimitPersistingL2CacheSize) to its maximum (on) or to 0, through
-    the CUDA runtime torch already loaded; returns what the runtime reported, None when off."""
-    import ctypes
-
-    path = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
-    if path is None:
-        return dict(error="libcudart not loaded") if on else None
-    cudart = ctypes.CDLL(path)
-    most = ctypes.c_int(0)
-    cudart.cudaDeviceGetAttribute(ctypes.byref(most), 108, 0)  # cudaDevAttrMaxPersistingL2CacheSize
-    rc = cudart.cudaDeviceSetLimit(6, ctypes.c_size_t(most.value if on else 0))  # cudaLimitPersistingL2CacheSize
-    if not on:
-        return None
-    size = ctypes.c_size_t(0)
-    cudart.cudaDeviceGetLimit(ctypes.byref(size), 6)
-    return dict(rc=rc, max_bytes=most.value, set_bytes=size.value,
-                l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
-
-
 def hbm_gbps(torch):
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -313,7 +293,6 @@ def run_gpu(args) -> dict:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
-            persist = persisting_l2(torch, kw.pop("persist_l2", False))
             p = Problem(torch, rows, 15, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
@@ -328,12 +307,8 @@ def run_gpu(args) -> dict:
             if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / 15, 2))
-            if persist:
-                row["persisting_l2"] = persist
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        finally:
-            persisting_l2(torch, False)
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -559,21 +534,13 @@ TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32,
 # Session 4 (v8): the streamed part of a 152k shard (~61 MB a step, every step the same bytes) and the 50-60 MB L2.
 # "knee_n<n>": the default walk on a vocabulary whose shards stream n tiles of 64 rows (4.3 MB a tile over 132
 # programs): per-step time against streamed bytes, below and above the L2's size. Variants at 152k: "pf<d>" bulk
-# L2 prefetch d tiles ahead, "keep<t>" the first t streamed tiles evict_last (the rest evict_first), "persist" with
-# the device's persisting-L2 set-aside at its maximum, "serp" odd steps backwards, "res3" 3 resident tiles of 128
-# rows (192 KiB) with 32-row streamed tiles.
+# L2 prefetch d tiles ahead, "st32" 32-row streamed tiles. (The evict_last keep set, the persisting-L2 set-aside,
+# serpentine order and 3 resident tiles of 128 rows were measured slower and removed: eval/notes/head_walk.md.)
 KNEE_TILES = (2, 6, 8, 10, 12, 14)
 L2_VARIANTS = {
     "tagged": dict(exchange="tagged"),
     "pf2": dict(l2_prefetch=2), "pf4": dict(l2_prefetch=4), "pf8": dict(l2_prefetch=8),
-    "serp": dict(serpentine=True), "serp_pf4": dict(serpentine=True, l2_prefetch=4),
-    "keep7": dict(l2_keep=7), "keep10": dict(l2_keep=10), "keep10_pf4": dict(l2_keep=10, l2_prefetch=4),
-    "keep10_persist": dict(l2_keep=10, persist_l2=True), "keep10_pf4_persist": dict(l2_keep=10, l2_prefetch=4,
-                                                                                  persist_l2=True),
-    "st32": dict(stream_rows=32), "res3": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32),
-    "res3_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8),
-    "res3_keep16_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8, l2_keep=16),
-    "res3_serp_pf8": dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8, serpentine=True),
+    "st32": dict(stream_rows=32),
 }
 TUNE_CASES_V8 = (
     [(f"knee_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(exchange="tagged")) for n in KNEE_TILES]
@@ -583,45 +550,20 @@ TUNE_CASES_V8 = (
     + [(f"{scoring}{suffix}_v152k_b{rows}", 151936, rows, dict(STREAMED_SCORINGS[scoring], **kw))
        for rows, scoring in ((8, "keys64"), (32, "split"), (64, "keys64"))
        for suffix, kw in (("", {}), ("_pf4", dict(l2_prefetch=4)))])
-# Session 4, call 2 (v9): v8 found no L2 knee worth having (a streamed tile cost 1.2 us even from L2) and the SASS
-# why: the shared-memory fence before each streamed tile's wgmma (MEMBAR.ALL.CTA) waited for the next tile's loads,
-# issued just before it, so the register double buffer never overlapped. "late": those loads after the dot
-# (loads_after_dot). Per batch size, the streaming variants of the 152k walk; the sweep's 152k rows take the one
-# this run's ladder finds fastest (check ours_scoring_rule_v152k), and plan_walk's MEASURED_STREAMING follows it.
-LATE = dict(loads_after_dot=True)
+# Session 4, call 2 (v9): per batch size, the streaming variants of the 152k walk (with and without the L2 prefetch
+# 4 tiles ahead); the sweep's 152k rows take the one this run's ladder finds fastest (check
+# ours_scoring_rule_v152k), and plan_walk's MEASURED_STREAMED_L2_PREFETCH follows it. (The "late" rows, the next
+# tile's loads after the dot, measured no faster and were removed: eval/notes/head_walk.md.)
 STREAMING_BY_BATCH = {
-    1: {"tagged": dict(exchange="tagged"), "late": LATE, "late_pf2": dict(LATE, l2_prefetch=2),
-        "late_pf4": dict(LATE, l2_prefetch=4), "late_pf8": dict(LATE, l2_prefetch=8),
-        "late_serp_pf4": dict(LATE, l2_prefetch=4, serpentine=True),
-        "late_res3_pf8": dict(LATE, tile_rows=128, resident_bytes=3 << 16, stream_rows=32, l2_prefetch=8)},
-    8: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4),
-        "keys64_late": dict(LATE, split_keys=False, l2_prefetch=0),
-        "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
+    1: {"tagged": dict(exchange="tagged")},
+    8: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4)},
     32: {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0),
-         "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4),
-         "split_late": dict(LATE, split_keys=True, split_streamed=True, l2_prefetch=0),
-         "split_late_pf4": dict(LATE, split_keys=True, split_streamed=True, l2_prefetch=4)},
-    64: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_late": dict(LATE, split_keys=False, l2_prefetch=0),
-         "keys64_late_pf4": dict(LATE, split_keys=False, l2_prefetch=4)},
+         "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4)},
+    64: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4)},
 }
 STREAMING = {name: kw for variants in STREAMING_BY_BATCH.values() for name, kw in variants.items()}
 TUNE_CASES_V9 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_BY_BATCH.items()
                  for name, kw in variants.items()]
-# Session 4, call 3 (v10): "late" measured no faster (25.8 us/step): the wgmma's own fence (WARPGROUP.ARRIVE) waits
-# for the registers of every load in flight too. One row, "fma": the streamed tiles' products on the CUDA cores
-# (stream_fma: no shared memory, fence or wgmma in the stream loop, so the next tile's loads stay in flight while
-# this tile is scored), with the L2 prefetch, 128-row tiles, serpentine order and 3 resident tiles of 128 rows.
-FMA = dict(stream_fma=True)
-STREAMING_BY_BATCH_V10 = {
-    1: {"tagged": dict(exchange="tagged"), "fma": FMA, "fma_pf2": dict(FMA, l2_prefetch=2),
-        "fma_pf4": dict(FMA, l2_prefetch=4), "fma_pf8": dict(FMA, l2_prefetch=8),
-        "fma128": dict(FMA, stream_rows=128), "fma128_pf2": dict(FMA, stream_rows=128, l2_prefetch=2),
-        "fma_serp_pf4": dict(FMA, l2_prefetch=4, serpentine=True),
-        "fma_res3_pf4": dict(FMA, tile_rows=128, resident_bytes=3 << 16, l2_prefetch=4)},
-}
-TUNE_CASES_V10 = ([(f"{name}_v152k_b1", 151936, 1, kw) for name, kw in STREAMING_BY_BATCH_V10[1].items()]
-                  + [(f"knee_n2_v50688_b1", 50688, 1, dict(exchange="tagged")),
-                     (f"knee_fma_n2_v50688_b1", 50688, 1, FMA)])
 # Session 4, call 4 (v11): the 152k b8 / b32 sampled sweep rows of v9 (prefetch 4, chosen on greedy rows) came out
 # 3-4% slower than session 3's without it: the prefetch distance of sampled walks measured on their own ("s_" rows,
 # the rule and the sampled sweep rows), greedy pf2 beside.
@@ -663,8 +605,6 @@ LADDERS = {
                                          for name, kw in variants.items()}
                                   for rows, variants in STREAMING_SAMPLED_BY_BATCH.items()},
                 cases=TUNE_CASES_V11, floors=[]),
-    "v10": dict(rule={}, scoring=STREAMING_BY_BATCH_V10[1], scoring_by_batch=STREAMING_BY_BATCH_V10,
-                cases=TUNE_CASES_V10, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -795,7 +735,7 @@ def precompile(args, sms: int) -> None:
              for e, r in ladder["floors"]]
     if not args.no_ladder:
         jobs += [dict(kind="ours", vocab=v, rows=r, sampled=kw.get("sampled", False),
-                      variants=[{k: x for k, x in kw.items() if k not in ("sampled", "persist_l2")},
+                      variants=[{k: x for k, x in kw.items() if k != "sampled"},
                                 {"lockstep": True}])
                  for _, v, r, kw in ladder["cases"]]
     start = time.time()

@@ -259,8 +259,6 @@ def test_sampled_drafts_follow_softmax():
     (dict(stream_rows=48), "stream_rows"),
     (dict(num_warps=3), "num_warps"),
     (dict(l2_prefetch=-1), "l2_prefetch"),
-    (dict(l2_keep=-2), "l2_keep"),
-    (dict(resident_bytes=-1), "resident_bytes"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -291,36 +289,21 @@ def test_launch_options_keep_the_walk(opts, sampled):
     assert torch.equal(tokens, ref)
 
 
-S16 = dict(serpentine=True, stream_rows=16)
-
-
 @needs_kernels
 @pytest.mark.parametrize("opts,rows,sampled", [
-    pytest.param(S16, 1, False, id="serpentine-16-row-tiles-b1"),
-    pytest.param(S16, 3, True, id="serpentine-16-row-tiles-b3-sampled"),
-    pytest.param(dict(S16, l2_keep=3), 1, True, id="keep-3-serpentine-b1-sampled"),
-    pytest.param(dict(l2_keep=1, split_keys=True, split_streamed=True), 3, False, id="keep-split-streamed-b3"),
-    pytest.param(dict(serpentine=True, split_keys=False, stream_rows=32), 3, False, id="serpentine-int64-keys-b3"),
-    pytest.param(dict(serpentine=True, tile_rows=64, resident_bytes=0, stream_rows=32), 3, False,
-                 id="nothing-resident-b3"),
-    pytest.param(dict(loads_after_dot=True), 1, False, id="loads-after-dot-b1"),
-    pytest.param(dict(loads_after_dot=True), 3, True, id="loads-after-dot-b3-sampled"),
-    pytest.param(dict(S16, loads_after_dot=True, split_keys=False), 3, False, id="late-serpentine-b3"),
-    pytest.param(dict(loads_after_dot=True, split_keys=True, split_streamed=True), 3, True,
-                 id="late-split-streamed-b3-sampled"),
-    pytest.param(dict(stream_fma=True), 1, False, id="fma-b1"),
-    pytest.param(dict(stream_fma=True), 1, True, id="fma-b1-sampled"),
-    pytest.param(dict(stream_fma=True, stream_rows=128, serpentine=True), 1, False, id="fma-128-row-tiles-serpentine"),
-    pytest.param(dict(stream_fma=True, tile_rows=64, resident_bytes=0, stream_rows=16), 1, True,
-                 id="fma-nothing-resident-sampled"),
+    pytest.param(dict(l2_prefetch=1), 1, False, id="distance-1-b1"),
+    pytest.param(dict(l2_prefetch=2, stream_rows=16), 1, True, id="distance-2-16-row-tiles-b1-sampled"),
+    pytest.param(dict(l2_prefetch=4, split_keys=True, split_streamed=True), 3, True, id="split-streamed-b3-sampled"),
+    pytest.param(dict(l2_prefetch=3, split_keys=False, stream_rows=32), 3, False, id="int64-keys-b3"),
+    pytest.param(dict(l2_prefetch=2, residency="off", stream_rows=32), 3, False, id="nothing-resident-b3"),
 ])
-def test_streamed_l2_options_keep_the_walk(opts, rows, sampled):
-    """The streamed loop by tile index (serpentine: odd steps walk the streamed tiles backwards; l2_keep: the first
-    tiles loaded evict_last, the rest evict_first; loads_after_dot: the next tile's loads after this tile's dot;
-    stream_fma: one row's streamed products on the CUDA cores, ignored with several rows) picks the naive walk's
-    tokens: 1031 rows over 3 programs (256 resident rows + 2 streamed 64-row tiles each, the last program's
-    streamed tile 7 rows) and over one program, odd steps included."""
+def test_streamed_loop_by_tile_index_keeps_the_walk(opts, rows, sampled):
+    """The streamed loop the L2 prefetch walks (by tile index; the tile after a step's last is the next step's
+    first; under the interpreter the same loop without the inline-PTX prefetches) picks the naive walk's tokens:
+    1031 rows over 3 programs (256 resident rows + 2 streamed 64-row tiles each, the last program's streamed tile 7
+    rows) and over one program, distances below, at and above the tiles a step streams."""
     p = make_problem(rows, 5, 1031, seed=13)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows, as the prefetch needs (vLLM's markov_w2.weight)
     kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     for launch in (dict(programs=3, lockstep=True), dict()):
@@ -349,20 +332,16 @@ def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
 
 
 def test_plan_of_the_l2_options():
-    """The bulk L2 prefetch is inline PTX: off under the interpreter; serpentine is off where the streamed tiles'
-    split fold needs row order; resident_bytes sets how many resident tiles fit; partly streamed shards take the
-    prefetch distance measured for their batch size (MEASURED_STREAMED_L2_PREFETCH)."""
+    """The bulk L2 prefetch is inline PTX: no distance by default under the interpreter (an explicit one walks the
+    same loop, without the prefetches); partly streamed shards take the prefetch distance measured for their batch
+    size (MEASURED_STREAMED_L2_PREFETCH)."""
     from hybridspec_kernels.head_walk.walk import (MEASURED_STREAMED_L2_PREFETCH,
                                                    MEASURED_STREAMED_L2_PREFETCH_SAMPLED, choose_streamed_l2_prefetch,
                                                    plan_walk)
 
     cpu = torch.device("cpu")
-    assert plan_walk(1000, 16, 1, 4, cpu, l2_prefetch=4).l2_prefetch == 0
-    assert plan_walk(1000, 16, 1, 4, cpu, serpentine=True).serpentine
-    assert not plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=True, split_streamed=True).serpentine
-    assert plan_walk(1000, 16, 8, 4, cpu, serpentine=True, split_keys=False).serpentine
-    assert plan_walk(1000, 16, 1, 4, cpu, l2_keep=3).l2_keep == 3
-    assert plan_walk(1000, 16, 1, 4, cpu, resident_bytes=0, tile_rows=64).resident_tiles == 0
+    assert plan_walk(1000, 16, 8, 4, cpu, programs=2).l2_prefetch == 0
+    assert plan_walk(1000, 16, 1, 4, cpu, l2_prefetch=4).l2_prefetch == 4
     for sampled, rule in ((False, MEASURED_STREAMED_L2_PREFETCH), (True, MEASURED_STREAMED_L2_PREFETCH_SAMPLED)):
         measured = dict(rule)
         assert choose_streamed_l2_prefetch(1, sampled) == measured[1]
@@ -398,9 +377,7 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
                  dict(split, split_streamed=False),
                  dict(split, programs=2, lockstep=True), dict(split, tile_rows=64, resident_tiles=3),
                  dict(split, tile_rows=64, resident_tiles=3, split_streamed=False, pair_reduce=False),
-                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False),
-                 dict(serpentine=True, split_keys=False, stream_rows=16),
-                 dict(serpentine=True, split_keys=False, l2_keep=2, tile_rows=64, resident_tiles=1)):
+                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         assert torch.equal(tokens, ref), opts
 
@@ -514,10 +491,8 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
         variants.update(poll_ahead=dict(exchange="poll", noise_ahead=True),
                         poll_inline=dict(exchange="poll", noise_ahead=False))
     if vocab > 32000:
-        # Partly streamed shards: the streamed loop by tile index with its L2 options.
-        variants.update(poll_pf4=dict(exchange="poll", l2_prefetch=4), poll_pf0=dict(exchange="poll", l2_prefetch=0),
-                        poll_late=dict(exchange="poll", loads_after_dot=True),
-                        poll_serp_keep=dict(exchange="poll", split_keys=False, serpentine=True, l2_keep=3))
+        # Partly streamed shards: the streamed loop by tile index (L2 prefetch) and the plain one.
+        variants.update(poll_pf4=dict(exchange="poll", l2_prefetch=4), poll_pf0=dict(exchange="poll", l2_prefetch=0))
     errors = barrier_errors(DEVICE)
     walks = {name: head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)[0] for name, opts in variants.items()}
     torch.cuda.synchronize()
@@ -531,16 +506,16 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
 @needs_cuda
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_one_row_streamed_options_agree(sampled):
-    """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch, the CUDA-core products, serpentine
-    order, the evict_last keep set and 3 resident tiles of 128 rows pick the one-launch-per-step walk's tokens."""
+    """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch at several distances picks the
+    one-launch-per-step walk's tokens."""
     from hybridspec_kernels.head_walk import barrier_errors
 
     p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=21, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows: the prefetch runs (vLLM's markov_w2.weight is)
     kw = dict(sampling_kwargs(p), req_indices=torch.zeros(1, dtype=torch.long, device=DEVICE)) if sampled else {}
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
     errors = barrier_errors(DEVICE)
-    for opts in (dict(), dict(l2_prefetch=4), dict(stream_fma=True, l2_prefetch=2, serpentine=True),
-                 dict(l2_keep=5, loads_after_dot=True), dict(tile_rows=128, resident_bytes=3 << 16, stream_rows=32)):
+    for opts in (dict(), dict(l2_prefetch=2), dict(l2_prefetch=4), dict(l2_prefetch=16, stream_rows=32)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), opts

@@ -383,22 +383,11 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
     """
     acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
-    return _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                      stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, SAMPLED,
-                      HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, ONE_ROW, SCALED, SPLIT)
-
-
-@triton.jit
-def _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub, stride_uk,
-               w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, SAMPLED: tl.constexpr,
-               HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
-               KEY_BY_TARGET: tl.constexpr, ONE_ROW: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr):
-    """_score_tile after its dot: acc [rows, BP] = the tile's W2 rows @ m."""
     m_v = rows < vocab
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
-                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED, False)
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED)
         ids = rows
     else:
         if W2_SCALED:
@@ -446,14 +435,12 @@ def _score_acc(acc, u, noise, rows, step, o_b, m_b, valid, req_safe, temp, seed,
 def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
                stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
                STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
-               SCALED: tl.constexpr, FOLDED: tl.constexpr):
+               SCALED: tl.constexpr):
     """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
     (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
-    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector. FOLDED: acc is
-    that [rows] column already."""
+    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
     m_v = rows < vocab
-    if not FOLDED:
-        acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
+    acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
     if W2_SCALED:
         acc = acc * tl.load(w2_scale_ptr + rows, mask=m_v, other=0.0)
     out_ty = u_ptr.dtype.element_ty
@@ -599,22 +586,6 @@ def _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r):
 
 
 @triton.jit
-def _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r, keep, L2_KEEP: tl.constexpr):
-    """A streamed W2 tile. L2_KEEP > 0: tiles the plan keeps in L2 (keep) are loaded evict_last, the others
-    evict_first, so that the ones re-read from HBM every step do not push the kept ones out of L2."""
-    ptrs = w2_ptr + rows[:, None] * stride_w2v + o_r[None, :] * stride_w2r
-    mask = (rows < shard_end)[:, None]
-    if L2_KEEP > 0:
-        if keep:
-            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
-        else:
-            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-    else:
-        w = tl.load(ptrs, mask=mask, other=0.0)
-    return w
-
-
-@triton.jit
 def _prefetch_tile_l2(w2_ptr, stride_w2v, row0, shard_end, R: tl.constexpr, ST: tl.constexpr):
     """Rows [row0, min(row0 + ST, shard_end)) of a row-contiguous W2 into L2 with one bulk prefetch
     (cp.async.bulk.prefetch.L2, the copy engine's: nothing waits on it), issued by thread 0."""
@@ -630,15 +601,6 @@ def _prefetch_tile_l2(w2_ptr, stride_w2v, row0, shard_end, R: tl.constexpr, ST: 
         @%l2p cp.async.bulk.prefetch.L2.global [$1], $2;
         mov.u32 $0, 0;
         }""", "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _visit(j, k, n, SERPENTINE: tl.constexpr):
-    """Shard-order index of the j-th streamed tile visited in step k: odd steps walk the tiles backwards, so a
-    step starts on the tiles the last one read most recently (still in L2)."""
-    if SERPENTINE:
-        j = tl.where(k % 2 == 1, tl.maximum(n - 1 - j, 0), j)
-    return j
 
 
 @triton.jit
@@ -663,8 +625,7 @@ def head_walk_kernel(
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
-    SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_KEEP: tl.constexpr, SERPENTINE: tl.constexpr,
-    LOADS_AFTER_DOT: tl.constexpr, STREAM_FMA: tl.constexpr,
+    SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -674,9 +635,9 @@ def head_walk_kernel(
     # 3 probe / 4 poll (tagged keys; B > 1: batched loads of every live key, after a column-0 spin for probe).
     # KEYS_ONCE: one CTA-wide key reduction per step instead of one per tile. PREFETCH: streamed tiles are
     # double-buffered in registers. L1_PREFETCH: the next U and the candidates' W1 rows into L1 (measured slower).
-    # Streamed tiles and L2 (with PREFETCH): L2_PREFETCH > 0 bulk-prefetches the tile that many ahead into L2 (the
-    # next step's first tiles during this step's last ones); L2_KEEP > 0 loads the shard's first L2_KEEP streamed
-    # tiles evict_last and the rest evict_first; SERPENTINE walks the streamed tiles backwards on odd steps.
+    # L2_PREFETCH > 0 (streamed tiles, with PREFETCH): the tile that many ahead is bulk-prefetched into L2 (the
+    # next step's first tiles during this step's last ones); L2_BULK False (the interpreter: inline PTX) walks the
+    # same loop without issuing the prefetches.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
@@ -742,27 +703,14 @@ def head_walk_kernel(
     stream_begin = shard_begin + RES_TILES * RT
     o_s = tl.arange(0, ST)
     STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH
-    # The streamed loop by tile index (L2 options); SERPENTINE only where the fold does not depend on the visiting
-    # (the split fold's strict `>` keeps the lowest id only when tiles come in row order).
-    SERPENTINE_ON: tl.constexpr = SERPENTINE and not SPLIT_STREAM
-    # One row: the streamed tiles' products on the CUDA cores (a [ST, R] tile times W1[x], reduced inside each warp)
-    # instead of a wgmma, which needs the tile in shared memory behind a fence and CTA-wide syncs every tile.
-    FMA_ROWS: tl.constexpr = STREAM_FMA and ONE_ROW and STREAM_PREFETCH
-    STREAM_L2: tl.constexpr = STREAM_PREFETCH and (L2_PREFETCH > 0 or L2_KEEP > 0 or SERPENTINE_ON or LOADS_AFTER_DOT
-                                                   or FMA_ROWS)
+    # The streamed loop by tile index, for the L2 prefetch.
+    STREAM_L2: tl.constexpr = STREAM_PREFETCH and L2_PREFETCH > 0
     n_stream = tl.cdiv(shard_end - stream_begin, ST)
-    if STREAM_L2:
-        j0 = _visit(0, k_begin, n_stream, SERPENTINE_ON)
-        if L2_PREFETCH > 0:
-            for jp in tl.static_range(L2_PREFETCH):
-                if jp < n_stream:
-                    row0 = stream_begin + _visit(jp, k_begin, n_stream, SERPENTINE_ON) * ST
-                    _prefetch_tile_l2(w2_ptr, stride_w2v, row0, shard_end, R, ST)
-        w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + j0 * ST + o_s, shard_end, o_r,
-                              j0 < L2_KEEP, L2_KEEP)
-        u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1),
-                              stream_begin + j0 * ST + o_s, shard_end, o_b, m_b, ONE_ROW)
-    elif STREAM_PREFETCH:
+    if STREAM_L2 and L2_BULK:
+        for jp in tl.static_range(L2_PREFETCH):
+            if jp < n_stream:
+                _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + jp * ST, shard_end, R, ST)
+    if STREAM_PREFETCH:
         w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
         u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1), stream_begin + o_s,
                               shard_end, o_b, m_b, ONE_ROW)
@@ -903,9 +851,6 @@ def head_walk_kernel(
                 tl.debug_barrier()
             m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
         m_dot = m.to(w2_dot_ty)
-        if FMA_ROWS:
-            # W1[x] as the dot sees it (rounded to W2's type), [R]: bf16 x bf16 products are exact in fp32.
-            m_row = tl.sum(tl.where((o_b == 0)[None, :], m_dot.to(tl.float32), 0.0), axis=1)
 
         seed = seed0
         if ONE_ROW:
@@ -979,47 +924,26 @@ def head_walk_kernel(
             best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
         if STREAM_L2:
             # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
-            # first, and L2_PREFETCH tiles further on are on their way into L2. LOADS_AFTER_DOT: the next tile's
-            # loads are issued after this tile's dot, whose shared-memory fence (MEMBAR.ALL.CTA before the wgmma)
-            # otherwise waits for them, so that every tile paid a whole load latency (1.2 us from L2, 1.8 from HBM).
+            # first, and L2_PREFETCH tiles further on are on their way into L2.
             for j in range(0, n_stream):
-                rows = stream_begin + _visit(j, k, n_stream, SERPENTINE_ON) * ST + o_s
+                rows = stream_begin + j * ST + o_s
                 w = w_next
                 u_tile = u_next
                 last = j + 1 == n_stream
-                j_next = tl.where(last, _visit(0, k + 1, n_stream, SERPENTINE_ON),
-                                  _visit(j + 1, k, n_stream, SERPENTINE_ON))
+                j_next = tl.where(last, 0, j + 1)
                 k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
                 rows_next = stream_begin + j_next * ST + o_s
-                if LOADS_AFTER_DOT and not FMA_ROWS:
-                    acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
-                if L2_PREFETCH > 0:
-                    ahead = j + L2_PREFETCH
-                    j_ahead = tl.where(ahead < n_stream, _visit(ahead, k, n_stream, SERPENTINE_ON),
-                                       _visit(ahead - n_stream, k + 1, n_stream, SERPENTINE_ON))
-                    if ahead < 2 * n_stream:
-                        _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
-                w_next = _stream_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r, j_next < L2_KEEP,
-                                      L2_KEEP)
+                ahead = j + L2_PREFETCH
+                j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
+                if L2_BULK and ahead < 2 * n_stream:
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
+                w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
-                if FMA_ROWS:
-                    acc_rows = tl.sum(w.to(tl.float32) * m_row[None, :], axis=1)
-                    tile_keys = _score_row(acc_rows, u_tile, rows, k, req_safe, valid, temp, seed, pos, u_ptr,
-                                           stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
-                                           logit_scale, shard_end, o_b, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED,
-                                           KEY_BY_TARGET, SCALED, True)
-                    tile_ids = rows
-                elif LOADS_AFTER_DOT:
-                    tile_keys, tile_ids = _score_acc(
-                        acc, u_tile, None, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, ONE_ROW, SCALED, SPLIT_STREAM)
-                else:
-                    tile_keys, tile_ids = _score_tile(
-                        w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                        SPLIT_STREAM)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
                 if SPLIT_STREAM:
                     stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
                     if not KEYS_ONCE:

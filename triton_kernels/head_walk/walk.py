@@ -72,17 +72,8 @@ class WalkConfig:
     # Sampled, several rows, batched exchanges: the next step's Gumbel noise computed while the keys travel.
     noise_ahead: bool = False
     # Partly streamed shards (with prefetch): streamed tiles bulk-prefetched into L2 this many tiles ahead (needs
-    # row-contiguous W2 rows; 0: off), the shard's first l2_keep streamed tiles loaded evict_last and the rest
-    # evict_first (0: plain loads), and odd steps walking the streamed tiles backwards (serpentine; not with the
-    # split fold on streamed tiles, whose tie rule needs row order).
+    # row-contiguous W2 rows; 0: off).
     l2_prefetch: int = 0
-    l2_keep: int = 0
-    serpentine: bool = False
-    # Partly streamed shards (with prefetch): the next streamed tile's loads issued after this tile's dot, out of
-    # reach of the shared-memory fence before its wgmma (which waits for every load in flight).
-    loads_after_dot: bool = False
-    # One row, partly streamed shards: the streamed tiles' products on the CUDA cores, not a wgmma.
-    stream_fma: bool = False
 
 
 def _interpreting() -> bool:
@@ -137,10 +128,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
-              noise_ahead: bool | None = None, l2_prefetch: int | None = None, l2_keep: int = 0,
-              serpentine: bool = False,
-              resident_bytes: int | None = None, loads_after_dot: bool = False,
-              stream_fma: bool = False, sampled: bool = False) -> WalkConfig:
+              noise_ahead: bool | None = None, l2_prefetch: int | None = None,
+              sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -152,13 +141,11 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"stream_rows must be a power of two >= 16, got {stream_rows}")
     if num_warps is not None and num_warps not in (4, 8, 16):
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
-    if (l2_prefetch is not None and l2_prefetch < 0) or l2_keep < 0:
-        raise ValueError(f"l2_prefetch and l2_keep must be >= 0, got {l2_prefetch}, {l2_keep}")
-    if resident_bytes is not None and resident_bytes < 0:
-        raise ValueError(f"resident_bytes must be >= 0, got {resident_bytes}")
+    if l2_prefetch is not None and l2_prefetch < 0:
+        raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
-    resident_rows = (RESIDENT_BYTES if resident_bytes is None else resident_bytes) // (rank * max(2, w2_elt_bytes))
+    resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
     if tile_rows is None:
         tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
@@ -181,24 +168,21 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     if residency == "off":
         resident_tiles = 0
     elif on_gpu:
-        fit = min(4, max(1 if resident_bytes is None else 0, resident_rows // tile_rows),
-                  triton.cdiv(chunk_rows, tile_rows))
+        fit = min(4, max(1, resident_rows // tile_rows), triton.cdiv(chunk_rows, tile_rows))
         if chunk_rows > fit * tile_rows and block_rows >= 64:
             # The streamed tiles' pipeline buffers and the wide batch need the shared memory of two tiles.
             fit = min(fit, 2)
         resident_tiles = fit if resident_tiles is None else min(resident_tiles, fit)
     else:
         # One resident tile unless a test asks for more (the several-tile fold of the GPU plan, on the CPU).
-        cap = 4 if resident_bytes is None else min(4, resident_rows // tile_rows)
-        resident_tiles = min(1, cap) if resident_tiles is None else min(resident_tiles, cap,
-                                                                        triton.cdiv(chunk_rows, tile_rows))
+        resident_tiles = 1 if resident_tiles is None else min(resident_tiles, 4, triton.cdiv(chunk_rows, tile_rows))
     if residency == "full" and chunk_rows > resident_tiles * tile_rows:
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
     streamed = chunk_rows > resident_tiles * tile_rows
     if l2_prefetch is None:
-        l2_prefetch = choose_streamed_l2_prefetch(num_rows, sampled) if streamed and prefetch else 0
+        l2_prefetch = choose_streamed_l2_prefetch(num_rows, sampled) if streamed and prefetch and on_gpu else 0
     if split_keys is None or split_streamed is None:
         scoring = choose_streamed_scoring(num_rows) if streamed else "split"
         split_keys = scoring != "keys64" if split_keys is None else split_keys
@@ -215,9 +199,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
-                      l2_prefetch=l2_prefetch if on_gpu else 0, l2_keep=l2_keep,
-                      serpentine=serpentine and not (split_keys and split_streamed), loads_after_dot=loads_after_dot,
-                      stream_fma=stream_fma)
+                      l2_prefetch=l2_prefetch)
 
 
 _workspaces: dict = {}
@@ -321,11 +303,6 @@ def head_walk(
     split_streamed: bool | None = None,
     noise_ahead: bool | None = None,
     l2_prefetch: int | None = None,
-    l2_keep: int = 0,
-    serpentine: bool = False,
-    resident_bytes: int | None = None,
-    loads_after_dot: bool = False,
-    stream_fma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -366,11 +343,8 @@ def head_walk(
             also on streamed tiles; None: choose_streamed_scoring for partly streamed shards), pair_reduce (False:
             split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
-            padded rows), l2_prefetch / l2_keep / serpentine / loads_after_dot / stream_fma (streamed tiles:
-            WalkConfig;
-            l2_prefetch None: choose_streamed_l2_prefetch for partly streamed shards),
-            resident_bytes (W2 bytes a program keeps in shared memory; None: RESIDENT_BYTES): launch overrides for
-            tests and tuning.
+            padded rows), l2_prefetch (streamed tiles bulk-prefetched into L2 this many tiles ahead; None:
+            choose_streamed_l2_prefetch for partly streamed shards): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -414,8 +388,7 @@ def head_walk(
     if head != "markov":
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
-    _check((l2_prefetch is None or l2_prefetch >= 0) and l2_keep >= 0,
-           f"l2_prefetch and l2_keep must be >= 0, got {l2_prefetch}, {l2_keep}")
+    _check(l2_prefetch is None or l2_prefetch >= 0, f"l2_prefetch must be >= 0, got {l2_prefetch}")
     if w2_dtype is not None:
         _check(w2_dtype == torch.float8_e4m3fn, f"w2_dtype must be None or torch.float8_e4m3fn, got {w2_dtype}")
     on_cuda = base_logits.device.type == "cuda"
@@ -467,8 +440,7 @@ def head_walk(
                     prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
-                    l2_keep=l2_keep, serpentine=serpentine, resident_bytes=resident_bytes,
-                    loads_after_dot=loads_after_dot, stream_fma=stream_fma, sampled=sampled)
+                    sampled=sampled)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -530,8 +502,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
-        L2_KEEP=cfg.l2_keep, SERPENTINE=cfg.serpentine, LOADS_AFTER_DOT=cfg.loads_after_dot,
-        STREAM_FMA=cfg.stream_fma,
+        L2_BULK=not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
