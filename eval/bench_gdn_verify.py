@@ -143,9 +143,9 @@ def reconstruct_all(s, num_accepted, recon):
         gdn_reconstruct(*args, **recon)
 
 
-def is_short(config):
-    """A verify config or reconstruction launch of the short forms (max_seqlen <= 4 only)."""
-    return bool(config.get("short")) if isinstance(config, dict) else config.short
+def is_short(recon):
+    """A reconstruction launch of the short form (max_seqlen <= 4 only)."""
+    return bool(recon.get("short"))
 
 
 def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):
@@ -534,19 +534,16 @@ SWEEP_VERIFY_SHORT = [
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
     VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
 ]
-# --sweep-set short4 (session 4): the short set plus the 4-row FMA form (verify_short.py, timed at L <= 4 only;
-# triton 3.6 sm_90: BV32 x 8 warps 194 registers, no stack, 68 barriers; BV16 x 4 warps 168 registers)
-_B1 = dict(block_v=32, hoist=True, weight_tiles=True, num_warps=8)  # the b1 winner; a short config falls back to it
-SWEEP_VERIFY_SHORT4 = SWEEP_VERIFY_SHORT + [
-    VerifyConfig(**_B1, short=True), VerifyConfig(**dict(_B1, block_v=16, num_warps=4), short=True),
-]
-# --sweep-set short5 (session 4, second call): the tuned winners and the b1 winner with early workspace stores /
-# O's product beside U's (flat_small), alone and together (triton 3.6 sm_90 at L = 4: 2,080 -> 1,976 / 2,112 /
-# 2,024 instructions per warp, 244 -> 217 / 255 / 229 registers, no stack); the 4-row FMA form and hoisted BV16 are
-# out (final5: 1.5x / 1.95x the b1 winner at L4 b1)
-_ES, _FS = dict(early_stores=True), dict(flat_small=True)
+# --sweep-set short4 (session 4): the short set with the short reconstruction's launches (SWEEP_RECON_SHORT4).
+# (It also timed the 4-row FMA verify form, VerifyConfig(short=True): 1.5-2.8x slower, removed; see the notes.)
+_B1 = dict(block_v=32, hoist=True, weight_tiles=True, num_warps=8)  # the b1 winner
+SWEEP_VERIFY_SHORT4 = SWEEP_VERIFY_SHORT
+# --sweep-set short5 (session 4, second call): the tuned winners and the b1 winner with early workspace stores
+# (triton 3.6 sm_90 at L = 4: 2,080 -> 1,976 instructions per warp, 244 -> 217 registers, no stack). (It also timed
+# flat_small, O's product beside U's: slower everywhere, removed; see the notes.)
+_ES = dict(early_stores=True)
 SWEEP_VERIFY_SHORT5 = [
-    VerifyConfig(**_B1), VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1, **_FS), VerifyConfig(**_B1, **_ES, **_FS),
+    VerifyConfig(**_B1), VerifyConfig(**_B1, **_ES),
     VerifyConfig(block_v=32, hoist=True, weight_tiles=True), VerifyConfig(block_v=32, hoist=True, weight_tiles=True,
                                                                           **_ES),
     VerifyConfig(block_v=32, whole_v=True, loop_stages=2),  # b8 winner
@@ -555,7 +552,7 @@ SWEEP_VERIFY_SHORT5 = [
 ]
 # --sweep-set split6 (session 4, G2): the tuned winners with and without the split Gram products (two half-K MMA
 # chains each; triton 3.6 sm_90, b1 winner + early stores at L = 4: 1,976 -> 2,112 instructions per warp, 217 -> 172
-# registers, 24.6 -> 36.9 KB shared, no stack); flat_small is out (final6: slower everywhere)
+# registers, 24.6 -> 36.9 KB shared, no stack)
 _SG = dict(split_gram=True)
 _B1_4 = dict(_B1, num_warps=4)
 SWEEP_VERIFY_SPLIT6 = [
@@ -611,7 +608,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
-        for config in [c for c in configs if seqlen <= SHORT_MAX_LEN or not is_short(c)]:
+        for config in configs:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
             if folded:
                 parts.append(("verify_fold", lambda: ours_fold_step(s, n, conv=False, config=config), 2, fold_errs,
@@ -768,20 +765,14 @@ def precompile(gdn, jobs, workers=15):
 
 
 def config_errors(gdn, device, configs, folded=True):
-    """bf16 inputs, fp32 state, mixed lengths 1..17 (1..4 for the short forms) + a null slot: each config's output
-    error vs float64."""
+    """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
     H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
-    problems = {}
     errors, fold = {}, {}
+    p, lens, act = mixed_length_problem(gdn, device, seed=321, lens=MIXED_LENS)
+    ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
+    ws = GDNVerifyWorkspace.allocate(1, len(lens), 32, H, HV, K, V, act, device)
+    T = sum(lens)
     for config in configs:
-        short = is_short(config)
-        if short not in problems:
-            p, lens, act = mixed_length_problem(gdn, device, seed=321, lens=SHORT_LENS if short else MIXED_LENS)
-            ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
-            problems[short] = (p, lens, act, ref, GDNVerifyWorkspace.allocate(1, len(lens), max(lens) if short else 32,
-                                                                              H, HV, K, V, act, device))
-        p, lens, act, ref, ws = problems[short]
-        T = sum(lens)
         try:
             out = torch.full((T, HV, V), float("nan"), dtype=act, device=device)
             gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
@@ -789,7 +780,7 @@ def config_errors(gdn, device, configs, folded=True):
         except Exception as exc:
             errors[repr(config)] = repr(exc)[:200]
         try:
-            if folded and not short:
+            if folded:
                 fold[repr(config)] = fold_errors(gdn, device, config)
         except Exception as exc:
             fold[repr(config)] = repr(exc)[:200]
@@ -1008,8 +999,7 @@ def main():
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
         jobs = [(L, c, folded) for c in configs for L in distinct_specialisations(lens + sweep_lens + [17])
-                for folded in ((False, True) if args.sweep_set == "fold" else (False,))
-                if L <= SHORT_MAX_LEN or not is_short(c)]
+                for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
         jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)
                  if L <= SHORT_MAX_LEN or not is_short(r)]
         if args.ladder:
@@ -1025,9 +1015,8 @@ def main():
     best_recon_short = {}  # {L <= 4: {batch: {short: faster than the general kernel, block_v, num_warps}}}
     if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
-        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a short / split form)
-            configs = configs[:2] + [c for c in configs[2:] if is_short(c)][:1] + \
-                [c for c in configs[2:] if c.split_gram][:1]
+        if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a split form)
+            configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
         wait_for_file(args.wait_file)
         errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
@@ -1076,8 +1065,6 @@ def main():
             continue
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
-        if config.short and L > SHORT_MAX_LEN:  # as gdn_verify does with a tuned short config it cannot run
-            config = dataclasses.replace(config, short=False)
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here

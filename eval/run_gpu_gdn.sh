@@ -9,11 +9,13 @@
 #   MODE=final4 (session 3, G4) as final with --sweep-set short timed at L = 4 and 16 (verify configs and the
 #               reconstruction's block_v x num_warps at every batch; tuned file keyed by (L, batch)), the grid
 #               without the fold (--no-fold), one GPU test; the grid starts no cell after STOP_AT_S seconds
-#   MODE=final5 (session 4, G: the L4 b1 goal) as final4 with --sweep-set short4 (+ the 4-row FMA verify form and
-#               the short reconstruction's launches at L = 4, reconstruct_short_by_len in the tuned file) and the
-#               L4 b1 stage ladder of the b1 winner (--ladder); GPU tests: short forms + hoisted weight tiles
-#   MODE=final6 (session 4, G's second call) as final5 with --sweep-set short5 (early workspace stores / flat small
-#               products of the b1 winner; short reconstruction with and without early workspace reads), no ladder
+#   MODE=final5 (session 4, G: the L4 b1 goal) as final4 with --sweep-set short4 (+ the short reconstruction's
+#               launches at L = 4, reconstruct_short_by_len in the tuned file; the 4-row FMA verify form it timed
+#               then is removed) and the L4 b1 stage ladder of the b1 winner (--ladder); GPU tests: short forms +
+#               hoisted weight tiles
+#   MODE=final6 (session 4, G's second call) as final5 with --sweep-set short5 (early workspace stores of the b1
+#               winner (flat_small, timed then, is removed); short reconstruction with and without early workspace
+#               reads), no ladder
 #   MODE=final7 (session 4, G2) as final6 with --sweep-set split6 (split Gram products; the general reconstruction's
 #               launches again, now with 16-byte state access); GPU tests: split Gram, unaligned tables, short forms,
 #               hoisted weight tiles, and the checkpoint reconstruction (tests/ops/test_gdn_checkpoint.py)

@@ -164,9 +164,9 @@ VERIFY_CASES = [
                                     VerifyConfig(hoist=True, loads_first=True),
                                     VerifyConfig(block_v=16, two_pass=True, loads_first=True),
                                     VerifyConfig(hoist=True, weight_tiles=True),
-                                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, flat_small=True)],
+                                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True)],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
-                              "hoisted-weight-tiles", "hoisted-early-stores-flat"])
+                              "hoisted-weight-tiles", "hoisted-early-stores"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -244,9 +244,6 @@ def test_every_accept_position_over_layers(length, config):
                  id="two-pass-whole-v-rolled"),
     pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8, early_stores=True), False,
                  id="hoisted-weight-tiles-early-stores"),
-    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, flat_small=True), False,
-                 id="hoisted-weight-tiles-flat-small"),
-    pytest.param(VerifyConfig(block_v=16, hoist=True, flat_small=True), False, id="hoisted-flat-small"),
     pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
                               split_gram=True), False, id="hoisted-early-stores-split-gram"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, split_gram=True), True,
@@ -529,58 +526,9 @@ def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, st
             assert torch.equal(lp["ssm_state"][slot], ssm0[slot]) and torch.equal(lp["conv_state"][slot], conv0[slot])
 
 
-SHORT_CASES = [
-    pytest.param(dict(lens=[4, 1, 3, 0, 2, 4], null_requests=(4,)), torch.float32, torch.float32, 32, 4,
-                 id="fp32-bv32-null"),
-    pytest.param(dict(lens=[3, 2, 1], num_k_heads=1, num_v_heads=3, head_k_dim=32, head_v_dim=16, width=3,
-                      bias=False), torch.float32, torch.float32, 64, 2, id="fp32-odd-heads-w3-bv-above-v"),
-    pytest.param(dict(lens=[4, 4, 2, 1, 3]), torch.float16, torch.float16, 16, 8, id="fp16-state-bv16"),
-    pytest.param(dict(lens=[1, 1]), torch.float16, torch.float32, 32, 4, id="fp16-in-L1"),
-]
-
-
 @needs_kernels
-@pytest.mark.parametrize("shape,dtype,state_dtype,block_v,num_warps", SHORT_CASES)
-def test_short_verify_matches_naive(shape, dtype, state_dtype, block_v, num_warps):
-    """The 4-row FMA form (max_seqlen <= 4) against float64, writes the workspace the general kernel writes (then
-    both reconstructions, every accept count 0..L_i), never a state."""
-    from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
-
-    lens = shape["lens"]
-    p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=sum(lens) + block_v, **shape)
-    max_len = max(lens)
-    ws, ws_ref = workspace_for(p, max_len=max_len), workspace_for(p, max_len=max_len)
-    for t in (*vars(ws).values(), *vars(ws_ref).values()):
-        t.zero_()
-    conv0, ssm0 = p["conv_state"].clone(), p["ssm_state"].clone()
-    out = torch.full((sum(lens), p["ssm_state"].shape[1], p["ssm_state"].shape[2]), float("nan"), dtype=dtype,
-                     device=DEVICE)
-    config = VerifyConfig(block_v=block_v, num_warps=num_warps, hoist=True, weight_tiles=True, short=True)
-    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max_len, out=out, config=config)
-    tol = 1e-5 if dtype == torch.float32 else 3e-3
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < tol
-    assert torch.equal(p["conv_state"], conv0) and torch.equal(p["ssm_state"], ssm0), "verify wrote state"
-    gdn_verify(**p, workspace=ws_ref.layer(0), max_seqlen=max_len, config=VerifyConfig(hoist=True, weight_tiles=True))
-    for name in ("u", "k", "g", "x"):
-        for i, length in enumerate(lens):
-            if int(p["state_indices"][i]) > 0:
-                got, want = getattr(ws, name)[0, i, :length], getattr(ws_ref, name)[0, i, :length]
-                assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 3e-3), name
-    num_accepted = torch.tensor([(3 * i + 1) % (n + 1) for i, n in enumerate(lens)], dtype=torch.int32)
-    ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
-    for reconstruct in (gdn_reconstruct, gdn_reconstruct_short):
-        p["ssm_state"].copy_(ssm0)
-        p["conv_state"].copy_(conv0)
-        table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], p["conv_weight"].shape[1])
-        reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
-        assert rel_err(p["ssm_state"], ref["ssm_state"]) < (1e-5 if state_dtype == torch.float32 else 3e-3)
-        assert rel_err(p["conv_state"], ref["conv_state"]) < (1e-7 if dtype == torch.float32 else 1e-3)
-
-
-@needs_kernels
-def test_short_verify_every_accept_position_over_layers():
-    """Short verify + short reconstruction over two layers in one launch, requests accepting 0..4 tokens."""
+def test_short_reconstruction_every_accept_position_over_layers():
+    """Verify at L <= 4 + the short reconstruction over two layers in one launch, requests accepting 0..4 tokens."""
     from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
 
     lens = [4] * 5 + [3, 2]
@@ -589,7 +537,7 @@ def test_short_verify_every_accept_position_over_layers():
         lp["state_indices"], lp["cu_seqlens"] = layers[0]["state_indices"], layers[0]["cu_seqlens"]
     ws = workspace_for(layers[0], num_layers=2, max_len=4)
     before = [(lp["ssm_state"].clone(), lp["conv_state"].clone()) for lp in layers]
-    config = VerifyConfig(block_v=16, short=True)
+    config = VerifyConfig(block_v=16, hoist=True, weight_tiles=True, early_stores=True)
     for layer, lp in enumerate(layers):
         out = gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=4, config=config)
         assert rel_err(out, naive_gdn_verify(**cpu(lp))) < 1e-5
@@ -601,47 +549,6 @@ def test_short_verify_every_accept_position_over_layers():
         naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-5
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
-
-
-def test_short_verify_rejects_what_it_cannot_run(small):
-    p, ws = small
-    short = VerifyConfig(short=True)
-    with pytest.raises(ValueError, match="short=True"):
-        gdn_verify(**p, workspace=ws.layer(0), max_seqlen=5, config=short)
-    rows = torch.arange(len(p["state_indices"]), dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="short=True"):
-        gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4, config=short, workspace_rows=rows)
-    with pytest.raises(ValueError, match="short=True"):
-        gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4, config=short,
-                   fold=GDNFold(ws.layer(0), rows, torch.zeros_like(rows)))
-    with pytest.raises(ValueError, match="cannot be combined with whole_v"):
-        VerifyConfig(short=True, whole_v=True)
-    with pytest.raises(ValueError, match="cannot be combined with whole_v"):
-        VerifyConfig(short=True, state_dot="bf16")
-
-
-@needs_kernels
-def test_tuned_short_config_falls_back_where_it_cannot_run(tmp_path, monkeypatch):
-    """A tuned short config (from the L = 4 table) at max_seqlen 6 runs as its non-short twin."""
-    import json
-    from dataclasses import asdict
-
-    from hybridspec_kernels.gdn_verify import verify
-
-    path = tmp_path / "tuned.json"
-    cfg = asdict(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, short=True))
-    path.write_text(json.dumps({"device": "some GPU", "verify_by_len": {"4": {"1": cfg}}}))
-    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
-    verify._tuned_doc.cache_clear()
-    try:
-        p = make_problem([6, 2], seed=9)
-        assert verify.default_verify_config(2, max_seqlen=6).short
-        out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=6)
-        assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
-    finally:
-        verify._tuned_doc.cache_clear()
 
 
 def test_reconstruct_short_rejects_bad_input(small):
@@ -876,12 +783,8 @@ def test_rejects_bad_configs():
         VerifyConfig(hoist=True, whole_v=True)
     with pytest.raises(ValueError, match="early_stores needs hoist and weight_tiles"):
         VerifyConfig(early_stores=True, hoist=True)
-    with pytest.raises(ValueError, match="flat_small needs hoist"):
-        VerifyConfig(flat_small=True, whole_v=True)
     with pytest.raises(ValueError, match="split_gram cannot be combined"):
         VerifyConfig(split_gram=True, two_pass=True)
-    with pytest.raises(ValueError, match="split_gram cannot be combined"):
-        VerifyConfig(split_gram=True, short=True, hoist=True, weight_tiles=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
 
@@ -998,8 +901,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-hoisted-weight-tiles"),
     pytest.param(torch.float32, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2, weight_tiles=True), False,
                  id="fp32-state-two-pass-rolled-weight-tiles"),
-    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
-                                             flat_small=True), False, id="fp32-state-hoisted-early-stores-flat"),
+    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True), False,
+                 id="fp32-state-hoisted-early-stores"),
     pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
                                              split_gram=True), False, id="fp32-state-hoisted-early-stores-split-gram"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, loop_stages=2, split_gram=True), False,
@@ -1050,7 +953,8 @@ def test_gpu_fold_real_shape_bf16(state_dtype, config):
 @pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
 def test_gpu_short_forms_real_shape_bf16(state_dtype):
-    """Short verify (4-row FMA form) + short reconstruction at the Qwen3-Next shape, bf16 inputs, vs float64."""
+    """Verify at L <= 4 (the tuned b1 form) + the short reconstruction at the Qwen3-Next shape, bf16 inputs, vs
+    float64."""
     from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
 
     lens = [4, 1, 3, 4, 2, 4]
@@ -1059,10 +963,9 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
     ws = workspace_for(p, max_len=4)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
-    for config in (VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8, short=True),
-                   VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=4, short=True)):
-        gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4, out=out, config=config)
-        assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
+    config = VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8, early_stores=True)
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4, out=out, config=config)
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
     num_accepted = torch.tensor([4, 1, 2, 0, 2, 3], dtype=torch.int32)
     ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)

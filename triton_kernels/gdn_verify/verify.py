@@ -16,7 +16,6 @@ import collections
 import functools
 import json
 import math
-import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,8 +24,6 @@ import triton
 import triton.language as tl
 
 from .workspace import MAX_VERIFY_LEN, GDNFold, GDNVerifyWorkspace, check_conv_state, check_ssm_state
-
-SHORT_MAX_LEN = 4  # VerifyConfig(short=True): tokens per request of the 4-row form (verify_short.py)
 
 # tl.dot input precision. The [L, K] x [K, BV] state products and the q/k Gram products run in tf32: fp32 "ieee"
 # dots are emulated with FMAs and spill at K = 128 (measured 2x slower, eval/notes/gdn_verify.md); tf32 keeps
@@ -236,10 +233,9 @@ def _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
 def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, v0, b_k, b_q, b_inv, b_attn, b_beta,
                       b_gamma, scale, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
                       BV: tl.constexpr, H: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-                      SKIP: tl.constexpr, ATTN_INV: tl.constexpr = False, STORE_X: tl.constexpr = True):
+                      SKIP: tl.constexpr, STORE_X: tl.constexpr = True):
     """Outputs O and the workspace's u and raw v of one value block. b_k / b_q [BT, K] are the normalised k / q in
-    the state product's operand dtype (fp32 for tf32 dots, or 16-bit). ATTN_INV: b_attn is already
-    attn (I + A)^-1, so O's product runs beside U's instead of after it. STORE_X False: the caller stored raw v."""
+    the state product's operand dtype (fp32 for tf32 dots, or 16-bit). STORE_X False: the caller stored raw v."""
     o_v = v0 + tl.arange(0, BV)
     o_xv = 2 * H * K + i_hv * V + o_v
     if SKIP & 32:  # keep the load alive, no product
@@ -256,10 +252,6 @@ def _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv
     if SKIP & 128:
         b_u = tl.sum(b_inv, 1)[:, None] * b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks)
         b_o = b_gamma[:, None] * b_qs + tl.sum(b_attn, 1)[:, None] * b_u
-    elif ATTN_INV:
-        b_x = b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks)
-        b_u = tl.dot(b_inv, b_x, input_precision=SMALL_DOT)
-        b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_x, input_precision=SMALL_DOT)
     else:
         b_u = tl.dot(b_inv, b_beta[:, None] * (b_v - b_gamma[:, None] * b_ks), input_precision=SMALL_DOT)
         b_o = b_gamma[:, None] * b_qs + tl.dot(b_attn, b_u, input_precision=SMALL_DOT)
@@ -324,7 +316,7 @@ def _gdn_verify_kernel(
     NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
     LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
-    BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, FLAT: tl.constexpr = False, SPLIT_GRAM: tl.constexpr = False,
+    BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, SPLIT_GRAM: tl.constexpr = False,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -347,10 +339,8 @@ def _gdn_verify_kernel(
 
     EARLY_ST (HOIST, WT, W <= 4): the raw q / k / v rows come from the conv's current-token tap (no second load)
     and every workspace store is issued as soon as its data exists (raw rows after the loads, k after its norm,
-    G after its cumsum), not at the end. FLAT (HOIST): O's small product uses attn (I + A)^-1, built beside the
-    inverse (attn (I - A) (I + A^2) ...), so it runs next to U's product instead of after it: one dependent
-    [BT, BT] product fewer on the chain, one more off it. SPLIT_GRAM: the Gram products as two independent
-    half-K chains each (`_gram_products`)."""
+    G after its cumsum), not at the end. SPLIT_GRAM: the Gram products as two independent half-K chains each
+    (`_gram_products`)."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -520,13 +510,9 @@ def _gdn_verify_kernel(
         b_inv = eye - b_A
         b_pow = b_A
         b_attn = decay * b_qk
-        if FLAT:  # attn (I + A)^-1 built beside the inverse, factor by factor
-            b_attn = b_attn - tl.dot(b_attn, b_A, input_precision=SMALL_DOT)
         for _ in tl.static_range(0 if SKIP & 8 else NEUMANN_STEPS):
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
-            if FLAT:
-                b_attn = tl.dot(b_attn, eye + b_pow, input_precision=SMALL_DOT)
         if not (SKIP & 256) and not EARLY_ST:
             if i_vs == 0:
                 tl.store(ws_g + ws_row * HV + i_hv, b_G, mask=m_t)
@@ -534,7 +520,7 @@ def _gdn_verify_kernel(
         if HOIST:
             _value_block_math(b_h0, b_v0, b_xv0, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k16, b_q16,
                               b_inv, b_attn, b_beta, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, SKIP,
-                              FLAT, not EARLY_ST)
+                              not EARLY_ST)
         elif LOOP_STAGES > 0:
             for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
                 _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stride_ssm_slot, o, ws_u, ws_x,
@@ -643,15 +629,11 @@ class VerifyConfig:
     # value block that reads its results from a scratch buffer (two_pass.py); prep_warps = the prep's num_warps
     two_pass: bool = False
     prep_warps: int = 4
-    # session 4: at max_seqlen <= 4 the 4-row FMA form (verify_short.py: no tensor-core tiles padded to 16 rows);
-    # where it does not apply (longer blocks, workspace_rows, a fold, W > 4) a tuned config runs as if short=False
-    short: bool = False
-    # session 4 (hoisted forms): raw rows from the conv's own taps + workspace stores as early as their data exist;
-    # O's small product beside U's (attn (I + A)^-1 built beside the inverse). See _gdn_verify_kernel
+    # session 4 (hoisted forms): raw rows from the conv's own taps + workspace stores as early as their data exist.
+    # See _gdn_verify_kernel
     early_stores: bool = False
-    flat_small: bool = False
     # session 4, G2: the q/k Gram products as two half-K products each, summed after (two MMA chains of K/16 steps
-    # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass or short forms (their own Gram).
+    # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass form (its own Gram).
     # H200 (final7): 8-17 % slower at batch 1 (the split / join's layout conversions), within 1 % in whole-V forms
     split_gram: bool = False
 
@@ -671,16 +653,10 @@ class VerifyConfig:
             raise ValueError("weight_tiles cannot be combined with loads_first, nor with skip_stages unless hoisted")
         if self.two_pass and (self.group_heads or self.skip_stages):
             raise ValueError("two_pass cannot be combined with group_heads or skip_stages")
-        if self.short and (self.whole_v or self.group_heads or self.two_pass or self.loads_first or self.skip_stages
-                           or self.state_dot != "fp32"):
-            raise ValueError("short (one value block per program, fp32 FMA products) cannot be combined with whole_v, "
-                             "group_heads, two_pass, loads_first, skip_stages or 16-bit state_dot")
         if self.early_stores and not (self.hoist and self.weight_tiles and not self.skip_stages):
             raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
-        if self.flat_small and not self.hoist:
-            raise ValueError("flat_small needs hoist")
-        if self.split_gram and (self.two_pass or self.short):
-            raise ValueError("split_gram cannot be combined with two_pass or short (their Gram products are their own)")
+        if self.split_gram and self.two_pass:
+            raise ValueError("split_gram cannot be combined with two_pass (its Gram products are its own)")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -862,16 +838,7 @@ def gdn_verify(
         _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
-    explicit = config is not None
     config = config or default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
-    if config.short and (max_seqlen > SHORT_MAX_LEN or workspace_rows is not None or fold is not None
-                         or conv_weight.shape[1] > 4):
-        if explicit:
-            raise ValueError(f"VerifyConfig(short=True) needs max_seqlen <= {SHORT_MAX_LEN}, conv width <= 4, no "
-                             f"workspace_rows and no fold (got max_seqlen {max_seqlen}, width "
-                             f"{conv_weight.shape[1]}, workspace_rows {workspace_rows is not None}, fold "
-                             f"{fold is not None})")
-        config = dataclasses.replace(config, short=False)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
@@ -889,11 +856,6 @@ def gdn_verify(
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
     conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles else conv_weight
-    if config.short:
-        from .verify_short import launch_short
-        return launch_short(mixed_qkv, a, b, transposed_conv_weight(conv_weight), conv_bias, A_log, dt_bias,
-                            conv_state, ssm_state, state_indices, cu_seqlens, workspace, out, scale, block_v,
-                            config.num_warps, num_k_heads)
     rows_and_fold = _rows_and_fold_args(workspace, workspace_rows, fold, state_indices)
     if config.two_pass:
         from .two_pass import launch_two_pass
@@ -911,7 +873,7 @@ def gdn_verify(
         NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
-        EARLY_ST=config.early_stores and width <= 4, FLAT=config.flat_small, SPLIT_GRAM=config.split_gram,
+        EARLY_ST=config.early_stores and width <= 4, SPLIT_GRAM=config.split_gram,
         **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
