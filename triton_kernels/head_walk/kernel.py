@@ -514,6 +514,20 @@ def _split_key(run_v, run_id, fallback_id, PAIR: tl.constexpr):
 
 
 @triton.jit
+def _fold_streamed(stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT: tl.constexpr,
+                   KEYS_ONCE: tl.constexpr, ORDERED: tl.constexpr, PAIR_REDUCE: tl.constexpr):
+    """A scored streamed tile into the step's streamed-tile max: the running (value, id) max with SPLIT (stream_keys
+    passed on), else the int64 keys (stream_v / stream_id passed on)."""
+    if SPLIT:
+        stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
+        if not KEYS_ONCE:
+            best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
+    else:
+        stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+    return stream_v, stream_id, stream_keys, best
+
+
+@triton.jit
 def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab, anchor, HAS_D2T: tl.constexpr):
     """[rows, BP] Gumbel noise of `step` for these rows, exactly as _score_tile computes it inline (the same ops in
     the same order), so it can be computed a step ahead, while the exchange waits. anchor: None or a non-negative
@@ -853,6 +867,9 @@ def head_walk_kernel(
         m_dot = m.to(w2_dot_ty)
 
         seed = seed0
+        # Placeholders where the streamed tiles keep int64 keys (_fold_streamed passes them on unused).
+        stream_v = tl.full([], 0.0, dtype=tl.float32)
+        stream_id = tl.full([], 0, dtype=tl.int32)
         if ONE_ROW:
             pos = tl.full([], 0, dtype=tl.int64)
             if SAMPLED:
@@ -944,12 +961,9 @@ def head_walk_kernel(
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
-                if SPLIT_STREAM:
-                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
-                    if not KEYS_ONCE:
-                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-                else:
-                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
         elif STREAM_PREFETCH:
             # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
             # scored, and the step's first tile was loaded before the previous exchange.
@@ -964,12 +978,9 @@ def head_walk_kernel(
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
-                if SPLIT_STREAM:
-                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
-                    if not KEYS_ONCE:
-                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-                else:
-                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
             k_ahead = tl.minimum(k + 1, num_steps - 1)
             w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
             u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_ahead, stream_begin + o_s, shard_end, o_b, m_b,
@@ -983,12 +994,9 @@ def head_walk_kernel(
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
-                if SPLIT_STREAM:
-                    stream_v, stream_id = _fold_split(stream_v, stream_id, tile_keys, tile_ids, ORDERED)
-                    if not KEYS_ONCE:
-                        best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-                else:
-                    stream_keys, best = _fold(stream_keys, best, tile_keys, KEYS_ONCE)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
         if KEYS_ONCE:
             if SPLIT:
                 if RES_TILES >= 1:
