@@ -287,6 +287,16 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
 
 
 @triton.jit
+def _raw_qk(x, stride_x, bos, o_t, m_t, o_k, i_h, H: tl.constexpr, K: tl.constexpr):
+    """The raw q and k rows [BT, K] of k-head i_h, fp32: what SKIP bit 1 (timing only) uses in place of their conv."""
+    b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    return b_q, b_k
+
+
+@triton.jit
 def _gram_products(b_q, b_k, BIG_DOT: tl.constexpr, SPLIT: tl.constexpr):
     """k k^T and q k^T [BT, BT] of the normalised q, k [BT, K]. Without SPLIT each is one product over K, a chain of
     K / 8 dependent tf32 MMAs. SPLIT: each is the sum of two independent half products over the even and odd
@@ -405,10 +415,7 @@ def _gdn_verify_kernel(
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     if HOIST and WT and W <= 4:  # SKIP bits 1 / 16 / 64 honoured here too: the stage ladder of the b1 winner
         if SKIP & 1:
-            b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
-                          other=0.0).to(tl.float32)
-            b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
-                          other=0.0).to(tl.float32)
+            b_q, b_k = _raw_qk(x, stride_x, bos, o_t, m_t, o_k, i_h, H, K)
         else:
             q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t,
                                                                   i_h * K + o_k, D, W)
@@ -446,10 +453,7 @@ def _gdn_verify_kernel(
         if HOIST:
             b_v0 = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
     elif SKIP & 1:
-        b_q = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None],
-                      other=0.0).to(tl.float32)
-        b_k = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
-                      other=0.0).to(tl.float32)
+        b_q, b_k = _raw_qk(x, stride_x, bos, o_t, m_t, o_k, i_h, H, K)
     else:
         b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
                                 HAS_BIAS, WT)
