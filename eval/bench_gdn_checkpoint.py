@@ -22,6 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cuda_graph import capture_graph  # noqa: E402
 from _results import write_results  # noqa: E402
 
 from hybridspec_kernels.gdn_verify import GDNStateTable, GDNVerifyWorkspace, gdn_reconstruct  # noqa: E402
@@ -76,14 +77,7 @@ def time_ms(fn, rep_ms):
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(graph.replay, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median")
     del graph

@@ -49,6 +49,7 @@ import triton.testing  # noqa: E402
 
 EVAL = Path(__file__).resolve().parent
 sys.path.insert(0, str(EVAL))
+from _cuda_graph import capture_graph  # noqa: E402
 from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
@@ -242,15 +243,7 @@ def time_step(fn, rep_ms):
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn, warmup_calls=2)
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(graph.replay, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median")
     del graph

@@ -36,6 +36,8 @@ EVAL = Path(__file__).resolve().parent
 REPO = EVAL.parent
 sys.path.insert(0, str(EVAL))
 
+from _cuda_graph import capture_graph  # noqa: E402
+
 BENCH = "head_walk"
 EXTRACT_DIR = REPO / ".vendor" / "extracted_head_walk"
 TOPK = 64
@@ -185,14 +187,7 @@ def ours_fn(head_walk, p: Problem, **kw):
 
 def time_graph(torch, fn, trials=5, replays=10):
     """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

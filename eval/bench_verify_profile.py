@@ -41,6 +41,8 @@ from pathlib import Path
 EVAL = Path(__file__).resolve().parent
 sys.path.insert(0, str(EVAL))
 
+from _cuda_graph import capture_graph  # noqa: E402
+
 BENCH = "verify_profile"
 PUBLISHED_GROWTH_4_TO_16 = 0.71   # Qwen3.6-35B-A3B + DFlash, verify time L=4 -> L=16 (anchors.md)
 STRONG_RHO = 0.95
@@ -96,18 +98,9 @@ class GraphTimer:
 
     def __init__(self, torch, target_s=0.08, min_reps=5, max_reps=25):
         self.torch, self.target_s, self.min_reps, self.max_reps = torch, target_s, min_reps, max_reps
-        self.stream = torch.cuda.Stream()
 
     def build(self, fn):
-        torch = self.torch
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            fn()   # compiles Triton kernels, creates cuBLAS handles, before capture
-        torch.cuda.current_stream().wait_stream(self.stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph
+        return capture_graph(fn)
 
     def time_us(self, graph) -> float:
         torch = self.torch

@@ -7,6 +7,7 @@ accepted tokens, ours' committed state must equal the state vLLM's kernel stored
 from __future__ import annotations
 
 import torch
+from _cuda_graph import capture_graph  # eval/ is on sys.path: the verify_model package lives there
 
 from . import fused_ops
 from .model import GDNLayer, VerifyModel, attention, naive_attention, routed_experts, torch_moe
@@ -88,14 +89,7 @@ MOE_TIME_TOKENS = (1, 4, 16, 64, 136, 544)
 
 def _graph_time_us(fn, reps=20) -> float:
     """Median replay time of `fn` captured in a CUDA graph (the sweep times MoE inside graphs too)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     graph.replay()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in ev:
