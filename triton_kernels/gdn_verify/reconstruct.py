@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned
 from .reconstruct_short import reconstruct_short
-from .workspace import GDNStateTable, GDNVerifyWorkspace
+from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
 
 @triton.jit(do_not_specialize=["WS_REQS", "WS_LEN"])
@@ -87,23 +87,10 @@ def _gdn_reconstruct_kernel(
             p_h += (out_slot - slot) * stride_ssm_slot
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
-        o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
-        o_r = tl.arange(0, BW)
-        m_r = o_r < W - 1
-        src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
-        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty))
-        if ALIGNED:
-            conv = tl.multiple_of(conv, 16)
-        conv += slot * stride_conv_slot
-        m_d = o_d < D
-        b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
-                        other=0.0)
-        b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :], mask=(m_r & (src >= 0))[:, None] & m_d[None, :],
-                        other=0.0)
-        b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
-        if HAS_CKPT:
-            conv += (out_slot - slot) * stride_conv_slot
-        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
+        p_win, m_win, b_win = conv_window_after(conv_ptrs, conv_ref, i_l, slot, out_slot if HAS_CKPT else slot,
+                                                stride_conv_slot, ws_x, ws_base, n, i_blk - HV * NUM_V_BLOCKS, D, W,
+                                                BD, BW, ALIGNED)
+        tl.store(p_win, b_win, mask=m_win)
 
 
 # Before any sweep on this GPU: v2's H200 winner (3.5 TB/s on the states at batch 64)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .verify import _tuned_by_len, nearest_tuned
-from .workspace import GDNStateTable, GDNVerifyWorkspace
+from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
 SHORT_MAX_LEN = 4  # tokens per request this form handles (the unrolled update has 4 terms)
 FALLBACK_SHORT = dict(block_v=32, num_warps=4, early=False)  # before any sweep: final5's fastest (H200)
@@ -96,21 +96,9 @@ def _gdn_reconstruct_short_kernel(
         b_h += c3[:, None] * e3[None, :]
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
-        o_d = (i_blk - HV * NUM_V_BLOCKS) * BD + tl.arange(0, BD)
-        o_r = tl.arange(0, BW)
-        m_r = o_r < W - 1
-        src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
-        conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty))
-        if ALIGNED:
-            conv = tl.multiple_of(conv, 16)
-        conv += slot * stride_conv_slot
-        m_d = o_d < D
-        b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
-                        other=0.0)
-        b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :],
-                        mask=(m_r & (src >= 0))[:, None] & m_d[None, :], other=0.0)
-        b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
-        tl.store(conv + o_r[:, None] * D + o_d[None, :], b_win, mask=m_r[:, None] & m_d[None, :])
+        p_win, m_win, b_win = conv_window_after(conv_ptrs, conv_ref, i_l, slot, slot, stride_conv_slot, ws_x, ws_base,
+                                                n, i_blk - HV * NUM_V_BLOCKS, D, W, BD, BW, ALIGNED)
+        tl.store(p_win, b_win, mask=m_win)
 
 
 def gdn_reconstruct_short(

@@ -13,6 +13,8 @@ Each tensor carries a leading layer dimension when allocated for several layers.
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 MAX_VERIFY_LEN = 32  # tokens per request in one verify: one register chunk of 16 or 32 rows
 
@@ -165,3 +167,27 @@ class GDNFold:
                 raise ValueError(f"GDNFold.{name} is on {t.device}, its workspace on {self.workspace.u.device}")
         if self.rows.shape != self.counts.shape:
             raise ValueError(f"GDNFold.rows {tuple(self.rows.shape)} and counts {tuple(self.counts.shape)} differ")
+
+
+@triton.jit
+def conv_window_after(conv_ptrs, conv_ref, i_l, slot, out_slot, stride_conv_slot, ws_x, ws_base, n, i_cblk,
+                      D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr):
+    """Channel block i_cblk of a table slot's conv window after the step's first n tokens: the last W-1 rows of
+    [old window, x_0 .. x_{n-1}] (x from the workspace row starting at ws_base), loaded whole so that the caller
+    may store it in place. Returns (pointers [BW, BD] into out_slot's window, their mask, the window)."""
+    o_d = i_cblk * BD + tl.arange(0, BD)
+    o_r = tl.arange(0, BW)
+    m_r = o_r < W - 1
+    src = n - (W - 1) + o_r  # token of this step feeding window row o_r; < 0: an old window row
+    conv = tl.load(conv_ptrs + i_l).to(tl.pointer_type(conv_ref.dtype.element_ty))
+    if ALIGNED:  # a table pointer's alignment is unknown to the compiler: without this, scalar loads and stores
+        conv = tl.multiple_of(conv, 16)
+    conv += slot * stride_conv_slot
+    m_d = o_d < D
+    b_old = tl.load(conv + (o_r + n)[:, None] * D + o_d[None, :], mask=(m_r & (src < 0))[:, None] & m_d[None, :],
+                    other=0.0)
+    b_new = tl.load(ws_x + (ws_base + src)[:, None] * D + o_d[None, :],
+                    mask=(m_r & (src >= 0))[:, None] & m_d[None, :], other=0.0)
+    b_win = tl.where((src >= 0)[:, None], b_new.to(conv_ref.dtype.element_ty), b_old)
+    conv += (out_slot - slot) * stride_conv_slot
+    return conv + o_r[:, None] * D + o_d[None, :], m_r[:, None] & m_d[None, :], b_win
