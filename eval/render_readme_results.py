@@ -22,6 +22,10 @@ ROWS = {
         ("speedup_L16_b32", "same, L=16, batch 32", ">= 6.0"),
         ("state_bytes_ratio", "GDN spec-state bytes per request, vLLM K=15 / ours", ">= 8"),
     ],
+    "gdn_checkpoint": [
+        ("idle_overhead_L16_b32", "prefix caching's cost to the GDN commit, L=16, batch 32, no row at a block boundary: time / plain - 1", "(not a goal)"),
+        ("one_row_overhead_L16_b32", "same, one row writing its block-boundary state", "(not a goal)"),
+    ],
     "head_walk": [
         ("speedup_graph_loop_v32k_blk15_b1", "DSpark Markov walk, V=32k, block 15, batch 1: vLLM graph loop / ours", ">= 12"),
         ("speedup_fused_step_v32k_blk15_b1", "same vs a one-launch-per-step fused kernel", ">= 3"),
