@@ -1,0 +1,220 @@
+"""Offline sm_90 compile of the kernels' DEFAULT builds, to prove a refactor changed no instruction (no GPU needed).
+
+Each build the library would launch on an H200 (gdn_verify: every config the shipped tuned file picks, at L 4 and
+16, incl. the reconstruction's checkpoint launch; head_walk: the plan's default at 32k / 152k, batch 1 / 8 / 32 /
+64, greedy and sampled) is captured from the public entry point, compiled for sm_90, and its SASS instruction
+stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
+Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
+
+    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw [BUILD...]
+    python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
+
+Builds that spill (the b64 walks) can differ run to run in ptxas's register and spill-slot choice: compare
+their masked SASS and PTX.
+"""
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def compare(base, new):
+    """Prints one line per build present in both folders; returns the number of builds whose PTX differs."""
+    differ = 0
+    for sass in sorted(Path(base).glob("*.sass")):
+        name = sass.stem
+        if not (Path(new) / f"{name}.sass").exists():
+            continue
+        same = {ext: (Path(base) / f"{name}.{ext}").read_bytes() == (Path(new) / f"{name}.{ext}").read_bytes()
+                for ext in ("sass", "sassn", "ptxn")}
+        differ += not same["ptxn"]
+        print(f"{name} sass:{'SAME' if same['sass'] else 'DIFF'} masked:{'SAME' if same['sassn'] else 'DIFF'} "
+              f"ptx:{'SAME' if same['ptxn'] else 'DIFF'}")
+    return differ
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
+    sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw"):
+    sys.exit(__doc__)
+
+os.environ.pop("TRITON_INTERPRET", None)
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+OUT, WHAT, ONLY = sys.argv[2], sys.argv[3], set(sys.argv[4:])
+os.makedirs(OUT, exist_ok=True)
+captured = []
+
+
+class Capture:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            captured.append((self.fn, args, kwargs))
+        return launch
+
+
+def tstr(t):
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16", torch.int64: "i64",
+            torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}[t.dtype]
+
+
+def compile_captured(name, fn, args, kwargs):
+    kw = dict(kwargs)
+    num_warps = kw.pop("num_warps", 4)
+    num_stages = kw.pop("num_stages", 3)
+    for a, v in zip(fn.arg_names, args):
+        kw[a] = v
+    sig, consts, attrs = {}, {}, {}
+    for i, a in enumerate(fn.arg_names):
+        p = fn.params[i]
+        v = kw[a] if a in kw else p.default
+        if p.is_constexpr:
+            sig[a] = "constexpr"; consts[a] = v
+        elif v is None:
+            sig[a] = "constexpr"; consts[a] = None
+        elif isinstance(v, torch.Tensor):
+            sig[a] = "*" + tstr(v); attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[a] = "i1"
+        elif isinstance(v, int):
+            if v == 1 and not p.do_not_specialize:
+                sig[a] = "constexpr"; consts[a] = 1
+            else:
+                sig[a] = "i32" if -2**31 <= v < 2**31 else "i64"
+                if v % 16 == 0 and v != 0 and not p.do_not_specialize:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[a] = "fp32"
+        else:
+            raise TypeError((a, v))
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    path = f"{OUT}/{name}.cubin"
+    open(path, "wb").write(k.asm["cubin"])
+    bindir = os.path.dirname(triton.__file__) + "/backends/nvidia/bin"
+    sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", path], capture_output=True, text=True).stdout
+    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
+    # branch targets are addresses: keep them (they move only if the stream moves)
+    open(f"{OUT}/{name}.sass", "w").write("\n".join(ins) + "\n")
+    res = subprocess.run([f"{bindir}/cuobjdump", "-res-usage", path], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", res, re.S)
+    h = hashlib.sha256("\n".join(ins).encode()).hexdigest()[:16]
+    # ptxas assigns spill slots / registers differently run to run in builds that spill (the b64 walks): also a
+    # hash with register numbers and stack offsets masked, and one of the PTX without line info
+    norm = [re.sub(r"\[R1\+0x[0-9a-f]+\]", "[R1+off]", re.sub(r"\b(U?R|U?P)\d+\b", r"\1#", t)) for t in ins]
+    open(f"{OUT}/{name}.sassn", "w").write("\n".join(norm) + "\n")
+    ptx = k.asm["ptx"].split(".section\t.debug")[0]
+    ptx = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "@@DWARF"))
+           and not re.match(r"^\$L__tmp\d+:$", l.strip())]
+    open(f"{OUT}/{name}.ptxn", "w").write("\n".join(ptx) + "\n")
+    h += " norm " + hashlib.sha256("\n".join(norm).encode()).hexdigest()[:12]
+    h += " ptx " + hashlib.sha256("\n".join(ptx).encode()).hexdigest()[:12]
+    print(f"{name:40} {h} instr {len(ins):5} regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared}",
+          flush=True)
+
+
+def gdn():
+    from hybridspec_kernels.gdn_verify import verify as vf, two_pass as tp, reconstruct as rc
+    from hybridspec_kernels.gdn_verify import reconstruct_short as rs
+    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace, GDNStateTable
+    vf._gdn_verify_kernel = Capture(vf._gdn_verify_kernel)
+    tp._gdn_verify_prep_kernel = Capture(tp._gdn_verify_prep_kernel)
+    tp._gdn_verify_state_kernel = Capture(tp._gdn_verify_state_kernel)
+    rc._gdn_reconstruct_kernel = Capture(rc._gdn_reconstruct_kernel)
+    rs._gdn_reconstruct_short_kernel = Capture(rs._gdn_reconstruct_short_kernel)
+    rc.reconstruct_short = lambda *a, **k: False  # the hook reads the tuned file only on a GPU
+    tuned = json.loads((Path(vf.__file__).parent / "tuned_verify_configs.json").read_text())
+    H, HV, K, V, W = 16, 32, 128, 128, 4
+    D = 2 * H * K + HV * V
+    bf = torch.bfloat16
+    jobs = []
+    for L in (4, 16):
+        for batch, cfg in tuned["verify_by_len"][str(L)].items():
+            jobs.append(("verify", L, int(batch), cfg))
+        for batch, cfg in tuned["reconstruct_by_len"][str(L)].items():
+            jobs.append(("recon", L, int(batch), cfg))
+        for batch, cfg in tuned.get("reconstruct_short_by_len", {}).get(str(L), {}).items():
+            if cfg.get("short"):
+                jobs.append(("rshort", L, int(batch), cfg))
+    seen = {}
+    for part, L, B, cfg in jobs:
+        T = B * L
+        x = torch.empty(T, D, dtype=bf)
+        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
+        conv_w = torch.empty(D, W, dtype=bf)
+        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
+        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
+        ssm_state = torch.empty(B + 1, HV, V, K)
+        idx = torch.arange(1, B + 1, dtype=torch.int32)
+        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
+        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu")
+        del captured[:]
+        if part == "verify":
+            fields = {f for f in vf.VerifyConfig.__dataclass_fields__}
+            c = {k: v for k, v in cfg.items() if k in fields}
+            dropped = {k: v for k, v in cfg.items() if k not in fields}
+            assert not any(dropped.values()), dropped
+            vf.gdn_verify(x, a, b, conv_w, None, A_log, dt_bias, conv_state, ssm_state, idx, cu, ws.layer(0),
+                          max_seqlen=L, config=vf.VerifyConfig(**c))
+        elif part == "recon":
+            st = GDNStateTable([ssm_state], [conv_state], W)
+            rc.gdn_reconstruct(st, ws, idx, torch.full((B,), L, dtype=torch.int32), cu, block_v=cfg["block_v"],
+                               num_warps=cfg["num_warps"], checkpoint_indices=idx, checkpoint_lens=idx)
+        else:
+            st = GDNStateTable([ssm_state], [conv_state], W)
+            rs.gdn_reconstruct_short(st, ws, idx, torch.full((B,), L, dtype=torch.int32), cu,
+                                     block_v=cfg["block_v"], num_warps=cfg["num_warps"], early=cfg.get("early"))
+        for j, (fn, args, kwargs) in enumerate(captured):
+            key = (fn.__name__, repr(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))),
+                   L if part != "recon" else 0)
+            name = f"{part}_L{L}_b{B}_{j}_{fn.__name__.strip('_')}"
+            if ONLY and name not in ONLY:
+                continue
+            if key in seen:
+                print(f"{name:40} same build as {seen[key]}", flush=True)
+                continue
+            seen[key] = name
+            compile_captured(name, fn, args, kwargs)
+
+
+def hw():
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    steps, rank = 15, 256
+    for vocab in (32000, 151936):
+        for rows in (1, 8, 32, 64):
+            for sampled in (False, True):
+                name = f"hw_v{vocab}_b{rows}_{'sampled' if sampled else 'greedy'}"
+                if ONLY and name not in ONLY:
+                    continue
+                u = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
+                w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+                w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
+                first = torch.zeros(rows, dtype=torch.long)
+                tokens = torch.empty(rows, steps, dtype=torch.long)
+                cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled)
+                temp = seeds = pos = dl = None
+                if sampled:
+                    temp = torch.ones(rows); seeds = torch.zeros(rows, dtype=torch.long)
+                    pos = torch.zeros(rows, steps, dtype=torch.long)
+                    dl = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
+                del captured[:]
+                walk._launch(cfg, u, w1, w2, None, first, tokens, None, temp, seeds, pos, None, dl, None, None,
+                             None, None, None, None, None, None, 0, 1.0)
+                (fn, args, kwargs), = captured
+                print(name, cfg, flush=True)
+                compile_captured(name, fn, args, kwargs)
+
+
+gdn() if WHAT == "gdn" else hw()
