@@ -15,14 +15,12 @@ one_row_overhead_L16_b32 (time / plain - 1).
 """
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cuda_graph import capture_graph  # noqa: E402
+from _cuda_graph import call_ms  # noqa: E402
 from _results import write_results  # noqa: E402
 
 from hybridspec_kernels.gdn_verify import GDNStateTable, GDNVerifyWorkspace, gdn_reconstruct  # noqa: E402
@@ -70,20 +68,6 @@ def step(problem, variant):
                                    checkpoint_lens=problem["ckpt_lens"])
 
 
-def time_ms(fn, rep_ms):
-    """One call's milliseconds: CUDA-graph replay median on GPU, one wall-clock run on CPU (smoke only)."""
-    if not ON_GPU:
-        fn()
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    graph = capture_graph(fn)
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median")
-    del graph
-    return ms
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=30 if ON_GPU else 2)
@@ -98,7 +82,7 @@ def main(argv=None):
     for seqlen in (int(x) for x in args.lens.split(",")):
         for batch in (int(x) for x in args.batches.split(",")):
             problem = make_problem(gdn, seqlen, batch, args.layers, device)
-            times = {v: time_ms(step(problem, v), args.rep_ms) * 1e3 / args.layers for v in VARIANTS}
+            times = {v: call_ms(step(problem, v), args.rep_ms) * 1e3 / args.layers for v in VARIANTS}
             row = dict(L=seqlen, batch=batch, **{f"{v}_us": round(t, 3) for v, t in times.items()})
             row.update({f"{v}_overhead": round(times[v] / times["plain"] - 1, 4) for v in VARIANTS[1:]})
             rows.append(row)

@@ -45,11 +45,10 @@ if not ON_GPU:  # Triton picks interpreter or compiler when kernels are defined:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
-import triton.testing  # noqa: E402
 
 EVAL = Path(__file__).resolve().parent
 sys.path.insert(0, str(EVAL))
-from _cuda_graph import capture_graph  # noqa: E402
+from _cuda_graph import call_ms  # noqa: E402
 from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
@@ -238,16 +237,7 @@ def fla_step(s, vk, fla_fn):
 
 def time_step(fn, rep_ms):
     """Milliseconds of one call: CUDA graph replay median on GPU, one wall-clock run on CPU."""
-    if not ON_GPU:
-        fn()
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    graph = capture_graph(fn, warmup_calls=2)
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median")
-    del graph
-    return ms
+    return call_ms(fn, rep_ms, warmup_calls=2)
 
 
 def per_layer_us(fn, rep_ms, num_layers, steps=1):
