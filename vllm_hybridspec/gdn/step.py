@@ -127,6 +127,7 @@ class GDNLayerGroup:
         self.pending: dict[int, VerifiedRows | None] = {}  # KV-cache group -> this step's spec rows
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # reference: layer -> x, a, b
         self._state_tables: dict[int, Any] = {}
+        self.align_checked = False  # prefix caching: every mamba layer of the model is ours (patches.py, once)
 
     def add_layer(self, layer: Any) -> int:
         if len(self.layers) >= self.num_layers:
