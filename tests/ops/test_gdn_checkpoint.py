@@ -128,6 +128,25 @@ def test_every_checkpoint_position_over_layers(length, outer_loop):
 
 
 @needs_kernels
+def test_short_form_commits_after_the_checkpoint_pass(monkeypatch):
+    """Where the tuned file claims the short form (max_len <= 4), it commits the running states after the checkpoint
+    pass of the general kernel; the result is the reference's, checkpoints included."""
+    from hybridspec_kernels.gdn_verify import reconstruct_short as short
+
+    claimed = []
+    monkeypatch.setattr(short, "_tuned_short", lambda *a: claimed.append(a) or dict(short=True, block_v=16,
+                                                                                      num_warps=2))
+    lens, slots, counts, ckpt_slots, ckpt_lens = every_checkpoint_position(4)
+    layers, before, table, ws, slots, cu = verified_layers(lens, slots, num_layers=2, max_len=4)
+    gdn_reconstruct(table, ws, slots, counts, cu, checkpoint_indices=ckpt_slots, checkpoint_lens=ckpt_lens)
+    assert claimed, "the short form was not offered the plain pass"
+    for p, state in zip(layers, before):
+        ref_ssm, ref_conv = reference(p, state, slots, cu, counts, ckpt_slots, ckpt_lens)
+        assert rel_err(p["ssm_state"], ref_ssm) < 1e-5
+        assert rel_err(p["conv_state"], ref_conv) < 1e-7
+
+
+@needs_kernels
 def test_checkpoint_equals_reconstruction_to_its_length():
     """The checkpoint slot holds what a plain reconstruction of c tokens into that slot gives (same kernel)."""
     lens = [7, 3, 6, 1]

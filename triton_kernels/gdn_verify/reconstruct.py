@@ -183,10 +183,9 @@ def gdn_reconstruct(
     width = states.conv_width
     if num_requests == 0:
         return
-    if (parts == "all" and workspace_rows is None and block_v is None and num_warps is None and not outer_loop
-            and checkpoint_indices is None
-            and reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens)):
-        return
+    # The short form serves plain default calls; a checkpoint pass runs before it on the general kernel.
+    offer_short = (parts == "all" and workspace_rows is None and block_v is None and num_warps is None
+                   and not outer_loop)
     if block_v is None or num_warps is None:
         tuned = default_reconstruct_config(num_requests, workspace.max_len)
         block_v = tuned["block_v"] if block_v is None else block_v
@@ -199,10 +198,8 @@ def gdn_reconstruct(
     num_conv_blocks = triton.cdiv(conv_dim, block_d)
     num_blocks = {"all": num_state_blocks + num_conv_blocks, "conv": num_conv_blocks, "ssm": num_state_blocks}[parts]
     grid = (num_blocks, num_requests, states.num_layers)
-    launches = [(False, state_indices, num_accepted)]
-    if checkpoint_indices is not None:  # first: it reads the states the plain launch then overwrites in place
-        launches.insert(0, (True, checkpoint_indices, checkpoint_lens))
-    for checkpoint, out_slots, out_lens in launches:
+
+    def launch(checkpoint, out_slots, out_lens):
         _gdn_reconstruct_kernel[grid](
             states.ssm_ptrs, states.conv_ptrs, ssm0, conv0, state_indices, num_accepted, cu_seqlens,
             state_indices if workspace_rows is None else workspace_rows,
@@ -214,3 +211,9 @@ def gdn_reconstruct(
             HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint, ALIGNED=states.aligned16,
             num_warps=num_warps,
         )
+
+    if checkpoint_indices is not None:  # first: it reads the states the plain pass then overwrites in place
+        launch(True, checkpoint_indices, checkpoint_lens)
+    if offer_short and reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens):
+        return
+    launch(False, state_indices, num_accepted)

@@ -7,8 +7,9 @@ shared memory into the MMA accumulator layout and is stored from there as scalar
 update is 4 rank-1 FMAs per element, so this form keeps the block in its coalesced load layout (16-byte loads and
 stores) and issues every u / k / G load of the 4 tokens before any math. Conv windows: as the general kernel.
 
-`gdn_reconstruct` offers every plain call (parts="all", default launch config, no workspace_rows) to
-`reconstruct_short` first; it runs this form only where `tuned_verify_configs.json` (measured on this GPU) says it
+`gdn_reconstruct` offers the running-state pass of every plain call (parts="all", default launch config, no
+workspace_rows; block-boundary checkpoints, if any, are written before it by the general kernel) to
+`reconstruct_short`; it runs this form only where `tuned_verify_configs.json` (measured on this GPU) says it
 was faster than the general kernel at the nearest measured batch, else returns False and the general kernel runs.
 """
 import torch
