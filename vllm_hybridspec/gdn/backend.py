@@ -29,7 +29,7 @@ def block_parallel_backend_class() -> type:
     from vllm.v1.attention.backend import max_decode_query_len
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 
-    from vllm_hybridspec.gdn.step import block_checkpoints, group_for, verified_rows
+    from vllm_hybridspec.gdn.step import block_checkpoints, check_prefix_caching_layers, group_for, verified_rows
 
     class BlockParallelGDNMetadataBuilder(GDNAttentionMetadataBuilder):
         """vLLM's builder; also hands each step's spec rows to the layer group for the commit."""
@@ -46,6 +46,8 @@ def block_parallel_backend_class() -> type:
                 self.supports_update_block_table = True
                 self.mamba_aligned_state_indices = None
             self.align_mode = vllm_config.cache_config.mamba_cache_mode == "align"
+            if self.align_mode:
+                check_prefix_caching_layers(vllm_config.compilation_config.static_forward_context, self.gdn_group)
 
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
             metadata = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)

@@ -67,25 +67,6 @@ def _group(vllm_config: Any):
     return group_for(vllm_config.compilation_config.static_forward_context)
 
 
-def _check_align_groups(vllm_config: Any, group: Any) -> None:
-    """vLLM's align-mode copies move all mamba states of a request with one token offset; ours must be 0, so every
-    mamba layer must be one of ours (true for Qwen3-Next / Qwen3.5, whose only mamba layers are GDN layers).
-    Checked at the group's first commit."""
-    if group.align_checked:
-        return
-    from vllm.model_executor.layers.mamba.abstract import MambaBase
-
-    ours = {id(layer) for layer in group.layers}
-    others = [name for name, layer in vllm_config.compilation_config.static_forward_context.items()
-              if isinstance(layer, MambaBase) and id(layer) not in ours]
-    if others:
-        raise RuntimeError(
-            "hybridspec.gdn_verify=block_parallel with prefix caching needs every mamba layer to be a block-parallel "
-            f"GDN layer; {others[:4]} are not: pass enable_prefix_caching=False"
-        )
-    group.align_checked = True
-
-
 class CommitAcceptedGdnStateV1(VllmPatch):
     target = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute"
     what = ("after rejection sampling (V1 runner), advances every block-parallel GDN layer's committed state by "
@@ -109,7 +90,6 @@ class CommitAcceptedGdnStateV1(VllmPatch):
                     # `original` has just set num_accepted_tokens = valid sampled tokens of each batch row.
                     group.commit(self.num_accepted_tokens.gpu[: output_token_ids.size(0)])
                 return
-            _check_align_groups(self.vllm_config, group)
             # vLLM's own first line, then our commit in place of postprocess_mamba_align_gpu
             num_reqs = output_token_ids.size(0)
             self.num_accepted_tokens.gpu[:num_reqs] = (output_token_ids != -1).sum(dim=1)
@@ -144,7 +124,6 @@ class CommitAcceptedGdnStateMRV2(VllmPatch):
                 if group is not None:
                     group.commit(accepted)
                 return
-            _check_align_groups(self.vllm_config, group)
             group.commit(accepted)
             # Every request's count stays 1 (new requests and boundary crossings set 1 too), so the pre-forward
             # migration copies the whole running state (token offset 0). No host sync, no -1 rows to skip.

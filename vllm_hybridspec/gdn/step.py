@@ -127,7 +127,6 @@ class GDNLayerGroup:
         self.pending: dict[int, VerifiedRows | None] = {}  # KV-cache group -> this step's spec rows
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # reference: layer -> x, a, b
         self._state_tables: dict[int, Any] = {}
-        self.align_checked = False  # prefix caching: every mamba layer of the model is ours (patches.py, once)
 
     def add_layer(self, layer: Any) -> int:
         if len(self.layers) >= self.num_layers:
@@ -247,6 +246,22 @@ def _accepted_per_spec_row(rows: VerifiedRows, accepted: torch.Tensor | int) -> 
 
 
 # Weak: a finished engine's layers (and, through them, its KV cache) must not outlive it here.
+def check_prefix_caching_layers(forward_context: dict, group: GDNLayerGroup) -> None:
+    """Prefix caching ("align" mamba cache mode): vLLM's align copies move all mamba states of a request with one
+    token offset, which the commit hooks keep at 0; a mamba layer that is not ours would then read the wrong token's
+    state. True for Qwen3-Next / Qwen3.5, whose only mamba layers are GDN layers. Checked when the metadata builders
+    are built (KV-cache initialisation), so a model that breaks it fails before the engine serves."""
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    ours = {id(layer) for layer in group.layers}
+    others = [name for name, layer in forward_context.items() if isinstance(layer, MambaBase) and id(layer) not in ours]
+    if others:
+        raise ValueError(
+            "hybridspec.gdn_verify=block_parallel with prefix caching needs every mamba layer to be a block-parallel "
+            f"GDN layer; {others[:4]} are not: pass enable_prefix_caching=False or gdn_verify='vllm'"
+        )
+
+
 _groups: weakref.WeakValueDictionary[int, GDNLayerGroup] = weakref.WeakValueDictionary()
 _groups_lock = threading.Lock()
 
