@@ -83,6 +83,9 @@ def compile_captured(name, fn, args, kwargs):
             sig[a] = "constexpr"; consts[a] = None
         elif isinstance(v, torch.Tensor):
             sig[a] = "*" + tstr(v); attrs[(i,)] = [["tt.divisibility", 16]]
+        elif type(v).__name__ == "TensorDescriptor":  # host descriptor: "tensordesc<bf16[64, 256]>"
+            from triton.runtime.jit import mangle_type
+            sig[a] = mangle_type(v)
         elif isinstance(v, bool):
             sig[a] = "i1"
         elif isinstance(v, int):
@@ -186,6 +189,11 @@ def gdn():
             compile_captured(name, fn, args, kwargs)
 
 
+# HW_OPTS='{"stream_tma": 3, "tile_rows": 64, "resident_tiles": 3}': plan_walk options for every hw build (a
+# launch variant's SASS; the default builds without it).
+HW_OPTS = json.loads(os.environ.get("HW_OPTS", "{}"))
+
+
 def hw():
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
@@ -203,7 +211,7 @@ def hw():
                 w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
                 first = torch.zeros(rows, dtype=torch.long)
                 tokens = torch.empty(rows, steps, dtype=torch.long)
-                cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled)
+                cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled, **HW_OPTS)
                 temp = seeds = pos = dl = None
                 if sampled:
                     temp = torch.ones(rows); seeds = torch.zeros(rows, dtype=torch.long)

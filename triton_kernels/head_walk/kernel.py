@@ -564,6 +564,19 @@ def _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b):
 
 
 @triton.jit
+def _load_u_desc(u_desc, step, row0, rows, shard_end, BP: tl.constexpr, ST: tl.constexpr, ONE_ROW: tl.constexpr):
+    """A streamed tile's base logits through its tensor descriptor: [ST] of U[0] seen as [N, V] (one row), or
+    [ST, BP] of U seen as [B, N, V]. The copy fills what lies past the tensor with zeros (padding batch rows,
+    rows past the vocabulary): rows past the shard are set to -inf, as _load_u does, so they never win."""
+    if ONE_ROW:
+        u = tl.reshape(u_desc.load([step, row0]), [ST])
+    else:
+        u = tl.trans(tl.reshape(u_desc.load([0, step, row0]), [BP, ST]))
+        u = tl.where((rows < shard_end)[:, None], u, float("-inf"))
+    return u
+
+
+@triton.jit
 def _pick(keys_ptr, slot, o_b, m_b, d2t_ptr, NUM_PROGS: tl.constexpr, PP: tl.constexpr, BP: tl.constexpr,
           HAS_D2T: tl.constexpr, KEY_BY_TARGET: tl.constexpr):
     """Every program reduces all programs' keys the same way, so all agree on the token: [BP] target ids."""
@@ -631,6 +644,7 @@ def head_walk_kernel(
     hj_ptr, t3_ptr, stride_t3, ws_ptr,
     sb_ptr, ob_ptr,
     keys_ptr, count_ptr, gen_ptr, err_ptr,
+    w2_desc, u_desc,
     num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
     R: tl.constexpr, BP: tl.constexpr, RT: tl.constexpr, RES_TILES: tl.constexpr, ST: tl.constexpr, CHUNK_ROWS: tl.constexpr,
     NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
@@ -639,7 +653,7 @@ def head_walk_kernel(
     SJ: tl.constexpr, SPIN_LIMIT: tl.constexpr, DOT_PRECISION: tl.constexpr, EXCHANGE: tl.constexpr,
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
-    SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr,
+    SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -651,7 +665,10 @@ def head_walk_kernel(
     # double-buffered in registers. L1_PREFETCH: the next U and the candidates' W1 rows into L1 (measured slower).
     # L2_PREFETCH > 0 (streamed tiles, with PREFETCH): the tile that many ahead is bulk-prefetched into L2 (the
     # next step's first tiles during this step's last ones); L2_BULK False (the interpreter: inline PTX) walks the
-    # same loop without issuing the prefetches.
+    # same loop without issuing the prefetches. STREAM_TMA = s > 0 (streamed tiles; w2_desc / u_desc are host
+    # tensor descriptors): the streamed loop is a `tl.range(num_stages=s)` over tensor-descriptor loads, which
+    # Triton pipelines into a ring of s shared-memory stages filled by TMA and waited on with mbarriers (tiles
+    # i + 1 .. i + s - 1 in flight while tile i's wgmma runs; no register copy, no fence in front of the wgmma).
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
@@ -716,7 +733,7 @@ def head_walk_kernel(
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
     stream_begin = shard_begin + RES_TILES * RT
     o_s = tl.arange(0, ST)
-    STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH
+    STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH and STREAM_TMA == 0
     # The streamed loop by tile index, for the L2 prefetch.
     STREAM_L2: tl.constexpr = STREAM_PREFETCH and L2_PREFETCH > 0
     n_stream = tl.cdiv(shard_end - stream_begin, ST)
@@ -939,7 +956,28 @@ def head_walk_kernel(
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
             best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-        if STREAM_L2:
+        if HAS_STREAM and STREAM_TMA > 0:
+            for j in tl.range(0, n_stream, num_stages=STREAM_TMA):
+                row0 = stream_begin + j * ST
+                rows = row0 + o_s
+                if L2_PREFETCH > 0 and L2_BULK:
+                    # The tile L2_PREFETCH ahead (wrapping: the next step reads the same tiles) into L2, so the
+                    # next step's first copies, issued after its exchange, find their bytes there.
+                    ahead = j + L2_PREFETCH
+                    j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, tl.where(ahead < 2 * n_stream, stream_begin + j_ahead * ST,
+                                                                   shard_end), shard_end, R, ST)
+                w = w2_desc.load([row0, 0])
+                u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
+        elif STREAM_L2:
             # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
             # first, and L2_PREFETCH tiles further on are on their way into L2.
             for j in range(0, n_stream):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernel import MAX_TOKENS, head_walk_kernel
 
@@ -41,6 +42,7 @@ SPIN_LIMIT = 1 << 18
 # measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
 # the tile's dot and base-logit loads than behind the exchange.
 NOISE_AHEAD_MAX_ROWS = 0
+MAX_STREAM_STAGES = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class WalkConfig:
     # Partly streamed shards (with prefetch): streamed tiles bulk-prefetched into L2 this many tiles ahead (needs
     # row-contiguous W2 rows; 0: off).
     l2_prefetch: int = 0
+    # Partly streamed shards: the streamed tiles come through tensor descriptors in a Triton-pipelined loop, a ring
+    # of this many shared-memory stages filled by TMA and waited on with mbarriers (0: the register double buffer).
+    stream_tma: int = 0
 
 
 def _interpreting() -> bool:
@@ -128,7 +133,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
-              noise_ahead: bool | None = None, l2_prefetch: int | None = None,
+              noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int = 0,
               sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip."""
     if residency not in RESIDENCIES:
@@ -143,6 +148,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     if l2_prefetch is not None and l2_prefetch < 0:
         raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
+    if not 0 <= stream_tma <= MAX_STREAM_STAGES:
+        raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
@@ -199,7 +206,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
-                      l2_prefetch=l2_prefetch)
+                      l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0)
 
 
 _workspaces: dict = {}
@@ -303,6 +310,7 @@ def head_walk(
     split_streamed: bool | None = None,
     noise_ahead: bool | None = None,
     l2_prefetch: int | None = None,
+    stream_tma: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -344,7 +352,9 @@ def head_walk(
             split_keys end with one int64 key reduction, not an fp32 max + int32 id min), noise_ahead
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
             padded rows), l2_prefetch (streamed tiles bulk-prefetched into L2 this many tiles ahead; None:
-            choose_streamed_l2_prefetch for partly streamed shards): launch overrides for tests and tuning.
+            choose_streamed_l2_prefetch for partly streamed shards), stream_tma (streamed tiles through a TMA ring
+            of this many shared-memory stages; 0: the register double buffer; needs 16-byte aligned rows of W2
+            and U, else 0): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -389,6 +399,8 @@ def head_walk(
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
     _check(l2_prefetch is None or l2_prefetch >= 0, f"l2_prefetch must be >= 0, got {l2_prefetch}")
+    _check(0 <= stream_tma <= MAX_STREAM_STAGES,
+           f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     if w2_dtype is not None:
         _check(w2_dtype == torch.float8_e4m3fn, f"w2_dtype must be None or torch.float8_e4m3fn, got {w2_dtype}")
     on_cuda = base_logits.device.type == "cuda"
@@ -440,6 +452,7 @@ def head_walk(
                     prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
+                    stream_tma=stream_tma if w2_scale is None and _tma_ok(w2_rows) and _tma_ok(base_logits) else 0,
                     sampled=sampled)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
@@ -457,6 +470,28 @@ def head_walk(
     return tokens, draft_logits, confidence
 
 
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A tensor descriptor (TMA) can address t: contiguous last dim, 16-byte aligned start and row strides."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def _stream_descriptors(cfg: WalkConfig, u: torch.Tensor, w2_rows: torch.Tensor):
+    """(W2 [V, r] in [ST, r] tiles, U in [1, ST] tiles of U[0] as [N, V] for one row, else [BP, 1, ST] tiles of
+    [B, N, V]) for STREAM_TMA; (None, None) when the streamed tiles take the register path."""
+    if not cfg.stream_tma:
+        return None, None
+    st = cfg.stream_rows
+    w2_desc = TensorDescriptor(w2_rows, list(w2_rows.shape), list(w2_rows.stride()), [st, w2_rows.shape[1]])
+    if u.shape[0] == 1:
+        u0 = u[0]
+        u_desc = TensorDescriptor(u0, list(u0.shape), list(u0.stride()), [1, st])
+    else:
+        u_desc = TensorDescriptor(u, list(u.shape), list(u.stride()), [cfg.block_rows, 1, st])
+    return w2_desc, u_desc
+
+
 def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, temperature, seeds, positions, d2t,
             draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float) -> None:
     num_rows, num_steps, vocab = u.shape
@@ -467,6 +502,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     # [r, r] weight block per dot would not fit in shared memory).
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
     dummy = wsp["count"]
+    w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
@@ -490,6 +526,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         stride_t3=t3.stride(0) if t3 is not None else 0, ws_ptr=ws if ws is not None else dummy,
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
+        w2_desc=w2_desc, u_desc=u_desc,
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
@@ -502,21 +539,24 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         PREFETCH=cfg.prefetch, L1_PREFETCH=cfg.l1_prefetch,
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
-        L2_BULK=not _interpreting(),
+        L2_BULK=not _interpreting(), STREAM_TMA=cfg.stream_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
-    # A build that needs more shared memory than the SM has drops the streamed tiles' pipelining, then resident
+    # A build that needs more shared memory than the SM has drops TMA ring stages (down to 2), then the streamed
+    # tiles' register pipelining, then resident
     # tiles (their rows are then streamed), until it fits; the choice is remembered for the next walk.
     key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype)
     while True:
         cfg = _shrunk.get(key, cfg)
-        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages)
+        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
         try:
             _run(cfg, grid, args, num_steps)
             return
         except OutOfResources:
-            if cfg.num_stages > 1:
+            if cfg.stream_tma > 2:
+                _shrunk[key] = replace(cfg, stream_tma=cfg.stream_tma - 1)
+            elif cfg.num_stages > 1:
                 _shrunk[key] = replace(cfg, num_stages=1)
             elif cfg.resident_tiles > 0:
                 _shrunk[key] = replace(cfg, resident_tiles=cfg.resident_tiles - 1)
