@@ -575,6 +575,34 @@ TUNE_CASES_V11 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variant
                      ("keys64_pf4_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=4)),
                      ("split_pf2_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=2)),
                      ("split_pf4_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=4))])
+# Session 5 (v12): the streamed tiles through a TMA ring (stream_tma = stages; Triton pipelines a tl.range over
+# tensor-descriptor loads into shared-memory stages waited on with mbarriers) against the register double buffer.
+# The ring needs shared memory beside the resident tiles (227 KiB a program): "st32" 16 KB tiles under the 128 KiB
+# resident tile, "res192" 3 resident tiles of 64 rows (96 KiB) + 32 KB tiles, "res128" one of 128 rows + 32 KB tiles;
+# "_pf<d>" adds the bulk L2 prefetch d tiles ahead (wrapping into the next step's first tiles, so the copies issued
+# after the exchange find them in L2). The sweep's 152k rows take each batch's winner (ours_scoring_rule_v152k).
+TMA_FORMS = {
+    "tma2": dict(stream_tma=2),
+    "tma4_st32": dict(stream_tma=4, stream_rows=32),
+    "tma5_st32": dict(stream_tma=5, stream_rows=32),
+    "tma5_st32_pf8": dict(stream_tma=5, stream_rows=32, l2_prefetch=8),
+    "tma3_res192": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
+    "tma3_res192_pf4": dict(stream_tma=3, tile_rows=64, resident_tiles=3, l2_prefetch=4),
+    "tma4_res128": dict(stream_tma=4, tile_rows=128, resident_tiles=1),
+}
+STREAMING_TMA_BY_BATCH = {
+    1: dict({"tagged": dict(exchange="tagged")}, **TMA_FORMS),
+    8: {"keys64_pf4": dict(split_keys=False, l2_prefetch=4),
+        **{f"keys64_{name}": dict(kw, split_keys=False, l2_prefetch=kw.get("l2_prefetch", 0))
+           for name, kw in TMA_FORMS.items() if name in ("tma5_st32", "tma3_res192", "tma5_st32_pf8")}},
+    32: {"split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4),
+         **{f"split_{name}": dict(kw, split_keys=True, split_streamed=True, l2_prefetch=kw.get("l2_prefetch", 0))
+            for name, kw in TMA_FORMS.items() if name in ("tma5_st32", "tma3_res192", "tma5_st32_pf8")}},
+}
+TUNE_CASES_V12 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_TMA_BY_BATCH.items()
+                   for name, kw in variants.items()]
+                  + [(f"s_{name}_v152k_b1", 151936, 1, dict(kw, sampled=True))
+                     for name, kw in (("tagged", dict(exchange="tagged")), ("tma5_st32", TMA_FORMS["tma5_st32"]))])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -600,6 +628,8 @@ LADDERS = {
                                          for name, kw in variants.items()}
                                   for rows, variants in STREAMING_SAMPLED_BY_BATCH.items()},
                 cases=TUNE_CASES_V11, floors=[]),
+    "v12": dict(rule={}, scoring={name: kw for variants in STREAMING_TMA_BY_BATCH.values() for name, kw in variants.items()},
+                scoring_by_batch=STREAMING_TMA_BY_BATCH, cases=TUNE_CASES_V12, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -259,6 +259,8 @@ def test_sampled_drafts_follow_softmax():
     (dict(stream_rows=48), "stream_rows"),
     (dict(num_warps=3), "num_warps"),
     (dict(l2_prefetch=-1), "l2_prefetch"),
+    (dict(stream_tma=-1), "stream_tma"),
+    (dict(stream_tma=9), "stream_tma"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -309,6 +311,59 @@ def test_streamed_loop_by_tile_index_keeps_the_walk(opts, rows, sampled):
     for launch in (dict(programs=3, lockstep=True), dict()):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **launch, **opts, **kw)
         assert torch.equal(tokens, ref), launch
+
+
+@needs_kernels
+@pytest.mark.parametrize("opts,rows,sampled,dtype", [
+    pytest.param(dict(stream_tma=3), 1, False, torch.float32, id="3-stages-b1"),
+    pytest.param(dict(stream_tma=2, stream_rows=16, l2_prefetch=2), 1, True, torch.float32,
+                 id="2-stages-16-row-tiles-l2-b1-sampled"),
+    pytest.param(dict(stream_tma=4, split_keys=True, split_streamed=True), 3, True, torch.float32,
+                 id="split-streamed-b3-sampled"),
+    pytest.param(dict(stream_tma=1, split_keys=False, stream_rows=32), 3, False, torch.float16,
+                 id="1-stage-int64-keys-b3-fp16"),
+    pytest.param(dict(stream_tma=3, residency="off", stream_rows=32, tile_rows=64), 5, False, torch.float32,
+                 id="nothing-resident-b5"),
+])
+def test_stream_tma_keeps_the_walk(monkeypatch, opts, rows, sampled, dtype):
+    """The streamed tiles through tensor descriptors (the TMA ring on a GPU; the interpreter runs the same loads
+    and pipelined loop) pick the naive walk's tokens: 1032 rows over 3 programs (256 resident rows + 2 streamed
+    64-row tiles each; the last program's one streamed tile 8 rows, the rest of the copy past the vocabulary) and
+    over one program; padding batch rows past the tensor in the [BP, 1, ST] base-logit tiles."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    stages = []
+    run = walk._run
+    monkeypatch.setattr(walk, "_run", lambda cfg, grid, args, n: (stages.append(args["STREAM_TMA"]),
+                                                                   run(cfg, grid, args, n)))
+    p = make_problem(rows, 5, 1032, dtype=dtype, seed=17)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): a descriptor can read them
+    kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    for launch in (dict(programs=3, lockstep=True), dict()):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **launch, **opts, **kw)
+        assert torch.equal(tokens, ref), launch
+    assert stages and all(s == opts["stream_tma"] for s in stages), stages
+
+
+@needs_kernels
+def test_stream_tma_falls_back_where_no_descriptor_fits(monkeypatch):
+    """Rows a descriptor cannot address (fp32 base logits of 1031 columns: rows 4124 bytes apart; column-major W2
+    rows) walk the register path instead, with the same tokens."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    stages = []
+    run = walk._run
+    monkeypatch.setattr(walk, "_run", lambda cfg, grid, args, n: (stages.append(args["STREAM_TMA"]),
+                                                                   run(cfg, grid, args, n)))
+    p = make_problem(1, 4, 1031, seed=19)
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2.t().contiguous().t(), p.x0, stream_tma=3)
+    assert torch.equal(tokens, ref) and stages == [0]
+    q = make_problem(1, 4, 1032, seed=19)
+    ref, _, _ = naive_head_walk(q.U, q.w1, q.w2, q.x0)
+    tokens, _, _ = head_walk(q.U, q.w1, q.w2.contiguous(), q.x0, stream_tma=3)
+    assert torch.equal(tokens, ref) and stages == [0, 0]
 
 
 def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
@@ -516,6 +571,29 @@ def test_gpu_one_row_streamed_options_agree(sampled):
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
     errors = barrier_errors(DEVICE)
     for opts in (dict(), dict(l2_prefetch=2), dict(l2_prefetch=4), dict(l2_prefetch=16, stream_rows=32)):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref), opts
+    assert barrier_errors(DEVICE) == errors
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 8, 32])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_stream_tma_agrees(rows, sampled):
+    """V = 151,936 (14 streamed tiles a program): the streamed tiles through the TMA ring (stages and tile shapes as
+    the bench's ladder v12, with and without the L2 prefetch) pick the one-launch-per-step walk's tokens."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 151936, rank=256, dtype=torch.bfloat16, seed=23 + rows, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows, as vLLM's markov_w2.weight
+    p.req = torch.arange(rows, device=DEVICE)
+    kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+    errors = barrier_errors(DEVICE)
+    for opts in (dict(stream_tma=2), dict(stream_tma=5, stream_rows=32), dict(stream_tma=5, stream_rows=32, l2_prefetch=8),
+                 dict(stream_tma=3, tile_rows=64, resident_tiles=3)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), opts
