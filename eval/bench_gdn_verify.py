@@ -885,6 +885,110 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
         print(f"{r['kind']:9} {r['name'][:34]:34} {r['L']:>3} {r['B']:>3} {r.get('us', float('nan')):8.2f}  {cfg[:90]}")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Session 5 (GB), call 1: the b32 / b64 verify taken apart (prep alone, state pass alone, both) beside the floors
+# measured in the same run (a 64 MiB fp32 copy, the batched state product in cuBLAS)
+
+_TP = dict(two_pass=True)
+_ST = dict(two_pass=True, stacked=True)
+STATE_DIAG_BASE = VerifyConfig(block_v=32, whole_v=True, loop_stages=2, **_TP)  # the b32 / b64 pick (final7)
+STATE_DIAG_STATE = [  # stacked state passes (prep: per k-head, 4 warps)
+    VerifyConfig(block_v=64, **_ST), VerifyConfig(block_v=128, num_warps=8, **_ST),
+    VerifyConfig(block_v=64, whole_v=True, loop_stages=2, **_ST), VerifyConfig(block_v=64, stacked_dot="tf32", **_ST),
+    VerifyConfig(block_v=32, **_ST),
+]
+STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_per_vhead=pv, **_ST) for pv in (False, True)
+                   for w in (2, 4, 8)]
+
+
+def split_step(s, config, part, scratches):
+    """ours_step's verify with only one of the two-pass launches ("prep" or "state"; "both" = the plain call), each
+    layer on its own persistent scratch (`scratches[layer]`) so that the state pass reads real factors."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod, two_pass as two_pass_mod
+    module, name = (stacked_mod, "launch_stacked") if config.stacked else (two_pass_mod, "launch_two_pass")
+    launch = getattr(module, name)
+    parts = ("prep", "state") if part == "both" else (part,)
+
+    def run():
+        for layer in range(s["num_layers"]):
+            setattr(module, name, functools.partial(launch, parts=parts, scratch=scratches[layer]))
+            try:
+                gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"],
+                           s["dt_bias"], s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"], s["ws"].layer(layer),
+                           max_seqlen=s["L"], out=s["out"][layer], config=config)
+            finally:
+                setattr(module, name, launch)
+    return run
+
+
+def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 64), seqlen=16):
+    """Precompile, bf16 error of every candidate vs float64, then per batch: floors, and per config prep alone, state
+    pass alone and both (us per layer). Rows are printed as they come and saved to gdn_verify_state_diag.json."""
+    from hybridspec_kernels.gdn_verify.stacked import stacked_scratch
+    from hybridspec_kernels.gdn_verify.two_pass import two_pass_scratch
+    t0 = time.time()
+    configs = list(dict.fromkeys([STATE_DIAG_BASE] + STATE_DIAG_STATE + STATE_DIAG_PREP))
+    doc = dict(compile=precompile(gdn, [(L, c) for c in configs for L in (seqlen, 17)]) if ON_GPU else [])
+    doc["errors"], _ = config_errors(gdn, device, configs, folded=False)
+    for k, v in doc["errors"].items():
+        print("error", f"{v:.3g}" if isinstance(v, float) else v, short_config(k), flush=True)
+    rows = doc["rows"] = []
+
+    def save():
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "gdn_verify_state_diag.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    def record(row, fn):
+        if time.time() - t0 > budget_s:
+            return
+        try:
+            row["us"] = round(time_step(fn, rep_ms) * 1e3 / row.pop("per", 1), 3)
+        except Exception as exc:  # reported, not fatal
+            row.pop("per", None)
+            row["error"] = repr(exc)[:200]
+        rows.append(row)
+        print("diag", json.dumps(row), flush=True)
+
+    H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
+    for B in batches:
+        if ON_GPU:
+            src = torch.randn(16 * 2**20, device=device)  # 64 MiB fp32
+            dst = torch.empty_like(src)
+            record(dict(part="floor", name="copy 64 MiB fp32", B=B), lambda: dst.copy_(src))
+            torch.backends.cuda.matmul.allow_tf32 = True
+            kq = torch.randn(B * HV, 32, K, device=device)
+            st = torch.randn(B * HV, V, K, device=device)
+            record(dict(part="floor", name=f"bmm [{B}*{HV},32,{K}]x[{B}*{HV},{K},{V}] tf32", B=B),
+                   lambda: torch.bmm(kq, st.transpose(1, 2)))
+            torch.backends.cuda.matmul.allow_tf32 = False
+            del src, dst, kq, st
+        s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
+        n = accept_counts(seqlen, B, "all", device)
+        block_t = max(16, triton.next_power_of_2(seqlen))
+        for config in configs:
+            make = stacked_scratch if config.stacked else two_pass_scratch
+            scratches = [make(device, B, H, HV, block_t, K) for _ in range(num_layers)]
+            split_step(s, config, "both", scratches)()  # real factors in every scratch
+            parts = ["prep", "state", "both"]
+            if config in STATE_DIAG_PREP and config not in STATE_DIAG_STATE:
+                parts = ["prep", "both"]  # the same state pass as STATE_DIAG_STATE[0]
+            for part in parts:
+                record(dict(part=part, L=seqlen, B=B, config=repr(config), per=num_layers),
+                       split_step(s, config, part, scratches))
+            save()
+            del scratches
+        record(dict(part="reconstruct", L=seqlen, B=B, config="default", per=num_layers),
+               ours_step(s, n, verify=False))
+        del s
+        if ON_GPU:
+            torch.cuda.empty_cache()
+    save()
+    print(f"{'part':12} {'B':>3} {'us':>8}  config")
+    for r in rows:
+        print(f"{r['part']:12} {r['B']:>3} {r.get('us', float('nan')):8.2f}  "
+              f"{short_config(r['config'])[:80] if 'config' in r else r['name']}")
+
+
 def compiled_report():
     """Registers / spills / shared memory of every compiled gdn_verify kernel in this process (Triton's caches)."""
     from hybridspec_kernels.gdn_verify import two_pass, verify
@@ -947,6 +1051,8 @@ def main():
     parser.add_argument("--ladder", action="store_true",
                         help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
     parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
+    parser.add_argument("--state-diag", action="store_true",
+                        help="session 5 call 1: b32 / b64 prep and state pass apart, floors, stacked candidates")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")
@@ -970,6 +1076,9 @@ def main():
         return ncu_target(gdn, device)
     if args.diagnose:
         return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
+    if args.state_diag:
+        return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
+                          batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4)
     vk = load_vllm_kernels(args.extracted)
     fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"

@@ -19,6 +19,9 @@
 #   MODE=final7 (session 4, G2) as final6 with --sweep-set split6 (split Gram products; the general reconstruction's
 #               launches again, now with 16-byte state access); GPU tests: split Gram, unaligned tables, short forms,
 #               hoisted weight tiles, and the checkpoint reconstruction (tests/ops/test_gdn_checkpoint.py)
+#   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
+#               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
+#               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -49,6 +52,20 @@ if [ "$MODE" = diag ]; then
     grep -E "^error|precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-160
     sed -n '/^kind /,$p' "$OUT/diag/diag.log"
     tail -3 "$OUT/diag/diag.log"
+fi
+
+if [ "$MODE" = sdiag ]; then
+    mkdir -p "$OUT/diag"
+    ( timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k stacked \
+        tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/diag/pytest.log" ) &
+    timeout ${DIAG_S:-170} python3 eval/bench_gdn_verify.py --state-diag --rep-ms 20 --out "$OUT/diag" \
+        --budget-s ${DIAG_BUDGET_S:-150} > "$OUT/diag/diag.log" 2>&1
+    echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    tail -3 "$OUT/diag/pytest.log"
+    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
+    sed -n '/^part /,$p' "$OUT/diag/diag.log"
+    tail -2 "$OUT/diag/diag.log"
 fi
 
 if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ]; then

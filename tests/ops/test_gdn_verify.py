@@ -164,9 +164,12 @@ VERIFY_CASES = [
                                     VerifyConfig(hoist=True, loads_first=True),
                                     VerifyConfig(block_v=16, two_pass=True, loads_first=True),
                                     VerifyConfig(hoist=True, weight_tiles=True),
-                                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True)],
+                                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True),
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True),
+                                    VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
+                                                 prep_per_vhead=True, stacked_dot="ieee")],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
-                              "hoisted-weight-tiles", "hoisted-early-stores"])
+                              "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-per-vhead"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -194,8 +197,9 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
 
 
 @needs_kernels
-@pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2)],
-                         ids=["default", "two-pass"])
+@pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2),
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_per_vhead=True)],
+                         ids=["default", "two-pass", "stacked"])
 @pytest.mark.parametrize("length", [17, 6])
 def test_every_accept_position_over_layers(length, config):
     """Requests sharing one token block, accepting 0..L tokens; two layers with different states in one launch."""
@@ -248,6 +252,12 @@ def test_every_accept_position_over_layers(length, config):
                               split_gram=True), False, id="hoisted-early-stores-split-gram"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, split_gram=True), True,
                  id="whole-v-rolled-split-gram"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True), False, id="stacked-per-block"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, num_warps=8), False, id="stacked-bv-above-v"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
+                              stacked_dot="tf32", prep_warps=2), False, id="stacked-rolled-tf32"),
+    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, prep_per_vhead=True, prep_warps=8), True,
+                 id="stacked-per-vhead-prep"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -744,8 +754,9 @@ def test_rejects_non_contiguous(small):
 
 
 @needs_kernels
-@pytest.mark.parametrize("config", [VerifyConfig(block_v=16), VerifyConfig(block_v=16, hoist=True, weight_tiles=True)],
-                         ids=["default", "hoisted-weight-tiles"])
+@pytest.mark.parametrize("config", [VerifyConfig(block_v=16), VerifyConfig(block_v=16, hoist=True, weight_tiles=True),
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True)],
+                         ids=["default", "hoisted-weight-tiles", "stacked"])
 def test_accepts_row_strided_inputs(config):
     """mixed_qkv (and a, b) as column slices of wider projection outputs, as vLLM's GDN layer has them."""
     lens = [5, 2, 7]
@@ -787,6 +798,31 @@ def test_rejects_bad_configs():
         VerifyConfig(split_gram=True, two_pass=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
+    with pytest.raises(ValueError, match="stacked and prep_per_vhead need two_pass"):
+        VerifyConfig(stacked=True)
+    with pytest.raises(ValueError, match="prep_per_vhead needs stacked"):
+        VerifyConfig(two_pass=True, prep_per_vhead=True)
+    with pytest.raises(ValueError, match="stacked cannot be combined"):
+        VerifyConfig(two_pass=True, stacked=True, state_dot="bf16")
+    with pytest.raises(ValueError, match="stacked_dot must be"):
+        VerifyConfig(two_pass=True, stacked=True, stacked_dot="bf16")
+
+
+@needs_kernels
+def test_stacked_rejects_an_explicit_fold_and_default_falls_back(small, monkeypatch):
+    """The stacked form has no fold path: an explicit stacked config with a fold is a ValueError; a default (tuned)
+    stacked pick with a fold runs the plain two-pass form instead."""
+    from hybridspec_kernels.gdn_verify import verify as verify_mod
+    p, ws = small
+    pending = workspace_for(p)  # the previous step's rows, nothing pending
+    fold = GDNFold(pending.layer(0), torch.arange(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    rows = torch.arange(2, dtype=torch.int32)
+    stacked = VerifyConfig(block_v=16, two_pass=True, stacked=True)
+    with pytest.raises(ValueError, match="stacked=True\\) has no fold path"):
+        gdn_verify(**p, workspace=ws.layer(0), config=stacked, fold=fold, workspace_rows=rows)
+    monkeypatch.setattr(verify_mod, "default_verify_config", lambda *a, **k: stacked)
+    out = gdn_verify(**p, workspace=ws.layer(0), fold=fold, workspace_rows=rows)
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
 
 
 def test_accepts_strided_slot_dimension(small):
@@ -907,6 +943,11 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                                              split_gram=True), False, id="fp32-state-hoisted-early-stores-split-gram"),
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, loop_stages=2, split_gram=True), False,
                  id="bf16-state-whole-v-rolled-split-gram"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True), False, id="fp32-state-stacked"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True,
+                                              prep_per_vhead=True), False, id="bf16-state-stacked-bv128-per-vhead"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
+                                             stacked_dot="tf32", prep_warps=2), False, id="fp32-state-stacked-rolled-tf32"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

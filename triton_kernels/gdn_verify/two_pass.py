@@ -174,34 +174,42 @@ def _gdn_verify_state_kernel(
 
 def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
                     cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot,
-                    rows_and_fold):
+                    rows_and_fold, parts=("prep", "state"), scratch=None):
     """The two launches; shapes already checked by gdn_verify. conv_w: [D, W], or [W, D] with config.loads_first
-    or config.weight_tiles."""
+    or config.weight_tiles. Timing only: `parts` runs one of them alone, on a `scratch` = (q_hat, wy) that
+    persists between calls (the state pass then reads what an earlier prep wrote)."""
     num_requests = cu_seqlens.shape[0] - 1
     _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     conv_dim, width = conv_w.shape[::-1] if config.loads_first or config.weight_tiles else conv_w.shape
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"two_pass needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
-    q_hat = torch.empty(num_requests, block_t, num_k_heads, head_k_dim, dtype=torch.float32, device=out.device)
-    wy = torch.empty(num_requests, num_v_heads, 2, block_t, block_t, dtype=torch.float32, device=out.device)
-    _gdn_verify_prep_kernel[(num_k_heads, num_requests)](
-        mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
-        workspace.g, workspace.x, rows_and_fold["pointers"][0], q_hat, wy, mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_state.stride(0),
-        workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t,
-        HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
-        SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
-        WT=config.weight_tiles, HAS_WS_ROWS=rows_and_fold["constexprs"]["HAS_WS_ROWS"], num_warps=config.prep_warps,
-    )
+    q_hat, wy = scratch or two_pass_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
+    if "prep" in parts:
+        _gdn_verify_prep_kernel[(num_k_heads, num_requests)](
+            mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
+            workspace.g, workspace.x, rows_and_fold["pointers"][0], q_hat, wy, mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_state.stride(0),
+            workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t,
+            HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
+            SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
+            WT=config.weight_tiles, HAS_WS_ROWS=rows_and_fold["constexprs"]["HAS_WS_ROWS"], num_warps=config.prep_warps,
+        )
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
-    _gdn_verify_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
-        mixed_qkv, conv_w, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
-        workspace.k, workspace.g, workspace.x, *rows_and_fold["pointers"], q_hat, wy, scale, mixed_qkv.stride(0),
-        conv_state.stride(0), ssm_state.stride(0), workspace.max_len, rows_and_fold["fold_len"], H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
-        D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
-        BIG_DOT=big_dot, SMALL_DOT=small_dot, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages,
-        BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, WT=config.weight_tiles,
-        **rows_and_fold["constexprs"], num_warps=config.num_warps,
-    )
+    if "state" in parts:
+        _gdn_verify_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
+            mixed_qkv, conv_w, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
+            workspace.k, workspace.g, workspace.x, *rows_and_fold["pointers"], q_hat, wy, scale, mixed_qkv.stride(0),
+            conv_state.stride(0), ssm_state.stride(0), workspace.max_len, rows_and_fold["fold_len"], H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
+            D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
+            BIG_DOT=big_dot, SMALL_DOT=small_dot, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages,
+            BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first, WT=config.weight_tiles,
+            **rows_and_fold["constexprs"], num_warps=config.num_warps,
+        )
     return out
+
+
+def two_pass_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):
+    """Per-call scratch: normalised q [B, BT, H, K] and the factors M, attn [B, HV, 2, BT, BT], fp32."""
+    return (torch.empty(num_requests, block_t, num_k_heads, head_k_dim, dtype=torch.float32, device=device),
+            torch.empty(num_requests, num_v_heads, 2, block_t, block_t, dtype=torch.float32, device=device))

@@ -16,6 +16,7 @@ import collections
 import functools
 import json
 import math
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -640,6 +641,14 @@ class VerifyConfig:
     # instead of one of K/8; the b1 ladder's largest stage). Not in the two-pass form (its own Gram).
     # H200 (final7): 8-17 % slower at batch 1 (the split / join's layout conversions), within 1 % in whole-V forms
     split_gram: bool = False
+    # session 5, GB (two_pass): the state pass takes k and q stacked as one [2BT, K] operand against the state block
+    # and applies the U / O factors as two products on that result (stacked.py); stacked_dot = their precision
+    # (tf32x3: three tensor-core products, ~fp32; "tf32": one). prep_per_vhead: the stacked prep runs one program per
+    # (v-head, request) instead of per (k-head, request), repeating the q/k chain (twice the programs, half the
+    # chain per program)
+    stacked: bool = False
+    stacked_dot: str = "tf32x3"
+    prep_per_vhead: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -661,6 +670,14 @@ class VerifyConfig:
             raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
         if self.split_gram and self.two_pass:
             raise ValueError("split_gram cannot be combined with two_pass (its Gram products are its own)")
+        if (self.stacked or self.prep_per_vhead) and not self.two_pass:
+            raise ValueError("stacked and prep_per_vhead need two_pass")
+        if self.prep_per_vhead and not self.stacked:
+            raise ValueError("prep_per_vhead needs stacked (only the stacked prep has it)")
+        if self.stacked and (self.loads_first or self.state_dot != "fp32"):
+            raise ValueError("stacked cannot be combined with loads_first or a 16-bit state_dot")
+        if self.stacked_dot not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -842,7 +859,10 @@ def gdn_verify(
         _check_device("workspace_rows", workspace_rows, mixed_qkv.device)
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
-    config = config or default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
+    if config is None:
+        config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
+        if fold is not None and config.stacked:  # a tuned unfolded pick; the stacked form has no fold path
+            config = dataclasses.replace(config, stacked=False, prep_per_vhead=False)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
@@ -859,8 +879,16 @@ def gdn_verify(
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
-    conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles else conv_weight
+    conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles or config.stacked \
+        else conv_weight
     rows_and_fold = _rows_and_fold_args(workspace, workspace_rows, fold, state_indices)
+    if config.stacked:
+        if fold is not None:
+            raise ValueError("VerifyConfig(stacked=True) has no fold path")
+        from .stacked import launch_stacked
+        return launch_stacked(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+                              state_indices, cu_seqlens, workspace, out, scale, config, num_k_heads, block_t,
+                              neumann_steps, config.big_dot, SMALL_DOT_PRECISION, rows_and_fold)
     if config.two_pass:
         from .two_pass import launch_two_pass
         return launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,

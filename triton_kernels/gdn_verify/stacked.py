@@ -1,0 +1,229 @@
+"""Two-launch gdn_verify with the state block as the only large MMA operand (`VerifyConfig(stacked=True)`).
+
+    prep   grid (H * P, B)      q/k conv + L2 norm, Gram products, gates, Neumann inverse (P = 1: one program per
+                                k-head walks its HV/H v-heads; P = HV/H, `prep_per_vhead`: one program per v-head,
+                                the q/k chain repeated): writes k, G, raw q/k (workspace), the stacked operand
+                                Z = [k; q] [2BT, K] and per v-head the output factors [3BT, 2BT] (scratch)
+    state  grid (V / VP, HV, B) per value block of BV columns:
+                                P^T = S_block Z^T                 [BV, 2BT]   (KS^T | QS^T: one product)
+                                Y^T = P^T F^T + Vc^T E^T          [BV, 2BT]   (U^T | scale O^T)
+
+With Mb = (I + A)^-1 diag(beta), attn = decay * (q k^T), gamma = exp(G) (zero past the request's length):
+
+    Y = [U; scale O] = E Vc + F [KS; QS],   E = [Mb; scale attn Mb]                        [2BT, BT]
+                                            F = [[-Mb diag(gamma),            0                 ],
+                                                 [-scale attn Mb diag(gamma), scale diag(gamma)]]  [2BT, 2BT]
+
+which is the two-pass form's U = Mb (Vc - gamma KS), O = gamma QS + attn U, written as two products whose left
+operands come straight from the first product's result (P^T is the A operand of the second: no trip through
+shared memory) and whose right operands are loop-invariant per program. The state block [BV, K] is the A operand
+of the first product in its stored (K-contiguous) order; at BV = 64 and 4 warps that is one warp group's wgmma
+tile (M = 64), which reads A from shared memory as loaded. Results are [BV, *] tiles whose rows are the value
+columns: every store (u, O, raw v) is contiguous along them.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .verify import _causal_conv_silu
+
+
+@triton.jit(do_not_specialize=["WS_LEN", "scale"])
+def _stacked_prep_kernel(
+    x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, ws_rows, z_kq,
+    fac, scale, stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+    HPG: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
+):
+    """Program (k-head x v-head group, request): HEADS_PER_PROGRAM of the k-head's HPG v-heads. The first group
+    of a k-head writes its k, raw q/k and Z; every group writes its v-heads' G and factors."""
+    i_p, i_n = tl.program_id(0), tl.program_id(1)
+    i_h = i_p // (HPG // HEADS_PER_PROGRAM)
+    hv0 = i_p * HEADS_PER_PROGRAM  # first v-head of this program
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    if slot <= 0:
+        return
+    o_t = tl.arange(0, BT)
+    m_t = o_t < seqlen
+    o_k = tl.arange(0, K)
+    o_j = tl.arange(0, HEADS_PER_PROGRAM)
+    i_hv = hv0 + o_j
+    writer = hv0 % HPG == 0
+    m_w = o_t < tl.where(writer, seqlen, 0)
+    conv_window = conv_state + slot * stride_conv_slot
+    b_a = tl.load(a + (bos + o_t)[:, None] * stride_a + i_hv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    b_b = tl.load(b + (bos + o_t)[:, None] * stride_b + i_hv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    b_a += tl.load(dt_bias + i_hv).to(tl.float32)[None, :]
+    b_xq = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None], other=0.0)
+    b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_w[:, None],
+                   other=0.0)
+    b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
+                            HAS_BIAS, WT)
+    b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
+                            HAS_BIAS, WT)
+    softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
+    b_g = tl.where(m_t[:, None], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[None, :] * softplus, 0.0)
+    b_beta = tl.where(m_t[:, None], tl.sigmoid(b_b), 0.0)
+    b_Gs = tl.cumsum(b_g, 0)  # [BT, HEADS_PER_PROGRAM]
+
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    if HAS_WS_ROWS:
+        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+    else:
+        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_w[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_w[:, None])
+    tl.store(ws_g + ws_row[:, None] * HV + i_hv[None, :], b_Gs, mask=m_t[:, None])
+    p_z = z_kq + ((i_n * H + i_h) * 2 * BT + o_t[:, None]) * K + o_k[None, :]
+    m_z = (o_t < tl.where(writer, BT, 0))[:, None]  # padded rows too: zeros
+    tl.store(p_z, b_k, mask=m_z)
+    tl.store(p_z + BT * K, b_q, mask=m_z)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
+    causal = o_t[:, None] >= o_t[None, :]
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    for j in tl.static_range(HEADS_PER_PROGRAM):
+        b_G = tl.sum(tl.where(o_j[None, :] == j, b_Gs, 0.0), 1)
+        b_bj = tl.sum(tl.where(o_j[None, :] == j, b_beta, 0.0), 1)
+        b_gamma = tl.where(m_t, tl.exp(b_G), 0.0)
+        decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+        b_A = tl.where(o_t[:, None] > o_t[None, :], b_bj[:, None] * decay * b_kk, 0.0)
+        b_inv = eye - b_A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...
+        b_pow = b_A
+        for _ in tl.static_range(NEUMANN_STEPS):
+            b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
+            b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
+        b_mb = b_inv * b_bj[None, :]  # Mb[t, s]
+        b_am = tl.dot(decay * b_qk, b_mb, input_precision=SMALL_DOT) * scale  # scale attn Mb
+        # factors stored transposed ([in, out], out = t contiguous): F^T rows 0..2BT-1, E^T rows 2BT..3BT-1
+        p_f = fac + ((i_n * HV + hv0 + j) * 3 * BT + o_t[None, :]) * 2 * BT + o_t[:, None]  # [t, s] -> F^T[s, t]
+        tl.store(p_f, -b_mb * b_gamma[None, :])  # KS -> U
+        tl.store(p_f + BT, -b_am * b_gamma[None, :])  # KS -> O
+        tl.store(p_f + BT * 2 * BT, eye * 0.0)  # QS -> U
+        tl.store(p_f + BT * 2 * BT + BT, eye * (scale * b_gamma)[:, None])  # QS -> O
+        tl.store(p_f + 2 * BT * 2 * BT, b_mb)  # Vc -> U
+        tl.store(p_f + 2 * BT * 2 * BT + BT, b_am)  # Vc -> O
+
+
+@triton.jit
+def _conv_silu_t(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):
+    """[C, BT] = silu(causal depth-W conv)^T over channels o_c (`_causal_conv_silu` with channels as rows, the
+    layout the state pass's stores want); conv_wT is the [W, D] transposed weight."""
+    acc = tl.zeros([o_c.shape[0], o_t.shape[0]], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + o_c).to(tl.float32)[:, None]
+    for j in tl.static_range(W):
+        src = o_t + (j - (W - 1))  # token index; negative indices live in the committed window
+        b_x = tl.load(x + (bos + src)[None, :] * stride_x + o_c[:, None], mask=(m_t & (src >= 0))[None, :],
+                      other=0.0)
+        b_s = tl.load(conv_window + (src + (W - 1))[None, :] * D + o_c[:, None], mask=(m_t & (src < 0))[None, :],
+                      other=0.0)
+        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * tl.load(conv_wT + j * D + o_c).to(tl.float32)[:, None]
+    acc = acc * tl.sigmoid(acc)
+    return tl.where(m_t[None, :], acc, 0.0)
+
+
+@triton.jit(do_not_specialize=["WS_LEN"])
+def _stacked_state_kernel(
+    x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, z_kq, fac,
+    stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
+):
+    """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks."""
+    i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    o_c = tl.arange(0, 2 * BT)  # output column: U token c (c < BT) or O token c - BT
+    o_t = tl.arange(0, BT)
+    m_t = o_t < seqlen
+    o_k = tl.arange(0, K)
+    t_c = tl.where(o_c < BT, o_c, o_c - BT)
+    m_c = t_c < seqlen
+    p_o_col = ((bos + t_c) * HV + i_hv) * V  # [2BT]
+    if slot <= 0:  # vLLM's null block: a padding row of a CUDA-graph batch
+        for i_vb in tl.static_range(V_PER_PROGRAM // BV):
+            o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+            tl.store(o + p_o_col[None, :] + o_v[:, None], tl.zeros([BV, 2 * BT], dtype=o.dtype.element_ty),
+                     mask=(m_c & (o_c >= BT))[None, :])
+        return
+    i_h = i_hv // (HV // H)
+    if HAS_WS_ROWS:
+        ws_base = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN
+    else:
+        ws_base = i_n.to(tl.int64) * WS_LEN
+    ws_t = ws_base + o_t
+    p_u_col = ((ws_base + t_c) * HV + i_hv) * V  # [2BT]
+    o_z = tl.arange(0, 2 * BT)
+    b_zt = tl.load(z_kq + ((i_n * H + i_h) * 2 * BT + o_z[None, :]) * K + o_k[:, None])  # Z^T [K, 2BT]
+    p_fac = fac + ((i_n * HV + i_hv) * 3 * BT) * 2 * BT
+    b_ft = tl.load(p_fac + o_z[:, None] * 2 * BT + o_c[None, :])  # F^T [2BT, 2BT]
+    b_et = tl.load(p_fac + (2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])  # E^T [BT, 2BT]
+    conv_window = conv_state + slot * stride_conv_slot
+    p_state = ssm_state + slot * stride_ssm_slot + i_hv * V * K
+    for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
+        o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+        b_h = tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)  # [BV, K]
+        o_xv = 2 * H * K + i_hv * V + o_v
+        b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
+        b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+        b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
+        b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
+        b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
+        tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=(m_c & (o_c < BT))[None, :])
+        tl.store(o + p_o_col[None, :] + o_v[:, None], b_y.to(o.dtype.element_ty), mask=(m_c & (o_c >= BT))[None, :])
+        tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+
+
+def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
+                   cu_seqlens, workspace, out, scale, config, num_k_heads, block_t, neumann_steps, big_dot, small_dot,
+                   rows_and_fold, parts=("prep", "state"), scratch=None):
+    """The two launches (shapes already checked by gdn_verify; conv_wT is the cached [W, D] transposed weight).
+    Timing only: `parts` runs one of them alone, on a `scratch` = `stacked_scratch(...)` that persists between
+    calls (the state pass then reads what an earlier prep wrote)."""
+    num_requests = cu_seqlens.shape[0] - 1
+    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    width, conv_dim = conv_wT.shape
+    heads_per_group = num_v_heads // num_k_heads
+    if heads_per_group & (heads_per_group - 1):
+        raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
+    heads_per_program = 1 if config.prep_per_vhead else heads_per_group
+    z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
+    has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
+    ws_rows = rows_and_fold["pointers"][0]
+    if "prep" in parts:
+        _stacked_prep_kernel[(num_v_heads // heads_per_program, num_requests)](
+            mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
+            workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
+            conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
+            W=width, BT=block_t, HPG=heads_per_group, HEADS_PER_PROGRAM=heads_per_program,
+            NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
+            WT=True, HAS_WS_ROWS=has_rows, num_warps=config.prep_warps,
+        )
+    if "state" in parts:
+        block_v = min(config.block_v, head_v_dim)
+        v_per_program = head_v_dim if config.whole_v else block_v
+        _stacked_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
+            mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
+            workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0), ssm_state.stride(0),
+            workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
+            BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
+            SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1), HAS_WS_ROWS=has_rows,
+            num_warps=config.num_warps,
+        )
+    return out
+
+
+def stacked_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):
+    """Per-call scratch: Z [B, H, 2BT, K] and the factors [B, HV, 3BT, 2BT], fp32 (~6 MB at B = 32, read back
+    from L2)."""
+    return (torch.empty(num_requests, num_k_heads, 2 * block_t, head_k_dim, dtype=torch.float32, device=device),
+            torch.empty(num_requests, num_v_heads, 3 * block_t, 2 * block_t, dtype=torch.float32, device=device))
