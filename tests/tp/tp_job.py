@@ -1,0 +1,69 @@
+"""Runs offline vLLM engines, some with tensor parallelism, and reports what every rank did.
+
+    python tests/tp/tp_job.py JOB.json OUT.json
+
+JOB: as tests/e2e_job.py; an engine's `llm_kwargs` carries `tensor_parallel_size`. With TP > 1 vLLM runs each
+rank in a worker process of its own (multiprocessing executor; gloo and shared-memory communicators on CPU), so
+hybridspec's status and counters live there: `collective_rpc` brings them back. Per engine, besides e2e_job's
+keys: `ranks`, in rank order, each {rank, tp_size, status, gdn, adaptive, routing, manager, layout}.
+Started by tests/tp in a subprocess (in-process engine core: VLLM_ENABLE_V1_MULTIPROCESSING=0).
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for e2e_job (PYTHONSAFEPATH keeps it off)
+import e2e_job  # noqa: E402
+
+
+def rank_report(worker) -> dict:
+    """Runs in each worker (collective_rpc): this rank's status, counters and GDN state layout."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from vllm_hybridspec import status
+    from vllm_hybridspec.adaptive import COUNTERS as ADAPTIVE
+    from vllm_hybridspec.gdn import COUNTERS as GDN
+    from vllm_hybridspec.routing_wiring import step as wiring
+
+    runner = worker.model_runner
+    context = runner.vllm_config.compilation_config.static_forward_context
+    groups = [g for g in runner.kv_cache_config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    layer = context[groups[0].layer_names[0]]
+    return {
+        "rank": get_tensor_model_parallel_rank(),
+        "tp_size": get_tensor_model_parallel_world_size(),
+        "status": status.snapshot(),
+        "gdn": dict(vars(GDN)),
+        "adaptive": ADAPTIVE.snapshot(),
+        "routing": wiring.snapshot(),
+        "manager": type(getattr(runner, "adaptive_verification", None)).__name__,
+        "layout": {
+            "layer_class": type(layer).__name__,
+            "layer_tp_size": layer.tp_size,
+            "num_speculative_blocks": groups[0].kv_cache_spec.num_speculative_blocks,
+            "conv_state_shape": list(layer.kv_cache[0].shape),
+            "ssm_state_shape": list(layer.kv_cache[1].shape),
+        },
+    }
+
+
+def reset_counters(engine) -> None:
+    """A TP > 1 engine starts fresh workers; a TP = 1 engine runs its worker in this process, after other engines."""
+    from vllm_hybridspec.adaptive import COUNTERS as ADAPTIVE
+    from vllm_hybridspec.gdn import COUNTERS as GDN
+    from vllm_hybridspec.routing_wiring import step as wiring
+
+    GDN.reset()
+    ADAPTIVE.reset()
+    wiring.install(None)
+
+
+def run(job):
+    def collect(llm, engine):
+        return {"ranks": sorted(llm.collective_rpc(rank_report), key=lambda report: report["rank"])}
+
+    return e2e_job.run(job, before_engine=reset_counters, collect=collect)
+
+
+if __name__ == "__main__":
+    e2e_job.main(run)
