@@ -318,6 +318,7 @@ def test_streamed_loop_by_tile_index_keeps_the_walk(opts, rows, sampled):
     pytest.param(dict(stream_tma=3), 1, False, torch.float32, id="3-stages-b1"),
     pytest.param(dict(stream_tma=2, stream_rows=16, l2_prefetch=2), 1, True, torch.float32,
                  id="2-stages-16-row-tiles-l2-b1-sampled"),
+    pytest.param(dict(stream_tma=5, stream_rows=32), 1, False, torch.float16, id="5-stages-32-row-fp16-tiles-b1"),
     pytest.param(dict(stream_tma=4, split_keys=True, split_streamed=True), 3, True, torch.float32,
                  id="split-streamed-b3-sampled"),
     pytest.param(dict(stream_tma=1, split_keys=False, stream_rows=32), 3, False, torch.float16,
@@ -329,7 +330,8 @@ def test_stream_tma_keeps_the_walk(monkeypatch, opts, rows, sampled, dtype):
     """The streamed tiles through tensor descriptors (the TMA ring on a GPU; the interpreter runs the same loads
     and pipelined loop) pick the naive walk's tokens: 1032 rows over 3 programs (256 resident rows + 2 streamed
     64-row tiles each; the last program's one streamed tile 8 rows, the rest of the copy past the vocabulary) and
-    over one program; padding batch rows past the tensor in the [BP, 1, ST] base-logit tiles."""
+    over one program; padding batch rows past the tensor in the [BP, 1, ST] base-logit tiles; one row's base-logit
+    boxes widened to 128 bytes where a tile's row is narrower (16 fp32, 32 fp16 entries)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     stages = []

@@ -23,6 +23,9 @@ import triton.language as tl
 MAX_TOKENS = 1 << 18  # token ids < 262,144 (Qwen3.5's 248,320 fits)
 ID_MASK = tl.constexpr(MAX_TOKENS - 1)
 NO_ID = tl.constexpr(MAX_TOKENS)
+# The narrowest base-logit box a one-row TMA ring copies (see _load_u_desc).
+U_BOX_BYTES = 128
+U_BOX_BITS = tl.constexpr(8 * U_BOX_BYTES)
 # vLLM's gumbel.py: draft noise is salted away from the target's.
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
 
@@ -564,12 +567,23 @@ def _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b):
 
 
 @triton.jit
-def _load_u_desc(u_desc, step, row0, rows, shard_end, BP: tl.constexpr, ST: tl.constexpr, ONE_ROW: tl.constexpr):
+def _load_u_desc(u_desc, step, row0, rows, shard_end, BP: tl.constexpr, ST: tl.constexpr, ONE_ROW: tl.constexpr,
+                 U_BITS: tl.constexpr):
     """A streamed tile's base logits through its tensor descriptor: [ST] of U[0] seen as [N, V] (one row), or
     [ST, BP] of U seen as [B, N, V]. The copy fills what lies past the tensor with zeros (padding batch rows,
-    rows past the vocabulary): rows past the shard are set to -inf, as _load_u does, so they never win."""
+    rows past the vocabulary): rows past the shard are set to -inf, as _load_u does, so they never win.
+
+    One row copies boxes of at least 128 bytes (U_BOX_BYTES; walk._stream_descriptors makes them so): the ring
+    Triton allocates for narrower boxes puts stages 64 bytes apart, and the TMA copy into such a stage faulted on
+    the H200 (misaligned address, 32-row bf16 tiles). The tile is then the box's first ST entries."""
     if ONE_ROW:
-        u = tl.reshape(u_desc.load([step, row0]), [ST])
+        UW: tl.constexpr = ST if ST * U_BITS >= U_BOX_BITS else U_BOX_BITS // U_BITS
+        if UW == ST:
+            u = tl.reshape(u_desc.load([step, row0]), [ST])
+        else:
+            # One nonzero term per column: the sum is exact (x + 0 = x; a -0.0 turned +0.0 keys alike).
+            box = tl.reshape(u_desc.load([step, row0]), [UW // ST, ST])
+            u = tl.sum(tl.where((tl.arange(0, UW // ST) == 0)[:, None], box.to(tl.float32), 0.0), axis=0)
     else:
         u = tl.trans(tl.reshape(u_desc.load([0, step, row0]), [BP, ST]))
         u = tl.where((rows < shard_end)[:, None], u, float("-inf"))
@@ -968,7 +982,8 @@ def head_walk_kernel(
                     _prefetch_tile_l2(w2_ptr, stride_w2v, tl.where(ahead < 2 * n_stream, stream_begin + j_ahead * ST,
                                                                    shard_end), shard_end, R, ST)
                 w = w2_desc.load([row0, 0])
-                u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW)
+                u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
+                                      u_ptr.dtype.element_ty.primitive_bitwidth)
                 tile_keys, tile_ids = _score_tile(
                     w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,

@@ -20,7 +20,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernel import MAX_TOKENS, head_walk_kernel
+from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
 
 HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
 RESIDENCIES = ("auto", "full", "partial", "off")
@@ -478,15 +478,16 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 def _stream_descriptors(cfg: WalkConfig, u: torch.Tensor, w2_rows: torch.Tensor):
-    """(W2 [V, r] in [ST, r] tiles, U in [1, ST] tiles of U[0] as [N, V] for one row, else [BP, 1, ST] tiles of
-    [B, N, V]) for STREAM_TMA; (None, None) when the streamed tiles take the register path."""
+    """(W2 [V, r] in [ST, r] tiles, U in [1, ST] tiles of U[0] as [N, V] for one row (at least 128 bytes wide:
+    kernel._load_u_desc), else [BP, 1, ST] tiles of [B, N, V]) for STREAM_TMA; (None, None) when the streamed
+    tiles take the register path."""
     if not cfg.stream_tma:
         return None, None
     st = cfg.stream_rows
     w2_desc = TensorDescriptor(w2_rows, list(w2_rows.shape), list(w2_rows.stride()), [st, w2_rows.shape[1]])
     if u.shape[0] == 1:
         u0 = u[0]
-        u_desc = TensorDescriptor(u0, list(u0.shape), list(u0.stride()), [1, st])
+        u_desc = TensorDescriptor(u0, list(u0.shape), list(u0.stride()), [1, max(st, U_BOX_BYTES // u.element_size())])
     else:
         u_desc = TensorDescriptor(u, list(u.shape), list(u.stride()), [cfg.block_rows, 1, st])
     return w2_desc, u_desc
