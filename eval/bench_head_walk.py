@@ -635,6 +635,19 @@ HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "
               for sampled in (False, True)]
 
 
+def _drop_variants(ladder_name: str, parts) -> None:
+    """Removes from a ladder (in place, before anything runs) the cases and scoring variants named with any of parts."""
+    ladder = LADDERS[ladder_name]
+    hit = lambda name: any(part in name for part in parts)  # noqa: E731
+    ladder["cases"] = [case for case in ladder["cases"] if not hit(case[0])]
+    for key in ("scoring",):
+        if key in ladder:
+            ladder[key] = {name: kw for name, kw in ladder[key].items() if not hit(name)}
+    if "scoring_by_batch" in ladder:
+        ladder["scoring_by_batch"] = {rows: {name: kw for name, kw in variants.items() if not hit(name)}
+                                      for rows, variants in ladder["scoring_by_batch"].items()}
+
+
 def check_heads(torch, head_walk, naive_head_walk, gumbel_noise, device, args) -> list:
     """bf16 gated Markov / RNN / fp8 W2 on the persistent kernel: identical to lockstep, tolerated vs naive."""
     from hybridspec_kernels.head_walk import barrier_errors
@@ -978,9 +991,14 @@ def main():
     parser.add_argument("--no-ladder", action="store_true", help="skip the tuning ladder")
     parser.add_argument("--ladder", choices=sorted(LADDERS), default="v6", help="which tuning ladder and floors")
     parser.add_argument("--rule-variants", nargs="+", help="precompile only these launch variants for the sweep")
+    parser.add_argument("--skip", nargs="+", default=[],
+                        help="drop ladder rows and scoring variants whose name contains any of these (a form that "
+                             "faulted in a check before the bench: a CUDA fault ends the process)")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     args = parser.parse_args()
+    if args.skip:
+        _drop_variants(args.ladder, args.skip)
     if args.prepare:
         prepare()
         return
