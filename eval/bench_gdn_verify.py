@@ -897,8 +897,13 @@ STATE_DIAG_STATE = [  # stacked state passes (prep: per k-head, 4 warps)
     VerifyConfig(block_v=64, whole_v=True, loop_stages=2, **_ST), VerifyConfig(block_v=64, stacked_dot="tf32", **_ST),
     VerifyConfig(block_v=32, **_ST),
 ]
-STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_per_vhead=pv, **_ST) for pv in (False, True)
-                   for w in (2, 4, 8)]
+# preps with the BV64 state pass (triton 3.6: the per-v-head prep at 2 warps fails to compile, ConvertTritonGPUToLLVM)
+STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_per_vhead=pv, prep_maxnreg=r, **_ST)
+                   for pv, w, r in ((False, 2, 0), (False, 4, 0), (False, 8, 0), (False, 4, 128), (False, 8, 128),
+                                    (True, 4, 0), (True, 8, 0), (True, 4, 128), (True, 8, 128))]
+STATE_DIAG_PDL = [VerifyConfig(block_v=64, pdl=True, **_ST), VerifyConfig(block_v=128, num_warps=8, pdl=True, **_ST),
+                  VerifyConfig(block_v=64, pdl=True, prep_per_vhead=True, **_ST),
+                  VerifyConfig(block_v=64, pdl=True, prep_maxnreg=128, **_ST)]
 
 
 def split_step(s, config, part, scratches):
@@ -927,7 +932,7 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
     from hybridspec_kernels.gdn_verify.stacked import stacked_scratch
     from hybridspec_kernels.gdn_verify.two_pass import two_pass_scratch
     t0 = time.time()
-    configs = list(dict.fromkeys([STATE_DIAG_BASE] + STATE_DIAG_STATE + STATE_DIAG_PREP))
+    configs = list(dict.fromkeys([STATE_DIAG_BASE] + STATE_DIAG_STATE + STATE_DIAG_PREP + STATE_DIAG_PDL))
     doc = dict(compile=precompile(gdn, [(L, c) for c in configs for L in (seqlen, 17)]) if ON_GPU else [])
     doc["errors"], _ = config_errors(gdn, device, configs, folded=False)
     for k, v in doc["errors"].items():
@@ -965,16 +970,26 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
         n = accept_counts(seqlen, B, "all", device)
         block_t = max(16, triton.next_power_of_2(seqlen))
+        layers = [0, num_layers - 1]
+        reference = None
         for config in configs:
             make = stacked_scratch if config.stacked else two_pass_scratch
             scratches = [make(device, B, H, HV, block_t, K) for _ in range(num_layers)]
             split_step(s, config, "both", scratches)()  # real factors in every scratch
+            if reference is None:  # the final7 pick's outputs and u, eager: what every graph replay below must give
+                reference = (s["out"][layers].clone(), s["ws"].u[layers, :B].clone())
             parts = ["prep", "state", "both"]
             if config in STATE_DIAG_PREP and config not in STATE_DIAG_STATE:
                 parts = ["prep", "both"]  # the same state pass as STATE_DIAG_STATE[0]
+            if config.pdl:
+                parts = ["both"]
             for part in parts:
+                s["out"][layers] = float("nan")
                 record(dict(part=part, L=seqlen, B=B, config=repr(config), per=num_layers),
                        split_step(s, config, part, scratches))
+                if part == "both" and ON_GPU:  # after the graph's replays: a race would show far above tf32 noise
+                    rows[-1]["out_vs_final7"] = rel_err(s["out"][layers], reference[0])
+                    rows[-1]["u_vs_final7"] = rel_err(s["ws"].u[layers, :B], reference[1])
             save()
             del scratches
         record(dict(part="reconstruct", L=seqlen, B=B, config="default", per=num_layers),
@@ -983,9 +998,9 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
         if ON_GPU:
             torch.cuda.empty_cache()
     save()
-    print(f"{'part':12} {'B':>3} {'us':>8}  config")
+    print(f"{'part':12} {'B':>3} {'us':>8} {'out_err':>8}  config")
     for r in rows:
-        print(f"{r['part']:12} {r['B']:>3} {r.get('us', float('nan')):8.2f}  "
+        print(f"{r['part']:12} {r['B']:>3} {r.get('us', float('nan')):8.2f} {r.get('out_vs_final7', float('nan')):8.1e}  "
               f"{short_config(r['config'])[:80] if 'config' in r else r['name']}")
 
 

@@ -258,6 +258,8 @@ def test_every_accept_position_over_layers(length, config):
                               stacked_dot="tf32", prep_warps=2), False, id="stacked-rolled-tf32"),
     pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, prep_per_vhead=True, prep_warps=8), True,
                  id="stacked-per-vhead-prep"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128), False,
+                 id="stacked-pdl-interpreted-without"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -806,6 +808,10 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, stacked=True, state_dot="bf16")
     with pytest.raises(ValueError, match="stacked_dot must be"):
         VerifyConfig(two_pass=True, stacked=True, stacked_dot="bf16")
+    with pytest.raises(ValueError, match="pdl and prep_maxnreg need stacked"):
+        VerifyConfig(two_pass=True, pdl=True)
+    with pytest.raises(ValueError, match="pdl needs one value block"):
+        VerifyConfig(two_pass=True, stacked=True, pdl=True, whole_v=True)
 
 
 @needs_kernels
@@ -948,6 +954,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                                               prep_per_vhead=True), False, id="bf16-state-stacked-bv128-per-vhead"),
     pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
                                              stacked_dot="tf32", prep_warps=2), False, id="fp32-state-stacked-rolled-tf32"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
+                 False, id="fp32-state-stacked-pdl"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

@@ -35,9 +35,13 @@ def _stacked_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """Program (k-head x v-head group, request): HEADS_PER_PROGRAM of the k-head's HPG v-heads. The first group
-    of a k-head writes its k, raw q/k and Z; every group writes its v-heads' G and factors."""
+    of a k-head writes its k, raw q/k and Z; every group writes its v-heads' G and factors. LAUNCH_DEPENDENTS: let
+    a state pass launched with programmatic dependent launch start as soon as every prep program runs."""
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     i_p, i_n = tl.program_id(0), tl.program_id(1)
     i_h = i_p // (HPG // HEADS_PER_PROGRAM)
     hv0 = i_p * HEADS_PER_PROGRAM  # first v-head of this program
@@ -136,8 +140,11 @@ def _stacked_state_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
+    WAIT_PREP: tl.constexpr,
 ):
-    """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks."""
+    """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. WAIT_PREP (one block
+    per program, launched with programmatic dependent launch after the prep): the program loads its state block
+    and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -162,25 +169,45 @@ def _stacked_state_kernel(
         ws_base = i_n.to(tl.int64) * WS_LEN
     ws_t = ws_base + o_t
     p_u_col = ((ws_base + t_c) * HV + i_hv) * V  # [2BT]
-    o_z = tl.arange(0, 2 * BT)
-    b_zt = tl.load(z_kq + ((i_n * H + i_h) * 2 * BT + o_z[None, :]) * K + o_k[:, None])  # Z^T [K, 2BT]
-    p_fac = fac + ((i_n * HV + i_hv) * 3 * BT) * 2 * BT
-    b_ft = tl.load(p_fac + o_z[:, None] * 2 * BT + o_c[None, :])  # F^T [2BT, 2BT]
-    b_et = tl.load(p_fac + (2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])  # E^T [BT, 2BT]
     conv_window = conv_state + slot * stride_conv_slot
     p_state = ssm_state + slot * stride_ssm_slot + i_hv * V * K
-    for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
-        o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+    p_zt = z_kq + ((i_n * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None]  # Z^T [K, 2BT]
+    p_fac = fac + ((i_n * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :]  # F^T [2BT, 2BT]
+    p_et = fac + ((i_n * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :]  # E^T [BT, 2BT]
+    if WAIT_PREP:  # one block: state and v loads issued before waiting for the prep grid (its results come after)
+        o_v = i_vs * BV + tl.arange(0, BV)
         b_h = tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)  # [BV, K]
         o_xv = 2 * H * K + i_hv * V + o_v
         b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
         b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
-        b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
-        b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
-        b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
-        tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=(m_c & (o_c < BT))[None, :])
-        tl.store(o + p_o_col[None, :] + o_v[:, None], b_y.to(o.dtype.element_ty), mask=(m_c & (o_c >= BT))[None, :])
         tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+        tl.extra.cuda.gdc_wait()
+        _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col, o_v,
+                       o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+    else:
+        b_zt = tl.load(p_zt)
+        b_ft = tl.load(p_fac)
+        b_et = tl.load(p_et)
+        for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
+            o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
+            b_h = tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)  # [BV, K]
+            o_xv = 2 * H * K + i_hv * V + o_v
+            b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
+            b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+            _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT, BIG_DOT,
+                           SMALL_DOT)
+            tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+
+
+@triton.jit
+def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT: tl.constexpr,
+                   BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr):
+    """One value block: P^T = S Z^T, Y^T = P^T F^T + Vc^T E^T; stores u (columns < BT) and O (the rest)."""
+    b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
+    b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
+    b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
+    tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=(m_c & (o_c < BT))[None, :])
+    tl.store(o + p_o_col[None, :] + o_v[:, None], b_y.to(o.dtype.element_ty), mask=(m_c & (o_c >= BT))[None, :])
 
 
 def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
@@ -198,6 +225,8 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
     heads_per_program = 1 if config.prep_per_vhead else heads_per_group
     z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
+    pdl = config.pdl and "prep" in parts and "state" in parts and not _interpreting()
+    prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
     if "prep" in parts:
         _stacked_prep_kernel[(num_v_heads // heads_per_program, num_requests)](
@@ -206,7 +235,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
             W=width, BT=block_t, HPG=heads_per_group, HEADS_PER_PROGRAM=heads_per_program,
             NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
-            WT=True, HAS_WS_ROWS=has_rows, num_warps=config.prep_warps,
+            WT=True, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl, num_warps=config.prep_warps, **prep_opts,
         )
     if "state" in parts:
         block_v = min(config.block_v, head_v_dim)
@@ -217,9 +246,14 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
             BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
             SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1), HAS_WS_ROWS=has_rows,
-            num_warps=config.num_warps,
+            WAIT_PREP=pdl, num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
+
+
+def _interpreting():
+    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs
+    return type(_stacked_state_kernel).__name__ == "InterpretedFunction"
 
 
 def stacked_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):

@@ -649,6 +649,11 @@ class VerifyConfig:
     stacked: bool = False
     stacked_dot: str = "tf32x3"
     prep_per_vhead: bool = False
+    # stacked, one value block per program: the state pass is launched with programmatic dependent launch and
+    # loads its state block before waiting for the prep grid (its loads overlap the prep's tail). prep_maxnreg > 0:
+    # the stacked prep's register cap (more programs resident per SM)
+    pdl: bool = False
+    prep_maxnreg: int = 0
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -676,6 +681,10 @@ class VerifyConfig:
             raise ValueError("prep_per_vhead needs stacked (only the stacked prep has it)")
         if self.stacked and (self.loads_first or self.state_dot != "fp32"):
             raise ValueError("stacked cannot be combined with loads_first or a 16-bit state_dot")
+        if (self.pdl or self.prep_maxnreg) and not self.stacked:
+            raise ValueError("pdl and prep_maxnreg need stacked")
+        if self.pdl and self.whole_v:
+            raise ValueError("pdl needs one value block per program (no whole_v)")
         if self.stacked_dot not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if not 0 <= self.loop_stages <= 4:
