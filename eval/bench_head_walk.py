@@ -521,9 +521,9 @@ TUNE_CASES_V6 = [
 # +28% at b64 (sweep, against session 3's int64 keys) and -17% at b32 (ladder v6): the scoring of each batch size
 # measured side by side, its winner taken by the sweep's 152k rows (and by plan_walk: MEASURED_STREAMED_SCORING).
 # (l2_prefetch=0: what these rows ran before plan_walk prefetched by default.)
-STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0),
-                     "split_res": dict(split_keys=True, split_streamed=False, l2_prefetch=0),
-                     "keys64": dict(split_keys=False, l2_prefetch=0)}
+STREAMED_SCORINGS = {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0, stream_tma=0),
+                     "split_res": dict(split_keys=True, split_streamed=False, l2_prefetch=0, stream_tma=0),
+                     "keys64": dict(split_keys=False, l2_prefetch=0, stream_tma=0)}
 TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32, 64)
                  for name, kw in STREAMED_SCORINGS.items()]
 # Session 4 (v8): the streamed part of a 152k shard (~61 MB a step, every step the same bytes) and the 50-60 MB L2.
@@ -533,13 +533,14 @@ TUNE_CASES_V7 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows in (8, 32,
 # serpentine order and 3 resident tiles of 128 rows were measured slower and removed: eval/notes/head_walk.md.)
 KNEE_TILES = (2, 6, 8, 10, 12, 14)
 L2_VARIANTS = {
-    "tagged": dict(exchange="tagged"),
-    "pf2": dict(l2_prefetch=2), "pf4": dict(l2_prefetch=4), "pf8": dict(l2_prefetch=8),
-    "st32": dict(stream_rows=32),
+    "tagged": dict(exchange="tagged", stream_tma=0),
+    "pf2": dict(l2_prefetch=2, stream_tma=0), "pf4": dict(l2_prefetch=4, stream_tma=0),
+    "pf8": dict(l2_prefetch=8, stream_tma=0), "st32": dict(stream_rows=32),
 }
 TUNE_CASES_V8 = (
-    [(f"knee_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(exchange="tagged")) for n in KNEE_TILES]
-    + [(f"knee_pf4_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(l2_prefetch=4))
+    [(f"knee_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(exchange="tagged", stream_tma=0))
+     for n in KNEE_TILES]
+    + [(f"knee_pf4_n{n}_v{132 * (256 + 64 * n)}_b1", 132 * (256 + 64 * n), 1, dict(l2_prefetch=4, stream_tma=0))
        for n in (2, 8, 14)]
     + [(f"{name}_v152k_b1", 151936, 1, kw) for name, kw in L2_VARIANTS.items() if name != "tagged"]
     + [(f"{scoring}{suffix}_v152k_b{rows}", 151936, rows, dict(STREAMED_SCORINGS[scoring], **kw))
@@ -550,11 +551,13 @@ TUNE_CASES_V8 = (
 # ours_scoring_rule_v152k), and plan_walk's MEASURED_STREAMED_L2_PREFETCH follows it. (The "late" rows, the next
 # tile's loads after the dot, measured no faster and were removed: eval/notes/head_walk.md.)
 STREAMING_BY_BATCH = {
-    1: {"tagged": dict(exchange="tagged")},
-    8: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4)},
-    32: {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0),
-         "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4)},
-    64: {"keys64": dict(split_keys=False, l2_prefetch=0), "keys64_pf4": dict(split_keys=False, l2_prefetch=4)},
+    1: {"tagged": dict(exchange="tagged", stream_tma=0)},
+    8: {"keys64": dict(split_keys=False, l2_prefetch=0, stream_tma=0),
+        "keys64_pf4": dict(split_keys=False, l2_prefetch=4, stream_tma=0)},
+    32: {"split": dict(split_keys=True, split_streamed=True, l2_prefetch=0, stream_tma=0),
+         "split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4, stream_tma=0)},
+    64: {"keys64": dict(split_keys=False, l2_prefetch=0, stream_tma=0),
+         "keys64_pf4": dict(split_keys=False, l2_prefetch=4, stream_tma=0)},
 }
 STREAMING = {name: kw for variants in STREAMING_BY_BATCH.values() for name, kw in variants.items()}
 TUNE_CASES_V9 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_BY_BATCH.items()
@@ -563,24 +566,28 @@ TUNE_CASES_V9 = [(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants 
 # 3-4% slower than session 3's without it: the prefetch distance of sampled walks measured on their own ("s_" rows,
 # the rule and the sampled sweep rows), greedy pf2 beside.
 STREAMING_SAMPLED_BY_BATCH = {
-    8: {f"s_keys64{suffix}": dict(split_keys=False, sampled=True, **kw)
+    8: {f"s_keys64{suffix}": dict(split_keys=False, sampled=True, stream_tma=0, **kw)
         for suffix, kw in (("", dict(l2_prefetch=0)), ("_pf2", dict(l2_prefetch=2)), ("_pf4", dict(l2_prefetch=4)))},
-    32: {f"s_split{suffix}": dict(split_keys=True, split_streamed=True, sampled=True, **kw)
+    32: {f"s_split{suffix}": dict(split_keys=True, split_streamed=True, sampled=True, stream_tma=0, **kw)
          for suffix, kw in (("", dict(l2_prefetch=0)), ("_pf2", dict(l2_prefetch=2)),
                             ("_pf4", dict(l2_prefetch=4)))},
 }
 TUNE_CASES_V11 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_SAMPLED_BY_BATCH.items()
                    for name, kw in variants.items()]
-                  + [("keys64_pf2_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=2)),
-                     ("keys64_pf4_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=4)),
-                     ("split_pf2_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=2)),
-                     ("split_pf4_v152k_b32", 151936, 32, dict(split_keys=True, split_streamed=True, l2_prefetch=4))])
+                  + [("keys64_pf2_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=2, stream_tma=0)),
+                     ("keys64_pf4_v152k_b8", 151936, 8, dict(split_keys=False, l2_prefetch=4, stream_tma=0)),
+                     ("split_pf2_v152k_b32", 151936, 32,
+                      dict(split_keys=True, split_streamed=True, l2_prefetch=2, stream_tma=0)),
+                     ("split_pf4_v152k_b32", 151936, 32,
+                      dict(split_keys=True, split_streamed=True, l2_prefetch=4, stream_tma=0))])
 # Session 5 (v12): the streamed tiles through a TMA ring (stream_tma = stages; Triton pipelines a tl.range over
 # tensor-descriptor loads into shared-memory stages waited on with mbarriers) against the register double buffer.
 # The ring needs shared memory beside the resident tiles (227 KiB a program): "st32" 16 KB tiles under the 128 KiB
 # resident tile, "res192" 3 resident tiles of 64 rows (96 KiB) + 32 KB tiles, "res128" one of 128 rows + 32 KB tiles;
 # "_pf<d>" adds the bulk L2 prefetch d tiles ahead (wrapping into the next step's first tiles, so the copies issued
 # after the exchange find them in L2). The sweep's 152k rows take each batch's winner (ours_scoring_rule_v152k).
+# Run 2 of session 5 (13fcca2) measured this ladder; plan_walk's MEASURED_STREAMED_TMA follows it. The register-path
+# rows of this and the older 152k ladders say stream_tma=0: the plan's default walks the ring since.
 TMA_FORMS = {
     "tma2": dict(stream_tma=2),
     "tma4_st32": dict(stream_tma=4, stream_rows=32),
@@ -591,18 +598,19 @@ TMA_FORMS = {
     "tma4_res128": dict(stream_tma=4, tile_rows=128, resident_tiles=1),
 }
 STREAMING_TMA_BY_BATCH = {
-    1: dict({"tagged": dict(exchange="tagged")}, **TMA_FORMS),
-    8: {"keys64_pf4": dict(split_keys=False, l2_prefetch=4),
+    1: dict({"tagged": dict(exchange="tagged", stream_tma=0)}, **TMA_FORMS),
+    8: {"keys64_pf4": dict(split_keys=False, l2_prefetch=4, stream_tma=0),
         **{f"keys64_{name}": dict(kw, split_keys=False, l2_prefetch=kw.get("l2_prefetch", 0))
            for name, kw in TMA_FORMS.items() if name in ("tma5_st32", "tma3_res192", "tma5_st32_pf8")}},
-    32: {"split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4),
+    32: {"split_pf4": dict(split_keys=True, split_streamed=True, l2_prefetch=4, stream_tma=0),
          **{f"split_{name}": dict(kw, split_keys=True, split_streamed=True, l2_prefetch=kw.get("l2_prefetch", 0))
             for name, kw in TMA_FORMS.items() if name in ("tma5_st32", "tma3_res192", "tma5_st32_pf8")}},
 }
 TUNE_CASES_V12 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_TMA_BY_BATCH.items()
                    for name, kw in variants.items()]
                   + [(f"s_{name}_v152k_b1", 151936, 1, dict(kw, sampled=True))
-                     for name, kw in (("tagged", dict(exchange="tagged")), ("tma5_st32", TMA_FORMS["tma5_st32"]))])
+                     for name, kw in (("tagged", dict(exchange="tagged", stream_tma=0)),
+                                      ("tma5_st32", TMA_FORMS["tma5_st32"]))])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {

@@ -369,9 +369,9 @@ def test_stream_tma_falls_back_where_no_descriptor_fits(monkeypatch):
 
 
 def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
-    """The plan of a 132-SM GPU (no GPU needed): V = 151,936 streams 14 tiles a program, so each batch size takes its
-    measured scoring and L2 prefetch distance (sampled walks their own); V = 32,000 is fully resident and prefetches
-    nothing."""
+    """The plan of a 132-SM GPU (no GPU needed): V = 151,936 streams part of every shard, so each batch size takes its
+    measured scoring and TMA ring (choose_streamed_tma: stages and resident tiles), or without a ring its measured L2
+    prefetch distance (sampled walks their own); V = 32,000 is fully resident and streams nothing."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
@@ -380,12 +380,26 @@ def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
     for rows, sampled in ((1, False), (8, False), (8, True), (32, False), (32, True), (64, False)):
         cfg = walk.plan_walk(151936, 256, rows, 2, cuda, sampled=sampled)
         resident_rows = cfg.resident_tiles * cfg.tile_rows
-        assert (cfg.programs, cfg.chunk_rows, resident_rows) == (132, 1152, 256 if rows < 64 else 128)
-        assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows, sampled)
+        form = walk.choose_streamed_tma(rows)
+        if form is None:
+            assert (cfg.stream_tma, resident_rows) == (0, 256 if rows < 64 else 128)
+            assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows, sampled)
+        else:
+            # The TMA ring takes shared memory from the resident tiles; measured without the L2 prefetch.
+            assert (cfg.stream_tma, cfg.tile_rows, cfg.resident_tiles, cfg.l2_prefetch) == form + (0,)
+        assert (cfg.programs, cfg.chunk_rows) == (132, 1152)
         assert cfg.split_keys == (rows > 1 and walk.choose_streamed_scoring(rows) != "keys64")
-        assert walk.plan_walk(32000, 256, rows, 2, cuda).l2_prefetch == 0
-    assert walk.plan_walk(151936, 256, 8, 2, cuda, l2_prefetch=0).l2_prefetch == 0
+        full = walk.plan_walk(32000, 256, rows, 2, cuda)
+        assert (full.l2_prefetch, full.stream_tma) == (0, 0)
+        # Explicit tiles, prefetch off, 4-byte W2 or an explicit stream_tma: no measured ring.
+        assert walk.plan_walk(151936, 256, rows, 2, cuda, tile_rows=64).stream_tma == 0
+        assert walk.plan_walk(151936, 256, rows, 2, cuda, prefetch=False).stream_tma == 0
+        assert walk.plan_walk(151936, 256, rows, 4, cuda).stream_tma == 0
+        explicit = walk.plan_walk(151936, 256, rows, 2, cuda, stream_tma=0, sampled=sampled)
+        assert (explicit.stream_tma, explicit.l2_prefetch) == (0, walk.choose_streamed_l2_prefetch(rows, sampled))
+    assert walk.plan_walk(151936, 256, 8, 2, cuda, l2_prefetch=0, stream_tma=0).l2_prefetch == 0
     assert walk.plan_walk(151936, 256, 8, 2, cuda, prefetch=False).l2_prefetch == 0
+    assert walk.plan_walk(151936, 256, 1, 2, cuda, l2_prefetch=2).l2_prefetch == 2
 
 
 def test_plan_of_the_l2_options():
@@ -584,18 +598,19 @@ def test_gpu_one_row_streamed_options_agree(sampled):
 @pytest.mark.parametrize("rows", [1, 8, 32])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_stream_tma_agrees(rows, sampled):
-    """V = 151,936 (14 streamed tiles a program): the streamed tiles through the TMA ring (stages and tile shapes as
-    the bench's ladder v12, with and without the L2 prefetch) pick the one-launch-per-step walk's tokens."""
+    """V = 151,936 (14 streamed tiles a program): the streamed tiles through the TMA ring (the plan's measured form,
+    stages and tile shapes of the bench's ladder v12, with and without the L2 prefetch) pick the tokens of the
+    one-launch-per-step walk on the register path."""
     from hybridspec_kernels.head_walk import barrier_errors
 
     p = make_problem(rows, 15, 151936, rank=256, dtype=torch.bfloat16, seed=23 + rows, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows, as vLLM's markov_w2.weight
     p.req = torch.arange(rows, device=DEVICE)
     kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, stream_tma=0, **kw)
     errors = barrier_errors(DEVICE)
-    for opts in (dict(stream_tma=2), dict(stream_tma=5, stream_rows=32), dict(stream_tma=5, stream_rows=32, l2_prefetch=8),
-                 dict(stream_tma=3, tile_rows=64, resident_tiles=3)):
+    for opts in (dict(), dict(stream_tma=2), dict(stream_tma=5, stream_rows=32),
+                 dict(stream_tma=5, stream_rows=32, l2_prefetch=8), dict(stream_tma=3, tile_rows=64, resident_tiles=3)):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), opts

@@ -110,6 +110,20 @@ MEASURED_STREAMED_L2_PREFETCH = ((1, 0), (8, 4), (32, 4), (64, 0))
 MEASURED_STREAMED_L2_PREFETCH_SAMPLED = ((1, 0), (8, 0), (32, 2), (64, 0))
 
 
+# Partly streamed shards (V = 152k), 2-byte W2: (TMA ring stages, resident tile rows, resident tiles) each batch size
+# walks with by default, as measured (ladder v12 of eval/results/head_walk.json, H200, block 15, greedy; same run):
+# b1 4 stages + one resident tile of 128 rows 311.2 us vs the register double buffer 373.6 (-17%; 3 resident tiles
+# of 64 rows 313.8); b8 3 stages + 3 tiles of 64 rows 328.2 vs 400.9 (-18%); b32 391.5 vs 469.3 (-17%). (128 KiB
+# resident + a ring of 16 KB tiles: 500-600 us, slower; 2 stages: 419.1.) The sampled sweep rows of that run walked the
+# same forms: b1 392.1 us vs the register path's 509.4 in its ladder; b8 / b32 547.6 / 770.4 vs 625.5 / 937.5-946.3
+# in session 4's runs. None: b64 (not measured with the ring; its build spills).
+MEASURED_STREAMED_TMA = ((1, (4, 128, 1)), (8, (3, 64, 3)), (32, (3, 64, 3)), (64, None))
+
+
+def choose_streamed_tma(num_rows: int) -> tuple[int, int, int] | None:
+    return next((form for rows, form in MEASURED_STREAMED_TMA if num_rows <= rows), MEASURED_STREAMED_TMA[-1][1])
+
+
 def choose_streamed_l2_prefetch(num_rows: int, sampled: bool = False) -> int:
     rule = MEASURED_STREAMED_L2_PREFETCH_SAMPLED if sampled else MEASURED_STREAMED_L2_PREFETCH
     return next((tiles for rows, tiles in rule if num_rows <= rows), rule[-1][1])
@@ -133,9 +147,12 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               num_warps: int | None = None, num_stages: int | None = None, stream_rows: int | None = None,
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
-              noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int = 0,
+              noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
               sampled: bool = False) -> WalkConfig:
-    """How the vocabulary is split over programs and how much of each shard stays on chip."""
+    """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
+    measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
+    shape, residency or prefetch option is given; else none."""
+    tiles_given = tile_rows is not None or resident_tiles is not None or stream_rows is not None
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
     if exchange not in EXCHANGES:
@@ -148,7 +165,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     if l2_prefetch is not None and l2_prefetch < 0:
         raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
-    if not 0 <= stream_tma <= MAX_STREAM_STAGES:
+    if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
@@ -188,6 +205,17 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
     multi = on_gpu and num_programs > 1 and not lockstep
     streamed = chunk_rows > resident_tiles * tile_rows
+    tma_form = None
+    if stream_tma is None:
+        tma_form = (choose_streamed_tma(num_rows) if streamed and on_gpu and residency == "auto" and not tiles_given
+                    and prefetch and w2_elt_bytes == 2 else None)
+        stream_tma = 0
+    if tma_form is not None:
+        stream_tma, tile_rows, resident_tiles = tma_form
+        resident_tiles = min(resident_tiles, triton.cdiv(chunk_rows, tile_rows))
+        streamed = chunk_rows > resident_tiles * tile_rows
+        # The ring forms were measured without the L2 bulk prefetch (with it: +3% at b1).
+        l2_prefetch = 0 if l2_prefetch is None else l2_prefetch
     if l2_prefetch is None:
         l2_prefetch = choose_streamed_l2_prefetch(num_rows, sampled) if streamed and prefetch and on_gpu else 0
     if split_keys is None or split_streamed is None:
@@ -310,7 +338,7 @@ def head_walk(
     split_streamed: bool | None = None,
     noise_ahead: bool | None = None,
     l2_prefetch: int | None = None,
-    stream_tma: int = 0,
+    stream_tma: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -353,8 +381,8 @@ def head_walk(
             (sampled: the next step's noise computed during the exchange; None: up to NOISE_AHEAD_MAX_ROWS
             padded rows), l2_prefetch (streamed tiles bulk-prefetched into L2 this many tiles ahead; None:
             choose_streamed_l2_prefetch for partly streamed shards), stream_tma (streamed tiles through a TMA ring
-            of this many shared-memory stages; 0: the register double buffer; needs 16-byte aligned rows of W2
-            and U, else 0): launch overrides for tests and tuning.
+            of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
+            needs 16-byte aligned rows of W2 and U and no fp8, else 0): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -399,7 +427,7 @@ def head_walk(
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
     _check(l2_prefetch is None or l2_prefetch >= 0, f"l2_prefetch must be >= 0, got {l2_prefetch}")
-    _check(0 <= stream_tma <= MAX_STREAM_STAGES,
+    _check(stream_tma is None or 0 <= stream_tma <= MAX_STREAM_STAGES,
            f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     if w2_dtype is not None:
         _check(w2_dtype == torch.float8_e4m3fn, f"w2_dtype must be None or torch.float8_e4m3fn, got {w2_dtype}")
