@@ -545,9 +545,22 @@ SWEEP_VERIFY_SPLIT6 = [
     VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 winner
     VerifyConfig(block_v=32, two_pass=True, weight_tiles=True),
 ]
+# --sweep-set stacked7 (session 5, GB): the tuned picks, the two-pass pick with its prep capped at 128 registers (one
+# wave of prep programs at b32), and the stacked forms (stacked.py) with the picks of call 1 (commit 80d4be1, L16 b32:
+# stacked BV64 + pdl + prep_maxnreg 128 60.1 us vs the two-pass pick 63.3; b64 110.4 vs 113.4)
+SWEEP_VERIFY_STACKED7 = [
+    VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES),  # b1 picks (L4 / L16)
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2), VerifyConfig(block_v=32, whole_v=True, loop_stages=2, **_SG),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2),  # b32 / b64 pick
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, prep_maxnreg=128),
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128),
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_warps=8),
+    VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
+]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
-              "split6": SWEEP_VERIFY_SPLIT6}
+              "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -565,6 +578,8 @@ SWEEP_RECON_SHORT5.append(dict(short=True, block_v=64, num_warps=8, early=True))
 # so its launches are timed again beside final6's short picks
 SWEEP_RECON_SPLIT6 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in ((32, 4), (32, 8), (64, 8))] + [
     dict(short=True, block_v=bv, num_warps=w, early=early) for bv, w, early in ((16, 2, False), (32, 4, True))]
+# stacked7: final7's reconstruction picks only (BV32 x 8 and BV64 x 8 lost every cell there)
+SWEEP_RECON_STACKED7 = [SWEEP_RECON_SPLIT6[0]] + SWEEP_RECON_SPLIT6[3:]
 
 
 def default_eligible(config):
@@ -897,12 +912,11 @@ STATE_DIAG_STATE = [  # stacked state passes (prep: per k-head, 4 warps)
     VerifyConfig(block_v=64, whole_v=True, loop_stages=2, **_ST), VerifyConfig(block_v=64, stacked_dot="tf32", **_ST),
     VerifyConfig(block_v=32, **_ST),
 ]
-# preps with the BV64 state pass (triton 3.6: the per-v-head prep at 2 warps fails to compile, ConvertTritonGPUToLLVM)
-STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_per_vhead=pv, prep_maxnreg=r, **_ST)
-                   for pv, w, r in ((False, 2, 0), (False, 4, 0), (False, 8, 0), (False, 4, 128), (False, 8, 128),
-                                    (True, 4, 0), (True, 8, 0), (True, 4, 128), (True, 8, 128))]
+# preps with the BV64 state pass (call 1, session 5, also timed: the per-v-head prep (removed: wrong outputs on the
+# H200, its BT = 32 build did not compile) and the prep at 2 warps (wrong outputs in graph replays; now refused))
+STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_maxnreg=r, **_ST)
+                   for w, r in ((4, 0), (8, 0), (4, 128), (8, 128))]
 STATE_DIAG_PDL = [VerifyConfig(block_v=64, pdl=True, **_ST), VerifyConfig(block_v=128, num_warps=8, pdl=True, **_ST),
-                  VerifyConfig(block_v=64, pdl=True, prep_per_vhead=True, **_ST),
                   VerifyConfig(block_v=64, pdl=True, prep_maxnreg=128, **_ST)]
 
 
@@ -1101,7 +1115,7 @@ def main():
 
     sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
-                     "split6": SWEEP_RECON_SPLIT6, "full": SWEEP_RECON}.get(
+                     "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7, "full": SWEEP_RECON}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1123,7 +1137,7 @@ def main():
     if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
         if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a split form)
-            configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1]
+            configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
         wait_for_file(args.wait_file)
         errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
@@ -1135,7 +1149,7 @@ def main():
             rows_L, best_verify[L], best_fold_L, best_recon[L], short_L = sweep(
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
-                recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6"), recon_errs=recon_errs)
+                recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7"), recon_errs=recon_errs)
             sweep_rows += rows_L
             if short_L:
                 best_recon_short[L] = short_L

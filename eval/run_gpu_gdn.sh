@@ -19,6 +19,8 @@
 #   MODE=final7 (session 4, G2) as final6 with --sweep-set split6 (split Gram products; the general reconstruction's
 #               launches again, now with 16-byte state access); GPU tests: split Gram, unaligned tables, short forms,
 #               hoisted weight tiles, and the checkpoint reconstruction (tests/ops/test_gdn_checkpoint.py)
+#   MODE=final8 (session 5, GB) as final7 with --sweep-set stacked7 (the stacked two-pass forms, PDL, the prep's
+#               register cap; reconstruction: final7's picks only); GPU tests: stacked, prep cap, two-pass forms
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
 #               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
@@ -68,7 +70,7 @@ if [ "$MODE" = sdiag ]; then
     tail -2 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -88,6 +90,10 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     elif [ "$MODE" = final6 ]; then
         SWEEP_SET=short5 TEST_K="short_forms or hoisted-weight-tiles or hoisted-early-stores" SWEEP_CUT=120 \
             TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
+        EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
+    elif [ "$MODE" = final8 ]; then
+        SWEEP_SET=stacked7 TEST_K="stacked or maxnreg or two-pass or two_pass" SWEEP_CUT=140 TEST_S=${TEST_S:-100} \
+            BENCH_S=${BENCH_S:-230} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
     else
         SWEEP_SET=split6 TEST_K="split or unaligned or short_forms or hoisted-weight-tiles or checkpoint" \
@@ -114,7 +120,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not (REPO / ".vendor" / "vllm033").exists(), reason="vLLM 0.33 wheel sources not unpacked")
-@pytest.mark.parametrize("extra", [[], ["--no-fold", "--sweep", "--sweep-set", "split6", "--ladder"]],
+@pytest.mark.parametrize("extra", [[], ["--no-fold", "--sweep", "--sweep-set", "stacked7", "--ladder"]],
                          ids=["grid", "sweep-no-fold"])
 def test_bench_quick_writes_results(tmp_path, extra):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONSAFEPATH": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -40,8 +40,10 @@ def test_bench_quick_writes_results(tmp_path, extra):
     assert all(r.get("out_rel_err", r.get("ssm_rel_err")) < 1e-5 for r in doc["sweep"])
     written = json.loads(tuned.read_text())
     assert set(written["verify_by_len"]) == {"4"} and set(written["reconstruct_by_len"]["4"]) == {"3"}
-    # split6: a split-Gram verify form and the short reconstruction were swept (L = 4); the ladder ran every stage
+    # stacked7: a split-Gram and a stacked verify form and the short reconstruction were swept (L = 4); the ladder ran
+    # every stage
     assert any("split_gram=True" in r["config"] for r in doc["sweep"] if r["part"] == "verify")
+    assert any("stacked=True" in r["config"] for r in doc["sweep"] if r["part"] == "verify")
     assert any("'short': True" in r["config"] for r in doc["sweep"] if r["part"] == "reconstruct")
     assert set(written["reconstruct_short_by_len"]["4"]["3"]) == {"short", "block_v", "num_warps", "early"}
     assert [r["skip"] for r in doc["ladder"]][:2] == [0, 1] and all("us" in r for r in doc["ladder"])

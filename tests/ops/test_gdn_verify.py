@@ -167,9 +167,9 @@ VERIFY_CASES = [
                                     VerifyConfig(hoist=True, weight_tiles=True, early_stores=True),
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True),
                                     VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
-                                                 prep_per_vhead=True, stacked_dot="ieee")],
+                                                 stacked_dot="ieee")],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
-                              "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-per-vhead"])
+                              "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-ieee"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -198,7 +198,7 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
 
 @needs_kernels
 @pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_per_vhead=True)],
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_maxnreg=128)],
                          ids=["default", "two-pass", "stacked"])
 @pytest.mark.parametrize("length", [17, 6])
 def test_every_accept_position_over_layers(length, config):
@@ -255,9 +255,10 @@ def test_every_accept_position_over_layers(length, config):
     pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True), False, id="stacked-per-block"),
     pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, num_warps=8), False, id="stacked-bv-above-v"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
-                              stacked_dot="tf32", prep_warps=2), False, id="stacked-rolled-tf32"),
-    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, prep_per_vhead=True, prep_warps=8), True,
-                 id="stacked-per-vhead-prep"),
+                              stacked_dot="tf32", prep_warps=8), False, id="stacked-rolled-tf32"),
+    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, prep_warps=8), True, id="stacked-prep-8-warps"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, prep_maxnreg=128), False,
+                 id="two-pass-prep-maxnreg-interpreted-without"),
     pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128), False,
                  id="stacked-pdl-interpreted-without"),
 ])
@@ -800,15 +801,19 @@ def test_rejects_bad_configs():
         VerifyConfig(split_gram=True, two_pass=True)
     with pytest.raises(ValueError, match="loop_stages must be"):
         VerifyConfig(loop_stages=7)
-    with pytest.raises(ValueError, match="stacked and prep_per_vhead need two_pass"):
+    with pytest.raises(ValueError, match="stacked and prep_maxnreg need two_pass"):
         VerifyConfig(stacked=True)
-    with pytest.raises(ValueError, match="prep_per_vhead needs stacked"):
-        VerifyConfig(two_pass=True, prep_per_vhead=True)
+    with pytest.raises(ValueError, match="stacked and prep_maxnreg need two_pass"):
+        VerifyConfig(prep_maxnreg=128)
+    with pytest.raises(ValueError, match="prep_maxnreg must be"):
+        VerifyConfig(two_pass=True, prep_maxnreg=8)
+    with pytest.raises(ValueError, match="prep_warps < 4"):
+        VerifyConfig(two_pass=True, stacked=True, prep_warps=2)
     with pytest.raises(ValueError, match="stacked cannot be combined"):
         VerifyConfig(two_pass=True, stacked=True, state_dot="bf16")
     with pytest.raises(ValueError, match="stacked_dot must be"):
         VerifyConfig(two_pass=True, stacked=True, stacked_dot="bf16")
-    with pytest.raises(ValueError, match="pdl and prep_maxnreg need stacked"):
+    with pytest.raises(ValueError, match="pdl needs stacked"):
         VerifyConfig(two_pass=True, pdl=True)
     with pytest.raises(ValueError, match="pdl needs one value block"):
         VerifyConfig(two_pass=True, stacked=True, pdl=True, whole_v=True)
@@ -950,10 +955,12 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
     pytest.param(torch.bfloat16, VerifyConfig(whole_v=True, loop_stages=2, split_gram=True), False,
                  id="bf16-state-whole-v-rolled-split-gram"),
     pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True), False, id="fp32-state-stacked"),
-    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True,
-                                              prep_per_vhead=True), False, id="bf16-state-stacked-bv128-per-vhead"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, prep_maxnreg=128),
+                 False, id="bf16-state-stacked-bv128"),
+    pytest.param(torch.float32, VerifyConfig(whole_v=True, loop_stages=2, two_pass=True, prep_maxnreg=128), False,
+                 id="fp32-state-two-pass-prep-maxnreg"),
     pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
-                                             stacked_dot="tf32", prep_warps=2), False, id="fp32-state-stacked-rolled-tf32"),
+                                             stacked_dot="tf32", prep_warps=8), False, id="fp32-state-stacked-rolled-tf32"),
     pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
                  False, id="fp32-state-stacked-pdl"),
 ])

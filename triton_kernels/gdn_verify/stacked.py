@@ -1,9 +1,8 @@
 """Two-launch gdn_verify with the state block as the only large MMA operand (`VerifyConfig(stacked=True)`).
 
-    prep   grid (H * P, B)      q/k conv + L2 norm, Gram products, gates, Neumann inverse (P = 1: one program per
-                                k-head walks its HV/H v-heads; P = HV/H, `prep_per_vhead`: one program per v-head,
-                                the q/k chain repeated): writes k, G, raw q/k (workspace), the stacked operand
-                                Z = [k; q] [2BT, K] and per v-head the output factors [3BT, 2BT] (scratch)
+    prep   grid (H, B)          q/k conv + L2 norm, Gram products, gates, Neumann inverse of the k-head's HV/H
+                                v-heads: writes k, G, raw q/k (workspace), the stacked operand Z = [k; q] [2BT, K]
+                                and per v-head the output factors [3BT, 2BT] (scratch)
     state  grid (V / VP, HV, B) per value block of BV columns:
                                 P^T = S_block Z^T                 [BV, 2BT]   (KS^T | QS^T: one product)
                                 Y^T = P^T F^T + Vc^T E^T          [BV, 2BT]   (U^T | scale O^T)
@@ -33,18 +32,20 @@ def _stacked_prep_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, ws_rows, z_kq,
     fac, scale, stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-    HPG: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
+    HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
+    SMALL_DOT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    """Program (k-head x v-head group, request): HEADS_PER_PROGRAM of the k-head's HPG v-heads. The first group
-    of a k-head writes its k, raw q/k and Z; every group writes its v-heads' G and factors. LAUNCH_DEPENDENTS: let
-    a state pass launched with programmatic dependent launch start as soon as every prep program runs."""
+    """Program (k-head, request): its k, raw q/k and Z, and G and the factors of its HPG v-heads.
+
+    The [BT, BT] factors are built transposed from the start (rows = input token s, columns = output token t, the
+    layout the state pass reads), so each is stored row by row with no layout conversion: with A^T[s, t] =
+    beta_t exp(G_t - G_s) k_s.k_t (s < t), (I + A)^-T = (I + A^T)^-1 by the same Neumann product, Mb^T = (I + A)^-T
+    scaled by beta per row, attn^T[s, t] = exp(G_t - G_s) k_s.q_t (s <= t), (attn Mb)^T = Mb^T attn^T.
+    LAUNCH_DEPENDENTS: let a state pass launched with programmatic dependent launch start as soon as every prep
+    program runs."""
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
-    i_p, i_n = tl.program_id(0), tl.program_id(1)
-    i_h = i_p // (HPG // HEADS_PER_PROGRAM)
-    hv0 = i_p * HEADS_PER_PROGRAM  # first v-head of this program
+    i_h, i_n = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
     slot = tl.load(state_indices + i_n).to(tl.int64)
@@ -53,25 +54,24 @@ def _stacked_prep_kernel(
     o_t = tl.arange(0, BT)
     m_t = o_t < seqlen
     o_k = tl.arange(0, K)
-    o_j = tl.arange(0, HEADS_PER_PROGRAM)
-    i_hv = hv0 + o_j
-    writer = hv0 % HPG == 0
-    m_w = o_t < tl.where(writer, seqlen, 0)
+    o_j = tl.arange(0, HPG)
+    i_hv = i_h * HPG + o_j
     conv_window = conv_state + slot * stride_conv_slot
-    b_a = tl.load(a + (bos + o_t)[:, None] * stride_a + i_hv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-    b_b = tl.load(b + (bos + o_t)[:, None] * stride_b + i_hv[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-    b_a += tl.load(dt_bias + i_hv).to(tl.float32)[None, :]
-    b_xq = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_w[:, None], other=0.0)
-    b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_w[:, None],
+    # gates of all v-heads of the k-head, tokens along columns: [HPG, BT]
+    b_a = tl.load(a + (bos + o_t)[None, :] * stride_a + i_hv[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
+    b_b = tl.load(b + (bos + o_t)[None, :] * stride_b + i_hv[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
+    b_a += tl.load(dt_bias + i_hv).to(tl.float32)[:, None]
+    b_xq = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None], other=0.0)
+    b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
                    other=0.0)
     b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
-                            HAS_BIAS, WT)
+                            HAS_BIAS, True)
     b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                            HAS_BIAS, WT)
+                            HAS_BIAS, True)
     softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
-    b_g = tl.where(m_t[:, None], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[None, :] * softplus, 0.0)
-    b_beta = tl.where(m_t[:, None], tl.sigmoid(b_b), 0.0)
-    b_Gs = tl.cumsum(b_g, 0)  # [BT, HEADS_PER_PROGRAM]
+    b_g = tl.where(m_t[None, :], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[:, None] * softplus, 0.0)
+    b_beta = tl.where(m_t[None, :], tl.sigmoid(b_b), 0.0)
+    b_Gs = tl.cumsum(b_g, 1)  # [HPG, BT]
 
     b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -79,39 +79,38 @@ def _stacked_prep_kernel(
         ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
     else:
         ws_row = i_n.to(tl.int64) * WS_LEN + o_t
-    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_w[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_w[:, None])
-    tl.store(ws_g + ws_row[:, None] * HV + i_hv[None, :], b_Gs, mask=m_t[:, None])
+    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_t[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_t[:, None])
+    tl.store(ws_g + ws_row[None, :] * HV + i_hv[:, None], b_Gs, mask=m_t[None, :])
     p_z = z_kq + ((i_n * H + i_h) * 2 * BT + o_t[:, None]) * K + o_k[None, :]
-    m_z = (o_t < tl.where(writer, BT, 0))[:, None]  # padded rows too: zeros
-    tl.store(p_z, b_k, mask=m_z)
-    tl.store(p_z + BT * K, b_q, mask=m_z)
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=BIG_DOT)
-    causal = o_t[:, None] >= o_t[None, :]
+    tl.store(p_z, b_k)  # padded rows are zeros
+    tl.store(p_z + BT * K, b_q)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT], symmetric
+    b_kq = tl.dot(b_k, tl.trans(b_q), input_precision=BIG_DOT)  # [s, t] = k_s.q_t
+    causal_t = o_t[:, None] <= o_t[None, :]  # s <= t
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    for j in tl.static_range(HEADS_PER_PROGRAM):
-        b_G = tl.sum(tl.where(o_j[None, :] == j, b_Gs, 0.0), 1)
-        b_bj = tl.sum(tl.where(o_j[None, :] == j, b_beta, 0.0), 1)
+    p_f = fac + ((i_n * HV + i_h * HPG) * 3 * BT + o_t[:, None]) * 2 * BT + o_t[None, :]  # F^T, E^T rows
+    for j in tl.static_range(HPG):
+        b_G = tl.sum(tl.where(o_j[:, None] == j, b_Gs, 0.0), 0)
+        b_bj = tl.sum(tl.where(o_j[:, None] == j, b_beta, 0.0), 0)
         b_gamma = tl.where(m_t, tl.exp(b_G), 0.0)
-        decay = tl.where(causal, tl.exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-        b_A = tl.where(o_t[:, None] > o_t[None, :], b_bj[:, None] * decay * b_kk, 0.0)
-        b_inv = eye - b_A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...
+        decay = tl.where(causal_t, tl.exp(tl.where(causal_t, b_G[None, :] - b_G[:, None], 0.0)), 0.0)  # [s, t]
+        b_A = tl.where(o_t[:, None] < o_t[None, :], b_bj[None, :] * decay * b_kk, 0.0)  # A^T
+        b_inv = eye - b_A  # (I + A^T)^-1 = (I - A^T)(I + A^T^2)(I + A^T^4)...
         b_pow = b_A
         for _ in tl.static_range(NEUMANN_STEPS):
             b_pow = tl.dot(b_pow, b_pow, input_precision=SMALL_DOT)
             b_inv = tl.dot(b_inv, eye + b_pow, input_precision=SMALL_DOT)
-        b_mb = b_inv * b_bj[None, :]  # Mb[t, s]
-        b_am = tl.dot(decay * b_qk, b_mb, input_precision=SMALL_DOT) * scale  # scale attn Mb
-        # factors stored transposed ([in, out], out = t contiguous): F^T rows 0..2BT-1, E^T rows 2BT..3BT-1
-        p_f = fac + ((i_n * HV + hv0 + j) * 3 * BT + o_t[None, :]) * 2 * BT + o_t[:, None]  # [t, s] -> F^T[s, t]
-        tl.store(p_f, -b_mb * b_gamma[None, :])  # KS -> U
-        tl.store(p_f + BT, -b_am * b_gamma[None, :])  # KS -> O
-        tl.store(p_f + BT * 2 * BT, eye * 0.0)  # QS -> U
-        tl.store(p_f + BT * 2 * BT + BT, eye * (scale * b_gamma)[:, None])  # QS -> O
-        tl.store(p_f + 2 * BT * 2 * BT, b_mb)  # Vc -> U
-        tl.store(p_f + 2 * BT * 2 * BT + BT, b_am)  # Vc -> O
+        b_mb = b_inv * b_bj[:, None]  # Mb^T[s, t]
+        b_am = tl.dot(b_mb, decay * b_kq, input_precision=SMALL_DOT) * scale  # (scale attn Mb)^T
+        p_fj = p_f + j * 3 * BT * 2 * BT
+        tl.store(p_fj, -b_mb * b_gamma[:, None])  # KS -> U
+        tl.store(p_fj + BT, -b_am * b_gamma[:, None])  # KS -> O
+        tl.store(p_fj + BT * 2 * BT, eye * 0.0)  # QS -> U
+        tl.store(p_fj + BT * 2 * BT + BT, eye * (scale * b_gamma)[None, :])  # QS -> O
+        tl.store(p_fj + 2 * BT * 2 * BT, b_mb)  # Vc -> U
+        tl.store(p_fj + 2 * BT * 2 * BT + BT, b_am)  # Vc -> O
 
 
 @triton.jit
@@ -222,20 +221,19 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
-    heads_per_program = 1 if config.prep_per_vhead else heads_per_group
     z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
     pdl = config.pdl and "prep" in parts and "state" in parts and not _interpreting()
     prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
     if "prep" in parts:
-        _stacked_prep_kernel[(num_v_heads // heads_per_program, num_requests)](
+        _stacked_prep_kernel[(num_k_heads, num_requests)](
             mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
             workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
             conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
-            W=width, BT=block_t, HPG=heads_per_group, HEADS_PER_PROGRAM=heads_per_program,
-            NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
-            WT=True, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl, num_warps=config.prep_warps, **prep_opts,
+            W=width, BT=block_t, HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
+            BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
+            num_warps=config.prep_warps, **prep_opts,
         )
     if "state" in parts:
         block_v = min(config.block_v, head_v_dim)

@@ -193,6 +193,7 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
             HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
             SMALL_DOT=small_dot, BW=triton.next_power_of_2(width), LOADS_FIRST=config.loads_first,
             WT=config.weight_tiles, HAS_WS_ROWS=rows_and_fold["constexprs"]["HAS_WS_ROWS"], num_warps=config.prep_warps,
+            **(dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}),
         )
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
@@ -207,6 +208,11 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
             **rows_and_fold["constexprs"], num_warps=config.num_warps,
         )
     return out
+
+
+def _interpreting():
+    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs
+    return type(_gdn_verify_prep_kernel).__name__ == "InterpretedFunction"
 
 
 def two_pass_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):

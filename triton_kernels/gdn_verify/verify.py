@@ -643,16 +643,14 @@ class VerifyConfig:
     split_gram: bool = False
     # session 5, GB (two_pass): the state pass takes k and q stacked as one [2BT, K] operand against the state block
     # and applies the U / O factors as two products on that result (stacked.py); stacked_dot = their precision
-    # (tf32x3: three tensor-core products, ~fp32; "tf32": one). prep_per_vhead: the stacked prep runs one program per
-    # (v-head, request) instead of per (k-head, request), repeating the q/k chain (twice the programs, half the
-    # chain per program)
+    # (tf32x3: three tensor-core products, ~fp32; "tf32": one)
     stacked: bool = False
     stacked_dot: str = "tf32x3"
-    prep_per_vhead: bool = False
     # stacked, one value block per program: the state pass is launched with programmatic dependent launch and
-    # loads its state block before waiting for the prep grid (its loads overlap the prep's tail). prep_maxnreg > 0:
-    # the stacked prep's register cap (more programs resident per SM)
+    # loads its state block before waiting for the prep grid (its loads overlap the prep's tail)
     pdl: bool = False
+    # two_pass: the prep launch's register cap (maxnreg; 0 = none): 128 lets 4 prep programs of 4 warps share an SM,
+    # i.e. the 512 (k-head, request) programs of batch 32 run in one wave instead of two
     prep_maxnreg: int = 0
 
     def __post_init__(self):
@@ -675,14 +673,15 @@ class VerifyConfig:
             raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
         if self.split_gram and self.two_pass:
             raise ValueError("split_gram cannot be combined with two_pass (its Gram products are its own)")
-        if (self.stacked or self.prep_per_vhead) and not self.two_pass:
-            raise ValueError("stacked and prep_per_vhead need two_pass")
-        if self.prep_per_vhead and not self.stacked:
-            raise ValueError("prep_per_vhead needs stacked (only the stacked prep has it)")
-        if self.stacked and (self.loads_first or self.state_dot != "fp32"):
-            raise ValueError("stacked cannot be combined with loads_first or a 16-bit state_dot")
-        if (self.pdl or self.prep_maxnreg) and not self.stacked:
-            raise ValueError("pdl and prep_maxnreg need stacked")
+        if (self.stacked or self.prep_maxnreg) and not self.two_pass:
+            raise ValueError("stacked and prep_maxnreg need two_pass")
+        if self.stacked and (self.loads_first or self.state_dot != "fp32" or self.prep_warps < 4):
+            # prep_warps 2: the H200 run of session 5 gave wrong outputs in CUDA-graph replays (eager right)
+            raise ValueError("stacked cannot be combined with loads_first, a 16-bit state_dot or prep_warps < 4")
+        if self.prep_maxnreg and not 32 <= self.prep_maxnreg <= 255:
+            raise ValueError(f"prep_maxnreg must be 0 or 32..255, got {self.prep_maxnreg}")
+        if self.pdl and not self.stacked:
+            raise ValueError("pdl needs stacked")
         if self.pdl and self.whole_v:
             raise ValueError("pdl needs one value block per program (no whole_v)")
         if self.stacked_dot not in ("tf32", "tf32x3", "ieee"):
@@ -871,7 +870,7 @@ def gdn_verify(
     if config is None:
         config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
         if fold is not None and config.stacked:  # a tuned unfolded pick; the stacked form has no fold path
-            config = dataclasses.replace(config, stacked=False, prep_per_vhead=False)
+            config = dataclasses.replace(config, stacked=False, pdl=False)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:
