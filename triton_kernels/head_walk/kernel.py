@@ -3,7 +3,8 @@
 One launch walks all N steps. Program p owns a contiguous vocabulary shard of W2; up to RES_TILES tiles of RT
 rows stay in shared memory for the whole walk (loaded before the step loop, they are loop-invariant operands of
 `tl.dot([rows, r], [r, BP])`, a wgmma that reads them from shared memory every step); the rest of the shard
-(partial residency) is streamed each step in ST-row tiles. Each step every program: picks the previous token
+(partial residency) is streamed each step in ST-row tiles (STREAM_TMA: through a ring of shared-memory stages that
+TMA copies fill; else double-buffered in registers). Each step every program: picks the previous token
 from all programs' published keys, gathers W1[x], (RNN: advances its slice of the recurrent state and exchanges
 it), computes its shard's logits for all rows, takes the shard's argmax / Gumbel-max per row, publishes it as
 one int64 key per row, and waits for every program's key of this step (a grid barrier or tagged keys).

@@ -6,8 +6,10 @@ Design (kernel.py has the kernel):
   persistent kernel beside it).
 - Program p owns vocabulary rows [p * C, (p + 1) * C). Its first TILE rows of W2 stay in shared memory for the
   whole walk (TILE * r * 2 bytes = 128 KiB at r = 256 bf16); the other C - TILE rows are streamed every step
-  (partial residency). At V = 32,000 every row is resident (125 programs x 256 rows); at V = 151,936, 132 x 256
-  rows are (22%), the rest is read each step.
+  (partial residency). At V = 32,000 every row is resident (125 programs x 256 rows); at V = 151,936 part of each
+  shard is, the rest is read each step: by default through a TMA ring (stream_tma; Triton pipelines tensor-descriptor
+  loads into shared-memory stages waited on with mbarriers), which needs some of the shared memory, so fewer rows
+  stay resident (MEASURED_STREAMED_TMA).
 - Per step and program: previous token from all programs' keys -> W1[x] (+ gate / RNN state) -> [B, r] @ [r, C]
   on tensor cores -> rounding as vLLM -> + U_k -> draft logits store (sampling) -> argmax or vLLM's Gumbel-max
   -> one int64 key per row -> grid barrier.
