@@ -556,6 +556,7 @@ SWEEP_VERIFY_STACKED7 = [
     VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128),
     VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
     VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_warps=8),
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_warps=8, prep_maxnreg=64),  # 4 per SM
     VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
 ]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
