@@ -96,14 +96,20 @@ def test_greedy_matches_naive(head, rows, steps, vocab, dtype):
 @needs_kernels
 @pytest.mark.parametrize("head", ["markov", "gated_markov", "rnn"])
 @pytest.mark.parametrize("reduced_vocab", [False, True], ids=["full-vocab", "d2t"])
-def test_sampled_matches_naive_and_fills_draft_logits(head, reduced_vocab):
-    rows, steps, vocab = 4, 6, 1031
+@pytest.mark.parametrize("stream_tma", [0, 3], ids=["register-path", "tma-ring"])
+def test_sampled_matches_naive_and_fills_draft_logits(head, reduced_vocab, stream_tma):
+    # The TMA ring needs 16-byte aligned rows: 1032 fp32 columns and row-contiguous W2.
+    rows, steps, vocab = 4, 6, 1032 if stream_tma else 1031
     p = make_problem(rows, steps, vocab, seed=1)
+    if stream_tma:
+        p.w2 = p.w2.t().contiguous().t()
     extra = dict(draft_to_target=p.d2t, req_indices=p.req) if reduced_vocab else {}
+    extra["stream_tma"] = stream_tma
     kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head), **sampling_kwargs(p), **extra)
     width = vocab + 40 if reduced_vocab else vocab
     cache = torch.full((rows + 2, steps + 1, width), -7.0, device=DEVICE)
     tokens, filled, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+    kw.pop("stream_tma")
     ref_tokens, ref_logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     assert filled is cache
     assert torch.equal(tokens, ref_tokens)
@@ -325,6 +331,8 @@ def test_streamed_loop_by_tile_index_keeps_the_walk(opts, rows, sampled):
                  id="1-stage-int64-keys-b3-fp16"),
     pytest.param(dict(stream_tma=3, residency="off", stream_rows=32, tile_rows=64), 5, False, torch.float32,
                  id="nothing-resident-b5"),
+    pytest.param(dict(stream_tma=3, d2t=True), 3, True, torch.float32, id="reduced-vocab-b3-sampled"),
+    pytest.param(dict(stream_tma=4, d2t=True), 1, False, torch.float32, id="reduced-vocab-b1"),
 ])
 def test_stream_tma_keeps_the_walk(monkeypatch, opts, rows, sampled, dtype):
     """The streamed tiles through tensor descriptors (the TMA ring on a GPU; the interpreter runs the same loads
@@ -341,6 +349,9 @@ def test_stream_tma_keeps_the_walk(monkeypatch, opts, rows, sampled, dtype):
     p = make_problem(rows, 5, 1032, dtype=dtype, seed=17)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): a descriptor can read them
     kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
+    opts = dict(opts)
+    if opts.pop("d2t", False):
+        kw["draft_to_target"] = p.d2t
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     for launch in (dict(programs=3, lockstep=True), dict()):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **launch, **opts, **kw)
