@@ -173,6 +173,12 @@ def manager_class() -> type:
                 slot.np.fill(1.0)
 
         def set_cost_curves(self, draft_curve, verify_curve) -> None:
+            # Each tensor-parallel rank timed its own capture. vLLM plans every rank with rank 0's curves (it
+            # broadcasts them inside, keeping only its tables); we must too, or ranks could pick different verify
+            # lengths for one batch.
+            from vllm.distributed.parallel_state import get_tp_group
+
+            draft_curve, verify_curve = get_tp_group().broadcast_object((draft_curve, verify_curve), src=0)
             super().set_cost_curves(draft_curve, verify_curve)
             if self.profile_setting == "auto":  # vLLM has measured this engine: plan with its curves
                 self.profile = TokenCurveProfile(verify_curve, "vLLM start-up profile")

@@ -1,0 +1,55 @@
+"""Per-rank logic that a CPU engine never reaches: the adaptive length's start-up latency curves under tensor
+parallelism. vLLM times the target while it captures CUDA graphs, on every rank separately; the ranks must still
+plan each batch alike, or they would verify different tokens of it."""
+from types import SimpleNamespace
+
+import torch
+
+RANK0_DRAFT = [(1, 0.20), (4, 0.30)]
+RANK0_VERIFY = [(1, 1.0), (8, 2.0), (32, 4.0)]
+
+
+class Rank1Group:
+    """The TP group seen from rank 1: a broadcast from rank 0 returns rank 0's object, whatever rank 1 passed."""
+
+    world_size, rank_in_group = 2, 1
+
+    def __init__(self):
+        self.broadcasts = 0
+
+    def broadcast_object(self, obj, src=0):
+        assert src == 0
+        self.broadcasts += 1
+        return (RANK0_DRAFT, RANK0_VERIFY)
+
+
+def test_auto_profile_plans_every_rank_with_rank_0s_curves(monkeypatch):
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.v1.worker.gpu.spec_decode import adaptive_verification as vllm_adaptive
+
+    from vllm_hybridspec.adaptive.manager import manager_class
+
+    group = Rank1Group()
+    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: group)
+    monkeypatch.setattr(vllm_adaptive, "get_tp_group", lambda: group)
+    manager = object.__new__(manager_class())
+    manager.__dict__.update(
+        profile_setting="auto", num_speculative_steps=4, min_drafts=1, max_drafts=4, device_lengths=False,
+        probing=False, _cudagraph_limit=0,
+        req_states=SimpleNamespace(max_num_reqs=4, max_num_batched_tokens=64, device=torch.device("cpu")),
+    )
+    rank1_draft, rank1_verify = [(1, 0.9), (4, 1.9)], [(1, 9.0), (8, 19.0), (32, 49.0)]  # its own timings
+
+    manager.set_cost_curves(rank1_draft, rank1_verify)
+
+    assert group.broadcasts >= 1
+    assert manager.profile.tokens == [n for n, _ in RANK0_VERIFY]
+    assert manager.profile.us == [1000.0 * ms for _, ms in RANK0_VERIFY]
+    rank0 = object.__new__(manager_class())
+    rank0.__dict__.update({k: v for k, v in manager.__dict__.items() if k not in ("profile", "latency")})
+    rank0.set_cost_curves(RANK0_DRAFT, RANK0_VERIFY)
+    # same verify-time tables on both ranks, so the same lengths for the same confidences
+    for batch in (1, 4):
+        for length in range(1, 6):
+            assert manager.profile.interpolate(batch, length) == rank0.profile.interpolate(batch, length)
+    assert torch.equal(torch.as_tensor(manager.cost_tables[0]), torch.as_tensor(rank0.cost_tables[0]))
