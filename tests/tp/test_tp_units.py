@@ -53,3 +53,42 @@ def test_auto_profile_plans_every_rank_with_rank_0s_curves(monkeypatch):
         for length in range(1, 6):
             assert manager.profile.interpolate(batch, length) == rank0.profile.interpolate(batch, length)
     assert torch.equal(torch.as_tensor(manager.cost_tables[0]), torch.as_tensor(rank0.cost_tables[0]))
+
+
+def _parallel(**sizes):
+    fields = {"tensor_parallel_size": 1, "data_parallel_size": 1, "prefill_context_parallel_size": 1, **sizes}
+    return SimpleNamespace(parallel_config=SimpleNamespace(**fields))
+
+
+def test_routing_is_local_under_tensor_parallelism_only():
+    """The routing step's buffers follow the rank's own token positions: with data or prefill-context parallelism
+    vLLM's MoE layers may route other ranks' tokens too, so the routing correction and the device cut fall back."""
+    from vllm_hybridspec.routing_wiring.step import routing_not_local_reason
+
+    assert routing_not_local_reason(_parallel()) is None
+    assert routing_not_local_reason(_parallel(tensor_parallel_size=4)) is None
+    assert "data parallelism" in routing_not_local_reason(_parallel(tensor_parallel_size=2, data_parallel_size=2))
+    assert "prefill context" in routing_not_local_reason(_parallel(prefill_context_parallel_size=2))
+    assert routing_not_local_reason(SimpleNamespace()) is None  # a config without parallel settings
+
+
+def test_device_cut_and_probes_fall_back_with_data_parallelism(monkeypatch):
+    import vllm.config
+
+    from vllm_hybridspec import status
+    from vllm_hybridspec.adaptive.manager import manager_class
+    from vllm_hybridspec.config import HybridSpecConfig
+
+    fake = _parallel(tensor_parallel_size=2, data_parallel_size=2)
+    fake.model_config = SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4, num_experts=4,
+                                                                        num_experts_per_tok=2))
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: fake)
+    manager = SimpleNamespace(min_drafts=1, max_drafts=4)
+    enabled, note = manager_class()._device_lengths_enabled(manager, HybridSpecConfig(device_verify_length=True))
+    assert not enabled and "data parallelism" in note
+    status.reset()
+    assert manager_class()._routing_is_local(manager, "routing_correction") is False
+    assert status.snapshot()["routing_correction"].startswith("fallback: data parallelism"), status.snapshot()
+    fake.parallel_config.data_parallel_size = 1
+    assert manager_class()._device_lengths_enabled(manager, HybridSpecConfig(device_verify_length=True))[0]
+    assert manager_class()._routing_is_local(manager, "routing_correction") is True

@@ -64,7 +64,7 @@ def manager_class() -> type:
             self.profile = load_profile(config.latency_profile)
             source = getattr(self.profile, "source", None) or config.latency_profile
             status.record("latency_profile", status.ACTIVE, source)
-            self.probing = config.routing_correction
+            self.probing = config.routing_correction and self._routing_is_local("routing_correction")
             self.device_lengths, device_note = self._device_lengths_enabled(config)
             self._build_latency_models()
             self.routing = (self._routing_step(config, req_states.device)
@@ -109,6 +109,9 @@ def manager_class() -> type:
 
             from vllm_hybridspec.routing_wiring import step as wiring
 
+            not_local = wiring.routing_not_local_reason(get_current_vllm_config())
+            if not_local is not None:
+                return False, f"device cut off ({not_local})"
             hf = get_current_vllm_config().model_config.hf_text_config
             if not wiring.has_routed_experts(hf):
                 logger.info("hybridspec.device_verify_length: the target has no routed MoE layer, so neutralising "
@@ -116,6 +119,18 @@ def manager_class() -> type:
                             "budget alone decides the verified drafts")
                 return False, "device cut off (target without MoE: neutralising saves nothing)"
             return True, "device cut on (unadmitted drafts neutralised)"
+
+        def _routing_is_local(self, component: str) -> bool:
+            """Whether the routers see only this rank's batch; if not, `component` falls back, with the reason."""
+            from vllm.config import get_current_vllm_config
+
+            from vllm_hybridspec.routing_wiring import step as wiring
+
+            reason = wiring.routing_not_local_reason(get_current_vllm_config())
+            if reason is not None:
+                logger.warning("hybridspec.%s falls back to plain verification: %s", component, reason)
+                status.record(component, status.FALLBACK, reason)
+            return reason is None
 
         def _routing_step(self, config, device):
             """Routing correction (vllm_hybridspec/routing_wiring): static buffers + the two patches."""

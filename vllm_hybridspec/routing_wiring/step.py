@@ -250,6 +250,22 @@ def record_active(threshold: float, source: str) -> None:
 
 # ----- planning (called by the adaptive manager) -----
 
+def routing_not_local_reason(vllm_config: Any) -> str | None:
+    """Why the MoE routers of this rank may route tokens besides its own batch (the step's buffers are indexed by
+    the rank's own token positions, so they would mark other tokens), or None. Under tensor parallelism every rank
+    routes exactly its batch (tested at TP 2), and so under expert parallelism without data parallelism (read in
+    vLLM 0.33's MoERunner, not run); with data or prefill-context parallelism vLLM's MoE layers can gather other
+    ranks' tokens before routing (`MoERunner._maybe_dispatch`)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None:
+        return None
+    if parallel.data_parallel_size > 1:
+        return "data parallelism (MoE layers may route every data-parallel rank's tokens together)"
+    if getattr(parallel, "prefill_context_parallel_size", 1) > 1:
+        return "prefill context parallelism (MoE layers may route tokens gathered across its ranks)"
+    return None
+
+
 def has_routed_experts(hf_config: Any) -> bool:
     """Whether the target routes tokens to experts (Qwen-MoE / Qwen3-Next `num_experts`, Mixtral
     `num_local_experts`, DeepSeek `n_routed_experts`) in at least one layer."""
