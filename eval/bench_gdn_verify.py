@@ -829,6 +829,12 @@ def short_config(text):
     return ",".join(part for part in inner.split(", ") if part not in defaults) or "default"
 
 
+def save_json(doc, path):
+    """Write a diagnosis document so far (called after each stage: a call cut short keeps what it measured)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     """One GPU call: precompile everything, check every candidate, then time the ladder and the candidates."""
     t0 = time.time()
@@ -844,10 +850,7 @@ def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     for k, v in doc["errors"].items():
         print("error", f"{v:.3g}" if isinstance(v, float) else v, short_config(k), flush=True)
     rows = doc["rows"] = []
-
-    def save():
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "gdn_verify_diag.json").write_text(json.dumps(doc, indent=1) + "\n")
+    save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_diag.json")
 
     save()
     stacks = {}
@@ -953,10 +956,7 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
     for k, v in doc["errors"].items():
         print("error", f"{v:.3g}" if isinstance(v, float) else v, short_config(k), flush=True)
     rows = doc["rows"] = []
-
-    def save():
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "gdn_verify_state_diag.json").write_text(json.dumps(doc, indent=1) + "\n")
+    save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_state_diag.json")
 
     def record(row, fn):
         if time.time() - t0 > budget_s:

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .two_pass import _norm_qk_and_store
 from .verify import _causal_conv_silu
 
 
@@ -73,15 +74,8 @@ def _stacked_prep_kernel(
     b_beta = tl.where(m_t[None, :], tl.sigmoid(b_b), 0.0)
     b_Gs = tl.cumsum(b_g, 1)  # [HPG, BT]
 
-    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    if HAS_WS_ROWS:
-        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
-    else:
-        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
-    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_t[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_t[:, None])
+    b_q, b_k, ws_row = _norm_qk_and_store(b_q, b_k, b_xq, b_xk, ws_k, ws_x, ws_rows, i_n, i_h, o_t, o_k, m_t, WS_LEN,
+                                          H, K, D, HAS_WS_ROWS)
     tl.store(ws_g + ws_row[None, :] * HV + i_hv[:, None], b_Gs, mask=m_t[None, :])
     p_z = z_kq + ((i_n * H + i_h) * 2 * BT + o_t[:, None]) * K + o_k[None, :]
     tl.store(p_z, b_k)  # padded rows are zeros

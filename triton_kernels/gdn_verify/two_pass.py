@@ -20,6 +20,23 @@ from .verify import (_causal_conv_silu, _conv_math, _conv_taps, _fold_head, _sta
                      _value_block_math, _value_block_taps)
 
 
+@triton.jit
+def _norm_qk_and_store(b_q, b_k, b_xq, b_xk, ws_k, ws_x, ws_rows, i_n, i_h, o_t, o_k, m_t, WS_LEN, H: tl.constexpr,
+                       K: tl.constexpr, D: tl.constexpr, HAS_WS_ROWS: tl.constexpr):
+    """The prep's L2-normalised q, k [BT, K] of k-head i_h and each token's workspace row; stores k and the raw q / k
+    rows (b_xq, b_xk) of the request's tokens in the workspace."""
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    if HAS_WS_ROWS:
+        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
+    else:
+        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
+    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_t[:, None])
+    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_t[:, None])
+    return b_q, b_k, ws_row
+
+
 @triton.jit(do_not_specialize=["WS_LEN"])
 def _gdn_verify_prep_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, ws_rows, q_hat,
@@ -66,15 +83,8 @@ def _gdn_verify_prep_kernel(
     b_beta = tl.where(m_t[:, None], tl.sigmoid(b_b), 0.0)
     b_Gs = tl.cumsum(b_g, 0)  # [BT, HPG]
 
-    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    if HAS_WS_ROWS:
-        ws_row = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN + o_t
-    else:
-        ws_row = i_n.to(tl.int64) * WS_LEN + o_t
-    tl.store(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_t[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + (i_h * K + o_k)[None, :], b_xq, mask=m_t[:, None])
-    tl.store(ws_x + ws_row[:, None] * D + ((H + i_h) * K + o_k)[None, :], b_xk, mask=m_t[:, None])
+    b_q, b_k, ws_row = _norm_qk_and_store(b_q, b_k, b_xq, b_xk, ws_k, ws_x, ws_rows, i_n, i_h, o_t, o_k, m_t, WS_LEN,
+                                          H, K, D, HAS_WS_ROWS)
     tl.store(ws_g + ws_row[:, None] * HV + i_hv[None, :], b_Gs, mask=m_t[:, None])
     tl.store(q_hat + ((i_n * BT + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_q)  # padded rows are zeros
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT]
