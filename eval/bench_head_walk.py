@@ -611,6 +611,36 @@ TUNE_CASES_V12 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variant
                   + [(f"s_{name}_v152k_b1", 151936, 1, dict(kw, sampled=True))
                      for name, kw in (("tagged", dict(exchange="tagged", stream_tma=0)),
                                       ("tma5_st32", TMA_FORMS["tma5_st32"]))])
+# Session 5, second round (v13): the ring's cost per iteration and what was left unmeasured. "_uptr": the streamed
+# tiles' base logits by pointer loads at the top of each iteration instead of through the ring (u_ring=False: one
+# mbarrier wait, one stage refill and its generic-to-async fence less an iteration); "_w4": 4 warps (one warpgroup
+# reads each streamed tile from shared memory once). b64 with the ring (two resident tiles of 64 rows, as its
+# register path keeps) against its register path; the sampled b8 / b32 defaults (ring) against the register path
+# they replaced, side by side ("s_" rows: not in the rule; the sampled sweep rows take the greedy winner).
+RES128 = dict(stream_tma=4, tile_rows=128, resident_tiles=1)
+STREAMING_V13_BY_BATCH = {
+    1: {"tma4_res128": RES128, "tma4_res128_uptr": dict(RES128, u_ring=False),
+        "tma4_res128_w4": dict(RES128, num_warps=4), "tma4_res128_uptr_w4": dict(RES128, u_ring=False, num_warps=4),
+        "tma5_st32_uptr": dict(stream_tma=5, stream_rows=32, u_ring=False),
+        "tma3_res192_uptr": dict(stream_tma=3, tile_rows=64, resident_tiles=3, u_ring=False)},
+    64: {"keys64": dict(split_keys=False, l2_prefetch=0, stream_tma=0),
+         "keys64_tma3_res128": dict(split_keys=False, l2_prefetch=0, stream_tma=3, tile_rows=64, resident_tiles=2),
+         "keys64_tma3_res128_uptr": dict(split_keys=False, l2_prefetch=0, stream_tma=3, tile_rows=64,
+                                         resident_tiles=2, u_ring=False)},
+}
+SAMPLED_V13 = [
+    ("s_tma4_res128", 1, RES128), ("s_tma4_res128_uptr", 1, dict(RES128, u_ring=False)),
+    ("s_keys64", 8, dict(split_keys=False, l2_prefetch=0, stream_tma=0)),
+    ("s_keys64_tma3_res192", 8, dict(split_keys=False, l2_prefetch=0, stream_tma=3, tile_rows=64, resident_tiles=3)),
+    ("s_split_pf2", 32, dict(split_keys=True, split_streamed=True, l2_prefetch=2, stream_tma=0)),
+    ("s_split_tma3_res192", 32, dict(split_keys=True, split_streamed=True, l2_prefetch=0, stream_tma=3, tile_rows=64,
+                                     resident_tiles=3)),
+    ("s_keys64", 64, dict(split_keys=False, l2_prefetch=0, stream_tma=0)),
+    ("s_keys64_tma3_res128", 64, dict(split_keys=False, l2_prefetch=0, stream_tma=3, tile_rows=64, resident_tiles=2)),
+]
+TUNE_CASES_V13 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_V13_BY_BATCH.items()
+                   for name, kw in variants.items()]
+                  + [(f"{name}_v152k_b{rows}", 151936, rows, dict(kw, sampled=True)) for name, rows, kw in SAMPLED_V13])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -638,6 +668,9 @@ LADDERS = {
                 cases=TUNE_CASES_V11, floors=[]),
     "v12": dict(rule={}, scoring={name: kw for variants in STREAMING_TMA_BY_BATCH.values() for name, kw in variants.items()},
                 scoring_by_batch=STREAMING_TMA_BY_BATCH, cases=TUNE_CASES_V12, floors=[]),
+    "v13": dict(rule={}, scoring={name: kw for variants in STREAMING_V13_BY_BATCH.values()
+                                  for name, kw in variants.items()},
+                scoring_by_batch=STREAMING_V13_BY_BATCH, cases=TUNE_CASES_V13, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

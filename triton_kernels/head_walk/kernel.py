@@ -669,6 +669,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
+    U_RING: tl.constexpr = True,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -684,6 +685,9 @@ def head_walk_kernel(
     # tensor descriptors): the streamed loop is a `tl.range(num_stages=s)` over tensor-descriptor loads, which
     # Triton pipelines into a ring of s shared-memory stages filled by TMA and waited on with mbarriers (tiles
     # i + 1 .. i + s - 1 in flight while tile i's wgmma runs; no register copy, no fence in front of the wgmma).
+    # U_RING (with STREAM_TMA): the streamed tiles' base logits come through the ring too; else by pointer loads
+    # issued at the top of each iteration (no second mbarrier wait, and no generic-to-async fence before the copy
+    # that refills a base-logit stage).
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
@@ -982,9 +986,12 @@ def head_walk_kernel(
                     j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
                     _prefetch_tile_l2(w2_ptr, stride_w2v, tl.where(ahead < 2 * n_stream, stream_begin + j_ahead * ST,
                                                                    shard_end), shard_end, R, ST)
+                if not U_RING:
+                    u_tile = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows, shard_end, o_b, m_b, ONE_ROW)
                 w = w2_desc.load([row0, 0])
-                u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
-                                      u_ptr.dtype.element_ty.primitive_bitwidth)
+                if U_RING:
+                    u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
+                                          u_ptr.dtype.element_ty.primitive_bitwidth)
                 tile_keys, tile_ids = _score_tile(
                     w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
