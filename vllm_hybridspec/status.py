@@ -5,9 +5,10 @@ does the work then records what happened (`record("gdn_verify", ACTIVE)`, `recor
 "model has no GDN layers")`). A record replaces anything; a plan never replaces a record. The demo prints `describe()`; metrics can read
 `snapshot()`.
 
-The registry is per process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the demo, the tests) the engine and its
-worker run in the caller's process and everything lands here; in a multi-process engine each process sees its
-own records, and every record is also logged.
+The registry is per process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the demo, the tests) and one GPU the
+engine and its worker run in the caller's process and everything lands here; in a multi-process engine (tensor or
+pipeline parallelism, or the default engine-core process) each process sees its own records, every record is also
+logged, and `per_rank(llm)` brings each worker's snapshot back to an offline `LLM`.
 """
 from __future__ import annotations
 
@@ -89,3 +90,17 @@ def describe() -> str:
         return "hybridspec: not enabled in this process"
     width = max(len(name) for name in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows.items())
+
+
+def rank_snapshot(worker) -> dict:
+    """Runs in a worker (vLLM's collective_rpc): its parallel ranks and its snapshot()."""
+    from vllm.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
+
+    return {"tp_rank": get_tensor_model_parallel_rank(), "pp_rank": get_pipeline_model_parallel_rank(),
+            "status": snapshot()}
+
+
+def per_rank(llm) -> list[dict]:
+    """Every worker's {tp_rank, pp_rank, status} of an offline `vllm.LLM`, in rank order: under tensor parallelism
+    the records live in the workers, and the caller's own snapshot() only shows what config validation planned."""
+    return sorted(llm.collective_rpc(rank_snapshot), key=lambda rank: (rank["pp_rank"], rank["tp_rank"]))

@@ -62,6 +62,8 @@ def test_block_parallel_path_ran_on_every_rank(engines):
         assert report["status"]["gdn_verify"].startswith("reference: block_parallel"), report
         counters = report["gdn"]
         assert counters["verify_calls"] > 0 and counters["commits"] > 0 and counters["committed_tokens"] > 0, report
+    assert engines["dflash_tp2"]["per_rank_status"] == [
+        {"tp_rank": r["rank"], "pp_rank": 0, "status": r["status"]} for r in ranks]
     # The ranks see the same batches: they verify and commit the same rows, only their heads differ.
     assert all(r["gdn"] == ranks[0]["gdn"] for r in ranks), [r["gdn"] for r in ranks]
 

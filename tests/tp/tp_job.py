@@ -85,7 +85,10 @@ def run(job):
         build_dense_target(**job["dense_target"])
 
     def collect(llm, engine):
-        return {"ranks": sorted(llm.collective_rpc(rank_report), key=lambda report: report["rank"])}
+        from vllm_hybridspec import status
+
+        return {"ranks": sorted(llm.collective_rpc(rank_report), key=lambda report: report["rank"]),
+                "per_rank_status": status.per_rank(llm)}
 
     return e2e_job.run(job, before_engine=before_engine, collect=collect, sampling_params=greedy_params)
 
