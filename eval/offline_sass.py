@@ -71,6 +71,10 @@ def compile_captured(name, fn, args, kwargs):
     kw = dict(kwargs)
     num_warps = kw.pop("num_warps", 4)
     num_stages = kw.pop("num_stages", 3)
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    for launch_option in ("maxnreg", "launch_pdl"):  # compile options passed at launch (stacked / two-pass)
+        if launch_option in kw:
+            options[launch_option] = kw.pop(launch_option)
     for a, v in zip(fn.arg_names, args):
         kw[a] = v
     sig, consts, attrs = {}, {}, {}
@@ -100,7 +104,7 @@ def compile_captured(name, fn, args, kwargs):
         else:
             raise TypeError((a, v))
     k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
+                       options=options)
     path = f"{OUT}/{name}.cubin"
     open(path, "wb").write(k.asm["cubin"])
     bindir = os.path.dirname(triton.__file__) + "/backends/nvidia/bin"
@@ -127,11 +131,13 @@ def compile_captured(name, fn, args, kwargs):
 
 def gdn():
     from hybridspec_kernels.gdn_verify import verify as vf, two_pass as tp, reconstruct as rc
-    from hybridspec_kernels.gdn_verify import reconstruct_short as rs
+    from hybridspec_kernels.gdn_verify import reconstruct_short as rs, stacked as sk
     from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace, GDNStateTable
     vf._gdn_verify_kernel = Capture(vf._gdn_verify_kernel)
     tp._gdn_verify_prep_kernel = Capture(tp._gdn_verify_prep_kernel)
     tp._gdn_verify_state_kernel = Capture(tp._gdn_verify_state_kernel)
+    sk._stacked_prep_kernel = Capture(sk._stacked_prep_kernel)
+    sk._stacked_state_kernel = Capture(sk._stacked_state_kernel)
     rc._gdn_reconstruct_kernel = Capture(rc._gdn_reconstruct_kernel)
     rs._gdn_reconstruct_short_kernel = Capture(rs._gdn_reconstruct_short_kernel)
     rc.reconstruct_short = lambda *a, **k: False  # the hook reads the tuned file only on a GPU
