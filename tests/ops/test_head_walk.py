@@ -402,7 +402,9 @@ def test_gpu_plan_takes_the_measured_streaming(monkeypatch):
             assert cfg.l2_prefetch == walk.choose_streamed_l2_prefetch(rows, sampled)
         else:
             # The TMA ring takes shared memory from the resident tiles; measured without the L2 prefetch.
-            assert (cfg.stream_tma, cfg.tile_rows, cfg.resident_tiles, cfg.l2_prefetch) == form + (0,)
+            assert (cfg.stream_tma, cfg.tile_rows, cfg.resident_tiles, cfg.num_warps, cfg.l2_prefetch) == form + (0,)
+            # An explicit warp count wins over the measured one.
+            assert walk.plan_walk(151936, 256, rows, 2, cuda, num_warps=16).num_warps == 16
         assert (cfg.programs, cfg.chunk_rows) == (132, 1152)
         assert cfg.split_keys == (rows > 1 and walk.choose_streamed_scoring(rows) != "keys64")
         full = walk.plan_walk(32000, 256, rows, 2, cuda)

@@ -115,17 +115,18 @@ MEASURED_STREAMED_L2_PREFETCH = ((1, 0), (8, 4), (32, 4), (64, 0))
 MEASURED_STREAMED_L2_PREFETCH_SAMPLED = ((1, 0), (8, 0), (32, 2), (64, 0))
 
 
-# Partly streamed shards (V = 152k), 2-byte W2: (TMA ring stages, resident tile rows, resident tiles) each batch size
-# walks with by default, as measured (ladder v12 of eval/results/head_walk.json, H200, block 15, greedy; same run):
-# b1 4 stages + one resident tile of 128 rows 311.2 us vs the register double buffer 373.6 (-17%; 3 resident tiles
-# of 64 rows 313.8); b8 3 stages + 3 tiles of 64 rows 328.2 vs 400.9 (-18%); b32 391.5 vs 469.3 (-17%). (128 KiB
-# resident + a ring of 16 KB tiles: 500-600 us, slower; 2 stages: 419.1.) The sampled sweep rows of that run walked the
-# same forms: b1 392.1 us vs the register path's 509.4 in its ladder; b8 / b32 547.6 / 770.4 vs 625.5 / 937.5-946.3
-# in session 4's runs. None: b64 (not measured with the ring; its build spills).
-MEASURED_STREAMED_TMA = ((1, (4, 128, 1)), (8, (3, 64, 3)), (32, (3, 64, 3)), (64, None))
+# Partly streamed shards (V = 152k), 2-byte W2: (TMA ring stages, resident tile rows, resident tiles, warps) each batch
+# size walks with by default, as measured (eval/results/head_walk.json, H200, block 15, same-run comparisons):
+# ladder v12 (greedy): b1 4 stages + one resident tile of 128 rows 311.2 us vs the register double buffer 373.6 (-17%;
+# 3 resident tiles of 64 rows 313.8); b8 3 stages + 3 tiles of 64 rows 328.2 vs 400.9 (-18%); b32 391.5 vs 469.3
+# (-17%). (128 KiB resident + a ring of 16 KB tiles: 500-600 us, slower; 2 stages: 419.1.) Ladder v13: b1 at 4 warps
+# 300.9 vs 310.8 at 8 (-3%; sampled, sweep vs ladder of the same run, 339.6 vs 392.7); b64 3 stages + 2 tiles of 64
+# rows (its register path's residency) 549.7 vs 709.9 (-23%; sampled 1464.6 vs 1598.3, -8%); the sampled b8 / b32
+# forms against their register paths side by side: 549.9 vs 629.8, 775.4 vs 942.2.
+MEASURED_STREAMED_TMA = ((1, (4, 128, 1, 4)), (8, (3, 64, 3, 8)), (32, (3, 64, 3, 8)), (64, (3, 64, 2, 8)))
 
 
-def choose_streamed_tma(num_rows: int) -> tuple[int, int, int] | None:
+def choose_streamed_tma(num_rows: int) -> tuple[int, int, int, int] | None:
     return next((form for rows, form in MEASURED_STREAMED_TMA if num_rows <= rows), MEASURED_STREAMED_TMA[-1][1])
 
 
@@ -216,7 +217,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                     and prefetch and w2_elt_bytes == 2 else None)
         stream_tma = 0
     if tma_form is not None:
-        stream_tma, tile_rows, resident_tiles = tma_form
+        stream_tma, tile_rows, resident_tiles, form_warps = tma_form
+        num_warps = num_warps or form_warps
         resident_tiles = min(resident_tiles, triton.cdiv(chunk_rows, tile_rows))
         streamed = chunk_rows > resident_tiles * tile_rows
         # The ring forms were measured without the L2 bulk prefetch (with it: +3% at b1).
