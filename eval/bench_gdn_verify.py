@@ -21,6 +21,9 @@ fit in the 60 MB L2 at batch 1); one whole step (all layers) is captured in a CU
               L2 norm in kernel, [V, K] state) from a dense per-request state, final state only: it keeps no
               per-token state, so it cannot serve partial acceptance - a lower bound on a recurrent kernel.
 Accept patterns: all (every draft accepted, n = L) and random (n uniform in 1..L, same draws for every variant).
+State dtype (--ssm-dtype): float32 is the headline (the issue's benchmark, vLLM's --mamba-ssm-cache-dtype float32:
+eval/results/gdn_verify.*); bfloat16 is what `vllm serve` runs by default (mamba_ssm_cache_dtype "auto" = the model's
+bf16) and writes eval/results/gdn_verify_bf16_state.*: every ssm state (ours, vLLM's, FLA's initial one) in that dtype.
 
 GPU (one call):   here  python eval/_vllm_sources.py .vendor/extracted     (carry .vendor/extracted and .whl)
                   there python eval/bench_gdn_verify.py --out $OUT [--sweep]
@@ -74,13 +77,30 @@ QWEN3_NEXT_GDN = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim
 TINY_GDN = dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, width=4)
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200 (anchors.md)
 VLLM_NUM_SPEC_FOR_STATE_RATIO = 15  # DFlash b16: K = 15 drafts, K + 1 state slots
+SSM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# ssm state relative error vs float64 under which a reconstruction counts as correct: fp32 states carry tf32 product
+# noise (~3e-5 measured); a bf16 state is rounded once more when stored (unit roundoff 2^-8: ~1.5e-3 rms relative)
+STATE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+OUT_TOLERANCE = 1e-2  # bf16 outputs (rounded to 2^-8) vs float64, either state dtype
+SSM_DTYPE_NOTES = {
+    "float32": "fp32 ssm states: the issue's benchmark and the headline (vLLM with --mamba-ssm-cache-dtype float32)",
+    "bfloat16": "bf16 ssm states: what `vllm serve` runs by default for a bf16 Qwen3-Next / Qwen3.5 model "
+                "(mamba_ssm_cache_dtype auto = the model dtype); not the headline (eval/results/gdn_verify.*, fp32)",
+    "float16": "fp16 ssm states: the CPU smoke's stand-in for bf16 (the Triton interpreter computes bf16 wrongly)",
+}
+
+
+def bench_name(ssm_dtype):
+    """Results file stem: the fp32-state headline, or the bf16-state run beside it (never over the headline)."""
+    return BENCH if ssm_dtype == torch.float32 else f"{BENCH}_bf16_state"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Problem setup
 
-def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True):
-    """Per-layer inputs and states for `num_layers` layers; weights shared (they are tiny), states not."""
+def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True, ssm_dtype=torch.float32):
+    """Per-layer inputs and states for `num_layers` layers; weights shared (they are tiny), states not; every ssm
+    state (ours, vLLM's slots, FLA's initial one) in `ssm_dtype`."""
     torch.manual_seed(seed)
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
@@ -96,7 +116,8 @@ def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True
     s["cu"] = torch.arange(0, T + 1, seqlen, dtype=torch.int32, device=device)
     # ours: slot 0 is the null block, request i owns slot i + 1
     s["slots"] = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
-    s["ssm"] = torch.randn(num_layers, batch + 1, HV, V, K, device=device) * 0.1
+    # drawn in their own dtype: vLLM's slots at L16 b64 are 32 GB in bf16, and an fp32 draw first would add 64 GB
+    s["ssm"] = torch.randn(num_layers, batch + 1, HV, V, K, device=device, dtype=ssm_dtype).mul_(0.1)
     s["conv"] = torch.randn(num_layers, batch + 1, W - 1, D, device=device).to(act)
     # 2 x batch rows: the folded step double-buffers (rows r + parity * batch); zeros so the first fold is a no-op
     s["ws"] = GDNVerifyWorkspace.allocate(num_layers, 2 * batch, seqlen, H, HV, K, V, act, device)
@@ -107,11 +128,11 @@ def make_stack(gdn, seqlen, batch, num_layers, device, seed, vllm=True, fla=True
     s["out"] = torch.empty(num_layers, T, HV, V, dtype=act, device=device)
     if vllm:  # vLLM: L = K + 1 slots per request; the conv window has W - 1 + K rows and lives in column 0's block
         s["v_slots"] = torch.arange(1, batch * seqlen + 1, dtype=torch.int32, device=device).view(batch, seqlen)
-        s["v_ssm"] = torch.randn(num_layers, batch * seqlen + 1, HV, V, K, device=device) * 0.1
+        s["v_ssm"] = torch.randn(num_layers, batch * seqlen + 1, HV, V, K, device=device, dtype=ssm_dtype).mul_(0.1)
         s["v_conv"] = torch.randn(num_layers, batch * seqlen + 1, W - 1 + seqlen - 1, D, device=device).to(act)
         s["v_conv_out"] = torch.empty(T, D, dtype=act, device=device)
     if fla:
-        s["f_state"] = torch.randn(num_layers, batch, HV, V, K, device=device) * 0.1
+        s["f_state"] = torch.randn(num_layers, batch, HV, V, K, device=device, dtype=ssm_dtype).mul_(0.1)
     return s
 
 
@@ -250,12 +271,12 @@ def state_bytes(gdn, state_dtype_bytes=4, conv_dtype_bytes=2):
     return HV * V * K * state_dtype_bytes, D, D * conv_dtype_bytes
 
 
-def bytes_ours(gdn, L, B, n_total, act_bytes=2, folded=True):
+def bytes_ours(gdn, L, B, n_total, act_bytes=2, folded=True, state_dtype_bytes=4):
     """Fewest bytes ours moves per layer per step (each tensor read or written once). Unfolded: verify reads the
     state, reconstruction reads and writes it again. Folded: verify reads it, writes it (all requests have pending
     tokens in the steady state) and reads the previous step's u / k / G; reconstruction moves conv windows only."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
-    ssm, D, _ = state_bytes(gdn)
+    ssm, D, _ = state_bytes(gdn, state_dtype_bytes)
     T = L * B
     ws_tok = HV * V * 4 + H * K * 4 + HV * 4  # u, k, G per token (x counted apart)
     verify = B * ssm + B * (W - 1) * D * act_bytes + T * D * act_bytes + T * 2 * HV * act_bytes \
@@ -266,9 +287,9 @@ def bytes_ours(gdn, L, B, n_total, act_bytes=2, folded=True):
     return verify, 2 * B * ssm + n_total * ws_tok + conv
 
 
-def bytes_vllm(gdn, L, B, act_bytes=2):
+def bytes_vllm(gdn, L, B, act_bytes=2, state_dtype_bytes=4):
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
-    ssm, D, _ = state_bytes(gdn)
+    ssm, D, _ = state_bytes(gdn, state_dtype_bytes)
     T = L * B
     rows = W - 1 + L - 1
     conv = B * rows * D * act_bytes * 2 + T * D * act_bytes * 2  # window read+write, x read, conv out write
@@ -277,11 +298,12 @@ def bytes_vllm(gdn, L, B, act_bytes=2):
     return conv + split + core
 
 
-def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO, workspace_copies=1):
+def state_bytes_per_request(gdn, ws_bytes, num_spec=VLLM_NUM_SPEC_FOR_STATE_RATIO, workspace_copies=1,
+                            state_dtype_bytes=4):
     """Per layer: vLLM keeps K+1 blocks, each with an ssm state and a conv window of W-1+K rows; ours one ssm
     state, a W-1 row window and the compact workspace for K+1 tokens (twice if the reconstruction were folded
     into the next verify: the previous step's rows must stay until it has folded them)."""
-    ssm, D, conv_row = state_bytes(gdn)
+    ssm, D, conv_row = state_bytes(gdn, state_dtype_bytes)
     W = gdn["width"]
     vllm = (num_spec + 1) * (ssm + (W - 1 + num_spec) * conv_row)
     ours = ssm + (W - 1) * conv_row + workspace_copies * ws_bytes
@@ -302,9 +324,10 @@ MIXED_LENS = [17, 4, 1, 16, 9, 12]
 SHORT_LENS = [4, 2, 1, 4, 3, 1]  # the same problem for the short forms (max_seqlen <= 4); request 2 on slot 0
 
 
-def mixed_length_problem(gdn, device, seed, lens=MIXED_LENS):
+def mixed_length_problem(gdn, device, seed, lens=MIXED_LENS, ssm_dtype=torch.float32):
     """The correctness problem of the GPU checks: lengths 1..17 in one batch, one request on the null slot 0,
-    bf16 inputs on the GPU (fp32 under the interpreter) and an fp32 state. Returns (gdn_verify kwargs, lens, act)."""
+    bf16 inputs on the GPU (fp32 under the interpreter) and an `ssm_dtype` state (the float64 references start from
+    its values). Returns (gdn_verify kwargs, lens, act)."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
     B, T = len(lens), sum(lens)
@@ -315,7 +338,7 @@ def mixed_length_problem(gdn, device, seed, lens=MIXED_LENS):
         b=torch.randn(T, HV, device=device).to(act), conv_weight=(torch.randn(D, W, device=device) * 0.5).to(act),
         conv_bias=None, A_log=torch.rand(HV, device=device) * 2 - 1, dt_bias=torch.randn(HV, device=device),
         conv_state=torch.randn(B + 2, W - 1, D, device=device).to(act),
-        ssm_state=torch.randn(B + 2, HV, V, K, device=device) * 0.1,
+        ssm_state=(torch.randn(B + 2, HV, V, K, device=device) * 0.1).to(ssm_dtype),
         state_indices=torch.tensor([3, 1, 0, 2, 7, 5], dtype=torch.int32, device=device),
         cu_seqlens=torch.tensor([0] + [sum(lens[: i + 1]) for i in range(B)], dtype=torch.int32, device=device),
     )
@@ -325,13 +348,13 @@ def mixed_length_problem(gdn, device, seed, lens=MIXED_LENS):
 _FOLD_REFERENCES = {}
 
 
-def _fold_problem(gdn, device, seed):
+def _fold_problem(gdn, device, seed, ssm_dtype=torch.float32):
     """The two-step problem of `fold_errors` and its float64 references (computed once per seed: the naive
     replay at the real shape takes seconds)."""
-    key = (tuple(sorted(gdn.items())), str(device), seed)
+    key = (tuple(sorted(gdn.items())), str(device), seed, ssm_dtype)
     if key not in _FOLD_REFERENCES:
         HV = gdn["num_v_heads"]
-        p1, lens1, act = mixed_length_problem(gdn, device, seed=seed)
+        p1, lens1, act = mixed_length_problem(gdn, device, seed=seed, ssm_dtype=ssm_dtype)
         B = len(lens1)
         order, lens2 = [4, 0, 2, 5, 1, 3], [16, 3, 5, 1, 0, 17]
         counts1 = torch.tensor([11, 4, 1, 16, 0, 12], dtype=torch.int32)
@@ -355,13 +378,13 @@ def _fold_problem(gdn, device, seed):
     return _FOLD_REFERENCES[key]
 
 
-def fold_errors(gdn, device, config=None, seed=77):
+def fold_errors(gdn, device, config=None, seed=77, ssm_dtype=torch.float32):
     """Two folded steps as the wiring runs them (verify 1, conv-only reconstruct, verify 2 folding step 1's ssm
     update, conv + ssm reconstruct of step 2) on the mixed-length problem, step 2 in another batch order with
     other lengths (one request with none), rows scattered over a 2x workspace; errors vs float64 token by token."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
-    p1, p2, lens1, lens2, order, counts1, counts2, act, (ref_out2, ref_ssm, ref_conv) = _fold_problem(gdn, device,
-                                                                                                       seed)
+    p1, p2, lens1, lens2, order, counts1, counts2, act, (ref_out2, ref_ssm, ref_conv) = _fold_problem(
+        gdn, device, seed, ssm_dtype)
     ssm, conv = p1["ssm_state"].clone(), p1["conv_state"].clone()  # the run's own copies of the states
     p1, p2 = {**p1, "ssm_state": ssm, "conv_state": conv}, {**p2, "ssm_state": ssm, "conv_state": conv}
     B, T2 = len(lens1), sum(lens2)
@@ -384,11 +407,12 @@ def fold_errors(gdn, device, config=None, seed=77):
                 fold_conv_rel_err=rel_err(conv, ref_conv))
 
 
-def check_correctness(gdn, device, vk):
-    """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference."""
+def check_correctness(gdn, device, vk, ssm_dtype=torch.float32):
+    """Mixed lengths (1..17), one null-slot request, every variant against the float64 reference (started from the
+    same `ssm_dtype` state values); the tolerances used for this state dtype are recorded beside the errors."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
     D = 2 * H * K + HV * V
-    p, lens, act = mixed_length_problem(gdn, device, seed=123)
+    p, lens, act = mixed_length_problem(gdn, device, seed=123, ssm_dtype=ssm_dtype)
     B, T = len(lens), sum(lens)
     cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
     ref = naive_gdn_verify(**cpu)
@@ -403,20 +427,21 @@ def check_correctness(gdn, device, vk):
     ref_states = {**cpu, "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
     naive_gdn_reconstruct(**ref_states, num_accepted=num_accepted)
     result = {
-        "lens": lens, "dtype": str(act).replace("torch.", ""),
+        "lens": lens, "dtype": str(act).replace("torch.", ""), "ssm_dtype": str(ssm_dtype).replace("torch.", ""),
+        "tolerance_out_rel_err": OUT_TOLERANCE, "tolerance_ssm_rel_err": STATE_TOLERANCE[ssm_dtype],
         "ours_out_rel_err": rel_err(out, ref),
         "ours_ssm_rel_err": rel_err(p["ssm_state"], ref_states["ssm_state"]),
         "ours_conv_rel_err": rel_err(p["conv_state"], ref_states["conv_state"]),
         "verify_left_states_untouched": untouched,
     }
-    result.update({f"ours_{k}": v for k, v in fold_errors(gdn, device).items()})
+    result.update({f"ours_{k}": v for k, v in fold_errors(gdn, device, ssm_dtype=ssm_dtype).items()})
     if vk is not None:  # vLLM from one slot column per request, uniform length needed for its conv max_query_len
         causal_conv1d_update, fused_gating = vk
         num_spec = max(lens) - 1
         v_slots = torch.zeros(B, num_spec + 1, dtype=torch.int32, device=device)
         v_slots[:, 0] = p["state_indices"]
         v_slots[:, 1:] = torch.arange(B * num_spec, dtype=torch.int32, device=device).view(B, num_spec) + B + 2
-        v_ssm = torch.zeros(B * (num_spec + 1) + 2, HV, V, K, device=device)
+        v_ssm = torch.zeros(B * (num_spec + 1) + 2, HV, V, K, dtype=ssm_dtype, device=device)
         v_ssm[: B + 2] = ssm0
         v_conv = torch.zeros(v_ssm.shape[0], W - 1 + num_spec, D, dtype=act, device=device)
         v_conv[: B + 2, : W - 1] = conv0
@@ -432,6 +457,11 @@ def check_correctness(gdn, device, vk):
                           for i in range(B) if int(p["state_indices"][i]) > 0])
         result["vllm_out_rel_err"] = rel_err(v_out[0][live], ref[live])
         result["ours_vs_vllm_out_rel_err"] = rel_err(out[live], v_out[0][live].double())
+    fold_ssm = result.get("ours_fold_ssm_rel_err", 0.0)
+    result["within_tolerance"] = bool(
+        max(result["ours_out_rel_err"], result.get("ours_fold_out_rel_err", 0.0)) < OUT_TOLERANCE
+        and max(result["ours_ssm_rel_err"], fold_ssm) < STATE_TOLERANCE[ssm_dtype]
+        and result["ours_conv_rel_err"] == 0 and result.get("ours_fold_conv_rel_err", 0) == 0)
     return result
 
 
@@ -559,9 +589,20 @@ SWEEP_VERIFY_STACKED7 = [
     VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_warps=8, prep_maxnreg=64),  # 4 per SM
     VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
 ]
+# --sweep-set bf16state (session 5, GB2; with --ssm-dtype bfloat16): the fp32-state picks of the tuned file (final8)
+# and the rivals that a halved state read could bring back: the one-pass whole-V rolled form (no prep chain, final7's
+# b8 pick) and the two-pass whole-V rolled form with its prep capped (final7's b32 / b64 pick)
+SWEEP_VERIFY_BF16STATE = [
+    VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES),  # b1 picks (L <= 8 / L >= 12)
+    VerifyConfig(block_v=32, whole_v=True, loop_stages=2),
+    VerifyConfig(block_v=32, whole_v=True, two_pass=True, loop_stages=2, prep_maxnreg=128),
+    VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),  # b8 pick
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),  # b32 pick (b64 at L <= 8)
+    VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128),  # b64 pick at L >= 12
+]
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
-              "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7}
+              "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -590,22 +631,24 @@ def default_eligible(config):
 
 
 def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
-          errors=None, fold_errs=None, folded=False, recon_every_batch=False, recon_errs=None):
+          errors=None, fold_errs=None, folded=False, recon_every_batch=False, recon_errs=None,
+          ssm_dtype=torch.float32):
     """Launch configs of ours per batch size at one verify length (verify alone, reconstruction alone; with
     `folded` also the folded verify alone, part "verify_fold"); returns rows and the fastest eligible verify config
     (`default_eligible`, and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same
     with a fold, and the fastest reconstruction config per batch (ssm error below 1e-3 in `recon_errs` when given;
-    timed at the smallest and largest batch, or at every batch with `recon_every_batch`)."""
+    timed at the smallest and largest batch, or at every batch with `recon_every_batch`); the ssm error bound is
+    STATE_TOLERANCE[ssm_dtype], the dtype of every state here."""
     rows, best_verify, best_fold, best_recon, best_short = [], {}, {}, {}, {}
     errors, fold_errs, recon_errs = errors or {}, fold_errs or {}, recon_errs or {}
 
     def ok(err):
         if isinstance(err, dict):
             err = max(err.values())
-        return err is None or (isinstance(err, float) and err < 1e-2)
+        return err is None or (isinstance(err, float) and err < OUT_TOLERANCE)
 
     for B in batches:
-        s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False)
+        s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False, ssm_dtype=ssm_dtype)
         n = accept_counts(seqlen, B, "all", device)
         for config in configs:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
@@ -633,7 +676,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
             err = recon_errs.get(repr(recon))
             rows.append(dict(part="reconstruct", L=seqlen, B=B, config=repr(recon), us=round(us, 3), ssm_rel_err=err))
             best = best_short if is_short(recon) else best_recon
-            if (err is None or (isinstance(err, float) and err < 1e-3)) and \
+            if (err is None or (isinstance(err, float) and err < STATE_TOLERANCE[ssm_dtype])) and \
                     us < best.get(B, (None, float("inf")))[1]:
                 best[B] = (recon, us)
         del s
@@ -730,11 +773,11 @@ CANDIDATES_THROUGHPUT = [
 ]
 
 
-def _compile_one(gdn, seqlen, config, folded=False):
+def _compile_one(gdn, seqlen, config, folded=False, ssm_dtype=torch.float32):
     """Compile (and run once) one kernel specialisation in a worker process; fills Triton's on-disk cache."""
     t0 = time.time()
     try:
-        s = make_stack(gdn, seqlen, 2, 1, "cuda", seed=0, vllm=False, fla=False)
+        s = make_stack(gdn, seqlen, 2, 1, "cuda", seed=0, vllm=False, fla=False, ssm_dtype=ssm_dtype)
         n = accept_counts(seqlen, 2, "all", "cuda")
         if isinstance(config, dict):  # a reconstruction launch config
             ours_step(s, n, verify=False, recon=config)()
@@ -746,16 +789,16 @@ def _compile_one(gdn, seqlen, config, folded=False):
         return repr(config), seqlen, folded, round(time.time() - t0, 1), repr(exc)[:300]
 
 
-def precompile(gdn, jobs, workers=15):
-    """Compile every (seqlen, config[, folded]) in parallel worker processes (Triton compiles serially per
-    process)."""
+def precompile(gdn, jobs, workers=15, ssm_dtype=torch.float32):
+    """Compile every (seqlen, config[, folded]) with `ssm_dtype` states in parallel worker processes (Triton
+    compiles serially per process)."""
     import concurrent.futures
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         results = list(pool.map(_compile_one, [gdn] * len(jobs), [j[0] for j in jobs], [j[1] for j in jobs],
-                                [len(j) > 2 and j[2] for j in jobs]))
+                                [len(j) > 2 and j[2] for j in jobs], [ssm_dtype] * len(jobs)))
     failed = [r for r in results if r[-1]]
     print(f"precompile: {len(jobs)} kernels in {time.time() - t0:.0f} s, {len(failed)} failed", flush=True)
     for r in failed:
@@ -763,11 +806,11 @@ def precompile(gdn, jobs, workers=15):
     return results
 
 
-def config_errors(gdn, device, configs, folded=True):
-    """bf16 inputs, fp32 state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
+def config_errors(gdn, device, configs, folded=True, ssm_dtype=torch.float32):
+    """bf16 inputs, `ssm_dtype` state, mixed lengths 1..17 + a null slot: each config's output error vs float64."""
     H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
     errors, fold = {}, {}
-    p, lens, act = mixed_length_problem(gdn, device, seed=321, lens=MIXED_LENS)
+    p, lens, act = mixed_length_problem(gdn, device, seed=321, lens=MIXED_LENS, ssm_dtype=ssm_dtype)
     ref = naive_gdn_verify(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()})
     ws = GDNVerifyWorkspace.allocate(1, len(lens), 32, H, HV, K, V, act, device)
     T = sum(lens)
@@ -780,14 +823,14 @@ def config_errors(gdn, device, configs, folded=True):
             errors[repr(config)] = repr(exc)[:200]
         try:
             if folded:
-                fold[repr(config)] = fold_errors(gdn, device, config)
+                fold[repr(config)] = fold_errors(gdn, device, config, ssm_dtype=ssm_dtype)
         except Exception as exc:
             fold[repr(config)] = repr(exc)[:200]
     return errors, fold
 
 
-def recon_errors(gdn, device, recon_configs):
-    """Each reconstruction config on the mixed-length problem (bf16 inputs, fp32 state, a null slot, accepted
+def recon_errors(gdn, device, recon_configs, ssm_dtype=torch.float32):
+    """Each reconstruction config on the mixed-length problem (bf16 inputs, `ssm_dtype` state, a null slot, accepted
     counts 1..16, full and partial; lengths 1..4 and counts 0..4 for the short form): relative ssm error vs float64
     (conv windows must match exactly, else the error is reported as a string)."""
     H, HV, K, V, W = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "width"))
@@ -797,7 +840,7 @@ def recon_errors(gdn, device, recon_configs):
         short = is_short(recon)
         if short not in problems:
             lens = SHORT_LENS if short else MIXED_LENS
-            p, lens, act = mixed_length_problem(gdn, device, seed=456, lens=lens)
+            p, lens, act = mixed_length_problem(gdn, device, seed=456, lens=lens, ssm_dtype=ssm_dtype)
             ws = GDNVerifyWorkspace.allocate(1, len(lens), max(lens) if short else 32, H, HV, K, V, act, device)
             ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
             gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
@@ -1092,7 +1135,19 @@ def main():
                         help="before any timing, wait until this file exists (a GPU test run sharing the device)")
     parser.add_argument("--extracted", default=str(EVAL.parent / ".vendor" / "extracted"))
     parser.add_argument("--command", default=None, help="command line to record (default: this one)")
+    parser.add_argument("--ssm-dtype", choices=sorted(SSM_DTYPES), default="float32",
+                        help="every layer's ssm states (ours, vLLM's, FLA's): float32 = the headline (the issue's "
+                             "benchmark); bfloat16 = vLLM's default (mamba_ssm_cache_dtype auto), written to "
+                             f"{BENCH}_bf16_state.*")
     args = parser.parse_args()
+    ssm_dtype = SSM_DTYPES[args.ssm_dtype]
+    bench = bench_name(ssm_dtype)
+    if not ON_GPU and ssm_dtype == torch.bfloat16:
+        ssm_dtype = torch.float16  # the interpreter computes bf16 wrongly: the CPU smoke runs a 16-bit state of fp16
+    if args.write_tuned and ssm_dtype != torch.float32 and Path(args.write_tuned).resolve() == \
+            TUNED_CONFIGS_FILE.resolve():
+        parser.error("--write-tuned: the shipped tuned file holds the fp32-state picks; write a 16-bit state sweep "
+                     "elsewhere")
 
     device = "cuda" if ON_GPU else "cpu"
     if args.quick:
@@ -1116,7 +1171,8 @@ def main():
 
     sweep_lens = [int(x) for x in args.sweep_lens.split(",")] if not args.quick else lens
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
-                     "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7, "full": SWEEP_RECON}.get(
+                     "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
+                     "bf16state": SWEEP_RECON_STACKED7, "full": SWEEP_RECON}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1126,9 +1182,9 @@ def main():
                  if L <= SHORT_MAX_LEN or not is_short(r)]
         if args.ladder:
             jobs += [(4, dataclasses.replace(LADDER_B1_WINNER, skip_stages=bit)) for bit in LADDER_BITS if bit]
-        precompile(gdn, jobs)
+        precompile(gdn, jobs, ssm_dtype=ssm_dtype)
     wait_for_file(args.wait_file)
-    check = check_correctness(gdn, device, vk)
+    check = check_correctness(gdn, device, vk, ssm_dtype=ssm_dtype)
     print("correctness", json.dumps(check), flush=True)
     ladder_rows = stage_ladder(gdn, device, num_layers, args.rep_ms) if args.ladder and (ON_GPU or args.quick) else []
 
@@ -1141,24 +1197,26 @@ def main():
             configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
         wait_for_file(args.wait_file)
-        errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold")
+        errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold",
+                                          ssm_dtype=ssm_dtype)
         config_errs = {short_config(k): dict(verify=v, fold=fold_errs.get(k)) for k, v in errors.items()}
         print("config errors", json.dumps(config_errs), flush=True)
-        recon_errs = recon_errors(gdn, device, recon_configs)
+        recon_errs = recon_errors(gdn, device, recon_configs, ssm_dtype=ssm_dtype)
         print("recon errors", json.dumps(recon_errs), flush=True)
         for L in sweep_lens:
             rows_L, best_verify[L], best_fold_L, best_recon[L], short_L = sweep(
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
-                recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7"), recon_errs=recon_errs)
+                recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state"),
+                recon_errs=recon_errs, ssm_dtype=ssm_dtype)
             sweep_rows += rows_L
             if short_L:
                 best_recon_short[L] = short_L
             if best_fold_L and L == 16:
                 best_fold = {16: best_fold_L}
         if args.write_tuned and best_verify:
-            source = (f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, commit "
-                      f"{os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
+            source = (f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, ssm state "
+                      f"{args.ssm_dtype}, commit {os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
             folded_by_batch = best_fold.get(16)
             if not folded_by_batch and TUNED_CONFIGS_FILE.exists():  # not swept: keep the shipped fold table
                 shipped = json.loads(TUNED_CONFIGS_FILE.read_text())
@@ -1185,7 +1243,8 @@ def main():
         if time.time() - t_grid > args.budget_s or time.time() - T_START > args.stop_at_s:
             print(f"time budget: grid stopped before L={L} B={B}", flush=True)
             continue
-        s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None)
+        s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None,
+                       ssm_dtype=ssm_dtype)
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
@@ -1218,14 +1277,16 @@ def main():
                 fla_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 print("fla failed:", fla_error, flush=True)
                 fla_fn = None
-        ours_b = sum(bytes_ours(gdn, L, B, n_total=L * B, folded=False))
-        row["ours_folded_MB"] = sum(bytes_ours(gdn, L, B, n_total=L * B)) / 1e6
+        state_b = ssm_dtype.itemsize
+        ours_b = sum(bytes_ours(gdn, L, B, n_total=L * B, folded=False, state_dtype_bytes=state_b))
+        row["ours_folded_MB"] = sum(bytes_ours(gdn, L, B, n_total=L * B, state_dtype_bytes=state_b)) / 1e6
         row["ours_MB"] = ours_b / 1e6
         row["ours_floor_us"] = ours_b / HBM_BYTES_PER_S * 1e6
         row["ours_TBps"] = ours_b / (row["ours_us_all"] * 1e-6) / 1e12
-        row["vllm_MB"] = bytes_vllm(gdn, L, B) / 1e6
-        row["vllm_floor_us"] = bytes_vllm(gdn, L, B) / HBM_BYTES_PER_S * 1e6
-        row["vllm_TBps"] = bytes_vllm(gdn, L, B) / (row["vllm_us_all"] * 1e-6) / 1e12
+        vllm_b = bytes_vllm(gdn, L, B, state_dtype_bytes=state_b)
+        row["vllm_MB"] = vllm_b / 1e6
+        row["vllm_floor_us"] = vllm_b / HBM_BYTES_PER_S * 1e6
+        row["vllm_TBps"] = vllm_b / (row["vllm_us_all"] * 1e-6) / 1e12
         row["verify_config"] = repr(config)
         if not args.no_fold:
             row["folded_verify_config"] = repr(fold_config)
@@ -1240,7 +1301,7 @@ def main():
     ws_per_request = GDNVerifyWorkspace.allocate(1, 1, VLLM_NUM_SPEC_FOR_STATE_RATIO + 1, gdn["num_k_heads"],
                                                  gdn["num_v_heads"], gdn["head_k_dim"], gdn["head_v_dim"],
                                                  torch.bfloat16, "cpu").bytes_per_request()
-    vllm_state, ours_state = state_bytes_per_request(gdn, ws_per_request)
+    vllm_state, ours_state = state_bytes_per_request(gdn, ws_per_request, state_dtype_bytes=ssm_dtype.itemsize)
 
     def speedup(L, B, pattern="all", key="speedup"):
         match = [r for r in rows if r["L"] == L and r["B"] == B]
@@ -1269,10 +1330,13 @@ def main():
         summary["measures"] = ("speedup_* = vLLM / ours (verify + one ssm/conv reconstruction launch: what the wiring "
                                "runs), launch configs tuned per (verify length, batch); state bytes count one "
                                "workspace copy")
+    state_name = str(ssm_dtype).replace("torch.", "")
     extra = dict(
-        correctness=check, layers=num_layers, gdn_shape=gdn, hbm_bytes_per_s=HBM_BYTES_PER_S,
-        fla=("measured: fla-core 0.6.0 fused_recurrent_gated_delta_rule, final state only" if fla_fn
-             else f"not measured: {fla_error}"),
+        correctness=check, layers=num_layers, gdn_shape=gdn, hbm_bytes_per_s=HBM_BYTES_PER_S, ssm_dtype=state_name,
+        ssm_dtype_note=SSM_DTYPE_NOTES.get(state_name, ""),
+        fla=("measured: fla-core 0.6.0 fused_recurrent_gated_delta_rule, final state only"
+             + ("" if ssm_dtype == torch.float32 else f"; it reads the {state_name} initial state, and its API "
+                "always allocates and writes an fp32 final state") if fla_fn else f"not measured: {fla_error}"),
         vllm_cuda_op="vLLM's fused_gdn_decode_post_conv_mtp (CUDA, used when K+1 <= 8 and the batch is all-spec) is "
                      "a compiled vLLM extension; it cannot run without the vLLM wheel's binaries: not measured",
         notes="times are per layer, CUDA-graph replay medians over a stack of layers; ours = verify + one ssm + "
@@ -1286,10 +1350,10 @@ def main():
         extra["sweep"] = sweep_rows
         extra["config_errors"] = config_errs
     command = args.command or "python " + " ".join(sys.argv)
-    write_results(BENCH, rows, summary, command, device_name, out_dir=args.out, extra=extra,
+    write_results(bench, rows, summary, command, device_name, out_dir=args.out, extra=extra,
                   markdown=markdown(rows, summary, extra, device_name, command))
     if not args.no_plot:
-        plot(rows, Path(args.out) / f"{BENCH}.png")
+        plot(rows, Path(args.out) / f"{bench}.png", extra["ssm_dtype"])
     print_table(rows, summary)
 
 
@@ -1310,7 +1374,9 @@ def markdown(rows, summary, extra, device_name, command):
         columns += [("folded verify us", "ours_folded_verify_us"), ("folded conv recon us", "ours_folded_conv_us")]
     columns += [("FLA us", "fla_us"), ("ours MB", "ours_MB"), ("ours floor us", "ours_floor_us"),
                 ("ours TB/s", "ours_TBps"), ("vLLM TB/s", "vllm_TBps")]
-    lines = [f"# GDN verification per layer ({device_name})", "", f"`{command}`", "",
+    lines = [f"# GDN verification per layer ({device_name}), {extra['ssm_dtype']} ssm states", "", f"`{command}`",
+             "", f"State dtype: {extra['ssm_dtype_note']}. Every ssm state of the run (ours, vLLM's slots, FLA's "
+             "initial state) has it; the MB / floor columns count it.", "",
              f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
              "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
              "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). " + what,
@@ -1326,8 +1392,9 @@ def markdown(rows, summary, extra, device_name, command):
         lines += [f"| {r['stage']} | {r['skip']} | {r['L']} | {r['B']} | {r.get('us', r.get('error'))} |"
                   for r in extra["ladder"]]
     if extra.get("sweep"):
-        lines += ["", "Sweep (us per layer; verify alone, or reconstruction alone; error = bf16 output / fp32 ssm "
-                  "state vs float64):", "", "| part | L | batch | config | us | error |", "|---|---|---|---|---|---|"]
+        lines += ["", f"Sweep (us per layer; verify alone, or reconstruction alone; error = bf16 output / "
+                  f"{extra['ssm_dtype']} ssm state vs float64, kept below {OUT_TOLERANCE:g} / "
+                  f"{extra['correctness']['tolerance_ssm_rel_err']:g}):", "", "| part | L | batch | config | us | error |", "|---|---|---|---|---|---|"]
         for r in extra["sweep"]:
             config = short_config(r["config"]) if r["part"].startswith("verify") else r["config"]
             err = r.get("out_rel_err", r.get("ssm_rel_err"))
@@ -1338,12 +1405,15 @@ def markdown(rows, summary, extra, device_name, command):
                          f"{r.get('us', 'failed: ' + r.get('error', '')[:60])} | {err} |")
     lines += ["", "| summary | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in summary.items()
                                                          if v is not None]
-    lines += ["", f"Correctness: `{json.dumps(extra['correctness'])}`", "", f"FLA: {extra['fla']}", "",
+    check = extra["correctness"]
+    lines += ["", f"Correctness (bf16 output / {extra['ssm_dtype']} ssm state vs float64 from the same state values; "
+              f"tolerances {check['tolerance_out_rel_err']:g} / {check['tolerance_ssm_rel_err']:g}, conv windows "
+              f"exact: within = {check['within_tolerance']}): `{json.dumps(check)}`", "", f"FLA: {extra['fla']}", "",
               f"vLLM CUDA op: {extra['vllm_cuda_op']}", ""]
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, ssm_dtype="float32"):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -1356,7 +1426,7 @@ def plot(rows, path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
     ax.set_xlabel("verified tokens per request (L)")
     ax.set_ylabel("vLLM time / ours (per layer)")
-    ax.set_title("GDN verify + reconstruction vs vLLM 0.33, all accepted", fontsize=9)
+    ax.set_title(f"GDN verify + reconstruction vs vLLM 0.33, all accepted, {ssm_dtype} ssm states", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -21,6 +21,11 @@
 #               hoisted weight tiles, and the checkpoint reconstruction (tests/ops/test_gdn_checkpoint.py)
 #   MODE=final8 (session 5, GB) as final7 with --sweep-set stacked7 (the stacked two-pass forms, PDL, the prep's
 #               register cap; reconstruction: final7's picks only); GPU tests: stacked, prep cap, two-pass forms
+#   MODE=bf16state (session 5, GB2) vLLM's default state dtype: the bf16-state GPU tests (every form the tuned file
+#               picks, in parallel through pytest-xdist from .whl) beside a parallel precompile, then
+#               bench_gdn_verify.py --ssm-dtype bfloat16 --sweep-set bf16state at L 4 / 16 and the full grid with vLLM
+#               and FLA -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png}; the sweep's picks go to
+#               $OUT/gdn/tuned_bf16_state.json (never the shipped tuned file, which holds the fp32-state picks)
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
 #               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
@@ -68,6 +73,28 @@ if [ "$MODE" = sdiag ]; then
     grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
     sed -n '/^part /,$p' "$OUT/diag/diag.log"
     tail -2 "$OUT/diag/diag.log"
+fi
+
+if [ "$MODE" = bf16state ]; then
+    mkdir -p "$OUT/gdn"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    rm -f /tmp/gpu_tests_done
+    ( timeout ${TEST_S:-90} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-5} \
+        -k bf16-state tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
+      touch /tmp/gpu_tests_done ) &
+    timeout ${BENCH_S:-165} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
+        --sweep-set bf16state --sweep-lens 4,16 --no-fold --precompile --wait-file /tmp/gpu_tests_done \
+        --stop-at-s ${STOP_AT_S:-140} --write-tuned "$OUT/gdn/tuned_bf16_state.json" \
+        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set bf16state --sweep-lens 4,16 --no-fold --precompile (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+        > "$OUT/gdn/bench.log" 2>&1
+    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    tail -4 "$OUT/gdn/pytest.log"
+    grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-1500
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-150
+    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
+    echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
 if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ]; then

@@ -47,3 +47,37 @@ def test_bench_quick_writes_results(tmp_path, extra):
     assert any("'short': True" in r["config"] for r in doc["sweep"] if r["part"] == "reconstruct")
     assert set(written["reconstruct_short_by_len"]["4"]["3"]) == {"short", "block_v", "num_warps", "early"}
     assert [r["skip"] for r in doc["ladder"]][:2] == [0, 1] and all("us" in r for r in doc["ladder"])
+
+
+@pytest.mark.skipif(not (REPO / ".vendor" / "vllm033").exists(), reason="vLLM 0.33 wheel sources not unpacked")
+def test_bench_quick_16bit_states_write_their_own_results(tmp_path):
+    """--ssm-dtype bfloat16 (vLLM's default state dtype; fp16 under the interpreter, which computes bf16 wrongly):
+    every state in that dtype, results under gdn_verify_bf16_state.*, never the headline's files."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONSAFEPATH": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "res"
+    cmd = [sys.executable, str(REPO / "eval" / "bench_gdn_verify.py"), "--quick", "--out", str(out), "--extracted",
+           str(tmp_path / "vsrc"), "--no-plot", "--ssm-dtype", "bfloat16", "--no-fold", "--sweep", "--sweep-set",
+           "bf16state", "--write-tuned", str(tmp_path / "tuned.json")]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert not (out / "gdn_verify.json").exists() and (out / "gdn_verify_bf16_state.md").exists()
+    doc = json.loads((out / "gdn_verify_bf16_state.json").read_text())
+    assert doc["bench"] == "gdn_verify_bf16_state" and doc["ssm_dtype"] == "float16"
+    check = doc["correctness"]
+    assert check["within_tolerance"] and check["ours_ssm_rel_err"] < check["tolerance_ssm_rel_err"] == 1e-2
+    assert check["vllm_out_rel_err"] < 1e-5  # vLLM's kernel upcasts the 16-bit state it loads, as ours does
+    # a 16-bit state halves both sides' state bytes: vLLM's K + 1 slots shrink more than our workspace
+    assert 1 < doc["summary"]["state_bytes_ratio"] < 13.651
+    assert all(r["part"] != "verify" or "stacked=True" in r["config"] or "hoist=True" in r["config"]
+               for r in doc["sweep"])
+
+
+def test_bench_refuses_16bit_sweep_over_the_shipped_tuned_file(tmp_path):
+    from hybridspec_kernels.gdn_verify.verify import TUNED_CONFIGS_FILE
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONSAFEPATH": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, str(REPO / "eval" / "bench_gdn_verify.py"), "--quick", "--out", str(tmp_path),
+           "--ssm-dtype", "bfloat16", "--sweep", "--write-tuned", str(TUNED_CONFIGS_FILE)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "fp32-state picks" in run.stderr
+    assert not list(tmp_path.iterdir())

@@ -963,6 +963,18 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                                              stacked_dot="tf32", prep_warps=8), False, id="fp32-state-stacked-rolled-tf32"),
     pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
                  False, id="fp32-state-stacked-pdl"),
+    # the tuned file's picks with bf16 states (vLLM's default mamba_ssm_cache_dtype "auto" for a bf16 model): b1 at
+    # L <= 8 / L >= 12, b8, b32, b64; the general reconstruction runs its tuned launch (outer_loop=False)
+    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True), False,
+                 id="bf16-state-hoisted-early-stores-8-warps"),
+    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True), False,
+                 id="bf16-state-hoisted-early-stores-4-warps"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                              prep_maxnreg=128), False, id="bf16-state-stacked-bv128-pdl"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128),
+                 False, id="bf16-state-stacked-pdl"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128), False,
+                 id="bf16-state-stacked-prep-maxnreg"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]
