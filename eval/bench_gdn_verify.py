@@ -90,6 +90,21 @@ SSM_DTYPE_NOTES = {
 }
 
 
+BF16_TUNED_KEYS = ("verify_by_len", "reconstruct_by_len", "reconstruct_short_by_len")
+
+
+def with_bf16_tables(shipped, swept):
+    """The shipped tuned doc (fp32-state picks) with a bf16-state sweep's per-length tables beside its own, as
+    `<key>_bf16` (what the launch code reads for bf16 states): a drop-in for tuned_verify_configs.json."""
+    if shipped.get("device") != swept.get("device"):
+        raise ValueError(f"the bf16-state sweep ran on {swept.get('device')!r}, the shipped picks on "
+                         f"{shipped.get('device')!r}")
+    doc = {k: v for k, v in shipped.items() if not k.endswith("_bf16")}
+    doc.update({f"{key}_bf16": swept[key] for key in BF16_TUNED_KEYS if key in swept})
+    doc["source_bf16"] = swept["source"].split("; verify_fold kept")[0]
+    return doc
+
+
 def bench_name(ssm_dtype):
     """Results file stem: the fp32-state headline, or the bf16-state run beside it (never over the headline)."""
     return BENCH if ssm_dtype == torch.float32 else f"{BENCH}_bf16_state"
@@ -1229,6 +1244,12 @@ def main():
                                                               for B, r in t.items() if not r.get("outer_loop")}
                                                           for L, t in best_recon.items()},
                                        best_recon_short_by_len=best_recon_short)
+            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
+            if shipped.get("device") == device_name:  # a drop-in that keeps the other state dtype's tables
+                swept = json.loads(Path(args.write_tuned).read_text())
+                doc = with_bf16_tables(shipped, swept) if ssm_dtype != torch.float32 else \
+                    {**swept, **{k: v for k, v in shipped.items() if k.endswith("_bf16")}}
+                Path(args.write_tuned).write_text(json.dumps(doc, indent=1) + "\n")
         for r in sweep_rows:
             print("sweep", r["part"], "L", r["L"], "B", r["B"], r.get("us", r.get("error")), "err",
                   r.get("out_rel_err", r.get("ssm_rel_err")),

@@ -22,6 +22,15 @@ ROWS = {
         ("speedup_L16_b32", "same, L=16, batch 32", ">= 6.0"),
         ("state_bytes_ratio", "GDN spec-state bytes per request, vLLM K=15 / ours", ">= 8"),
     ],
+    "gdn_verify_bf16_state": [
+        ("speedup_L4_b1", "the same GDN measures at vLLM's DEFAULT state dtype, bf16 ssm states (`mamba_ssm_cache_dtype` "
+         "auto; `gdn_verify` above is the headline: fp32 states, the issue's definition): L=4, batch 1: vLLM / ours",
+         "(issue goals are on fp32)"),
+        ("speedup_L16_b1", "same, bf16 states, L=16, batch 1", "(issue goals are on fp32)"),
+        ("speedup_L16_b32", "same, bf16 states, L=16, batch 32", "(issue goals are on fp32)"),
+        ("state_bytes_ratio", "GDN spec-state bytes per request with bf16 states, vLLM K=15 / ours",
+         "(issue goals are on fp32)"),
+    ],
     "gdn_checkpoint": [
         ("idle_overhead_L16_b32", "prefix caching's cost to the GDN commit, L=16, batch 32, no row at a block boundary: time / plain - 1", "(not a goal)"),
         ("one_row_overhead_L16_b32", "same, one row writing its block-boundary state", "(not a goal)"),

@@ -4,6 +4,7 @@ against vLLM 0.33's own Triton kernels (run from the wheel's sources under the i
 Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16); GPU tests (marker gpu) use the
 Qwen3-Next GDN shape in bf16.
 """
+import dataclasses
 import importlib
 import os
 import sys
@@ -1099,6 +1100,67 @@ def test_tuned_configs_round_trip(tmp_path, monkeypatch):
         verify._tuned_doc.cache_clear()
 
 
+def test_tuned_bf16_state_tables(tmp_path, monkeypatch):
+    """A tuned file with tables swept at bf16 states (`<key>_bf16`): bf16 states read those, fp32 / fp16 states the
+    fp32 tables; a file without them serves bf16 states from the fp32 tables."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
+    from hybridspec_kernels.gdn_verify.reconstruct_short import _tuned_short
+
+    fp32_pick, bf16_pick = VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True), \
+        VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128)
+    as_table = lambda cfg: {"4": {"8": dataclasses.asdict(cfg)}, "16": {"32": dataclasses.asdict(cfg)}}  # noqa: E731
+    doc = {"device": "some GPU", "source": "test", "verify": {"32": dataclasses.asdict(fp32_pick)},
+           "verify_by_len": as_table(fp32_pick), "verify_by_len_bf16": as_table(bf16_pick),
+           "reconstruct_by_len": {"16": {"32": dict(block_v=32, num_warps=4)}},
+           "reconstruct_by_len_bf16": {"16": {"32": dict(block_v=64, num_warps=8)}},
+           "reconstruct_short_by_len": {"4": {"8": dict(short=False, block_v=32, num_warps=4, early=True)}},
+           "reconstruct_short_by_len_bf16": {"4": {"8": dict(short=True, block_v=16, num_warps=2, early=False)}}}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
+    verify._tuned_doc.cache_clear()
+    try:
+        for L, B in ((4, 8), (16, 32), (12, 64), (None, 1)):
+            assert default_verify_config(B, max_seqlen=L, state_dtype=torch.bfloat16) == bf16_pick
+            for state_dtype in (None, torch.float32, torch.float16):
+                assert default_verify_config(B, max_seqlen=L, state_dtype=state_dtype) == fp32_pick
+        assert default_reconstruct_config(32, 16, torch.bfloat16) == dict(block_v=64, num_warps=8)
+        assert default_reconstruct_config(32, 16, torch.float32) == dict(block_v=32, num_warps=4)
+        assert _tuned_short(8, 4, torch.bfloat16)["short"] and not _tuned_short(8, 4, torch.float32)["short"]
+        path.write_text(json.dumps({k: v for k, v in doc.items() if not k.endswith("_bf16")}))
+        verify._tuned_doc.cache_clear()
+        assert default_verify_config(8, max_seqlen=4, state_dtype=torch.bfloat16) == fp32_pick
+        assert default_reconstruct_config(32, 16, torch.bfloat16) == dict(block_v=32, num_warps=4)
+    finally:
+        verify._tuned_doc.cache_clear()
+
+
+@needs_kernels
+def test_default_launches_look_up_by_state_dtype(monkeypatch):
+    """gdn_verify / gdn_reconstruct / the short form pass their ssm state's dtype to the tuned lookup (a 16-bit
+    state: fp16 under the interpreter)."""
+    from hybridspec_kernels.gdn_verify import reconstruct as recon_mod, reconstruct_short as short_mod
+    from hybridspec_kernels.gdn_verify import verify as verify_mod
+
+    seen = []
+    default_verify, default_recon = verify_mod.default_verify_config, recon_mod.default_reconstruct_config
+    monkeypatch.setattr(verify_mod, "default_verify_config",
+                        lambda *a, **k: seen.append(("verify", k["state_dtype"])) or default_verify(*a, **k))
+    monkeypatch.setattr(recon_mod, "default_reconstruct_config",
+                        lambda *a: seen.append(("reconstruct", a[2])) or default_recon(*a))
+    monkeypatch.setattr(short_mod, "_tuned_short", lambda *a: seen.append(("short", a[2])))
+    p = make_problem([3, 2], state_dtype=torch.float16, device="cpu")
+    ws = workspace_for(p, max_len=4)
+    gdn_verify(**p, workspace=ws.layer(0))
+    gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4), ws, p["state_indices"],
+                    torch.tensor([2, 1], dtype=torch.int32), p["cu_seqlens"])
+    assert sorted(seen) == [("reconstruct", torch.float16), ("short", torch.float16), ("verify", torch.float16)]
+
+
 def test_shipped_tuned_configs_load(monkeypatch):
     """tuned_verify_configs.json parses into VerifyConfigs (fields removed from VerifyConfig would break it)."""
     import json
@@ -1126,5 +1188,15 @@ def test_shipped_tuned_configs_load(monkeypatch):
             for batch, entry in table.items():
                 assert _tuned_short(int(batch), int(L)) == entry
                 assert set(entry) <= {"short", "block_v", "num_warps", "early"} and isinstance(entry["short"], bool)
+        for L, table in doc.get("verify_by_len_bf16", {}).items():  # swept with bf16 states
+            for batch, cfg in table.items():
+                assert default_verify_config(int(batch), max_seqlen=int(L), state_dtype=torch.bfloat16) == \
+                    VerifyConfig(**cfg)
+        for L, table in doc.get("reconstruct_by_len_bf16", {}).items():
+            for batch, recon in table.items():
+                assert default_reconstruct_config(int(batch), int(L), torch.bfloat16) == recon
+        for L, table in doc.get("reconstruct_short_by_len_bf16", {}).items():
+            for batch, entry in table.items():
+                assert _tuned_short(int(batch), int(L), torch.bfloat16) == entry
     finally:
         verify._tuned_doc.cache_clear()

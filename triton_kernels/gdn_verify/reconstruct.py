@@ -97,10 +97,10 @@ def _gdn_reconstruct_kernel(
 FALLBACK_RECONSTRUCT = dict(block_v=32, num_warps=4)
 
 
-def default_reconstruct_config(num_requests, max_len=None):
+def default_reconstruct_config(num_requests, max_len=None, state_dtype=None):
     """{block_v, num_warps} of the nearest measured (workspace length, batch) in `tuned_verify_configs.json` when it
-    was measured on this GPU, else `FALLBACK_RECONSTRUCT`."""
-    tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len"), num_requests, max_len)
+    was measured on this GPU (state_dtype bf16: its bf16-state table, when it has one), else `FALLBACK_RECONSTRUCT`."""
+    tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len", state_dtype), num_requests, max_len)
     return dict(tuned) if tuned is not None else dict(FALLBACK_RECONSTRUCT)
 
 
@@ -187,7 +187,7 @@ def gdn_reconstruct(
     offer_short = (parts == "all" and workspace_rows is None and block_v is None and num_warps is None
                    and not outer_loop)
     if block_v is None or num_warps is None:
-        tuned = default_reconstruct_config(num_requests, workspace.max_len)
+        tuned = default_reconstruct_config(num_requests, workspace.max_len, states.ssm_states[0].dtype)
         block_v = tuned["block_v"] if block_v is None else block_v
         num_warps = tuned["num_warps"] if num_warps is None else num_warps
     if block_v < 16 or block_v & (block_v - 1):

@@ -120,7 +120,7 @@ def gdn_reconstruct_short(
     if workspace.max_len > SHORT_MAX_LEN:
         raise ValueError(f"the short reconstruction handles workspace max_len <= {SHORT_MAX_LEN}, got "
                          f"{workspace.max_len}")
-    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len) or FALLBACK_SHORT
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype) or FALLBACK_SHORT
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
     early = tuned.get("early", False) if early is None else early
@@ -146,10 +146,11 @@ def gdn_reconstruct_short(
     )
 
 
-def _tuned_short(num_requests, max_len):
-    """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table:
-    {"short": bool (measured faster than the general kernel), "block_v", "num_warps"[, "early"]}; None if absent."""
-    return nearest_tuned(_tuned_by_len("reconstruct_short_by_len"), num_requests, max_len)
+def _tuned_short(num_requests, max_len, state_dtype=None):
+    """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table (its bf16-state
+    table for bf16 states, when it has one): {"short": bool (measured faster than the general kernel), "block_v",
+    "num_warps"[, "early"]}; None if absent."""
+    return nearest_tuned(_tuned_by_len("reconstruct_short_by_len", state_dtype), num_requests, max_len)
 
 
 def reconstruct_short(
@@ -164,7 +165,7 @@ def reconstruct_short(
     the short form faster at the nearest measured batch."""
     if workspace.max_len > SHORT_MAX_LEN:
         return False
-    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len)
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype)
     if not tuned or not tuned.get("short"):
         return False
     gdn_reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens, block_v=tuned["block_v"],

@@ -693,7 +693,8 @@ class VerifyConfig:
 # Written by eval/bench_gdn_verify.py --write-tuned from its sweep on one GPU: {"device": name, "verify": {batch:
 # config} (timed at L = 16), "verify_by_len": {L: {batch: config}}, "verify_fold": {batch: config},
 # "reconstruct_by_len": {L: {batch: {block_v, num_warps}}}, "reconstruct_short_by_len": {L <= 4: {batch: {short,
-# block_v, num_warps}}}}.
+# block_v, num_warps}}}}, all timed with fp32 ssm states; "verify_by_len_bf16", "reconstruct_by_len_bf16" and
+# "reconstruct_short_by_len_bf16" (same formats) were timed with bf16 states (--ssm-dtype bfloat16) and serve them.
 TUNED_CONFIGS_FILE = Path(__file__).with_name("tuned_verify_configs.json")
 
 
@@ -713,10 +714,14 @@ def _tuned_verify_configs(key="verify"):
 
 
 
-def _tuned_by_len(key):
-    """{L: {batch: entry}} of a per-length table of the tuned file ({} if absent)."""
-    return {int(L): {int(batch): entry for batch, entry in table.items()}
-            for L, table in _tuned_doc().get(key, {}).items()}
+def _tuned_by_len(key, state_dtype=None):
+    """{L: {batch: entry}} of a per-length table of the tuned file ({} if absent). bf16 states (vLLM's default
+    mamba_ssm_cache_dtype for a bf16 model) read the table swept with bf16 states, `key + "_bf16"`, where the file
+    has one: half the state bytes move, and other forms win (PDL loses there)."""
+    doc = _tuned_doc()
+    if state_dtype == torch.bfloat16 and f"{key}_bf16" in doc:
+        key = f"{key}_bf16"
+    return {int(L): {int(batch): entry for batch, entry in table.items()} for L, table in doc.get(key, {}).items()}
 
 
 def nearest_tuned(table, num_requests, max_seqlen=None):
@@ -753,16 +758,16 @@ def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_fo
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def default_verify_config(num_requests, folded=False, max_seqlen=None):
+def default_verify_config(num_requests, folded=False, max_seqlen=None, state_dtype=None):
     """The sweep's fastest config for the nearest measured (verify length, batch) when `tuned_verify_configs.json`
     was measured on this GPU (folded: the configs timed with a fold, when the file has them; max_seqlen None: the
-    L = 16 table); otherwise the v2 H200 sweep's winners (Qwen3-Next shape): one program per (request, head, 32 value
+    L = 16 table; state_dtype bf16: the table swept with bf16 states, when the file has one); otherwise the v2 H200 sweep's winners (Qwen3-Next shape): one program per (request, head, 32 value
     columns) at batch 1 (latency), one per (request, head) walking all value blocks from batch 8 on (throughput)."""
     if folded and _tuned_verify_configs("verify_fold"):
         tables = {16: _tuned_verify_configs("verify_fold")}
     else:
         tables = {L: {batch: VerifyConfig(**cfg) for batch, cfg in table.items()}
-                  for L, table in _tuned_by_len("verify_by_len").items()} or \
+                  for L, table in _tuned_by_len("verify_by_len", state_dtype).items()} or \
             ({16: _tuned_verify_configs("verify")} if _tuned_verify_configs("verify") else {})
     tuned = nearest_tuned(tables, num_requests, max_seqlen)
     if tuned is not None:
@@ -814,7 +819,8 @@ def gdn_verify(
         out           [T, HV, V] (vLLM's `core_attn_out`), default new in mixed_qkv's dtype
         scale         default head_k_dim ** -0.5
         config        launch tuning (`VerifyConfig`); default `default_verify_config(B, folded=fold is not None,
-                                 max_seqlen=max_seqlen)`: the tuned config of the nearest measured (L, batch)
+                                 max_seqlen=max_seqlen, state_dtype=ssm_state.dtype)`: the tuned config of the
+                                 nearest measured (L, batch), from the bf16-state sweep for bf16 states
         workspace_rows [B] int   workspace row request i writes (default i); values < workspace.max_requests
         fold          `GDNFold`: the previous step's pending ssm update, applied first. Each request's committed
                       ssm state is advanced by fold.counts[i] tokens of fold.workspace row fold.rows[i] (as
@@ -868,7 +874,8 @@ def gdn_verify(
     _check_workspace(workspace, 0 if workspace_rows is not None else num_requests, max_seqlen, num_k_heads,
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
     if config is None:
-        config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen)
+        config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen,
+                                       state_dtype=ssm_state.dtype)
         if fold is not None and config.stacked:  # a tuned unfolded pick; the stacked form has no fold path
             config = dataclasses.replace(config, stacked=False, pdl=False)
     if fold is not None:
