@@ -9,6 +9,8 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
+SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
+
 Builds that spill (the b64 walks) can differ run to run in ptxas's register and spill-slot choice: compare
 their masked SASS and PTX.
 """
@@ -123,6 +125,10 @@ def compile_captured(name, fn, args, kwargs):
     ptx = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "@@DWARF"))
            and not re.match(r"^\$L__tmp\d+:$", l.strip())]
     open(f"{OUT}/{name}.ptxn", "w").write("\n".join(ptx) + "\n")
+    if os.environ.get("SASS_IR"):
+        # SASS_IR=1: the TTIR / TTGIR too (where the pipeliner put a loop's copies, waits and shared-memory stores)
+        for stage in ("ttir", "ttgir"):
+            open(f"{OUT}/{name}.{stage}", "w").write(k.asm[stage])
     h += " norm " + hashlib.sha256("\n".join(norm).encode()).hexdigest()[:12]
     h += " ptx " + hashlib.sha256("\n".join(ptx).encode()).hexdigest()[:12]
     print(f"{name:40} {h} instr {len(ins):5} regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared}",
