@@ -1,3 +1,264 @@
-from vllm_hybridspec.patches import manifest_table
+"""The patch manifest, and a static check of the patch targets in another vLLM source tree.
 
-print(manifest_table())
+    python -m vllm_hybridspec.patches                        # the manifest as a Markdown table
+    python -m vllm_hybridspec.patches --check-sources DIR    # DIR: a `vllm` package folder (e.g. an unpacked wheel)
+
+`--check-sources` reads DIR's version from DIR/_version.py (or DIR/version.py) and, for every patch whose
+`vllm_versions` admits it, finds the target in DIR by parsing the files (module file, class, method or function,
+following `from x import name` re-exports and base classes) and compares its parameter list and decorators with
+the same target in the installed vLLM. Nothing in DIR is imported or executed, so a GPU build's sources can be
+checked on a CPU machine. Exit status: 0 when every target exists with the installed signature, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import sys
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+_MAX_HOPS = 8  # re-exports and base classes followed before giving up (vLLM's chains are 1-2 long)
+
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+    """Where a target is defined and how it is called, as written in the source."""
+
+    file: Path
+    line: int
+    signature: str  # decorators + parameter list, e.g. "@staticmethod (x, *, mode=...)"; "" for a non-function
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    patch: str
+    target: str
+    problem: str  # "missing" or "signature"
+    detail: str
+
+
+def source_version(vllm_dir: Path) -> str:
+    """The `__version__` string constant of DIR/_version.py or DIR/version.py (read, not imported)."""
+    for name in ("_version.py", "version.py"):
+        path = vllm_dir / name
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                if any(isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets):
+                    return node.value.value
+    raise ValueError(f"{vllm_dir}: no __version__ string in _version.py or version.py (is it a `vllm` package folder?)")
+
+
+def _module_file(vllm_dir: Path, module: str) -> Path | None:
+    parts = module.split(".")
+    if parts[0] != "vllm":
+        return None
+    base = vllm_dir.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def _signature(node: ast.AST) -> str:
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return ""
+    decorators = " ".join("@" + ast.unparse(d) for d in node.decorator_list)
+    args = node.args
+    positional = args.posonlyargs + args.args
+    first_default = len(positional) - len(args.defaults)
+    params = []
+    for i, arg in enumerate(positional):
+        params.append(arg.arg + ("=..." if i >= first_default else ""))
+        if args.posonlyargs and i == len(args.posonlyargs) - 1:
+            params.append("/")
+    if args.vararg:
+        params.append("*" + args.vararg.arg)
+    elif args.kwonlyargs:
+        params.append("*")
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        params.append(arg.arg + ("=..." if default is not None else ""))
+    if args.kwarg:
+        params.append("**" + args.kwarg.arg)
+    prefix = "async " if isinstance(node, ast.AsyncFunctionDef) else ""
+    return f"{decorators + ' ' if decorators else ''}{prefix}({', '.join(params)})"
+
+
+class SourceTree:
+    """Static lookups in one `vllm` package folder."""
+
+    def __init__(self, vllm_dir: Path) -> None:
+        self.vllm_dir = vllm_dir
+        self._parsed: dict[Path, ast.Module] = {}
+
+    def _parse(self, path: Path) -> ast.Module:
+        if path not in self._parsed:
+            self._parsed[path] = ast.parse(path.read_text(), filename=str(path))
+        return self._parsed[path]
+
+    def _binding(self, module: str, name: str, hops: int) -> tuple[Path, ast.AST] | None:
+        """The class / function / assignment that `name` is bound to at the top level of `module`."""
+        path = _module_file(self.vllm_dir, module)
+        if path is None or hops > _MAX_HOPS:
+            return None
+        found = None
+        for node in self._parse(path).body:  # the last binding wins, as at run time
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                found = (path, node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    found = (path, node)
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        source = _absolute(module, path.name == "__init__.py", node)
+                        found = self._binding(source, alias.name, hops + 1) or (path, node)
+        return found
+
+    def _member(self, module: str, cls: ast.ClassDef, name: str, hops: int) -> tuple[Path, ast.AST] | None:
+        """`name` in the class body, else in its bases (looked up in the class's module), in MRO-ish order."""
+        path = _module_file(self.vllm_dir, module)
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                return path, node
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    return path, node
+        if hops > _MAX_HOPS:
+            return None
+        for base in cls.bases:
+            if not isinstance(base, ast.Name):
+                continue  # `module.Class` bases and generics: not followed (none among our targets)
+            bound = self._class_in(module, base.id, hops + 1)
+            if bound is not None:
+                found = self._member(bound[0], bound[1], name, hops + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def _class_in(self, module: str, name: str, hops: int) -> tuple[str, ast.ClassDef] | None:
+        """(module that defines it, class node) for a class name visible at the top level of `module`."""
+        path = _module_file(self.vllm_dir, module)
+        if path is None or hops > _MAX_HOPS:
+            return None
+        result = None
+        for node in self._parse(path).body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                result = (module, node)
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        source = _absolute(module, path.name == "__init__.py", node)
+                        result = self._class_in(source, alias.name, hops + 1)
+        return result
+
+    def resolve(self, target: str) -> Definition | None:
+        """The definition of "module:Attr" or "module:Class.attr", or None where it does not exist."""
+        module, _, qualname = target.partition(":")
+        first, *rest = qualname.split(".")
+        if not rest:
+            bound = self._binding(module, first, 0)
+        else:
+            located = self._class_in(module, first, 0)
+            bound = None
+            for part in rest:
+                if located is None:
+                    return None
+                bound = self._member(located[0], located[1], part, 0)
+                located = None
+                if bound is not None and isinstance(bound[1], ast.ClassDef):
+                    located = (module, bound[1])
+        if bound is None or isinstance(bound[1], ast.ImportFrom):  # imported from outside vLLM: not checkable
+            return None
+        path, node = bound
+        return Definition(path, node.lineno, _signature(node))
+
+
+def check_sources(vllm_dir: Path, reference_dir: Path, patches=None) -> tuple[str, list[Finding], list[str]]:
+    """(DIR's version, findings, checked lines) for the patches whose vllm_versions admit DIR's version.
+
+    A checked line names the patch and where its target is defined in DIR and in the reference tree."""
+    if patches is None:
+        from vllm_hybridspec.patches import ALL_PATCHES as patches
+    version = source_version(vllm_dir)
+    try:
+        parsed = Version(version)
+    except InvalidVersion as error:
+        raise ValueError(f"{vllm_dir}: version {version!r} is not a PEP 440 version") from error
+    tree, reference = SourceTree(vllm_dir), SourceTree(reference_dir)
+    findings, checked = [], []
+    for patch in patches:
+        if parsed not in SpecifierSet(patch.vllm_versions):
+            continue
+        found, expected = tree.resolve(patch.target), reference.resolve(patch.target)
+        checked.append(f"{patch.__name__} {patch.target}: {_where(found) if found else 'missing'}; installed "
+                       f"{_where(expected) if expected else 'missing'}")
+        if found is None:
+            findings.append(Finding(patch.__name__, patch.target, "missing", f"not found under {vllm_dir}"))
+            continue
+        if expected is None:
+            findings.append(Finding(patch.__name__, patch.target, "missing",
+                                    f"not found in the installed vLLM ({reference_dir}), found at {_where(found)}"))
+        elif found.signature != expected.signature:
+            findings.append(Finding(patch.__name__, patch.target, "signature",
+                                    f"{_where(found)}: {found.signature or 'not a function'}; installed "
+                                    f"{_where(expected)}: {expected.signature or 'not a function'}"))
+    return version, findings, checked
+
+
+def _where(definition: Definition) -> str:
+    parts = definition.file.parts
+    inner = parts[len(parts) - 1 - parts[::-1].index("vllm"):] if "vllm" in parts else parts
+    return f"{'/'.join(inner)}:{definition.line}"
+
+
+def _installed_vllm_dir() -> Path:
+    from vllm_hybridspec.head_walk.upstream import installed_vllm_dir
+
+    found = installed_vllm_dir()
+    if found is None:
+        raise SystemExit("--check-sources compares with the installed vLLM, and none is importable")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_hybridspec.patches", description=__doc__.split("\n")[0])
+    parser.add_argument("--check-sources", metavar="DIR", type=Path,
+                        help="a `vllm` package folder whose patch targets to compare with the installed vLLM's")
+    args = parser.parse_args(argv)
+    if args.check_sources is None:
+        from vllm_hybridspec.patches import manifest_table
+
+        print(manifest_table())
+        return 0
+    reference_dir = _installed_vllm_dir()
+    try:
+        version, findings, checked = check_sources(args.check_sources, reference_dir)
+    except (ValueError, OSError, SyntaxError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"vLLM {version} at {args.check_sources} against the installed vLLM at {reference_dir}: "
+          f"{len(checked)} patches in range, {len(findings)} findings")
+    for line in checked:
+        print(f"checked: {line}")
+    for finding in findings:
+        print(f"{finding.problem}: {finding.patch} {finding.target}: {finding.detail}")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
