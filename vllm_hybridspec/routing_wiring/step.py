@@ -255,7 +255,9 @@ def routing_not_local_reason(vllm_config: Any) -> str | None:
     the rank's own token positions, so they would mark other tokens), or None. Under tensor parallelism every rank
     routes exactly its batch (tested at TP 2), and so under expert parallelism without data parallelism (read in
     vLLM 0.33's MoERunner, not run); with data or prefill-context parallelism vLLM's MoE layers can gather other
-    ranks' tokens before routing (`MoERunner._maybe_dispatch`)."""
+    ranks' tokens before routing (`MoERunner._maybe_dispatch`). Batch-sharded sampling (vLLM 0.33) keeps the routing
+    local but calls the rejection sampler, where the step's buffers are cleared, only on ranks that sample some of
+    the step's drafts (`GPUModelRunner.sample`): another rank would route the next unplanned step with stale marks."""
     parallel = getattr(vllm_config, "parallel_config", None)
     if parallel is None:
         return None
@@ -263,6 +265,8 @@ def routing_not_local_reason(vllm_config: Any) -> str | None:
         return "data parallelism (MoE layers may route every data-parallel rank's tokens together)"
     if getattr(parallel, "prefill_context_parallel_size", 1) > 1:
         return "prefill context parallelism (MoE layers may route tokens gathered across its ranks)"
+    if getattr(parallel, "enable_batch_sharded_sampling", False):
+        return "batch-sharded sampling (a rank that samples none of a step's drafts would keep its routing marks)"
     return None
 
 
