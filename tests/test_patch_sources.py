@@ -9,7 +9,7 @@ import pytest
 
 from vllm_hybridspec.head_walk.upstream import installed_vllm_dir
 from vllm_hybridspec.patches import ALL_PATCHES
-from vllm_hybridspec.patches.__main__ import SourceTree, check_sources, main, source_version
+from vllm_hybridspec.patches.__main__ import OVERRIDES, SourceTree, check_sources, main, source_version
 
 INSTALLED = installed_vllm_dir()
 
@@ -25,7 +25,7 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 def _copy_of_installed_targets(tmp_path: Path) -> Path:
     """The installed vLLM's files that the targets resolve through (re-exports, bases), nothing else."""
     reference = SourceTree(INSTALLED)
-    for patch in ALL_PATCHES:
+    for patch in (*ALL_PATCHES, *OVERRIDES):
         assert reference.resolve(patch.target) is not None, patch.target
     fake = tmp_path / "vllm"
     for path in reference._parsed:
@@ -45,7 +45,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 def test_installed_sources_are_clean():
     version, findings, checked = check_sources(INSTALLED, INSTALLED)
     assert findings == []
-    assert len(checked) == len(ALL_PATCHES)
+    assert len(checked) == len(ALL_PATCHES) + len(OVERRIDES)
 
 
 def test_cli_on_installed_sources_exits_zero():
@@ -75,13 +75,18 @@ def test_follows_reexports_relative_imports_and_bases(tmp_path):
         "base.py": "class Base:\n    def run(self, x, /, y=1, *args, z, **kw):\n        pass\n",
         "pkg/__init__.py": "from .impl import helper as exported\n",
         "pkg/impl.py": "async def helper(a, *, b=2):\n    pass\n",
-        "child.py": "from vllm.base import Base\n\nclass Child(Base):\n    @staticmethod\n    def own(q):\n        pass\n",
+        "child.py": ("from vllm.base import Base\n\nclass Child(Base):\n"
+                     "    @staticmethod\n    def own(q) -> int:\n        pass\n"),
+        "optional.py": ("try:\n    from vllm.pkg.impl import helper\nexcept ImportError:\n    helper = None\n"
+                        "if FAST:\n    def pick(a, b):\n        pass\nelse:\n    def pick(a):\n        pass\n"),
     })
     source = SourceTree(tree)
     inherited = source.resolve("vllm.child:Child.run")
     assert inherited.file == tree / "base.py" and inherited.signature == "(self, x, /, y=..., *args, z, **kw)"
-    assert source.resolve("vllm.child:Child.own").signature == "@staticmethod (q)"
+    assert source.resolve("vllm.child:Child.own").signature == "@staticmethod (q) -> int"
     assert source.resolve("vllm.pkg:exported").signature == "async (a, *, b=...)"
+    assert source.resolve("vllm.optional:helper").signature == "async (a, *, b=...)"  # the try body, not the handler
+    assert source.resolve("vllm.optional:pick").signature == "(a, b)"  # the `if` branch
     assert source.resolve("vllm.child:Child.absent") is None
     assert source.resolve("vllm.nowhere:f") is None
     assert source_version(tree) == "0.32.1"

@@ -4,11 +4,11 @@
     python -m vllm_hybridspec.patches --check-sources DIR    # DIR: a `vllm` package folder (e.g. an unpacked wheel)
 
 `--check-sources` reads DIR's version from DIR/_version.py (or DIR/version.py) and, for every patch whose
-`vllm_versions` admits it, finds the target in DIR by parsing the files (module file, class, method or function,
-following `from x import name` re-exports and base classes) and compares its parameter list and decorators with
-the same target in the installed vLLM. Nothing in DIR is imported or executed, so a GPU build's sources can be
-checked on a CPU machine. Exit status: 0 when every target exists with the installed signature, 1 otherwise.
-"""
+`vllm_versions` admits it and every vLLM method our subclasses override (`OVERRIDES`), finds the target in DIR by
+parsing the files (module file, class, method or function, following `from x import name` re-exports and base
+classes) and compares its parameter list, decorators and return annotation with the same target in the installed
+vLLM. Nothing in DIR is imported or executed, so a GPU build's sources can be checked on a CPU machine. Exit status:
+0 when every target exists with the installed signature, 1 otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ class Definition:
 
     file: Path
     line: int
-    signature: str  # decorators + parameter list, e.g. "@staticmethod (x, *, mode=...)"; "" for a non-function
+    signature: str  # decorators, parameters, return: "@staticmethod (x, *, mode=...) -> int"; "" for no function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,31 @@ class Finding:
     detail: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A vLLM method that one of our subclasses overrides: it binds us like a patch target, but no patch names it."""
+
+    target: str
+    name: str  # our subclass
+    vllm_versions: str = ">=0.32,<0.34"
+
+
+_GDN_LAYER = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention"
+_GDN_BUILDER = "vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadataBuilder"
+_ADAPTIVE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification:AdaptiveVerificationManager"
+OVERRIDES = (
+    *(Override(f"{_GDN_LAYER}.{method}", "BlockParallelGatedDeltaNet (gdn/layer.py)") for method in (
+        "__init__", "get_state_shape", "get_kv_cache_spec", "get_attn_backend", "forward_cpu", "_forward_core")),
+    *(Override(f"{_GDN_BUILDER}.{method}", "BlockParallelGDNMetadataBuilder (gdn/backend.py)") for method in (
+        "__init__", "build", "update_block_table", "get_varlen_cudagraph_max_query_len")),
+    *(Override(f"vllm.v1.attention.backends.gdn_attn:GDNAttentionBackend.{method}",
+               "BlockParallelGDNBackend (gdn/backend.py)") for method in (
+        "get_builder_cls", "supports_device_cpu_query_lens_mismatch")),
+    *(Override(f"{_ADAPTIVE}.{method}", "HybridSpecVerificationManager (adaptive/manager.py)") for method in (
+        "__init__", "set_cost_curves", "record_confidences", "get_num_tokens", "reallocate_drafts")),
+)
+
+
 def source_version(vllm_dir: Path) -> str:
     """The `__version__` string constant of DIR/_version.py or DIR/version.py (read, not imported)."""
     for name in ("_version.py", "version.py"):
@@ -47,7 +72,7 @@ def source_version(vllm_dir: Path) -> str:
         if not path.is_file():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if isinstance(node, ast.Assign) and isinstance(getattr(node.value, "value", None), str):
                 if any(isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets):
                     return node.value.value
     raise ValueError(f"{vllm_dir}: no __version__ string in _version.py or version.py (is it a `vllm` package folder?)")
@@ -72,6 +97,21 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(package + ([node.module] if node.module else []))
 
 
+def _statements(body: list[ast.stmt]):
+    """The statements of a module or class body, with those under `if` / `try` (optional imports, platform
+    branches). Where the last binding wins, the `if` branch and the `try` body win over `else` and the handlers
+    (they are yielded last): the branch a CUDA build with its optional packages takes."""
+    for node in body:
+        if isinstance(node, ast.If):
+            yield from _statements(node.orelse)
+            yield from _statements(node.body)
+        elif isinstance(node, ast.Try):
+            for block in (*(handler.body for handler in node.handlers), node.body, node.orelse, node.finalbody):
+                yield from _statements(block)
+        else:
+            yield node
+
+
 def _signature(node: ast.AST) -> str:
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return ""
@@ -93,7 +133,8 @@ def _signature(node: ast.AST) -> str:
     if args.kwarg:
         params.append("**" + args.kwarg.arg)
     prefix = "async " if isinstance(node, ast.AsyncFunctionDef) else ""
-    return f"{decorators + ' ' if decorators else ''}{prefix}({', '.join(params)})"
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""  # 0.33 grew a 4th return value
+    return f"{decorators + ' ' if decorators else ''}{prefix}({', '.join(params)}){returns}"
 
 
 class SourceTree:
@@ -114,7 +155,7 @@ class SourceTree:
         if path is None or hops > _MAX_HOPS:
             return None
         found = None
-        for node in self._parse(path).body:  # the last binding wins, as at run time
+        for node in _statements(self._parse(path).body):  # the last binding wins, as at run time
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                 found = (path, node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -131,7 +172,7 @@ class SourceTree:
     def _member(self, module: str, cls: ast.ClassDef, name: str, hops: int) -> tuple[Path, ast.AST] | None:
         """`name` in the class body, else in its bases (looked up in the class's module), in MRO-ish order."""
         path = _module_file(self.vllm_dir, module)
-        for node in cls.body:
+        for node in _statements(cls.body):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
                 return path, node
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -141,8 +182,10 @@ class SourceTree:
         if hops > _MAX_HOPS:
             return None
         for base in cls.bases:
+            if isinstance(base, ast.Subscript):  # a generic: `Builder[Metadata]`
+                base = base.value
             if not isinstance(base, ast.Name):
-                continue  # `module.Class` bases and generics: not followed (none among our targets)
+                continue  # `module.Class` bases: not followed (none among our targets)
             bound = self._class_in(module, base.id, hops + 1)
             if bound is not None:
                 found = self._member(bound[0], bound[1], name, hops + 1)
@@ -156,7 +199,7 @@ class SourceTree:
         if path is None or hops > _MAX_HOPS:
             return None
         result = None
-        for node in self._parse(path).body:
+        for node in _statements(self._parse(path).body):
             if isinstance(node, ast.ClassDef) and node.name == name:
                 result = (module, node)
             elif isinstance(node, ast.ImportFrom):
@@ -189,11 +232,14 @@ class SourceTree:
 
 
 def check_sources(vllm_dir: Path, reference_dir: Path, patches=None) -> tuple[str, list[Finding], list[str]]:
-    """(DIR's version, findings, checked lines) for the patches whose vllm_versions admit DIR's version.
+    """(DIR's version, findings, checked lines) for the patches (default: ALL_PATCHES and OVERRIDES) whose
+    vllm_versions admit DIR's version.
 
     A checked line names the patch and where its target is defined in DIR and in the reference tree."""
     if patches is None:
-        from vllm_hybridspec.patches import ALL_PATCHES as patches
+        from vllm_hybridspec.patches import ALL_PATCHES
+
+        patches = [*ALL_PATCHES, *OVERRIDES]
     version = source_version(vllm_dir)
     try:
         parsed = Version(version)
@@ -204,17 +250,18 @@ def check_sources(vllm_dir: Path, reference_dir: Path, patches=None) -> tuple[st
     for patch in patches:
         if parsed not in SpecifierSet(patch.vllm_versions):
             continue
+        name = getattr(patch, "__name__", None) or patch.name
         found, expected = tree.resolve(patch.target), reference.resolve(patch.target)
-        checked.append(f"{patch.__name__} {patch.target}: {_where(found) if found else 'missing'}; installed "
+        checked.append(f"{name} {patch.target}: {_where(found) if found else 'missing'}; installed "
                        f"{_where(expected) if expected else 'missing'}")
         if found is None:
-            findings.append(Finding(patch.__name__, patch.target, "missing", f"not found under {vllm_dir}"))
+            findings.append(Finding(name, patch.target, "missing", f"not found under {vllm_dir}"))
             continue
         if expected is None:
-            findings.append(Finding(patch.__name__, patch.target, "missing",
+            findings.append(Finding(name, patch.target, "missing",
                                     f"not found in the installed vLLM ({reference_dir}), found at {_where(found)}"))
         elif found.signature != expected.signature:
-            findings.append(Finding(patch.__name__, patch.target, "signature",
+            findings.append(Finding(name, patch.target, "signature",
                                     f"{_where(found)}: {found.signature or 'not a function'}; installed "
                                     f"{_where(expected)}: {expected.signature or 'not a function'}"))
     return version, findings, checked
@@ -252,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"vLLM {version} at {args.check_sources} against the installed vLLM at {reference_dir}: "
-          f"{len(checked)} patches in range, {len(findings)} findings")
+          f"{len(checked)} patch targets and overridden methods in range, {len(findings)} findings")
     for line in checked:
         print(f"checked: {line}")
     for finding in findings:
