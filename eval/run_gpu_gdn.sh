@@ -26,6 +26,11 @@
 #               bench_gdn_verify.py --ssm-dtype bfloat16 --sweep-set bf16state at L 4 / 16 and the full grid with vLLM
 #               and FLA -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png}; the sweep's picks go to
 #               $OUT/gdn/tuned_bf16_state.json (never the shipped tuned file, which holds the fp32-state picks)
+#   MODE=bf16recon (session 5, GB3) as bf16state, about the reconstruction at bf16 states: the GPU tests of the
+#               general reconstruction's swept launches and the short forms at bf16 states beside the precompile, then
+#               --sweep-set bf16recon (the bf16 verify picks only; general block_v x num_warps at L 4 / 16 and the short
+#               form's at L 4, incumbents first, --recon-margin 0.02) and the full grid with vLLM and FLA
+#               -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png} + tuned_bf16_state.json
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
 #               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
@@ -92,6 +97,28 @@ if [ "$MODE" = bf16state ]; then
     wait
     tail -4 "$OUT/gdn/pytest.log"
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-1500
+    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-150
+    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
+    echo "== end at $(( $(date +%s) - T0 )) s"
+fi
+
+if [ "$MODE" = bf16recon ]; then
+    mkdir -p "$OUT/gdn"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    rm -f /tmp/gpu_tests_done
+    ( timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
+        -k "bf16-state-recon or (short_forms and bf16-state)" tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1
+      echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"; touch /tmp/gpu_tests_done ) &
+    timeout ${BENCH_S:-98} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
+        --sweep-set bf16recon --sweep-lens 4,16 --no-fold --precompile --wait-file /tmp/gpu_tests_done \
+        --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-86} --write-tuned "$OUT/gdn/tuned_bf16_state.json" \
+        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set bf16recon --sweep-lens 4,16 --no-fold --precompile --recon-margin 0.02 (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+        > "$OUT/gdn/bench.log" 2>&1
+    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    tail -4 "$OUT/gdn/pytest.log"
+    grep -E "^precompile|compile failed|^correctness|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-1200
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-150
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
     echo "== end at $(( $(date +%s) - T0 )) s"

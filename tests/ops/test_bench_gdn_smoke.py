@@ -57,7 +57,7 @@ def test_bench_quick_16bit_states_write_their_own_results(tmp_path):
     out = tmp_path / "res"
     cmd = [sys.executable, str(REPO / "eval" / "bench_gdn_verify.py"), "--quick", "--out", str(out), "--extracted",
            str(tmp_path / "vsrc"), "--no-plot", "--ssm-dtype", "bfloat16", "--no-fold", "--sweep", "--sweep-set",
-           "bf16state", "--write-tuned", str(tmp_path / "tuned.json")]
+           "bf16recon", "--recon-margin", "0.02", "--write-tuned", str(tmp_path / "tuned.json")]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert not (out / "gdn_verify.json").exists() and (out / "gdn_verify_bf16_state.md").exists()
@@ -70,6 +70,9 @@ def test_bench_quick_16bit_states_write_their_own_results(tmp_path):
     assert 1 < doc["summary"]["state_bytes_ratio"] < 13.651
     assert all(r["part"] != "verify" or "stacked=True" in r["config"] or "hoist=True" in r["config"]
                for r in doc["sweep"])
+    recon = {r["config"] for r in doc["sweep"] if r["part"] == "reconstruct"}  # the general form's BV64 x 4 and
+    assert "{'block_v': 64, 'num_warps': 4, 'outer_loop': False}" in recon  # the short form timed beside it
+    assert any("'short': True" in c for c in recon)
 
 
 def test_bench_refuses_16bit_sweep_over_the_shipped_tuned_file(tmp_path):

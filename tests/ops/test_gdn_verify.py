@@ -1038,7 +1038,9 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
     num_accepted = torch.tensor([4, 1, 2, 0, 2, 3], dtype=torch.int32)
     ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
-    for block_v, num_warps, early in ((16, 2, False), (32, 4, True), (64, 8, True), (128, 8, False)):
+    # the bf16-state sweep's short launches (MODE=bf16recon) beside the earlier picks
+    for block_v, num_warps, early in ((16, 2, False), (32, 4, True), (64, 8, True), (128, 8, False), (32, 2, False),
+                                      (32, 4, False), (64, 4, False)):
         p["ssm_state"].copy_(ssm0)
         p["conv_state"].copy_(conv0)
         table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
@@ -1047,6 +1049,43 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
                               num_warps=num_warps, early=early)
         assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
         assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+
+
+# The general reconstruction's launches swept at bf16 states (MODE=bf16recon): a bf16 [BV, K] block is half the
+# bytes of an fp32 one, so larger blocks and other warp counts compete there; each must still be right.
+BF16_STATE_RECON_LAUNCHES = ((32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("block_v,num_warps", [pytest.param(bv, w, id=f"bf16-state-recon-bv{bv}-w{w}")
+                                               for bv, w in BF16_STATE_RECON_LAUNCHES])
+def test_gpu_reconstruct_launches_bf16_state(block_v, num_warps):
+    """The general reconstruction at one launch, bf16 ssm states, the Qwen3-Next shape, over two layers in one launch
+    (L = 16 workspace: the swept build), accepted counts 0..16 and clamped, a null slot; vs float64."""
+    lens = [16, 5, 1, 11, 16, 9]
+    num_accepted = torch.tensor([16, 3, 1, 7, 0, 12], dtype=torch.int32)  # row 5: 12 > 9, clamped
+    layers = [make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                           dtype=torch.bfloat16, state_dtype=torch.bfloat16, bias=False, device="cuda",
+                           null_requests=(1,), seed=90 + layer) for layer in range(2)]
+    for lp in layers[1:]:
+        lp["state_indices"], lp["cu_seqlens"] = layers[0]["state_indices"], layers[0]["cu_seqlens"]
+    ws = workspace_for(layers[0], num_layers=2, max_len=16)
+    before = [(lp["ssm_state"].clone(), lp["conv_state"].clone()) for lp in layers]
+    for layer, lp in enumerate(layers):
+        gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=16)
+    table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], 4)
+    assert table.aligned16
+    gdn_reconstruct(table, ws, layers[0]["state_indices"], num_accepted.cuda(), layers[0]["cu_seqlens"],
+                    block_v=block_v, num_warps=num_warps)
+    clamped = torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32))
+    for lp, (ssm0, conv0) in zip(layers, before):
+        ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+        naive_gdn_reconstruct(**ref, num_accepted=clamped)
+        assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-2
+        assert rel_err(lp["conv_state"], ref["conv_state"]) == 0
+        slot = int(lp["state_indices"][4])  # accepted 0: bit for bit the old state
+        assert torch.equal(lp["ssm_state"][slot], ssm0[slot]) and torch.equal(lp["conv_state"][slot], conv0[slot])
 
 
 def test_transposed_conv_weight_cache_follows_in_place_updates():
