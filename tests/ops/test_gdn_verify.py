@@ -1053,7 +1053,7 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
 
 # The general reconstruction's launches swept at bf16 states (MODE=bf16recon): a bf16 [BV, K] block is half the
 # bytes of an fp32 one, so larger blocks and other warp counts compete there; each must still be right.
-BF16_STATE_RECON_LAUNCHES = ((32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8))
+BF16_STATE_RECON_LAUNCHES = ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
 
 
 @pytest.mark.gpu
