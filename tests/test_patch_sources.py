@@ -9,7 +9,9 @@ import pytest
 
 from vllm_hybridspec.head_walk.upstream import installed_vllm_dir
 from vllm_hybridspec.patches import ALL_PATCHES
-from vllm_hybridspec.patches.__main__ import OVERRIDES, SourceTree, check_sources, main, source_version
+from vllm_hybridspec.patches.__main__ import (
+    OVERRIDES, SourceTree, check_sources, main, missing_imports, source_version,
+)
 
 INSTALLED = installed_vllm_dir()
 
@@ -46,6 +48,18 @@ def test_installed_sources_are_clean():
     version, findings, checked = check_sources(INSTALLED, INSTALLED)
     assert findings == []
     assert len(checked) == len(ALL_PATCHES) + len(OVERRIDES)
+    num_imports, missing = missing_imports(INSTALLED)
+    assert num_imports > 20 and missing == []
+
+
+def test_reports_a_vllm_import_that_is_gone(tmp_path):
+    package = _write(tmp_path / "ours", {"mod.py": (
+        "def f():\n    from vllm.pkg import helper, gone\n    from vllm import sub\n    from . import local\n")})
+    tree = _write(tmp_path / "vllm", {"pkg/__init__.py": "def helper():\n    pass\n", "sub.py": ""})
+    num_imports, missing = missing_imports(tree, package)
+    assert num_imports == 3
+    assert [(m.patch, m.target, m.problem) for m in missing] == [("import in ours/mod.py", "vllm.pkg:gone",
+                                                                   "missing import")]
 
 
 def test_cli_on_installed_sources_exits_zero():
@@ -73,7 +87,7 @@ def test_follows_reexports_relative_imports_and_bases(tmp_path):
     tree = _write(tmp_path / "vllm", {
         "_version.py": "__version__ = version = '0.32.1'\n",
         "base.py": "class Base:\n    def run(self, x, /, y=1, *args, z, **kw):\n        pass\n",
-        "pkg/__init__.py": "from .impl import helper as exported\n",
+        "pkg/__init__.py": "from .impl import helper as exported\nfrom .impl import *\n",
         "pkg/impl.py": "async def helper(a, *, b=2):\n    pass\n",
         "child.py": ("from vllm.base import Base\n\nclass Child(Base):\n"
                      "    @staticmethod\n    def own(q) -> int:\n        pass\n"),
@@ -85,6 +99,7 @@ def test_follows_reexports_relative_imports_and_bases(tmp_path):
     assert inherited.file == tree / "base.py" and inherited.signature == "(self, x, /, y=..., *args, z, **kw)"
     assert source.resolve("vllm.child:Child.own").signature == "@staticmethod (q) -> int"
     assert source.resolve("vllm.pkg:exported").signature == "async (a, *, b=...)"
+    assert source.resolve("vllm.pkg:helper").signature == "async (a, *, b=...)"  # through the star import
     assert source.resolve("vllm.optional:helper").signature == "async (a, *, b=...)"  # the try body, not the handler
     assert source.resolve("vllm.optional:pick").signature == "(a, b)"  # the `if` branch
     assert source.resolve("vllm.child:Child.absent") is None

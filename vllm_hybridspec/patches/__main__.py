@@ -7,8 +7,9 @@
 `vllm_versions` admits it and every vLLM method our subclasses override (`OVERRIDES`), finds the target in DIR by
 parsing the files (module file, class, method or function, following `from x import name` re-exports and base
 classes) and compares its parameter list, decorators and return annotation with the same target in the installed
-vLLM. Nothing in DIR is imported or executed, so a GPU build's sources can be checked on a CPU machine. Exit status:
-0 when every target exists with the installed signature, 1 otherwise."""
+vLLM. It also checks that every name our package imports from vLLM (`from vllm.x import y`, lazy ones too) exists
+in DIR. Nothing in DIR is imported or executed, so a GPU build's sources can be checked on a CPU machine.
+Exit status: 0 when every target has the installed signature and every import resolves, 1 otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -164,9 +165,11 @@ class SourceTree:
                     found = (path, node)
             elif isinstance(node, ast.ImportFrom):
                 for alias in node.names:
+                    source = _absolute(module, path.name == "__init__.py", node)
                     if (alias.asname or alias.name) == name:
-                        source = _absolute(module, path.name == "__init__.py", node)
                         found = self._binding(source, alias.name, hops + 1) or (path, node)
+                    elif alias.name == "*":  # `from .parallel_state import *` (vllm/distributed/__init__.py)
+                        found = self._binding(source, name, hops + 1) or found
         return found
 
     def _member(self, module: str, cls: ast.ClassDef, name: str, hops: int) -> tuple[Path, ast.AST] | None:
@@ -267,6 +270,29 @@ def check_sources(vllm_dir: Path, reference_dir: Path, patches=None) -> tuple[st
     return version, findings, checked
 
 
+def vllm_imports(package_dir: Path) -> list[tuple[str, str, str]]:
+    """(file, module, name) of every absolute `from vllm... import name` in our package, lazy ones included."""
+    found = set()
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm":
+                relative = path.relative_to(package_dir.parent).as_posix()
+                found.update((relative, node.module, alias.name) for alias in node.names)
+    return sorted(found)
+
+
+def missing_imports(vllm_dir: Path, package_dir: Path | None = None) -> tuple[int, list[Finding]]:
+    """(number of distinct imported vLLM names, those neither bound in their module nor a submodule in DIR)."""
+    package_dir = package_dir or Path(__file__).resolve().parents[1]
+    tree = SourceTree(vllm_dir)
+    names, findings = set(), []
+    for file, module, name in vllm_imports(package_dir):
+        names.add((module, name))
+        if _module_file(vllm_dir, f"{module}.{name}") is None and tree._binding(module, name, 0) is None:
+            findings.append(Finding(f"import in {file}", f"{module}:{name}", "missing import", "not found"))
+    return len(names), findings
+
+
 def _where(definition: Definition) -> str:
     parts = definition.file.parts
     inner = parts[len(parts) - 1 - parts[::-1].index("vllm"):] if "vllm" in parts else parts
@@ -298,13 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, SyntaxError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    num_imports, import_findings = missing_imports(args.check_sources)
     print(f"vLLM {version} at {args.check_sources} against the installed vLLM at {reference_dir}: "
-          f"{len(checked)} patch targets and overridden methods in range, {len(findings)} findings")
+          f"{len(checked)} patch targets and overridden methods in range, {len(findings)} findings; "
+          f"{num_imports} names vllm_hybridspec imports from vLLM, {len(import_findings)} missing")
     for line in checked:
         print(f"checked: {line}")
-    for finding in findings:
+    for finding in findings + import_findings:
         print(f"{finding.problem}: {finding.patch} {finding.target}: {finding.detail}")
-    return 1 if findings else 0
+    return 1 if findings or import_findings else 0
 
 
 if __name__ == "__main__":
