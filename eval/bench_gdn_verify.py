@@ -1273,7 +1273,7 @@ def main():
                   r.get("out_rel_err", r.get("ssm_rel_err")),
                   short_config(r["config"]) if r["part"].startswith("verify") else r["config"], flush=True)
 
-    rows = []
+    rows, not_run = [], []
     t_grid = time.time()
     first = [(4, 1), (16, 1), (16, 32)]  # the summary's cells first, in case the time budget ends the grid
     cells = [c for c in first if c[0] in lens and c[1] in batches]
@@ -1281,6 +1281,7 @@ def main():
     for L, B in cells:
         if time.time() - t_grid > args.budget_s or time.time() - T_START > args.stop_at_s:
             print(f"time budget: grid stopped before L={L} B={B}", flush=True)
+            not_run.append([L, B])
             continue
         s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None,
                        ssm_dtype=ssm_dtype)
@@ -1383,6 +1384,8 @@ def main():
               "verify with the previous step's ssm update folded in + one conv-only reconstruction launch (two "
               "steps per graph, rows double-buffered); speedup = vLLM / ours",
     )
+    if not_run:
+        extra["grid_not_run"] = sorted(not_run)
     if ladder_rows:
         extra["ladder"] = ladder_rows
     if sweep_rows:
@@ -1421,6 +1424,9 @@ def markdown(rows, summary, extra, device_name, command):
              "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). " + what,
              "", "| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(r.get(key)) for _, key in columns) + " |" for r in rows]
+    if extra.get("grid_not_run"):
+        lines += ["", "Grid cells not run (the run's time limit, --stop-at-s / --budget-s): "
+                  + ", ".join(f"L {L} batch {B}" for L, B in extra["grid_not_run"]) + "."]
     lines += ["", "Launch configs of ours per (L, batch):", ""]
     lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, "
               + (f"folded verify `{short_config(r['folded_verify_config'])}`, " if folded else "")

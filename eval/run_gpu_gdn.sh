@@ -80,45 +80,31 @@ if [ "$MODE" = sdiag ]; then
     tail -2 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = bf16state ]; then
+if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
+    if [ "$MODE" = bf16state ]; then
+        SWEEP_SET=bf16state TEST_K="bf16-state" TEST_S=${TEST_S:-90} TEST_WORKERS=${TEST_WORKERS:-5} \
+            BENCH_S=${BENCH_S:-165} STOP_AT_S=${STOP_AT_S:-140} EXTRA=""
+    else
+        SWEEP_SET=bf16recon TEST_K="bf16-state-recon or (short_forms and bf16-state)" TEST_S=${TEST_S:-60} \
+            TEST_WORKERS=${TEST_WORKERS:-6} BENCH_S=${BENCH_S:-98} STOP_AT_S=${STOP_AT_S:-86} EXTRA="--recon-margin 0.02"
+    fi
     mkdir -p "$OUT/gdn"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
         .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
     rm -f /tmp/gpu_tests_done
-    ( timeout ${TEST_S:-90} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-5} \
-        -k bf16-state tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
+    ( timeout $TEST_S python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n $TEST_WORKERS -k "$TEST_K" \
+        tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
-    timeout ${BENCH_S:-165} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
-        --sweep-set bf16state --sweep-lens 4,16 --no-fold --precompile --wait-file /tmp/gpu_tests_done \
-        --stop-at-s ${STOP_AT_S:-140} --write-tuned "$OUT/gdn/tuned_bf16_state.json" \
-        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set bf16state --sweep-lens 4,16 --no-fold --precompile (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+    timeout $BENCH_S python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
+        --sweep-set $SWEEP_SET --sweep-lens 4,16 --no-fold --precompile --wait-file /tmp/gpu_tests_done $EXTRA \
+        --stop-at-s $STOP_AT_S --write-tuned "$OUT/gdn/tuned_bf16_state.json" \
+        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set $SWEEP_SET --sweep-lens 4,16 --no-fold --precompile${EXTRA:+ $EXTRA} (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
         > "$OUT/gdn/bench.log" 2>&1
     echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
     wait
     tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-1500
-    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-150
-    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    echo "== end at $(( $(date +%s) - T0 )) s"
-fi
-
-if [ "$MODE" = bf16recon ]; then
-    mkdir -p "$OUT/gdn"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
-        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
-    rm -f /tmp/gpu_tests_done
-    ( timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
-        -k "bf16-state-recon or (short_forms and bf16-state)" tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1
-      echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"; touch /tmp/gpu_tests_done ) &
-    timeout ${BENCH_S:-98} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
-        --sweep-set bf16recon --sweep-lens 4,16 --no-fold --precompile --wait-file /tmp/gpu_tests_done \
-        --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-86} --write-tuned "$OUT/gdn/tuned_bf16_state.json" \
-        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set bf16recon --sweep-lens 4,16 --no-fold --precompile --recon-margin 0.02 (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
-        > "$OUT/gdn/bench.log" 2>&1
-    echo "== bench rc=$? at $(( $(date +%s) - T0 )) s"
-    wait
-    tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-1200
+    grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|Error" \
+        "$OUT/gdn/bench.log" | cut -c1-1500
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-150
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
     echo "== end at $(( $(date +%s) - T0 )) s"
