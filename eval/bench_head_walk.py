@@ -641,29 +641,6 @@ SAMPLED_V13 = [
 TUNE_CASES_V13 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_V13_BY_BATCH.items()
                    for name, kw in variants.items()]
                   + [(f"{name}_v152k_b{rows}", 151936, rows, dict(kw, sampled=True)) for name, rows, kw in SAMPLED_V13])
-# Session 5, second round, call 2 (v14): the ring kept across the steps (ring_across: one pipelined loop over (step,
-# streamed tile), the step's start at its first tile and its exchange at its last, so Triton sets the ring up once a
-# launch instead of every step, and the next step's first copies fly during the exchange) against each batch's
-# measured form; "_uptr" as in v13. Third round (HW3): ring_across with the step's operand fenced before its first
-# streamed wgmma; the base logits by pointer are no longer a ring_across form (plan_walk refuses them).
-RES128_W4 = dict(RES128, num_warps=4)
-RES192 = dict(stream_tma=3, tile_rows=64, resident_tiles=3)
-STREAMING_V14_BY_BATCH = {
-    1: {"tma4_res128_w4": RES128_W4, "tma4_res128_w4_across": dict(RES128_W4, ring_across=True),
-        "tma3_res192_w4_across": dict(RES192, num_warps=4, ring_across=True)},
-    8: {"keys64_tma3_res192": dict(RES192, split_keys=False, l2_prefetch=0),
-        "keys64_tma3_res192_across": dict(RES192, split_keys=False, l2_prefetch=0, ring_across=True)},
-    32: {"split_tma3_res192": dict(RES192, split_keys=True, split_streamed=True, l2_prefetch=0),
-         "split_tma3_res192_across": dict(RES192, split_keys=True, split_streamed=True, l2_prefetch=0,
-                                          ring_across=True)},
-    64: {"keys64_tma3_res128": STREAMING_V13_BY_BATCH[64]["keys64_tma3_res128"],
-         "keys64_tma3_res128_across": dict(STREAMING_V13_BY_BATCH[64]["keys64_tma3_res128"], ring_across=True)},
-}
-SAMPLED_V14 = [("s_tma4_res128_w4", 1, RES128_W4), ("s_tma4_res128_w4_uptr", 1, dict(RES128_W4, u_ring=False)),
-               ("s_tma4_res128_w4_across", 1, dict(RES128_W4, ring_across=True))]
-TUNE_CASES_V14 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_V14_BY_BATCH.items()
-                   for name, kw in variants.items()]
-                  + [(f"{name}_v152k_b{rows}", 151936, rows, dict(kw, sampled=True)) for name, rows, kw in SAMPLED_V14])
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -694,9 +671,6 @@ LADDERS = {
     "v13": dict(rule={}, scoring={name: kw for variants in STREAMING_V13_BY_BATCH.values()
                                   for name, kw in variants.items()},
                 scoring_by_batch=STREAMING_V13_BY_BATCH, cases=TUNE_CASES_V13, floors=[]),
-    "v14": dict(rule={}, scoring={name: kw for variants in STREAMING_V14_BY_BATCH.values()
-                                  for name, kw in variants.items()},
-                scoring_by_batch=STREAMING_V14_BY_BATCH, cases=TUNE_CASES_V14, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

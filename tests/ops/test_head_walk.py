@@ -267,7 +267,6 @@ def test_sampled_drafts_follow_softmax():
     (dict(l2_prefetch=-1), "l2_prefetch"),
     (dict(stream_tma=-1), "stream_tma"),
     (dict(stream_tma=9), "stream_tma"),
-    (dict(stream_tma=3, ring_across=True, u_ring=False), "ring_across needs u_ring"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -339,15 +338,6 @@ def test_streamed_loop_by_tile_index_keeps_the_walk(opts, rows, sampled):
                  id="base-logits-by-pointer-reduced-vocab-b3-sampled-fp16"),
     pytest.param(dict(stream_tma=4, split_keys=True, split_streamed=True, u_ring=False), 3, False, torch.float32,
                  id="base-logits-by-pointer-split-b3"),
-    pytest.param(dict(stream_tma=3, ring_across=True), 1, False, torch.float32, id="ring-across-steps-b1"),
-    pytest.param(dict(stream_tma=2, stream_rows=32, ring_across=True, d2t=True), 1, True, torch.float16,
-                 id="ring-across-steps-reduced-vocab-b1-sampled-fp16"),
-    pytest.param(dict(stream_tma=4, split_keys=True, split_streamed=True, ring_across=True), 3, True, torch.float32,
-                 id="ring-across-steps-split-b3-sampled"),
-    pytest.param(dict(stream_tma=3, split_keys=False, ring_across=True), 5, False, torch.float32,
-                 id="ring-across-steps-int64-keys-b5"),
-    pytest.param(dict(stream_tma=3, residency="off", stream_rows=32, tile_rows=64, ring_across=True), 2, False,
-                 torch.float32, id="ring-across-steps-nothing-resident-b2"),
 ])
 def test_stream_tma_keeps_the_walk(monkeypatch, opts, rows, sampled, dtype):
     """The streamed tiles through tensor descriptors (the TMA ring on a GPU; the interpreter runs the same loads
@@ -653,20 +643,16 @@ def _assert_streamed_forms_agree(rows, sampled, seed, variants):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("rows", [1, 64])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_ring_variants_agree(rows, sampled):
-    """V = 151,936: the ring with the base logits by pointer loads (u_ring=False), at 4 warps, at 64 rows (two
-    resident tiles of 64 rows, the bench's ladder v13), and kept across the steps (ring_across: one pipelined loop
-    over (step, tile), the exchange inside it; ladder v14) pick the tokens of the one-launch-per-step register walk."""
+    """V = 151,936: the ring with the base logits by pointer loads (u_ring=False), at 4 warps, and at 64 rows (two
+    resident tiles of 64 rows, the bench's ladder v13) pick the tokens of the one-launch-per-step register walk."""
     if rows == 1:
         res128 = dict(stream_tma=4, tile_rows=128, resident_tiles=1)
-        variants = (dict(res128, num_warps=4, ring_across=True), dict(res128, u_ring=False),
-                    dict(res128, num_warps=4), dict(res128, u_ring=False, num_warps=4),
+        variants = (dict(res128, u_ring=False), dict(res128, num_warps=4), dict(res128, u_ring=False, num_warps=4),
                     dict(stream_tma=5, stream_rows=32, u_ring=False))
-    elif rows == 8:
-        variants = (dict(ring_across=True), dict(ring_across=True, split_keys=True, split_streamed=True))
     else:
         ring = dict(split_keys=False, stream_tma=3, tile_rows=64, resident_tiles=2)
-        variants = (dict(ring, ring_across=True), ring, dict(ring, u_ring=False))
+        variants = (ring, dict(ring, u_ring=False))
     _assert_streamed_forms_agree(rows, sampled, 31 + rows, variants)

@@ -182,18 +182,6 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _fence_then_meet(like):
-    """fence.proxy.async.shared::cta, then bar.sync 0, in every thread, once per element of `like` (16-bit; every
-    thread holds as many elements as every other); returns fp32 zeros shaped like `like`. Orders each thread's
-    own generic shared-memory stores before any warp's later async-proxy reads (wgmma, TMA): the writer fences,
-    then the CTA meets. Inline PTX rather than tl.debug_barrier: a gpu.barrier in the loop body stops Triton 3.6
-    from pipelining the loop."""
-    return tl.inline_asm_elementwise("fence.proxy.async.shared::cta;\n\tbar.sync 0;\n\tmov.b32 $0, 0f00000000;",
-                                     "=f,h", [like.to(tl.int16, bitcast=True)], dtype=tl.float32, is_pure=False,
-                                     pack=1)
-
-
-@triton.jit
 def _load_relaxed(ptrs):
     return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs], dtype=tl.int64,
                                      is_pure=False, pack=1)
@@ -387,7 +375,7 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
                 KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
-                SCALED: tl.constexpr, SPLIT: tl.constexpr, acc0=None):
+                SCALED: tl.constexpr, SPLIT: tl.constexpr):
     """(keys, ids) of one tile of vocabulary rows for every batch row: int64 keys [rows, BP] (the caller reduces
     them: one max over the keys is the argmax with the first of equal maxima), or with SPLIT the fp32 scores
     [rows, BP] themselves (the caller keeps a running (value, id) max, _fold_split: a few instructions an element
@@ -397,15 +385,8 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
 
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
-    acc0: None, or zeros [rows] / [rows, BP] the product starts from (a data dependency that orders whatever
-    computed them before the wgmma; the ring kept across the steps uses it).
     """
-    if acc0 is None:
-        acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
-    else:
-        if len(acc0.shape) == 1:
-            acc0 = acc0[:, None] + tl.zeros([acc0.shape[0], m_dot.shape[1]], dtype=tl.float32)
-        acc = tl.dot(w.to(m_dot.dtype), m_dot, acc=acc0, input_precision=DOT_PRECISION)
+    acc = tl.dot(w.to(m_dot.dtype), m_dot, input_precision=DOT_PRECISION)
     m_v = rows < vocab
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
@@ -688,7 +669,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
-    U_RING: tl.constexpr = True, RING_ACROSS_OPT: tl.constexpr = False,
+    U_RING: tl.constexpr = True,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -706,12 +687,7 @@ def head_walk_kernel(
     # i + 1 .. i + s - 1 in flight while tile i's wgmma runs; no register copy, no fence in front of the wgmma).
     # U_RING (with STREAM_TMA): the streamed tiles' base logits come through the ring too; else by pointer loads
     # issued at the top of each iteration (no second mbarrier wait, and no generic-to-async fence before the copy
-    # that refills a base-logit stage). RING_ACROSS_OPT (with STREAM_TMA; Markov head, one key reduction a step, no
-    # L2 / L1 prefetch, not the flags exchange): one pipelined loop over (step, streamed tile) instead of a streamed
-    # loop inside the step loop: the step's start (winner, W1[x], resident tiles) runs at its first tile, its end
-    # (keys, publish, exchange) at its last, so the ring is set up once per launch and the next step's first copies
-    # are in flight during the exchange (nested, Triton sets up and drains the ring every step); needs U_RING, and
-    # L2_BULK (inline PTX allowed) for the fence before each step's first streamed wgmma.
+    # that refills a base-logit stage).
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
@@ -824,510 +800,321 @@ def head_walk_kernel(
         if RES_TILES >= 4:
             nz3 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t, d2t_ptr,
                               shard_end, None, HAS_D2T)
-    RING_ACROSS: tl.constexpr = (RING_ACROSS_OPT and HAS_STREAM and STREAM_TMA > 0 and HEAD == 0 and KEYS_ONCE
-                                 and not NOISE_AHEAD and not L1_PREFETCH and L2_PREFETCH == 0 and not FLAGS)
-    if RING_ACROSS:
-        # Every program walks the same number of streamed tiles a step (the last shard's extra tiles lie past the
-        # vocabulary: zero-filled copies whose rows score -inf), so every program reaches every exchange.
-        N_STREAM: tl.constexpr = (CHUNK_ROWS - RES_TILES * RT + ST - 1) // ST
-        m_dot = tl.zeros([R, BP], dtype=w2_dot_ty)
+    for k in range(k_begin, k_end):
+        if k > k_begin and TAGGED and ONE_ROW:
+            # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
+            x0 = ID_MASK - (best0 & ID_MASK)
+            if HAS_D2T and not KEY_BY_TARGET:
+                x0 = x0 + tl.load(d2t_ptr + x0)
+            x = tl.where(o_b == 0, x0, 0)
+            if pid == 0:
+                tl.store(tok_ptr + (k - 1), x0)
+        elif k > k_begin:
+            if TAGGED:
+                x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
+            elif FLAGS and num_rows == 1:
+                x0 = ID_MASK - (best0 & ID_MASK)
+                if HAS_D2T and not KEY_BY_TARGET:
+                    x0 = x0 + tl.load(d2t_ptr + x0)
+                x = tl.where(o_b == 0, x0, 0)
+            else:
+                x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
+            if pid == 0:
+                tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
+            if ONE_ROW and not FLAGS:
+                # (flags with one row has x0 already, from its flags)
+                x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
+        # Base logits of the resident tiles, issued beside the W1 gather so their latency hides behind it. (A
+        # prefetch one step ahead, carried through the loop, made Triton convert them to the accumulator's
+        # layout through shared memory every step: 2-4 more CTA-wide syncs on the step chain.)
+        if RES_TILES >= 1:
+            u_res0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + o_t, shard_end, o_b, m_b, ONE_ROW)
+        if RES_TILES >= 2:
+            u_res1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + RT + o_t, shard_end, o_b, m_b, ONE_ROW)
+        if RES_TILES >= 3:
+            u_res2 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        if RES_TILES >= 4:
+            u_res3 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        if ONE_ROW:
+            # [R, BP]: W1[x] in column 0, gathered from a scalar address.
+            e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
+                        other=0.0).to(tl.float32)
+        else:
+            # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
+            e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :], other=0.0).to(tl.float32)
+        if HAS_CONF:
+            if pid == 0:
+                wc = tl.load(conf_w_ptr + o_r)
+                ch = tl.load(conf_h_ptr + o_b * num_steps + k, mask=m_b, other=0.0)
+                tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[:, None], axis=0)), mask=m_b)
+        if HEAD == 0:
+            m = e
+        elif HEAD == 1:
+            gh = tl.load(gh_ptr + (o_b[None, :] * num_steps + k) * R + o_r[:, None], mask=m_b[None, :], other=0.0)
+            ge = tl.load(t1_ptr + x[None, :] * stride_t1 + o_r[:, None]).to(tl.float32)
+            m = tl.sigmoid(gh + ge) * e
+        else:
+            # RNN: the program advances its SJ dims of the state (all of them, SJ at a time, without grid
+            # barriers), publishes them, and everyone reads the whole new state back.
+            if MULTI:
+                j_lo = pid * SJ
+                j_hi = j_lo + SJ
+            else:
+                j_lo = 0
+                j_hi = R
+            if k > 0:
+                s_full = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
+            else:
+                s_full = tl.full([BP, R], 0.0, dtype=tl.float32)
+            hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
+            t3_row = t3_ptr + x[:, None] * stride_t3
+            for j0 in range(j_lo, j_hi, SJ):
+                o_j = j0 + tl.arange(0, SJ)
+                m_j = o_j < R
+                mj = m_b[:, None] & m_j[None, :]
+                ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
+                if k > 0:
+                    s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
+                                     other=0.0, volatile=True)
+                else:
+                    s_mine = tl.full([BP, SJ], 0.0, dtype=tl.float32)
+                pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
+                    + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                pre_c = tl.dot(s_full, ws_c, input_precision="ieee") \
+                    + tl.load(hj_row + R + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                pre_o = tl.dot(s_full, ws_o, input_precision="ieee") \
+                    + tl.load(hj_row + 2 * R + o_j[None, :], mask=mj, other=0.0) \
+                    + tl.load(t3_row + 2 * R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
+                gate = tl.sigmoid(pre_g)
+                s_new = gate * s_mine + (1.0 - gate) * _tanh(pre_c)
+                tl.store(sb_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], s_new, mask=mj)
+                tl.store(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], _tanh(pre_o), mask=mj)
+            if MULTI:
+                _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+            else:
+                tl.debug_barrier()
+            m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
+        m_dot = m.to(w2_dot_ty)
+
         seed = seed0
+        # Placeholders where the streamed tiles keep int64 keys (_fold_streamed passes them on unused).
         stream_v = tl.full([], 0.0, dtype=tl.float32)
         stream_id = tl.full([], 0, dtype=tl.int32)
-        res_v = tl.full([RT, BP], float("-inf"), dtype=tl.float32)
-        res_id = tl.full([RT, BP], ID_MASK, dtype=tl.int32)
         if ONE_ROW:
             pos = tl.full([], 0, dtype=tl.int64)
+            if SAMPLED:
+                pos = tl.load(pos_ptr + k).to(tl.int64) + DRAFT_NOISE_SALT
             best = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
             res_keys = tl.full([RT], -9223372036854775807 - 1, dtype=tl.int64)
             stream_keys = tl.full([ST], -9223372036854775807 - 1, dtype=tl.int64)
         else:
             pos = tl.full([BP], 0, dtype=tl.int64)
+            if SAMPLED and not NOISE_AHEAD:
+                pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
             best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
             res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
             stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
-        if SPLIT_STREAM:
-            stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
-            stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
-        for it in tl.range(0, (k_end - k_begin) * N_STREAM, num_stages=STREAM_TMA):
-            k = k_begin + it // N_STREAM
-            j = it % N_STREAM
-            if j == 0:
-                # The step's start: the previous step's winner, W1[x], the resident tiles.
-                if k > k_begin:
-                    if TAGGED and ONE_ROW:
-                        x0 = ID_MASK - (best0 & ID_MASK)
-                        if HAS_D2T and not KEY_BY_TARGET:
-                            x0 = x0 + tl.load(d2t_ptr + x0)
-                        x = tl.where(o_b == 0, x0, 0)
-                        if pid == 0:
-                            tl.store(tok_ptr + (k - 1), x0)
-                    else:
-                        if TAGGED:
-                            x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
-                        else:
-                            x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T,
-                                      KEY_BY_TARGET)
-                        if pid == 0:
-                            tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
-                        if ONE_ROW:
-                            x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
-                if RES_TILES >= 1:
-                    u_res0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + o_t, shard_end, o_b, m_b,
-                                          ONE_ROW)
-                if RES_TILES >= 2:
-                    u_res1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + RT + o_t, shard_end, o_b,
-                                          m_b, ONE_ROW)
-                if RES_TILES >= 3:
-                    u_res2 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 2 * RT + o_t, shard_end,
-                                          o_b, m_b, ONE_ROW)
-                if RES_TILES >= 4:
-                    u_res3 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 3 * RT + o_t, shard_end,
-                                          o_b, m_b, ONE_ROW)
-                if ONE_ROW:
-                    e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
-                                other=0.0).to(tl.float32)
+            if SPLIT_STREAM:
+                # Streamed tiles start from (-inf, no id). An element that stays -inf keeps no id: if its whole
+                # column is -inf, _split_key's fallback (the shard's first row) is that column's lowest row.
+                stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
+                stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
+        if SAMPLED:
+            seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
+        if RES_TILES >= 1:
+            keys, ids = _score_tile(
+                w_res0, u_res0, nz0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
+            if SPLIT:
+                # The first tile starts the running max as it is (no -inf start, so no id is ever missing).
+                res_v = keys
+                if NOISE_AHEAD:
+                    # Ids selected by the scores (a NaN holds none): in the accumulator's layout even with one
+                    # tile, where they anchor the noise computed ahead.
+                    res_id = tl.where(keys == keys, ids[:, None], ID_MASK)
                 else:
-                    e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :],
-                                other=0.0).to(tl.float32)
-                if HAS_CONF:
-                    if pid == 0:
-                        wc = tl.load(conf_w_ptr + o_r)
-                        ch = tl.load(conf_h_ptr + o_b * num_steps + k, mask=m_b, other=0.0)
-                        tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[:, None], axis=0)),
-                                 mask=m_b)
-                m_dot = e.to(w2_dot_ty)
-                if SAMPLED:
-                    seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
-                    if ONE_ROW:
-                        pos = tl.load(pos_ptr + k).to(tl.int64) + DRAFT_NOISE_SALT
-                    else:
-                        pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
-                if ONE_ROW:
-                    best = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
-                    res_keys = tl.full([RT], -9223372036854775807 - 1, dtype=tl.int64)
-                    stream_keys = tl.full([ST], -9223372036854775807 - 1, dtype=tl.int64)
-                else:
-                    best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
-                    res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
-                    stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
-                if SPLIT_STREAM:
-                    stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
-                    stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
-                if RES_TILES >= 1:
-                    keys, ids = _score_tile(
-                        w_res0, u_res0, None, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
-                        u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
-                        logit_scale, shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
-                        DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                    if SPLIT:
-                        res_v = keys
-                        res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
-                    else:
-                        res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-                if RES_TILES >= 2:
-                    keys, ids = _score_tile(
-                        w_res1, u_res1, None, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed,
-                        pos, u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
-                        logit_scale, shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
-                        DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                    if SPLIT:
-                        res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                    else:
-                        res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-                if RES_TILES >= 3:
-                    keys, ids = _score_tile(
-                        w_res2, u_res2, None, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp,
-                        seed, pos, u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
-                        logit_scale, shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
-                        DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                    if SPLIT:
-                        res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                    else:
-                        res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-                if RES_TILES >= 4:
-                    keys, ids = _score_tile(
-                        w_res3, u_res3, None, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp,
-                        seed, pos, u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk,
-                        logit_scale, shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET,
-                        DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                    if SPLIT:
-                        res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                    else:
-                        res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-            row0 = stream_begin + j * ST
-            rows = row0 + o_s
-            if not U_RING:
-                u_tile = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows, shard_end, o_b, m_b, ONE_ROW)
-            w = w2_desc.load([row0, 0])
-            if U_RING:
-                u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
-                                      u_ptr.dtype.element_ty.primitive_bitwidth)
-            # The B operand W1[x] is loop-carried in registers here, so Triton stores it to shared memory again
-            # before every streamed wgmma, in the order store -> CTA barrier -> proxy fence -> wgmma: a warp's
-            # wgmma may then read another warp's part before that warp has fenced it, i.e. the old bytes. Harmless
-            # while the bytes repeat (j > 0); at a step's first tile they change (and at one row, 4 warps, the
-            # buffer aliases the step start's scratch). There every thread fences its stores and the CTA meets
-            # again before the wgmma, ordered after the store by data: the fence takes the tile's base logits
-            # (loaded after the store from the ring, hence U_RING) and the product starts from its zeros.
-            acc0 = tl.zeros(u_tile.shape, dtype=tl.float32)
-            if L2_BULK:  # inline PTX (not under the interpreter, which has no shared memory to race on)
-                if j == 0:
-                    acc0 = _fence_then_meet(u_tile)
-            tile_keys, tile_ids = _score_tile(
-                w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                SPLIT_STREAM, acc0)
-            stream_v, stream_id, stream_keys, best = _fold_streamed(
-                stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
-                ORDERED, PAIR_REDUCE)
-            if j == N_STREAM - 1:
-                # The step's end: its keys, published, and every program's keys of this step.
-                step_best = best
-                if SPLIT:
-                    if RES_TILES >= 1:
-                        step_best = tl.maximum(step_best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-                elif RES_TILES >= 1:
-                    step_best = tl.maximum(step_best, tl.max(res_keys, axis=0))
-                if SPLIT_STREAM:
-                    step_best = tl.maximum(step_best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-                else:
-                    step_best = tl.maximum(step_best, tl.max(stream_keys, axis=0))
-                if ONE_ROW:
-                    step_best = tl.where(o_b == 0, step_best, -9223372036854775807 - 1)
-                if TAGGED:
-                    tag = (((gen + k) % 16383) + 1).to(tl.int32)
-                    _publish_tagged(keys_ptr, k % 2, pid, step_best, tag, NUM_PROGS, BP)
-                    if KB == 1:
-                        best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
-                                                 stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
-                    else:
-                        winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
-                                                   stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R,
-                                                   SPIN_LIMIT)
-                else:
-                    tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, step_best)
-                    if MULTI:
-                        _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
-                    else:
-                        tl.debug_barrier()
-    else:
-        for k in range(k_begin, k_end):
-            if k > k_begin and TAGGED and ONE_ROW:
-                # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
-                x0 = ID_MASK - (best0 & ID_MASK)
-                if HAS_D2T and not KEY_BY_TARGET:
-                    x0 = x0 + tl.load(d2t_ptr + x0)
-                x = tl.where(o_b == 0, x0, 0)
-                if pid == 0:
-                    tl.store(tok_ptr + (k - 1), x0)
-            elif k > k_begin:
-                if TAGGED:
-                    x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
-                elif FLAGS and num_rows == 1:
-                    x0 = ID_MASK - (best0 & ID_MASK)
-                    if HAS_D2T and not KEY_BY_TARGET:
-                        x0 = x0 + tl.load(d2t_ptr + x0)
-                    x = tl.where(o_b == 0, x0, 0)
-                else:
-                    x = _pick(keys_ptr, (k - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
-                if pid == 0:
-                    tl.store(tok_ptr + o_b * stride_tb + (k - 1), x, mask=m_b)
-                if ONE_ROW and not FLAGS:
-                    # (flags with one row has x0 already, from its flags)
-                    x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
-            # Base logits of the resident tiles, issued beside the W1 gather so their latency hides behind it. (A
-            # prefetch one step ahead, carried through the loop, made Triton convert them to the accumulator's
-            # layout through shared memory every step: 2-4 more CTA-wide syncs on the step chain.)
-            if RES_TILES >= 1:
-                u_res0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + o_t, shard_end, o_b, m_b, ONE_ROW)
-            if RES_TILES >= 2:
-                u_res1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + RT + o_t, shard_end, o_b, m_b, ONE_ROW)
-            if RES_TILES >= 3:
-                u_res2 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 2 * RT + o_t, shard_end, o_b, m_b,
-                                      ONE_ROW)
-            if RES_TILES >= 4:
-                u_res3 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b,
-                                      ONE_ROW)
-            if ONE_ROW:
-                # [R, BP]: W1[x] in column 0, gathered from a scalar address.
-                e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
-                            other=0.0).to(tl.float32)
+                    res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
             else:
-                # [R, BP]: W1[x] of every row, transposed for the [rows, r] @ [r, BP] products.
-                e = tl.load(w1_ptr + x[None, :] * stride_w1 + o_r[:, None], mask=m_b[None, :], other=0.0).to(tl.float32)
-            if HAS_CONF:
-                if pid == 0:
-                    wc = tl.load(conf_w_ptr + o_r)
-                    ch = tl.load(conf_h_ptr + o_b * num_steps + k, mask=m_b, other=0.0)
-                    tl.store(conf_ptr + o_b * num_steps + k, tl.sigmoid(ch + tl.sum(e * wc[:, None], axis=0)), mask=m_b)
-            if HEAD == 0:
-                m = e
-            elif HEAD == 1:
-                gh = tl.load(gh_ptr + (o_b[None, :] * num_steps + k) * R + o_r[:, None], mask=m_b[None, :], other=0.0)
-                ge = tl.load(t1_ptr + x[None, :] * stride_t1 + o_r[:, None]).to(tl.float32)
-                m = tl.sigmoid(gh + ge) * e
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+        if RES_TILES >= 2:
+            keys, ids = _score_tile(
+                w_res1, u_res1, nz1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
             else:
-                # RNN: the program advances its SJ dims of the state (all of them, SJ at a time, without grid
-                # barriers), publishes them, and everyone reads the whole new state back.
-                if MULTI:
-                    j_lo = pid * SJ
-                    j_hi = j_lo + SJ
-                else:
-                    j_lo = 0
-                    j_hi = R
-                if k > 0:
-                    s_full = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_r[None, :], volatile=True)
-                else:
-                    s_full = tl.full([BP, R], 0.0, dtype=tl.float32)
-                hj_row = hj_ptr + (o_b[:, None] * num_steps + k) * (3 * R)
-                t3_row = t3_ptr + x[:, None] * stride_t3
-                for j0 in range(j_lo, j_hi, SJ):
-                    o_j = j0 + tl.arange(0, SJ)
-                    m_j = o_j < R
-                    mj = m_b[:, None] & m_j[None, :]
-                    ws_g = tl.load(ws_ptr + o_j[None, :] * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-                    ws_c = tl.load(ws_ptr + (R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-                    ws_o = tl.load(ws_ptr + (2 * R + o_j[None, :]) * R + o_r[:, None], mask=m_j[None, :], other=0.0)
-                    if k > 0:
-                        s_mine = tl.load(sb_ptr + ((k - 1) % 2) * BP * R + o_b[:, None] * R + o_j[None, :], mask=mj,
-                                         other=0.0, volatile=True)
-                    else:
-                        s_mine = tl.full([BP, SJ], 0.0, dtype=tl.float32)
-                    pre_g = tl.dot(s_full, ws_g, input_precision="ieee") \
-                        + tl.load(hj_row + o_j[None, :], mask=mj, other=0.0) \
-                        + tl.load(t3_row + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-                    pre_c = tl.dot(s_full, ws_c, input_precision="ieee") \
-                        + tl.load(hj_row + R + o_j[None, :], mask=mj, other=0.0) \
-                        + tl.load(t3_row + R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-                    pre_o = tl.dot(s_full, ws_o, input_precision="ieee") \
-                        + tl.load(hj_row + 2 * R + o_j[None, :], mask=mj, other=0.0) \
-                        + tl.load(t3_row + 2 * R + o_j[None, :], mask=mj, other=0.0).to(tl.float32)
-                    gate = tl.sigmoid(pre_g)
-                    s_new = gate * s_mine + (1.0 - gate) * _tanh(pre_c)
-                    tl.store(sb_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], s_new, mask=mj)
-                    tl.store(ob_ptr + (k % 2) * BP * R + o_b[:, None] * R + o_j[None, :], _tanh(pre_o), mask=mj)
-                if MULTI:
-                    _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
-                else:
-                    tl.debug_barrier()
-                m = tl.load(ob_ptr + (k % 2) * BP * R + o_b[None, :] * R + o_r[:, None], volatile=True)
-            m_dot = m.to(w2_dot_ty)
-
-            seed = seed0
-            # Placeholders where the streamed tiles keep int64 keys (_fold_streamed passes them on unused).
-            stream_v = tl.full([], 0.0, dtype=tl.float32)
-            stream_id = tl.full([], 0, dtype=tl.int32)
-            if ONE_ROW:
-                pos = tl.full([], 0, dtype=tl.int64)
-                if SAMPLED:
-                    pos = tl.load(pos_ptr + k).to(tl.int64) + DRAFT_NOISE_SALT
-                best = tl.full([], -9223372036854775807 - 1, dtype=tl.int64)
-                res_keys = tl.full([RT], -9223372036854775807 - 1, dtype=tl.int64)
-                stream_keys = tl.full([ST], -9223372036854775807 - 1, dtype=tl.int64)
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+        if RES_TILES >= 3:
+            keys, ids = _score_tile(
+                w_res2, u_res2, nz2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
             else:
-                pos = tl.full([BP], 0, dtype=tl.int64)
-                if SAMPLED and not NOISE_AHEAD:
-                    pos = tl.load(pos_ptr + o_b * stride_pb + k, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
-                best = tl.full([BP], -9223372036854775807 - 1, dtype=tl.int64)
-                res_keys = tl.full([RT, BP], -9223372036854775807 - 1, dtype=tl.int64)
-                stream_keys = tl.full([ST, BP], -9223372036854775807 - 1, dtype=tl.int64)
-                if SPLIT_STREAM:
-                    # Streamed tiles start from (-inf, no id). An element that stays -inf keeps no id: if its whole
-                    # column is -inf, _split_key's fallback (the shard's first row) is that column's lowest row.
-                    stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
-                    stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
-            if SAMPLED:
-                seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
-            if RES_TILES >= 1:
-                keys, ids = _score_tile(
-                    w_res0, u_res0, nz0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
-                    stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
-                if SPLIT:
-                    # The first tile starts the running max as it is (no -inf start, so no id is ever missing).
-                    res_v = keys
-                    if NOISE_AHEAD:
-                        # Ids selected by the scores (a NaN holds none): in the accumulator's layout even with one
-                        # tile, where they anchor the noise computed ahead.
-                        res_id = tl.where(keys == keys, ids[:, None], ID_MASK)
-                    else:
-                        res_id = ids[:, None] + tl.zeros([RT, BP], dtype=tl.int32)
-                else:
-                    res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-            if RES_TILES >= 2:
-                keys, ids = _score_tile(
-                    w_res1, u_res1, nz1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
-                    u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
-                    shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                    SPLIT)
-                if SPLIT:
-                    res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                else:
-                    res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-            if RES_TILES >= 3:
-                keys, ids = _score_tile(
-                    w_res2, u_res2, nz2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
-                    u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
-                    shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                    SPLIT)
-                if SPLIT:
-                    res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                else:
-                    res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-            if RES_TILES >= 4:
-                keys, ids = _score_tile(
-                    w_res3, u_res3, nz3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
-                    u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
-                    shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                    SPLIT)
-                if SPLIT:
-                    res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
-                else:
-                    res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
-            if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
-                best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-            if HAS_STREAM and STREAM_TMA > 0:
-                for j in tl.range(0, n_stream, num_stages=STREAM_TMA):
-                    row0 = stream_begin + j * ST
-                    rows = row0 + o_s
-                    if L2_PREFETCH > 0 and L2_BULK:
-                        # The tile L2_PREFETCH ahead (wrapping: the next step reads the same tiles) into L2, so the
-                        # next step's first copies, issued after its exchange, find their bytes there.
-                        ahead = j + L2_PREFETCH
-                        j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
-                        _prefetch_tile_l2(w2_ptr, stride_w2v, tl.where(ahead < 2 * n_stream, stream_begin + j_ahead * ST,
-                                                                       shard_end), shard_end, R, ST)
-                    if not U_RING:
-                        u_tile = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows, shard_end, o_b, m_b, ONE_ROW)
-                    w = w2_desc.load([row0, 0])
-                    if U_RING:
-                        u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
-                                              u_ptr.dtype.element_ty.primitive_bitwidth)
-                    tile_keys, tile_ids = _score_tile(
-                        w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                        SPLIT_STREAM)
-                    stream_v, stream_id, stream_keys, best = _fold_streamed(
-                        stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
-                        ORDERED, PAIR_REDUCE)
-            elif STREAM_L2:
-                # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
-                # first, and L2_PREFETCH tiles further on are on their way into L2.
-                for j in range(0, n_stream):
-                    rows = stream_begin + j * ST + o_s
-                    w = w_next
-                    u_tile = u_next
-                    last = j + 1 == n_stream
-                    j_next = tl.where(last, 0, j + 1)
-                    k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
-                    rows_next = stream_begin + j_next * ST + o_s
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+        if RES_TILES >= 4:
+            keys, ids = _score_tile(
+                w_res3, u_res3, nz3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
+                shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                SPLIT)
+            if SPLIT:
+                res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
+            else:
+                res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
+        if SPLIT and not KEYS_ONCE and RES_TILES >= 1:
+            best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
+        if HAS_STREAM and STREAM_TMA > 0:
+            for j in tl.range(0, n_stream, num_stages=STREAM_TMA):
+                row0 = stream_begin + j * ST
+                rows = row0 + o_s
+                if L2_PREFETCH > 0 and L2_BULK:
+                    # The tile L2_PREFETCH ahead (wrapping: the next step reads the same tiles) into L2, so the
+                    # next step's first copies, issued after its exchange, find their bytes there.
                     ahead = j + L2_PREFETCH
                     j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
-                    if L2_BULK and ahead < 2 * n_stream:
-                        _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
-                    w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r)
-                    u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
-                    tile_keys, tile_ids = _score_tile(
-                        w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                        SPLIT_STREAM)
-                    stream_v, stream_id, stream_keys, best = _fold_streamed(
-                        stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
-                        ORDERED, PAIR_REDUCE)
-            elif STREAM_PREFETCH:
-                # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
-                # scored, and the step's first tile was loaded before the previous exchange.
-                for row0 in range(stream_begin, shard_end, ST):
-                    rows = row0 + tl.arange(0, ST)
-                    w = w_next
-                    u_tile = u_next
-                    w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows + ST, shard_end, o_r)
-                    u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows + ST, shard_end, o_b, m_b, ONE_ROW)
-                    tile_keys, tile_ids = _score_tile(
-                        w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                        SPLIT_STREAM)
-                    stream_v, stream_id, stream_keys, best = _fold_streamed(
-                        stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
-                        ORDERED, PAIR_REDUCE)
-                k_ahead = tl.minimum(k + 1, num_steps - 1)
-                w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
-                u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_ahead, stream_begin + o_s, shard_end, o_b, m_b,
-                                      ONE_ROW)
-            else:
-                for row0 in range(stream_begin, shard_end, ST):
-                    rows = row0 + tl.arange(0, ST)
-                    w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
-                    tile_keys, tile_ids = _score_tile(
-                        w, None, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
-                        stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                        SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                        SPLIT_STREAM)
-                    stream_v, stream_id, stream_keys, best = _fold_streamed(
-                        stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
-                        ORDERED, PAIR_REDUCE)
-            if KEYS_ONCE:
-                if SPLIT:
-                    if RES_TILES >= 1:
-                        best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
-                elif RES_TILES >= 1:
-                    best = tl.maximum(best, tl.max(res_keys, axis=0))
-                if HAS_STREAM and SPLIT_STREAM:
-                    best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
-                elif HAS_STREAM:
-                    best = tl.maximum(best, tl.max(stream_keys, axis=0))
-            if ONE_ROW:
-                best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
-            if L1_PREFETCH and MULTI:
-                # The next step's base logits into L1 while the programs meet: its loads, beside the W1 gather, hit.
-                k_ahead = tl.minimum(k + 1, num_steps - 1)
-                for i in tl.static_range(RES_TILES):
-                    _prefetch_u_l1(u_ptr, stride_ub, stride_uk, k_ahead, shard_begin + i * RT, shard_end, num_rows, RT,
-                                   BP, ONE_ROW)
-            if TAGGED:
-                tag = (((gen + k) % 16383) + 1).to(tl.int32)
-                _publish_tagged(keys_ptr, k % 2, pid, best, tag, NUM_PROGS, BP)
-                first = None
-                if NOISE_AHEAD:
-                    # The next step's noise does not depend on this step's token: computed while the exchange's first
-                    # reads travel (the last program to publish would otherwise pay both one after the other).
-                    first = _exchange_first(keys_ptr, k % 2, pid, tag, num_rows, NUM_PROGS, PP, BP, EXCHANGE)
-                    # A branch ptxas keeps: its scheduler would otherwise sink the first reads below the noise,
-                    # next to their use (num_rows > 0 always holds in a launch).
-                    if num_rows > 0:
-                        k_ahead = tl.minimum(k + 1, num_steps - 1)
-                        nz0 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr,
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, tl.where(ahead < 2 * n_stream, stream_begin + j_ahead * ST,
+                                                                   shard_end), shard_end, R, ST)
+                if not U_RING:
+                    u_tile = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows, shard_end, o_b, m_b, ONE_ROW)
+                w = w2_desc.load([row0, 0])
+                if U_RING:
+                    u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
+                                          u_ptr.dtype.element_ty.primitive_bitwidth)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
+        elif STREAM_L2:
+            # As the STREAM_PREFETCH loop below, by tile index: the tile after the last one is the next step's
+            # first, and L2_PREFETCH tiles further on are on their way into L2.
+            for j in range(0, n_stream):
+                rows = stream_begin + j * ST + o_s
+                w = w_next
+                u_tile = u_next
+                last = j + 1 == n_stream
+                j_next = tl.where(last, 0, j + 1)
+                k_next = tl.where(last, tl.minimum(k + 1, num_steps - 1), k)
+                rows_next = stream_begin + j_next * ST + o_s
+                ahead = j + L2_PREFETCH
+                j_ahead = tl.where(ahead < n_stream, ahead, ahead - n_stream)
+                if L2_BULK and ahead < 2 * n_stream:
+                    _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
+                w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r)
+                u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
+        elif STREAM_PREFETCH:
+            # Streamed tiles double-buffered in registers: tile i + 1 (W2 and U) is in flight while tile i is
+            # scored, and the step's first tile was loaded before the previous exchange.
+            for row0 in range(stream_begin, shard_end, ST):
+                rows = row0 + tl.arange(0, ST)
+                w = w_next
+                u_tile = u_next
+                w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows + ST, shard_end, o_r)
+                u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows + ST, shard_end, o_b, m_b, ONE_ROW)
+                tile_keys, tile_ids = _score_tile(
+                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
+            k_ahead = tl.minimum(k + 1, num_steps - 1)
+            w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, stream_begin + o_s, shard_end, o_r)
+            u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_ahead, stream_begin + o_s, shard_end, o_b, m_b,
+                                  ONE_ROW)
+        else:
+            for row0 in range(stream_begin, shard_end, ST):
+                rows = row0 + tl.arange(0, ST)
+                w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
+                tile_keys, tile_ids = _score_tile(
+                    w, None, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
+                    SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
+                    SPLIT_STREAM)
+                stream_v, stream_id, stream_keys, best = _fold_streamed(
+                    stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, fallback_id, SPLIT_STREAM, KEYS_ONCE,
+                    ORDERED, PAIR_REDUCE)
+        if KEYS_ONCE:
+            if SPLIT:
+                if RES_TILES >= 1:
+                    best = tl.maximum(best, _split_key(res_v, res_id, fallback_id, PAIR_REDUCE))
+            elif RES_TILES >= 1:
+                best = tl.maximum(best, tl.max(res_keys, axis=0))
+            if HAS_STREAM and SPLIT_STREAM:
+                best = tl.maximum(best, _split_key(stream_v, stream_id, fallback_id, PAIR_REDUCE))
+            elif HAS_STREAM:
+                best = tl.maximum(best, tl.max(stream_keys, axis=0))
+        if ONE_ROW:
+            best = tl.where(o_b == 0, best, -9223372036854775807 - 1)
+        if L1_PREFETCH and MULTI:
+            # The next step's base logits into L1 while the programs meet: its loads, beside the W1 gather, hit.
+            k_ahead = tl.minimum(k + 1, num_steps - 1)
+            for i in tl.static_range(RES_TILES):
+                _prefetch_u_l1(u_ptr, stride_ub, stride_uk, k_ahead, shard_begin + i * RT, shard_end, num_rows, RT,
+                               BP, ONE_ROW)
+        if TAGGED:
+            tag = (((gen + k) % 16383) + 1).to(tl.int32)
+            _publish_tagged(keys_ptr, k % 2, pid, best, tag, NUM_PROGS, BP)
+            first = None
+            if NOISE_AHEAD:
+                # The next step's noise does not depend on this step's token: computed while the exchange's first
+                # reads travel (the last program to publish would otherwise pay both one after the other).
+                first = _exchange_first(keys_ptr, k % 2, pid, tag, num_rows, NUM_PROGS, PP, BP, EXCHANGE)
+                # A branch ptxas keeps: its scheduler would otherwise sink the first reads below the noise,
+                # next to their use (num_rows > 0 always holds in a launch).
+                if num_rows > 0:
+                    k_ahead = tl.minimum(k + 1, num_steps - 1)
+                    nz0 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + o_t, d2t_ptr,
+                                      shard_end, res_id, HAS_D2T)
+                    if RES_TILES >= 2:
+                        nz1 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
                                           shard_end, res_id, HAS_D2T)
-                        if RES_TILES >= 2:
-                            nz1 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + RT + o_t, d2t_ptr,
-                                              shard_end, res_id, HAS_D2T)
-                        if RES_TILES >= 3:
-                            nz2 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t,
-                                              d2t_ptr, shard_end, res_id, HAS_D2T)
-                        if RES_TILES >= 4:
-                            nz3 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t,
-                                              d2t_ptr, shard_end, res_id, HAS_D2T)
-                if KB == 1:
-                    best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
-                                             stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
-                else:
-                    winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
-                                               stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
-            elif FLAGS:
-                tag = (((gen + k) % 16383) + 1).to(tl.int32)
-                best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,
-                                          SPIN_LIMIT)
+                    if RES_TILES >= 3:
+                        nz2 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 2 * RT + o_t,
+                                          d2t_ptr, shard_end, res_id, HAS_D2T)
+                    if RES_TILES >= 4:
+                        nz3 = _tile_noise(seed0, k_ahead, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t,
+                                          d2t_ptr, shard_end, res_id, HAS_D2T)
+            if KB == 1:
+                best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
+                                         stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
             else:
-                tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
-                if MULTI:
-                    _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
-                else:
-                    tl.debug_barrier()
+                winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
+                                           stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
+        elif FLAGS:
+            tag = (((gen + k) % 16383) + 1).to(tl.int32)
+            best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,
+                                      SPIN_LIMIT)
+        else:
+            tl.store(keys_ptr + (k % 2) * NUM_PROGS * BP + pid * BP + o_b, best)
+            if MULTI:
+                _grid_barrier(count_ptr, err_ptr, NUM_PROGS, SPIN_LIMIT)
+            else:
+                tl.debug_barrier()
 
     if FLAGS or TAGGED:
         tl.store(gen_ptr + pid, gen + (k_end - k_begin))

@@ -84,10 +84,6 @@ class WalkConfig:
     # stream_tma: the streamed tiles' base logits through the ring too (False: pointer loads at the top of each
     # iteration: one mbarrier wait and one generic-to-async fence less an iteration).
     u_ring: bool = True
-    # stream_tma: one pipelined loop over (step, streamed tile), so the ring is set up once per launch and the next
-    # step's first copies fly during the exchange (Markov head, keys_once, no L1 / L2 prefetch, not 'flags'; else
-    # the streamed loop nested in the step loop). Needs u_ring.
-    ring_across: bool = False
 
 
 def _interpreting() -> bool:
@@ -158,7 +154,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, ring_across: bool = False, sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
     shape, residency or prefetch option is given; else none."""
@@ -175,10 +171,6 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     if l2_prefetch is not None and l2_prefetch < 0:
         raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
-    if ring_across and not u_ring:
-        # The step's first wgmma is ordered after its operand store through the ring's base-logit tile; by pointer
-        # those loads can be issued before the store (and the H200 faulted on this form at 91d7e9a).
-        raise ValueError("ring_across needs u_ring=True (the base logits through the ring)")
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
@@ -249,8 +241,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
-                      l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
-                      ring_across=ring_across and streamed and stream_tma > 0)
+                      l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring)
 
 
 _workspaces: dict = {}
@@ -356,7 +347,6 @@ def head_walk(
     l2_prefetch: int | None = None,
     stream_tma: int | None = None,
     u_ring: bool = True,
-    ring_across: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -401,10 +391,8 @@ def head_walk(
             choose_streamed_l2_prefetch for partly streamed shards), stream_tma (streamed tiles through a TMA ring
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
-            streamed tiles' base logits by pointer loads, not through the ring), ring_across (with stream_tma and
-            u_ring: one pipelined loop over (step, streamed tile), the ring kept across the exchanges; Markov
-            head): launch
-            overrides for tests and tuning.
+            streamed tiles' base logits by pointer loads, not through the ring): launch overrides for tests and
+            tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -503,7 +491,7 @@ def head_walk(
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
                     stream_tma=stream_tma if w2_scale is None and _tma_ok(w2_rows) and _tma_ok(base_logits) else 0,
-                    u_ring=u_ring, ring_across=ring_across, sampled=sampled)
+                    u_ring=u_ring, sampled=sampled)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -591,7 +579,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
         L2_BULK=not _interpreting(), STREAM_TMA=cfg.stream_tma, U_RING=cfg.u_ring,
-        RING_ACROSS_OPT=cfg.ring_across,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
