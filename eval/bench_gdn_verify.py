@@ -56,7 +56,8 @@ from _results import write_results  # noqa: E402
 from _vllm_sources import GDN_VERIFY_MODULES, extract, fix_interpreter_masks  # noqa: E402
 
 from hybridspec_kernels.gdn_verify.reconstruct import FALLBACK_RECONSTRUCT as FALLBACK_RECON  # noqa: E402
-from hybridspec_kernels.gdn_verify.reconstruct_short import SHORT_MAX_LEN, gdn_reconstruct_short  # noqa: E402
+from hybridspec_kernels.gdn_verify.reconstruct_short import (  # noqa: E402
+    RANK1_MAX_LEN, SHORT_MAX_LEN, gdn_reconstruct_short)
 from hybridspec_kernels.gdn_verify.verify import TUNED_CONFIGS_FILE, nearest_tuned  # noqa: E402
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     GDNFold,
@@ -180,7 +181,8 @@ def reconstruct_all(s, num_accepted, recon):
 
 
 def is_short(recon):
-    """A reconstruction launch of the short form (max_seqlen <= 4 only)."""
+    """A reconstruction launch of the short form (tuned at max_seqlen <= 4; up to RANK1_MAX_LEN as its rank-1 loop,
+    timed in a sweep but not written to the tuned file)."""
     return bool(recon.get("short"))
 
 
@@ -645,7 +647,8 @@ SWEEP_RECON_STACKED7 = [SWEEP_RECON_SPLIT6[0]] + SWEEP_RECON_SPLIT6[3:]
 # bf16recon: a bf16 state block is half an fp32 one, so per SM fewer bytes are in flight at the fp32 picks (triton 3.6
 # sm_90, general kernel at L16: BV32 x 4 83 registers -> 5 programs x 8 KB; BV64 x 4 168 -> 3 x 16 KB; BV128 x 4 254
 # -> 2 x 32 KB; BV64 x 8 104 -> 2 x 16 KB; BV128 x 8 148 -> 1 x 32 KB; all 16-byte loads and stores, no stack). The
-# incumbents (GB2's picks) come first: a rival replaces one only when faster by RECON_PICK_MARGIN (--recon-margin).
+# incumbents (GB2's picks) come first: a rival replaces one only when faster by --recon-margin. The short launches
+# are timed at L 16 too, as the short form's rank-1 loop (sweep rows only; first timed after GB3's call).
 SWEEP_RECON_BF16RECON = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in
                          ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8))] + [
     dict(short=True, block_v=bv, num_warps=w, early=False) for bv, w in ((16, 2), (32, 4), (32, 2), (64, 4), (64, 8))]
@@ -694,7 +697,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                 if default_eligible(config) and ok(err) and us < best.get(B, (None, float("inf")))[1]:
                     best[B] = (config, us)
         for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
-            if is_short(recon) and seqlen > SHORT_MAX_LEN:
+            if is_short(recon) and (seqlen > RANK1_MAX_LEN or (recon.get("early") and seqlen > SHORT_MAX_LEN)):
                 continue
             try:
                 us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
@@ -1212,6 +1215,8 @@ def main():
                 for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
         jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)
                  if L <= SHORT_MAX_LEN or not is_short(r)]
+        jobs += [(L, r) for r in recon_configs if is_short(r) and not r.get("early") for L in sorted(set(sweep_lens))
+                 if SHORT_MAX_LEN < L <= RANK1_MAX_LEN]  # the rank-1 loop
         if args.ladder:
             jobs += [(4, dataclasses.replace(LADDER_B1_WINNER, skip_stages=bit)) for bit in LADDER_BITS if bit]
         precompile(gdn, jobs, ssm_dtype=ssm_dtype)
@@ -1243,7 +1248,7 @@ def main():
                                                      "bf16recon"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin)
             sweep_rows += rows_L
-            if short_L:
+            if short_L and L <= SHORT_MAX_LEN:  # the rank-1 loop at longer L: sweep rows only, not tuned yet
                 best_recon_short[L] = short_L
             if best_fold_L and L == 16:
                 best_fold = {16: best_fold_L}

@@ -29,7 +29,8 @@
 #   MODE=bf16recon (session 5, GB3) as bf16state, about the reconstruction at bf16 states: the GPU tests of the
 #               general reconstruction's swept launches and the short forms at bf16 states beside the precompile, then
 #               --sweep-set bf16recon (the bf16 verify picks only; general block_v x num_warps at L 4 / 16 and the short
-#               form's at L 4, incumbents first, --recon-margin 0.02) and the full grid with vLLM and FLA
+#               form's at L 4, since GB3's call also its rank-1 loop at L 16 (sweep rows only); incumbents first,
+#               --recon-margin 0.02) and the full grid with vLLM and FLA
 #               -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png} + tuned_bf16_state.json
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and

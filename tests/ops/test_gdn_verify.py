@@ -502,11 +502,15 @@ def test_gpu_reconstruct_unaligned_table_real_shape():
     pytest.param(3, 16, 2, torch.float16, 3, True, id="L3-bv16-fp16-state-w3-early"),
     pytest.param(4, 64, 8, torch.float32, 4, True, id="L4-bv64-above-V-early"),
     pytest.param(1, 16, 4, torch.float32, 4, True, id="L1-early"),
+    # the rank-1 loop (workspace max_len > 4, explicit launches)
+    pytest.param(16, 32, 4, torch.float32, 4, False, id="L16-rank1-loop"),
+    pytest.param(7, 64, 8, torch.float16, 3, False, id="L7-rank1-loop-fp16-state-w3"),
 ])
 def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, state_dtype, width, early):
-    """The short form (workspace max_len <= 4) against float64: every accept position 0..L (and above L: clamped),
-    mixed lengths incl. 0, a null slot, two layers with different states, odd head counts, in one launch. The
-    workspace starts as NaN: rows past a request's accepted count (read by the early form) must not leak in."""
+    """The short form (workspace max_len <= 4; longer: its rank-1 loop) against float64: every accept position 0..L
+    (and above L: clamped), mixed lengths incl. 0, a null slot, two layers with different states, odd head counts, in
+    one launch. The workspace starts as NaN: rows past a request's accepted count (read by the early form) must not
+    leak in."""
     from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
 
     lens = [max_len] * (max_len + 2) + [1, 0, min(2, max_len), max_len]
@@ -571,9 +575,12 @@ def test_reconstruct_short_rejects_bad_input(small):
     p, _ = small
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
     ones = torch.ones(len(p["state_indices"]), dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="max_len <= 4"):
-        gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=5), p["state_indices"], ones,
+    with pytest.raises(ValueError, match="max_len <= 16"):
+        gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=17), p["state_indices"], ones,
                               p["cu_seqlens"])
+    with pytest.raises(ValueError, match="early workspace reads need workspace max_len <= 4"):
+        gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=5), p["state_indices"], ones,
+                              p["cu_seqlens"], early=True)
     with pytest.raises(ValueError, match="block_v must be a power of two"):
         gdn_reconstruct_short(table, workspace_for(p, num_layers=1, max_len=4), p["state_indices"], ones,
                               p["cu_seqlens"], block_v=24)
@@ -1054,15 +1061,20 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
 # The general reconstruction's launches swept at bf16 states (MODE=bf16recon): a bf16 [BV, K] block is half the
 # bytes of an fp32 one, so larger blocks and other warp counts compete there; each must still be right.
 BF16_STATE_RECON_LAUNCHES = ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
+BF16_STATE_RANK1_LAUNCHES = ((16, 2), (32, 4), (64, 8))  # the short form's rank-1 loop at L 16 (not tuned yet)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
-@pytest.mark.parametrize("block_v,num_warps", [pytest.param(bv, w, id=f"bf16-state-recon-bv{bv}-w{w}")
-                                               for bv, w in BF16_STATE_RECON_LAUNCHES])
-def test_gpu_reconstruct_launches_bf16_state(block_v, num_warps):
-    """The general reconstruction at one launch, bf16 ssm states, the Qwen3-Next shape, over two layers in one launch
-    (L = 16 workspace: the swept build), accepted counts 0..16 and clamped, a null slot; vs float64."""
+@pytest.mark.parametrize("block_v,num_warps,rank1", [pytest.param(bv, w, False, id=f"bf16-state-recon-bv{bv}-w{w}")
+                                                     for bv, w in BF16_STATE_RECON_LAUNCHES] + [
+    pytest.param(bv, w, True, id=f"bf16-state-recon-rank1-bv{bv}-w{w}") for bv, w in BF16_STATE_RANK1_LAUNCHES])
+def test_gpu_reconstruct_launches_bf16_state(block_v, num_warps, rank1):
+    """The general reconstruction (or the short form's rank-1 loop) at one launch, bf16 ssm states, the Qwen3-Next
+    shape, over two layers in one launch (L = 16 workspace: the swept build), accepted counts 0..16 and clamped (1
+    included: the conv window partly old, rows of it in other warps), a null slot; vs float64."""
+    from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
+
     lens = [16, 5, 1, 11, 16, 9]
     num_accepted = torch.tensor([16, 3, 1, 7, 0, 12], dtype=torch.int32)  # row 5: 12 > 9, clamped
     layers = [make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
@@ -1076,8 +1088,9 @@ def test_gpu_reconstruct_launches_bf16_state(block_v, num_warps):
         gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=16)
     table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], 4)
     assert table.aligned16
-    gdn_reconstruct(table, ws, layers[0]["state_indices"], num_accepted.cuda(), layers[0]["cu_seqlens"],
-                    block_v=block_v, num_warps=num_warps)
+    launch = gdn_reconstruct_short if rank1 else gdn_reconstruct
+    launch(table, ws, layers[0]["state_indices"], num_accepted.cuda(), layers[0]["cu_seqlens"], block_v=block_v,
+           num_warps=num_warps)
     clamped = torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32))
     for lp, (ssm0, conv0) in zip(layers, before):
         ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}

@@ -1,11 +1,14 @@
 """Reconstruction for short verify blocks (workspace max_len <= 4): the state update as unrolled rank-1 FMAs.
 
-    S_n = exp(G_{n-1}) S_0 + sum_{s<n} exp(G_{n-1} - G_s) u_s k_s^T          (n <= 4)
+    S_n = exp(G_{n-1}) S_0 + sum_{s<n} exp(G_{n-1} - G_s) u_s k_s^T          (n <= 4; explicit launches: n <= 16)
 
 The general kernel (reconstruct.py) feeds a [BV, 16] x [16, K] tf32x3 product, so its state block goes through
 shared memory into the MMA accumulator layout and is stored from there as scalars; with at most 4 terms the
 update is 4 rank-1 FMAs per element, so this form keeps the block in its coalesced load layout (16-byte loads and
 stores) and issues every u / k / G load of the 4 tokens before any math. Conv windows: as the general kernel.
+An explicit `gdn_reconstruct_short` launch also takes workspaces of up to 16 tokens (one rank-1 update per token,
+a static loop): the general kernel's shared-memory round trip of the state block was measured to set its time at
+bf16 states (H200, session 5 GB3); the loop form is not timed yet, so no default launch takes it.
 
 `gdn_reconstruct` offers the running-state pass of every plain call (parts="all", default launch config, no
 workspace_rows; block-boundary checkpoints, if any, are written before it by the general kernel) to
@@ -19,7 +22,8 @@ import triton.language as tl
 from .verify import _tuned_by_len, nearest_tuned
 from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
-SHORT_MAX_LEN = 4  # tokens per request this form handles (the unrolled update has 4 terms)
+SHORT_MAX_LEN = 4  # tokens per request the tuned short form serves (the unrolled update has 4 terms)
+RANK1_MAX_LEN = 16  # the same form as a static loop of rank-1 updates: an explicit launch only, not tuned yet
 FALLBACK_SHORT = dict(block_v=32, num_warps=4, early=False)  # before any sweep: final5's fastest (H200)
 
 
@@ -46,6 +50,7 @@ def _gdn_reconstruct_short_kernel(
     ws_u, ws_k, ws_g, ws_x, stride_ssm_slot, stride_conv_slot, WS_REQS, WS_LEN,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BV: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr, EARLY: tl.constexpr,
+    NT: tl.constexpr,
 ):
     """Program (block, request, layer): blocks 0 .. HV*V/BV - 1 are [BV, K] state blocks, the rest conv blocks of
     BD channels. ALIGNED: every table pointer is a multiple of 16 (elements, hence bytes). Slot <= 0 (vLLM's null
@@ -53,7 +58,10 @@ def _gdn_reconstruct_short_kernel(
 
     EARLY: a state program reads all min(4, WS_LEN) workspace tokens (they exist whatever n is) before it knows n,
     so those reads overlap the slot / length / accepted-count reads instead of waiting for them; the terms past n
-    are dropped by selection. Otherwise only the n accepted tokens are read, once n is known."""
+    are dropped by selection. Otherwise only the n accepted tokens are read, once n is known.
+
+    NT (without EARLY): terms of the update = the workspace length (up to RANK1_MAX_LEN); 4 or fewer as the
+    unrolled short form, more as a static loop of rank-1 updates (the rank-1 form at longer verify blocks)."""
     i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ws_base = (i_l.to(tl.int64) * WS_REQS + i_n) * WS_LEN  # workspace row of this request's token 0
     NUM_V_BLOCKS: tl.constexpr = V // BV
@@ -81,20 +89,28 @@ def _gdn_reconstruct_short_kernel(
         b_h = tl.load(p_h).to(tl.float32)
         if EARLY:
             b_Gn = tl.where(n == 1, g0, tl.where(n == 2, g1, tl.where(n == 3, g2, g3)))
+        elif NT > 4:  # the rank-1 form: the block stays in its load layout, one rank-1 update per token below n
+            b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
+            b_h *= tl.exp(b_Gn)
+            for s in tl.static_range(NT):
+                g_s, u_s, k_s = _token_loads(ws_u, ws_k, ws_g, ws_base, n, s, i_hv, i_h, o_v, o_k, HV, H, K, V)
+                c_s, e_s = _token_terms(g_s, u_s, k_s, b_Gn, n, s)
+                b_h += c_s[:, None] * e_s[None, :]
         else:
             g0, u0, k0 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 0, i_hv, i_h, o_v, o_k, HV, H, K, V)
             g1, u1, k1 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 1, i_hv, i_h, o_v, o_k, HV, H, K, V)
             g2, u2, k2 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 2, i_hv, i_h, o_v, o_k, HV, H, K, V)
             g3, u3, k3 = _token_loads(ws_u, ws_k, ws_g, ws_base, n, 3, i_hv, i_h, o_v, o_k, HV, H, K, V)
             b_Gn = tl.load(ws_g + (ws_base + n - 1) * HV + i_hv)
-        c0, e0 = _token_terms(g0, u0, k0, b_Gn, n, 0)
-        c1, e1 = _token_terms(g1, u1, k1, b_Gn, n, 1)
-        c2, e2 = _token_terms(g2, u2, k2, b_Gn, n, 2)
-        c3, e3 = _token_terms(g3, u3, k3, b_Gn, n, 3)
-        b_h = b_h * tl.exp(b_Gn) + c0[:, None] * e0[None, :]
-        b_h += c1[:, None] * e1[None, :]
-        b_h += c2[:, None] * e2[None, :]
-        b_h += c3[:, None] * e3[None, :]
+        if EARLY or NT <= 4:
+            c0, e0 = _token_terms(g0, u0, k0, b_Gn, n, 0)
+            c1, e1 = _token_terms(g1, u1, k1, b_Gn, n, 1)
+            c2, e2 = _token_terms(g2, u2, k2, b_Gn, n, 2)
+            c3, e3 = _token_terms(g3, u3, k3, b_Gn, n, 3)
+            b_h = b_h * tl.exp(b_Gn) + c0[:, None] * e0[None, :]
+            b_h += c1[:, None] * e1[None, :]
+            b_h += c2[:, None] * e2[None, :]
+            b_h += c3[:, None] * e3[None, :]
         tl.store(p_h, b_h.to(ssm_ref.dtype.element_ty))
     else:
         p_win, m_win, b_win = conv_window_after(conv_ptrs, conv_ref, i_l, slot, slot, stride_conv_slot, ws_x, ws_base,
@@ -117,17 +133,22 @@ def gdn_reconstruct_short(
     block_d: int = 512,
     early: bool | None = None,
 ) -> None:
-    """`gdn_reconstruct(parts="all")` for a workspace of max_len <= 4, always in the short form (same arguments and
-    semantics; inputs are expected to be checked by `gdn_reconstruct` already, only the form's own limits are
-    checked here). block_v / num_warps / early None: the tuned short launch, else `FALLBACK_SHORT` (early: the
-    kernel's EARLY workspace reads)."""
-    if workspace.max_len > SHORT_MAX_LEN:
-        raise ValueError(f"the short reconstruction handles workspace max_len <= {SHORT_MAX_LEN}, got "
+    """`gdn_reconstruct(parts="all")` in the short form (same arguments and semantics; inputs are expected to be
+    checked by `gdn_reconstruct` already, only the form's own limits are checked here): a workspace of max_len <= 4
+    as 4 unrolled rank-1 updates, or up to `RANK1_MAX_LEN` as one rank-1 update per workspace token (the state
+    block never leaves its load layout). block_v / num_warps / early None: the tuned short launch, else
+    `FALLBACK_SHORT` (early: the kernel's EARLY workspace reads, max_len <= 4 only)."""
+    if workspace.max_len > RANK1_MAX_LEN:
+        raise ValueError(f"the short reconstruction handles workspace max_len <= {RANK1_MAX_LEN}, got "
                          f"{workspace.max_len}")
     tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype) or FALLBACK_SHORT
+    if workspace.max_len > SHORT_MAX_LEN:  # the tuned table holds launches measured at L <= 4 only
+        tuned = FALLBACK_SHORT
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
     early = tuned.get("early", False) if early is None else early
+    if early and workspace.max_len > SHORT_MAX_LEN:
+        raise ValueError(f"early workspace reads need workspace max_len <= {SHORT_MAX_LEN}, got {workspace.max_len}")
     if block_v < 1 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two, got {block_v}")
     ssm0, conv0 = states.ssm_states[0], states.conv_states[0]
@@ -146,7 +167,7 @@ def gdn_reconstruct_short(
         workspace.max_requests, workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
-        ALIGNED=states.aligned16, EARLY=early, num_warps=num_warps,
+        ALIGNED=states.aligned16, EARLY=early, NT=max(SHORT_MAX_LEN, workspace.max_len), num_warps=num_warps,
     )
 
 
