@@ -1252,3 +1252,40 @@ def test_shipped_tuned_configs_load(monkeypatch):
                 assert _tuned_short(int(batch), int(L), torch.bfloat16) == entry
     finally:
         verify._tuned_doc.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("short,block_v,num_warps,state_dtype", [
+    (False, 32, 4, torch.float32), (False, 32, 4, torch.bfloat16), (False, 64, 4, torch.bfloat16),
+    (True, 32, 4, torch.float32), (True, 16, 2, torch.bfloat16)],
+    ids=["general-bv32-w4-fp32", "general-bv32-w4-bf16", "general-bv64-w4-bf16", "short-bv32-w4-fp32",
+         "short-bv16-w2-bf16"])
+def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps, state_dtype):
+    """The reconstruction shifts each conv window in place (new row r = old row r + accepted); with its rows spread
+    over several warps a store may not overtake another warp's load (the race session 5 caught once at BV64 x 4).
+    Timing-dependent, so: 48 requests accepting 0..2 tokens (the shifts that read old rows), the same launch
+    replayed 60 times from the same states, every conv window bit-exact against the float64 reference each time."""
+    from hybridspec_kernels.gdn_verify.reconstruct_short import gdn_reconstruct_short
+
+    length = 4 if short else 16
+    lens = [length] * 48
+    num_accepted = torch.tensor([i % 3 for i in range(48)], dtype=torch.int32)
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     state_dtype=state_dtype, bias=False, device="cuda", seed=123)
+    ws = workspace_for(p, max_len=length)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=length)
+    ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+    expected = ref["conv_state"].to(conv0.dtype).cuda()
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    launch = gdn_reconstruct_short if short else gdn_reconstruct
+    wrong = 0
+    for _ in range(60):
+        p["ssm_state"].copy_(ssm0)
+        p["conv_state"].copy_(conv0)
+        launch(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"], block_v=block_v,
+               num_warps=num_warps)
+        wrong += int((p["conv_state"] != expected).flatten(1).any(1).sum())
+    assert wrong == 0, f"{wrong} conv windows wrong over 60 launches"
