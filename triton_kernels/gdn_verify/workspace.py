@@ -173,8 +173,10 @@ class GDNFold:
 def conv_window_after(conv_ptrs, conv_ref, i_l, slot, out_slot, stride_conv_slot, ws_x, ws_base, n, i_cblk,
                       D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ALIGNED: tl.constexpr):
     """Channel block i_cblk of a table slot's conv window after the step's first n tokens: the last W-1 rows of
-    [old window, x_0 .. x_{n-1}] (x from the workspace row starting at ws_base), loaded whole so that the caller
-    may store it in place. Returns (pointers [BW, BD] into out_slot's window, their mask, the window)."""
+    [old window, x_0 .. x_{n-1}] (x from the workspace row starting at ws_base), loaded whole. The rows of the block
+    may sit in different warps, and new row r is old row r + n: a caller storing it in place must put a CTA barrier
+    (tl.debug_barrier) between this load and its store, or a warp's store can overtake another warp's load (seen on
+    the H200 at 4 warps). Returns (pointers [BW, BD] into out_slot's window, their mask, the window)."""
     o_d = i_cblk * BD + tl.arange(0, BD)
     o_r = tl.arange(0, BW)
     m_r = o_r < W - 1
