@@ -354,3 +354,34 @@ def test_routing_cost_models_price_the_step_shape():
         want = expert_cost_from_profile(profile, batch, length, num_moe_layers=2, top_k=4, anchor_to_t=True)
         assert model.at(batch, length) == want
     assert model.at(1, 2.0).probe_token_us > model.at(1, 3.0).probe_token_us  # the non-MoE step lies at 2 -> 3
+
+
+def test_monolithic_moe_kernels_make_the_routing_correction_fall_back():
+    """A monolithic MoE kernel gets the router logits and never calls select_experts (vLLM's MoERunner): no router
+    of ours would decide there, so the correction and the device cut fall back with a reason naming the layers."""
+    from types import SimpleNamespace
+
+    from vllm_hybridspec.routing_wiring.step import monolithic_moe_layers, routing_fallback_reason
+
+    def runner(monolithic):
+        return SimpleNamespace(routed_experts=SimpleNamespace(quant_method=SimpleNamespace(is_monolithic=monolithic)))
+
+    class MethodNotProperty:  # an is_monolithic that is a method, not vLLM's property: never counted as True
+        def is_monolithic(self):
+            return True
+
+    context = {"model.layers.0.mlp.experts": runner(False), "model.layers.1.mlp.experts": runner(False),
+               "model.layers.2.mlp.experts": SimpleNamespace(routed_experts=SimpleNamespace(
+                   quant_method=MethodNotProperty())), "model.layers.0.self_attn": SimpleNamespace()}
+    compilation = SimpleNamespace(static_forward_context=context,
+                                  static_all_moe_layers=[f"model.layers.{i}.mlp.experts" for i in range(3)])
+    parallel = SimpleNamespace(data_parallel_size=1)
+    config = SimpleNamespace(compilation_config=compilation, parallel_config=parallel)
+    assert monolithic_moe_layers(config) == [] and routing_fallback_reason(config) is None
+    context["model.layers.1.mlp.experts"] = runner(True)
+    assert monolithic_moe_layers(config) == ["model.layers.1.mlp.experts"]
+    assert "monolithic MoE kernels" in routing_fallback_reason(config)
+    assert "model.layers.1.mlp.experts" in routing_fallback_reason(config)
+    parallel.data_parallel_size = 2  # the locality reason comes first
+    assert "data parallelism" in routing_fallback_reason(config)
+    assert routing_fallback_reason(SimpleNamespace()) is None

@@ -87,8 +87,8 @@ def test_device_cut_and_probes_fall_back_with_data_parallelism(monkeypatch):
     enabled, note = manager_class()._device_lengths_enabled(manager, HybridSpecConfig(device_verify_length=True))
     assert not enabled and "data parallelism" in note
     status.reset()
-    assert manager_class()._routing_is_local(manager, "routing_correction") is False
+    assert manager_class()._routing_is_correctable(manager, "routing_correction") is False
     assert status.snapshot()["routing_correction"].startswith("fallback: data parallelism"), status.snapshot()
     fake.parallel_config.data_parallel_size = 1
     assert manager_class()._device_lengths_enabled(manager, HybridSpecConfig(device_verify_length=True))[0]
-    assert manager_class()._routing_is_local(manager, "routing_correction") is True
+    assert manager_class()._routing_is_correctable(manager, "routing_correction") is True

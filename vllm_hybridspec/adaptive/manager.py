@@ -64,7 +64,7 @@ def manager_class() -> type:
             self.profile = load_profile(config.latency_profile)
             source = getattr(self.profile, "source", None) or config.latency_profile
             status.record("latency_profile", status.ACTIVE, source)
-            self.probing = config.routing_correction and self._routing_is_local("routing_correction")
+            self.probing = config.routing_correction and self._routing_is_correctable("routing_correction")
             self.device_lengths, device_note = self._device_lengths_enabled(config)
             self._build_latency_models()
             self.routing = (self._routing_step(config, req_states.device)
@@ -109,9 +109,9 @@ def manager_class() -> type:
 
             from vllm_hybridspec.routing_wiring import step as wiring
 
-            not_local = wiring.routing_not_local_reason(get_current_vllm_config())
-            if not_local is not None:
-                return False, f"device cut off ({not_local})"
+            not_ours = wiring.routing_fallback_reason(get_current_vllm_config())
+            if not_ours is not None:
+                return False, f"device cut off ({not_ours})"
             hf = get_current_vllm_config().model_config.hf_text_config
             if not wiring.has_routed_experts(hf):
                 logger.info("hybridspec.device_verify_length: the target has no routed MoE layer, so neutralising "
@@ -120,13 +120,14 @@ def manager_class() -> type:
                 return False, "device cut off (target without MoE: neutralising saves nothing)"
             return True, "device cut on (unadmitted drafts neutralised)"
 
-        def _routing_is_local(self, component: str) -> bool:
-            """Whether the routers see only this rank's batch; if not, `component` falls back, with the reason."""
+        def _routing_is_correctable(self, component: str) -> bool:
+            """Whether our routers decide for exactly this rank's batch (routing_fallback_reason); if not, `component`
+            falls back, with the reason."""
             from vllm.config import get_current_vllm_config
 
             from vllm_hybridspec.routing_wiring import step as wiring
 
-            reason = wiring.routing_not_local_reason(get_current_vllm_config())
+            reason = wiring.routing_fallback_reason(get_current_vllm_config())
             if reason is not None:
                 logger.warning("hybridspec.%s falls back to plain verification: %s", component, reason)
                 status.record(component, status.FALLBACK, reason)

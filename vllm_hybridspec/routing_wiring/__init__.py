@@ -35,5 +35,6 @@ identity while no probe is planned), so CUDA graphs captured at start-up contain
 planned buffers. The manager is built after the memory-profile run and before graph capture; the first router
 then called is the target's layer 0 (MRV2 runs the target before the drafter in every forward), assumed, not
 checked. Monolithic MoE kernels (FlashInfer TRT-LLM, some quantised CPU paths) route inside the kernel and
-bypass `select_experts`: there no router decides, every probe is kept (lossless, no saving). The counters are device tensors, read (one sync) only when snapshotted.
+bypass `select_experts`: no router of ours would decide there, so the correction and the device cut fall back
+(`routing_fallback_reason`, read when the manager is built, after the MoE kernels are chosen). The counters are device tensors, read (one sync) only when snapshotted.
 """

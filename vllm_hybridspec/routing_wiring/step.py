@@ -270,6 +270,38 @@ def routing_not_local_reason(vllm_config: Any) -> str | None:
     return None
 
 
+def monolithic_moe_layers(vllm_config: Any) -> list[str]:
+    """The MoE layers whose kernel routes inside itself (`quant_method.is_monolithic`, e.g. FlashInfer TRT-LLM): vLLM's
+    MoERunner hands them the router logits and never calls `select_experts`, so no router of ours decides or
+    neutralises there. Read once the weights are processed (the kernel is chosen then)."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    if compilation is None:
+        return []
+    context = compilation.static_forward_context
+    names = getattr(compilation, "static_all_moe_layers", None) or list(context)
+    found = []
+    for name in names:
+        runner = context.get(name)
+        quant_method = getattr(getattr(runner, "routed_experts", runner), "quant_method", None)
+        if getattr(quant_method, "is_monolithic", False) is True:  # a property in vLLM 0.32 / 0.33
+            found.append(name)
+    return found
+
+
+def routing_fallback_reason(vllm_config: Any) -> str | None:
+    """Why the routing correction and the device cut cannot act on this rank's routing, or None: routers that may see
+    other ranks' tokens (`routing_not_local_reason`) or MoE kernels that route inside themselves (where probes would
+    be verified undecided and cut drafts would still run their experts: no saving, only lost drafts)."""
+    reason = routing_not_local_reason(vllm_config)
+    if reason is not None:
+        return reason
+    monolithic = monolithic_moe_layers(vllm_config)
+    if monolithic:
+        return (f"monolithic MoE kernels route inside the kernel, bypassing the router ({len(monolithic)} layers, e.g. "
+                f"{monolithic[0]}); choose a modular MoE backend (vLLM's moe_backend) to use it")
+    return None
+
+
 def has_routed_experts(hf_config: Any) -> bool:
     """Whether the target routes tokens to experts (Qwen-MoE / Qwen3-Next `num_experts`, Mixtral
     `num_local_experts`, DeepSeek `n_routed_experts`) in at least one layer."""
