@@ -110,6 +110,25 @@ def test_manager_patch_is_vllms_own_without_hybridspec():
     assert create(vllm_config=fixed, enable_adaptive_verification=True) == "vllm manager"
 
 
+def test_vllms_refusal_under_full_graphs_names_hybridspecs_switch():
+    """With full CUDA graphs vLLM's own factory runs its backend checks; its refusal tells the user to pass
+    enable_adaptive_verification=false, which hybridspec set: ours says which hybridspec setting to change."""
+    def vllm_factory(**kwargs):
+        raise ValueError("Adaptive verification replays decode cudagraphs whose per-request query lengths vary up to "
+                         "16, but GDNAttentionBackend allows none. Pass enable_adaptive_verification=false in the "
+                         "speculative config, or use a backend that does.")
+
+    create = UseHybridSpecLengthPolicy.replacement(vllm_factory)
+    config = SimpleNamespace(
+        additional_config={"hybridspec": {"enabled": True, "verify_length": "adaptive"}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=15),
+        compilation_config=SimpleNamespace(cudagraph_mode=SimpleNamespace(has_full_cudagraphs=lambda: True)))
+    with pytest.raises(ValueError, match=r"hybridspec.verify_length.*GDNAttentionBackend allows none.*'fixed'.*"
+                                         r"gdn_verify=block_parallel") as raised:
+        create(vllm_config=config, enable_adaptive_verification=True)
+    assert isinstance(raised.value.__cause__, ValueError)
+
+
 def _concave_latency(batch):
     """T(L) concave in L (each extra token cheaper than the one before, as unique experts saturate)."""
     from vllm_hybridspec.latency_profile import LatencyProfile

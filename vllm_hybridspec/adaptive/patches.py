@@ -131,7 +131,14 @@ class UseHybridSpecLengthPolicy(VllmPatch):
                 status.record("verify_length", status.FALLBACK, "the speculator has no acceptance estimates")
                 return None
             if vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
-                original(**kwargs)  # vLLM's backend checks (its manager is dropped)
+                try:
+                    original(**kwargs)  # vLLM's backend and varlen-graph checks (its manager is dropped)
+                except ValueError as error:  # vLLM's advice names its own switch, which hybridspec sets for the user
+                    raise ValueError(
+                        f"hybridspec.verify_length: 'adaptive' runs vLLM's adaptive verification, which refuses this "
+                        f"engine: {error} With hybridspec, set verify_length to 'fixed' instead; for a Gated DeltaNet "
+                        "target use hybridspec.gdn_verify=block_parallel."
+                    ) from error
             else:
                 _check_device_query_lens(kwargs["attn_groups"], kwargs.get("target_layer_names"))
             from vllm_hybridspec.adaptive.manager import manager_class
