@@ -597,19 +597,8 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
 def test_gpu_one_row_streamed_options_agree(sampled):
     """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch at several distances picks the
     one-launch-per-step walk's tokens."""
-    from hybridspec_kernels.head_walk import barrier_errors
-
-    p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=21, scale=0.1)
-    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows: the prefetch runs (vLLM's markov_w2.weight is)
-    kw = dict(sampling_kwargs(p), req_indices=torch.zeros(1, dtype=torch.long, device=DEVICE)) if sampled else {}
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
-    errors = barrier_errors(DEVICE)
-    for opts in (dict(), dict(l2_prefetch=2), dict(l2_prefetch=4), dict(l2_prefetch=16, stream_rows=32)):
-        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
-        torch.cuda.synchronize()
-        assert torch.equal(tokens, ref), opts
-    assert barrier_errors(DEVICE) == errors
-
+    _assert_streamed_forms_agree(1, sampled, 21, (dict(), dict(l2_prefetch=2), dict(l2_prefetch=4),
+                                                  dict(l2_prefetch=16, stream_rows=32)))
 
 @gpu
 @needs_cuda

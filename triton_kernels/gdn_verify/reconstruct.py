@@ -90,9 +90,7 @@ def _gdn_reconstruct_kernel(
         p_win, m_win, b_win = conv_window_after(conv_ptrs, conv_ref, i_l, slot, out_slot if HAS_CKPT else slot,
                                                 stride_conv_slot, ws_x, ws_base, n, i_blk - HV * NUM_V_BLOCKS, D, W,
                                                 BD, BW, ALIGNED)
-        # In place: window row r takes old row r + n, and the [BW, BD] layout spreads rows over warps (4 warps:
-        # rows 0 / 2 and 1 / 3 apart), so every row must be read before any is stored (H200, bf16 states, BV64 x 4:
-        # wrong conv windows without this barrier; the interpreter runs a program's ops whole and cannot show it).
+        # In place: every row read before any is stored (conv_window_after says why; seen wrong on the H200).
         tl.debug_barrier()
         tl.store(p_win, b_win, mask=m_win)
 

@@ -126,7 +126,7 @@ MEASURED_STREAMED_L2_PREFETCH_SAMPLED = ((1, 0), (8, 0), (32, 2), (64, 0))
 MEASURED_STREAMED_TMA = ((1, (4, 128, 1, 4)), (8, (3, 64, 3, 8)), (32, (3, 64, 3, 8)), (64, (3, 64, 2, 8)))
 
 
-def choose_streamed_tma(num_rows: int) -> tuple[int, int, int, int] | None:
+def choose_streamed_tma(num_rows: int) -> tuple[int, int, int, int]:
     return next((form for rows, form in MEASURED_STREAMED_TMA if num_rows <= rows), MEASURED_STREAMED_TMA[-1][1])
 
 

@@ -245,7 +245,6 @@ def _accepted_per_spec_row(rows: VerifiedRows, accepted: torch.Tensor | int) -> 
     return padded[rows.batch_rows.clamp(max=padded.shape[0] - 1)]
 
 
-# Weak: a finished engine's layers (and, through them, its KV cache) must not outlive it here.
 def check_prefix_caching_layers(forward_context: dict, group: GDNLayerGroup) -> None:
     """Prefix caching ("align" mamba cache mode): vLLM's align copies move all mamba states of a request with one
     token offset, which the commit hooks keep at 0; a mamba layer that is not ours would then read the wrong token's
@@ -262,6 +261,7 @@ def check_prefix_caching_layers(forward_context: dict, group: GDNLayerGroup) -> 
         )
 
 
+# Weak: a finished engine's layers (and, through them, its KV cache) must not outlive it here.
 _groups: weakref.WeakValueDictionary[int, GDNLayerGroup] = weakref.WeakValueDictionary()
 _groups_lock = threading.Lock()
 
