@@ -998,6 +998,23 @@ STATE_DIAG_PREP = [VerifyConfig(block_v=64, prep_warps=w, prep_maxnreg=r, **_ST)
 STATE_DIAG_PDL = [VerifyConfig(block_v=64, pdl=True, **_ST), VerifyConfig(block_v=128, num_warps=8, pdl=True, **_ST),
                   VerifyConfig(block_v=64, pdl=True, prep_maxnreg=128, **_ST)]
 
+# Session 6 (GB6), call 1: the stacked state pass as persistent programs walking (request, v-head, value block) items
+# in a pipelined loop (`VerifyConfig(persistent=, loop_stages=, state_tma=)`), beside the final8 picks. Triton 3.6
+# sm_90 (offline, L16 b32): BV64 x 4 warps 135.7 KB shared whatever the stages (state and Z^T double-buffered, the
+# rest single) = 1 program per SM, 142-180 registers; BV32 52.5 KB, 218-252 registers = 2 per SM; BV128 x 8 228 KB
+_PC = dict(prep_maxnreg=128, **_ST)
+STATE_DIAG_GB6 = [
+    VerifyConfig(block_v=64, pdl=True, **_PC),  # final8's L16 b32 pick: the reference
+    VerifyConfig(block_v=64, **_PC),  # final8's L16 b64 pick (per-block state pass without PDL)
+    VerifyConfig(block_v=64, persistent=1, loop_stages=2, **_PC),
+    VerifyConfig(block_v=64, persistent=1, loop_stages=3, state_tma=True, **_PC),
+    VerifyConfig(block_v=64, persistent=1, loop_stages=2, state_tma=True, num_warps=8, **_PC),
+    VerifyConfig(block_v=32, persistent=2, loop_stages=3, state_tma=True, **_PC),
+    VerifyConfig(block_v=32, persistent=2, loop_stages=2, **_PC),
+    VerifyConfig(block_v=128, persistent=1, loop_stages=2, state_tma=True, num_warps=8, **_PC),
+]
+STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6}
+
 
 def split_step(s, config, part, scratches):
     """ours_step's verify with only one of the two-pass launches ("prep" or "state"; "both" = the plain call), each
@@ -1019,13 +1036,16 @@ def split_step(s, config, part, scratches):
     return run
 
 
-def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 64), seqlen=16):
+def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 64), seqlen=16, diag_set="gb"):
     """Precompile, bf16 error of every candidate vs float64, then per batch: floors, and per config prep alone, state
-    pass alone and both (us per layer). Rows are printed as they come and saved to gdn_verify_state_diag.json."""
+    pass alone and both (us per layer). Rows are printed as they come and saved to gdn_verify_state_diag.json.
+    diag_set "gb" (session 5): the two-pass pick first, the stacked candidates; "gb6": STATE_DIAG_GB6 (its first
+    config is the reference every graph replay is compared with; the prep is timed once, with the second)."""
     from hybridspec_kernels.gdn_verify.stacked import stacked_scratch
     from hybridspec_kernels.gdn_verify.two_pass import two_pass_scratch
     t0 = time.time()
-    configs = list(dict.fromkeys([STATE_DIAG_BASE] + STATE_DIAG_STATE + STATE_DIAG_PREP + STATE_DIAG_PDL))
+    configs = STATE_DIAG_SETS[diag_set] or list(dict.fromkeys(
+        [STATE_DIAG_BASE] + STATE_DIAG_STATE + STATE_DIAG_PREP + STATE_DIAG_PDL))
     doc = dict(compile=precompile(gdn, [(L, c) for c in configs for L in (seqlen, 17)]) if ON_GPU else [])
     doc["errors"], _ = config_errors(gdn, device, configs, folded=False)
     for k, v in doc["errors"].items():
@@ -1071,6 +1091,8 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
             parts = ["prep", "state", "both"]
             if config in STATE_DIAG_PREP and config not in STATE_DIAG_STATE:
                 parts = ["prep", "both"]  # the same state pass as STATE_DIAG_STATE[0]
+            if diag_set == "gb6" and config.persistent:
+                parts = ["state", "both"]  # the prep of STATE_DIAG_GB6[1]
             if config.pdl:
                 parts = ["both"]
             for part in parts:
@@ -1084,6 +1106,9 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
             del scratches
         record(dict(part="reconstruct", L=seqlen, B=B, config="default", per=num_layers),
                ours_step(s, n, verify=False))
+        if diag_set == "gb6":  # the reconstruction with its conv-window barrier (b8921d6), at random accept too
+            record(dict(part="reconstruct", L=seqlen, B=B, config="default, random accept", per=num_layers),
+                   ours_step(s, accept_counts(seqlen, B, "random", device), verify=False))
         del s
         if ON_GPU:
             torch.cuda.empty_cache()
@@ -1121,10 +1146,18 @@ def compiled_report():
     return rows
 
 
-def ncu_target(gdn, device):
-    """Eager launches for Nsight Compute: v2 per-head at batch 1 and the rolled whole-V kernel at batch 32."""
-    for B, config in ((1, VerifyConfig(block_v=32)), (32, VerifyConfig(block_v=32, whole_v=True, loop_stages=2)),
-                      (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))):
+NCU_TARGETS = {
+    # v4: v2 per-head at batch 1 and the rolled whole-V kernel at batch 32
+    "v4": ((1, VerifyConfig(block_v=32)), (32, VerifyConfig(block_v=32, whole_v=True, loop_stages=2)),
+           (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))),
+    # session 6 (GB6): final8's b32 pick without PDL (ncu serialises launches), and two persistent state passes
+    "gb6": ((32, VerifyConfig(block_v=64, **_PC)), (32, STATE_DIAG_GB6[2]), (32, STATE_DIAG_GB6[3])),
+}
+
+
+def ncu_target(gdn, device, target="v4"):
+    """Eager launches (each config twice) for Nsight Compute."""
+    for B, config in NCU_TARGETS[target]:
         s = make_stack(gdn, 16, B, 1, device, seed=1, vllm=False, fla=False)
         run = ours_step(s, accept_counts(16, B, "all", device), reconstruct=False, config=config)
         run()
@@ -1155,9 +1188,11 @@ def main():
                         help="v4 diagnosis: stage ladder + launch candidates (GPU), writes gdn_verify_diag.json")
     parser.add_argument("--ladder", action="store_true",
                         help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
-    parser.add_argument("--ncu-target", action="store_true", help="a few eager launches to profile with ncu")
-    parser.add_argument("--state-diag", action="store_true",
-                        help="session 5 call 1: b32 / b64 prep and state pass apart, floors, stacked candidates")
+    parser.add_argument("--ncu-target", nargs="?", const="v4", choices=sorted(NCU_TARGETS),
+                        help="a few eager launches to profile with ncu (default set v4)")
+    parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
+                        help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
+                             "default), gb6 (session 6: persistent state passes)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")
@@ -1193,12 +1228,13 @@ def main():
     if not ON_GPU:
         fix_interpreter_masks()
     if args.ncu_target:
-        return ncu_target(gdn, device)
+        return ncu_target(gdn, device, args.ncu_target)
     if args.diagnose:
         return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.state_diag:
         return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
-                          batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4)
+                          batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4,
+                          diag_set=args.state_diag)
     vk = load_vllm_kernels(args.extracted)
     fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"

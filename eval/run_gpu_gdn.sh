@@ -35,6 +35,10 @@
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
 #               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
+#   MODE=pdiag  (session 6, GB6 call 1) the persistent stacked GPU tests beside bench_gdn_verify.py --state-diag gb6
+#               (L16 b32 / b64: final8's picks and the persistent state passes, state alone and with the prep, the
+#               floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
+#               occupancy) on final8's b32 state pass and two persistent ones -> $OUT/diag/
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -75,6 +79,31 @@ if [ "$MODE" = sdiag ]; then
         --budget-s ${DIAG_BUDGET_S:-150} > "$OUT/diag/diag.log" 2>&1
     echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
     wait
+    tail -3 "$OUT/diag/pytest.log"
+    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
+    sed -n '/^part /,$p' "$OUT/diag/diag.log"
+    tail -2 "$OUT/diag/diag.log"
+fi
+
+if [ "$MODE" = pdiag ]; then
+    mkdir -p "$OUT/diag"
+    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k persistent \
+        tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/diag/pytest.log" ) &
+    timeout ${DIAG_S:-130} python3 eval/bench_gdn_verify.py --state-diag gb6 --rep-ms 20 --out "$OUT/diag" \
+        --budget-s ${DIAG_BUDGET_S:-110} > "$OUT/diag/diag.log" 2>&1
+    echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        timeout ${NCU_S:-45} "$NCU" --clock-control none -k regex:stacked_state -c 6 --section SpeedOfLight \
+            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 eval/bench_gdn_verify.py --ncu-target gb6 > "$OUT/diag/ncu.txt" 2>&1
+        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "stacked_state|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
+            "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
+    else
+        echo "== no ncu"
+    fi
     tail -3 "$OUT/diag/pytest.log"
     grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
     sed -n '/^part /,$p' "$OUT/diag/diag.log"

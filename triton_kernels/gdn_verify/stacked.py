@@ -20,12 +20,17 @@ of the first product in its stored (K-contiguous) order; at BV = 64 and 4 warps 
 tile (M = 64), which reads A from shared memory as loaded. Results are [BV, *] tiles whose rows are the value
 columns: every store (u, O, raw v) is contiguous along them.
 """
+import functools
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
 from .two_pass import _norm_qk_and_store
 from .verify import _causal_conv_silu
+
+logger = logging.getLogger(__name__)
 
 
 @triton.jit(do_not_specialize=["WS_LEN", "scale"])
@@ -192,6 +197,68 @@ def _stacked_state_kernel(
             tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
 
 
+@triton.jit(do_not_specialize=["WS_LEN", "NUM_ITEMS"])
+def _stacked_state_persistent_kernel(
+    x, conv_w, conv_b, conv_state, ssm_state, state_desc, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, z_kq,
+    fac, stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, NUM_ITEMS,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr, STATE_TMA: tl.constexpr,
+):
+    """The state pass as a fixed grid of programs, program p walking items p, p + P, p + 2P, ... (P programs);
+    item = (request, v-head, value block), request-major. One rolled `tl.range` loop over the items, pipelined with
+    LOOP_STAGES stages, so the next items' state blocks stream in while this one's products and stores run (one
+    block per program leaves each program's tail unoverlapped). Null-slot items compute on whatever the slot and
+    scratch hold and store only zeros to O (no branch in the loop body: the pipeliner would not cross it).
+    STATE_TMA: state blocks come through the host tensor descriptor `state_desc` ([slots, HV * V, K], box
+    [1, BV, K]): a TMA copy into a shared-memory ring instead of pointer loads."""
+    NUM_VB: tl.constexpr = V // BV
+    o_c = tl.arange(0, 2 * BT)  # output column: U token c (c < BT) or O token c - BT
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_bv = tl.arange(0, BV)
+    t_c = tl.where(o_c < BT, o_c, o_c - BT)
+    for item in tl.range(tl.program_id(0), NUM_ITEMS, tl.num_programs(0), num_stages=LOOP_STAGES):
+        i_n = item // (HV * NUM_VB)
+        i_hv = (item // NUM_VB) % HV
+        i_vb = item % NUM_VB
+        i_h = i_hv // (HV // H)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        live = slot > 0
+        live_len = tl.where(live, seqlen, 0)  # a null slot's row stores O zeros and nothing else
+        m_t = o_t < seqlen
+        m_c = t_c < seqlen
+        if HAS_WS_ROWS:
+            ws_base = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN
+        else:
+            ws_base = i_n.to(tl.int64) * WS_LEN
+        o_v = i_vb * BV + o_bv
+        if STATE_TMA:
+            b_h = state_desc.load([slot.to(tl.int32), i_hv * V + i_vb * BV, 0]).reshape(BV, K).to(tl.float32)
+        else:
+            b_h = tl.load(ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :])
+            b_h = b_h.to(tl.float32)
+        o_xv = 2 * H * K + i_hv * V + o_v
+        b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
+        b_vc = _conv_silu_t(x, stride_x, conv_state + slot * stride_conv_slot, conv_w, conv_b, bos, o_t, m_t, o_xv,
+                            D, W, HAS_BIAS)
+        b_zt = tl.load(z_kq + ((i_n * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None])
+        p_f = fac + (i_n * HV + i_hv) * 3 * BT * 2 * BT
+        b_ft = tl.load(p_f + o_c[:, None] * 2 * BT + o_c[None, :])
+        b_et = tl.load(p_f + (2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])
+        b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
+        b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
+        b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
+        p_u_col = ((ws_base + t_c) * HV + i_hv) * V
+        p_o_col = ((bos + t_c) * HV + i_hv) * V
+        tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=((t_c < live_len) & (o_c < BT))[None, :])
+        tl.store(o + p_o_col[None, :] + o_v[:, None], tl.where(live, b_y, 0.0).to(o.dtype.element_ty),
+                 mask=(m_c & (o_c >= BT))[None, :])
+        tl.store(ws_x + (ws_base + o_t[None, :]) * D + o_xv[:, None], b_xv, mask=(o_t < live_len)[None, :])
+
+
 @triton.jit
 def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT: tl.constexpr,
                    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr):
@@ -229,7 +296,9 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
             num_warps=config.prep_warps, **prep_opts,
         )
-    if "state" in parts:
+    if "state" in parts and not (config.persistent and _launch_persistent_state(
+            mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace, ws_rows,
+            z_kq, fac, config, num_k_heads, block_t, big_dot, has_rows)):
         block_v = min(config.block_v, head_v_dim)
         v_per_program = head_v_dim if config.whole_v else block_v
         _stacked_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
@@ -241,6 +310,61 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             WAIT_PREP=pdl, num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
+
+
+def _launch_persistent_state(mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out,
+                             workspace, ws_rows, z_kq, fac, config, num_k_heads, block_t, big_dot, has_rows):
+    """The persistent state pass; False (and one log line) where its build does not fit the GPU (e.g. the 32-token
+    tiles of L > 16 at BV 128: ~345 KB of shared memory), so that the caller runs the one-block-per-program pass."""
+    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    width, conv_dim = conv_wT.shape
+    block_v = min(config.block_v, head_v_dim)
+    num_requests = cu_seqlens.shape[0] - 1
+    num_items = num_requests * num_v_heads * (head_v_dim // block_v)
+    state_desc = _state_descriptor(ssm_state, block_v) if config.state_tma else None
+    try:
+        _stacked_state_persistent_kernel[(max(1, min(num_items, config.persistent * _num_sms(out.device))),)](
+            mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_desc, state_indices, cu_seqlens, out,
+            workspace.u, workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0),
+            ssm_state.stride(0), workspace.max_len, num_items, H=num_k_heads, HV=num_v_heads, K=head_k_dim,
+            V=head_v_dim, D=conv_dim, W=width, BT=block_t, BV=block_v, HAS_BIAS=conv_bias is not None,
+            BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
+            HAS_WS_ROWS=has_rows, STATE_TMA=state_desc is not None, num_warps=config.num_warps,
+        )
+    except triton.runtime.errors.OutOfResources as exc:
+        print_fallback_once(f"persistent stacked state pass (BT {block_t}, BV {block_v}) does not fit: {exc}; "
+                            "one program per value block instead")
+        return False
+    return True
+
+
+# Programs per SM times this is the persistent grid; the interpreter has no SMs: a few programs, each walking
+# several items, is what its tests need to see
+INTERPRETER_SMS = 3
+
+
+def _num_sms(device):
+    if _interpreting() or device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _state_descriptor(ssm_state, block_v):
+    """Host TMA descriptor over one layer's states as [slots, HV * V, K] (box [1, BV, K]), or None where TMA cannot
+    address them (slot stride or base not 16-byte aligned): the persistent pass then loads through pointers."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
+        print_fallback_once("state_tma: ssm state slots are not 16-byte aligned; loading state blocks through "
+                            "pointers instead")
+        return None
+    return TensorDescriptor(ssm_state, [num_slots, num_v_heads * head_v_dim, head_k_dim],
+                            [ssm_state.stride(0), head_k_dim, 1], [1, block_v, head_k_dim])
+
+
+@functools.lru_cache(maxsize=None)
+def print_fallback_once(message):
+    logger.warning(message)
 
 
 def _interpreting():

@@ -652,6 +652,11 @@ class VerifyConfig:
     # two_pass: the prep launch's register cap (maxnreg; 0 = none): 128 lets 4 prep programs of 4 warps share an SM,
     # i.e. the 512 (k-head, request) programs of batch 32 run in one wave instead of two
     prep_maxnreg: int = 0
+    # session 6, GB6 (stacked): the state pass as persistent programs (this many per SM) walking (request, v-head,
+    # value block) items in a loop pipelined over loop_stages stages; state_tma: its state blocks through a TMA
+    # descriptor (a shared-memory ring filled by TMA) instead of pointer loads
+    persistent: int = 0
+    state_tma: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -686,6 +691,12 @@ class VerifyConfig:
             raise ValueError("pdl needs one value block per program (no whole_v)")
         if self.stacked_dot not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
+        if self.persistent and (not self.stacked or self.whole_v or self.pdl):
+            raise ValueError("persistent needs stacked, one value block per item (no whole_v) and no pdl")
+        if not 0 <= self.persistent <= 16:
+            raise ValueError(f"persistent must be 0..16 programs per SM, got {self.persistent}")
+        if self.state_tma and not self.persistent:
+            raise ValueError("state_tma needs persistent")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
