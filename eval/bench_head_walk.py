@@ -262,12 +262,16 @@ def run_gpu(args) -> dict:
     rows_out, checks = [], []
     ladder = LADDERS[args.ladder]
     # The step chain alone: 64 vocabulary rows per program, greedy.
-    for exchange, rows in ladder["floors"]:
+    import hybridspec_kernels.head_walk.walk as walk
+
+    _allow_local_exchange(walk)
+    for floor in ladder["floors"]:
+        exchange, rows, floor_kw = _floor_kw(floor)
         sms = props.multi_processor_count
         name = f"ours_sync_floor_{exchange}" + (f"_b{rows}" if rows > 1 else "")
         try:
             p = Problem(torch, rows, 15, 64 * sms, RANK, False, device, torch.bfloat16)
-            fn = ours_fn(head_walk, p, tile_rows=64, exchange=exchange)
+            fn = ours_fn(head_walk, p, **floor_kw)
             errors_before = barrier_errors(device)
             fn()
             torch.cuda.synchronize()
@@ -641,6 +645,40 @@ SAMPLED_V13 = [
 TUNE_CASES_V13 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variants in STREAMING_V13_BY_BATCH.items()
                    for name, kw in variants.items()]
                   + [(f"{name}_v152k_b{rows}", 151936, rows, dict(kw, sampled=True)) for name, rows, kw in SAMPLED_V13])
+# Session 6 (HX, v15): the amax exchange (atomic max into one [B] winners slot a step, one arrival on a step counter,
+# [B] winners read back; "amax1": the rows' winners packed in one line instead of a line each) against each batch's
+# measured exchange (b1 tagged, b8 poll, b32 probe, b64 poll), greedy and sampled, 32k and 152k (the plan's streamed
+# forms otherwise). Sync floors of every exchange beside "local" (no exchange: the step's own cost).
+AMAX_VS = {1: "tagged", 8: "poll", 32: "probe", 64: "poll"}
+TUNE_CASES_V15 = (
+    [(f"{ex}_v32k_b{rows}", 32000, rows, dict(exchange=ex)) for rows, base in AMAX_VS.items()
+     for ex in (base, "amax")]
+    + [("poll_v32k_b32", 32000, 32, dict(exchange="poll"))]
+    + [(f"amax1_v32k_b{rows}", 32000, rows, dict(exchange="amax", winner_stride=1)) for rows in (8, 32, 64)]
+    + [(f"sampled_{ex}_v32k_b{rows}", 32000, rows, dict(exchange=ex, sampled=True))
+       for rows, base in AMAX_VS.items() if rows > 1 for ex in (base, "amax")]
+    + [(f"{'sampled_' if sampled else ''}{ex}_v152k_b{rows}", 151936, rows, dict(exchange=ex, sampled=sampled))
+       for sampled in (False, True) for rows, base in AMAX_VS.items() if rows > 1 for ex in (base, "amax")])
+FLOORS_V15 = [(ex, rows) for rows, base in AMAX_VS.items() for ex in ("local", base, "amax")] + [
+    ("amax1", 32, dict(exchange="amax", winner_stride=1))]
+# The bench's diagnostic exchange: none at all (kernel EXCHANGE 6; each program walks its own shard's best, tokens
+# are wrong): only the sync floors take it, as the step's cost without any exchange.
+LOCAL_EXCHANGE = ("local", 6)
+
+
+def _allow_local_exchange(walk) -> None:
+    name, code = LOCAL_EXCHANGE
+    if name not in walk.EXCHANGES:
+        walk.EXCHANGES = walk.EXCHANGES + (name,)
+        walk.EXCHANGE_CODES[name] = code
+
+
+def _floor_kw(floor) -> tuple[str, int, dict]:
+    """A ladder's sync floor: (exchange, rows) or (label, rows, head_walk options)."""
+    label, rows = floor[:2]
+    return label, rows, dict(tile_rows=64, **(floor[2] if len(floor) > 2 else dict(exchange=label)))
+
+
 # Per ladder: the launch variants its rule chooses among (name -> head_walk options), the sync floors (exchange,
 # batch rows) and the tuning cases.
 LADDERS = {
@@ -671,6 +709,8 @@ LADDERS = {
     "v13": dict(rule={}, scoring={name: kw for variants in STREAMING_V13_BY_BATCH.values()
                                   for name, kw in variants.items()},
                 scoring_by_batch=STREAMING_V13_BY_BATCH, cases=TUNE_CASES_V13, floors=[]),
+    "v15": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")}, cases=TUNE_CASES_V15,
+                floors=FLOORS_V15),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -757,6 +797,7 @@ def _compile_job(job) -> str:
 
         if not isinstance(walk.head_walk_kernel, _CompileOnly):  # workers run several jobs
             walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
+            _allow_local_exchange(walk)
         device = torch.device("cuda")
         kind = job["kind"]
         if kind == "heads":
@@ -810,8 +851,8 @@ def precompile(args, sms: int) -> None:
         jobs += [dict(kind="heads", rows=r, head=h, sampled=s) for r, h, s in HEAD_CASES]
         jobs.append(dict(kind="ours", vocab=151936, rows=1, sampled=False,
                          variants=[{"fp8": True}, {"residency": "off"}]))
-    jobs += [dict(kind="ours", vocab=64 * sms, rows=r, sampled=False, variants=[{"tile_rows": 64, "exchange": e}])
-             for e, r in ladder["floors"]]
+    jobs += [dict(kind="ours", vocab=64 * sms, rows=_floor_kw(f)[1], sampled=False, variants=[_floor_kw(f)[2]])
+             for f in ladder["floors"]]
     if not args.no_ladder:
         jobs += [dict(kind="ours", vocab=v, rows=r, sampled=kw.get("sampled", False),
                       variants=[{k: x for k, x in kw.items() if k != "sampled"},

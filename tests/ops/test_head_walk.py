@@ -466,9 +466,70 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
                  dict(split, split_streamed=False),
                  dict(split, programs=2, lockstep=True), dict(split, tile_rows=64, resident_tiles=3),
                  dict(split, tile_rows=64, resident_tiles=3, split_streamed=False, pair_reduce=False),
-                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False)):
+                 dict(split, tile_rows=64, resident_tiles=3, keys_once=False),
+                 dict(split, exchange="amax", programs=3, lockstep=True), dict(exchange="amax")):
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **opts, **kw)
         assert torch.equal(tokens, ref), opts
+
+
+def _assert_amax_slots_clean(programs, block_rows, stride=16):
+    """The amax exchange's invariant between walks: the winners slots of the next two epochs hold 0."""
+    from hybridspec_kernels.head_walk import walk
+
+    wsp = next(ws for key, ws in walk._workspaces.items() if key[1:3] == (programs, block_rows))
+    epoch = int(wsp[f"arrive{stride}"].item()) // programs
+    slots = wsp[f"winners{stride}"]
+    assert not slots[epoch % 3].any() and not slots[(epoch + 1) % 3].any(), (epoch, slots[..., 0])
+
+
+@needs_kernels
+@pytest.mark.parametrize("head,rows,sampled,dtype", [
+    pytest.param("markov", 1, False, torch.float32, id="markov-b1"),
+    pytest.param("markov", 3, True, torch.float32, id="markov-b3-sampled-d2t"),
+    pytest.param("gated_markov", 5, True, torch.float16, id="gated-b5-sampled-fp16"),
+    pytest.param("rnn", 3, False, torch.float32, id="rnn-b3"),
+])
+def test_amax_exchange_keeps_the_walk(head, rows, sampled, dtype):
+    """exchange='amax': its persistent form with one program (epochs from the step counter, slot rotation, program
+    0's resets, the release arrival and acquire wait as Triton atomics) and its lockstep form over 3 programs (the
+    atomic max of several programs' keys into one slot) walk as the naive walk does, over repeated walks of lengths
+    that shift the epochs (a walk of one step too), each starting on slots the walk before left behind."""
+    steps, vocab = 5, 331
+    p = make_problem(rows, steps, vocab, dtype=dtype, seed=40 + rows)
+    kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head))
+    if sampled:
+        kw.update(sampling_kwargs(p), req_indices=p.req, draft_to_target=p.d2t)
+    for n in (5, 1, 4, 2, 5):
+        U = p.U[:, :n].contiguous()
+        step_kw = dict(kw, positions=p.positions[:, :n].contiguous()) if sampled else kw
+        if head != "markov":
+            step_kw = dict(step_kw, hidden=p.hidden[:, :n].contiguous())
+        ref, _, _ = naive_head_walk(U, p.w1, p.w2, p.x0, **step_kw)
+        one, _, _ = head_walk(U, p.w1, p.w2, p.x0, exchange="amax", **step_kw)
+        assert torch.equal(one, ref), n
+        _assert_amax_slots_clean(1, 16)
+        lock, _, _ = head_walk(U, p.w1, p.w2, p.x0, exchange="amax", programs=3, lockstep=True, tile_rows=64,
+                               **step_kw)
+        assert torch.equal(lock, ref), n
+        _assert_amax_slots_clean(3, 16)
+
+
+def test_plan_of_the_amax_exchange():
+    """amax is opt-in (no measured rule picks it unless a GPU run put it there); on the CPU it keeps its persistent
+    form with one program and its lockstep form with several; other forms have no exchange."""
+    from hybridspec_kernels.head_walk.walk import EXCHANGES, plan_walk
+
+    cpu = torch.device("cpu")
+    assert "amax" in EXCHANGES
+    one = plan_walk(300, 16, 4, 4, cpu, exchange="amax")
+    assert (one.multi, one.exchange, one.programs, one.winner_stride) == (True, "amax", 1, 16)
+    lock = plan_walk(300, 16, 4, 4, cpu, exchange="amax", programs=3, lockstep=True, winner_stride=1)
+    assert (lock.multi, lock.lockstep, lock.exchange, lock.winner_stride) == (False, True, "amax", 1)
+    assert plan_walk(300, 16, 4, 4, cpu, exchange="amax", programs=1, lockstep=True).exchange == "none"
+    assert plan_walk(300, 16, 4, 4, cpu, exchange="poll").exchange == "none"
+    assert plan_walk(300, 16, 4, 4, cpu, programs=3, lockstep=True).exchange == "none"
+    with pytest.raises(ValueError, match="winner_stride"):
+        plan_walk(300, 16, 4, 4, cpu, exchange="amax", winner_stride=3)
 
 
 def test_auto_exchange_follows_the_measured_rule():
@@ -611,6 +672,41 @@ def test_gpu_stream_tma_agrees(rows, sampled):
     _assert_streamed_forms_agree(rows, sampled, 23 + rows, (
         dict(), dict(stream_tma=2), dict(stream_tma=5, stream_rows=32),
         dict(stream_tma=5, stream_rows=32, l2_prefetch=8), dict(stream_tma=3, tile_rows=64, resident_tiles=3)))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab, rows", [(32000, 8), (32000, 32), (32000, 64), (151936, 32)],
+                         ids=["v32k-b8", "v32k-b32", "v32k-b64", "v152k-b32"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_amax_exchange_agrees(vocab, rows, sampled):
+    """The amax exchange (rows' winners a line apart and packed) picks the one-launch-per-step walk's tokens, in
+    CUDA-graph replays of walks on new base logits, of two block lengths (the epochs run across walks, so every
+    replay starts on the slots the walk before left, and a slot is reused within a walk), and no wait gives up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=50 + rows, scale=0.1)
+    p.req = torch.arange(rows, device=DEVICE)
+    errors = barrier_errors(DEVICE)
+    for stride, steps in ((16, 15), (1, 15), (16, 7)):
+        U = p.U[:, :steps].clone()
+        kw = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions[:, :steps].contiguous(),
+                  draft_logits=torch.zeros(rows + 2, steps, vocab, dtype=torch.bfloat16, device=DEVICE)
+                  ) if sampled else {}
+        tokens = torch.empty(rows, steps, dtype=torch.long, device=DEVICE)
+        walk = lambda: head_walk(U, p.w1, p.w2, p.x0, exchange="amax", winner_stride=stride, out=tokens, **kw)  # noqa: E731
+        walk()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            walk()
+        for replay in range(4):
+            U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
+            graph.replay()
+            ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+            torch.cuda.synchronize()
+            assert torch.equal(tokens, ref), (stride, steps, replay)
+    assert barrier_errors(DEVICE) == errors
 
 
 def _assert_streamed_forms_agree(rows, sampled, seed, variants):

@@ -296,6 +296,105 @@ def _publish_tagged(keys_ptr, slot, pid, best, tag, NUM_PROGS: tl.constexpr, BP:
 
 
 @triton.jit
+def _winner_key(best):
+    """An exchange key made non-negative with its order kept: the value's 32 bits (sign flipped) move down over the
+    tag bits 18-49, the id stays in bits 0-17. A winners slot reset to 0 then loses to every key of a step, and
+    the winner's id is read from the same low bits (_winner_ids)."""
+    return (((best >> 32) + 2147483648) << 18) | (best & ID_MASK)
+
+
+@triton.jit
+def _arrive_release(count_ptr, INLINE_PTX: tl.constexpr):
+    """One release arrival of this program on the step counter, after a CTA barrier (so it orders every thread's
+    earlier winners update, as a grid sync does). PTX: a fire-and-forget red by thread 0 (nothing to wait for
+    but the release's own fence); else Triton's scalar atomic (the interpreter)."""
+    tl.debug_barrier()
+    if INLINE_PTX:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred %axp;
+            .reg .u32 %axt;
+            mov.u32 %axt, %tid.x;
+            setp.eq.u32 %axp, %axt, 0;
+            @%axp red.release.gpu.global.add.u64 [$1], 1;
+            mov.u32 $0, 0;
+            }""", "=r,l", [count_ptr.to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_count(count_ptr, target, err_ptr, SPIN_LIMIT: tl.constexpr, INLINE_PTX: tl.constexpr):
+    """Until the step counter reaches `target`: thread 0 spins with acquire loads inside PTX (no CTA sync per poll,
+    one poller a program instead of every warp), then a CTA barrier hands its acquire to the other threads (as a
+    grid sync does). A wait that gives up sets the int32 flag at err_ptr."""
+    if INLINE_PTX:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred %axp;
+            .reg .u32 %axt, %axn;
+            .reg .b64 %axc;
+            mov.u32 %axt, %tid.x;
+            setp.ne.u32 %axp, %axt, 0;
+            @%axp bra AX_DONE;
+            mov.u32 %axn, 0;
+            AX_SPIN:
+            ld.acquire.gpu.global.b64 %axc, [$1];
+            setp.ge.s64 %axp, %axc, $2;
+            @%axp bra AX_DONE;
+            add.u32 %axn, %axn, 1;
+            setp.lt.u32 %axp, %axn, $3;
+            @%axp bra AX_SPIN;
+            mov.u32 %axt, 1;
+            st.relaxed.gpu.global.b32 [$4], %axt;
+            AX_DONE:
+            mov.u32 $0, 0;
+            }""", "=r,l,l,r,l", [count_ptr.to(tl.int64, bitcast=True), target.to(tl.int64),
+                                 tl.full([], SPIN_LIMIT, tl.int32), err_ptr.to(tl.int64, bitcast=True)],
+            dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        spins = 0
+        while (cur < target) & (spins < SPIN_LIMIT):
+            cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+            spins += 1
+        if spins >= SPIN_LIMIT:
+            tl.atomic_or(err_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _read_winners(win_ptr, slot, o_b, m_b, BP: tl.constexpr, WIN_STRIDE: tl.constexpr):
+    """[BP] winning keys of a step's winners slot (0 in padding rows): volatile loads, past L1."""
+    return tl.load(win_ptr + slot * BP * WIN_STRIDE + o_b * WIN_STRIDE, mask=m_b, other=0, volatile=True)
+
+
+@triton.jit
+def _exchange_amax(win_ptr, count_ptr, err_ptr, epoch, pid, best, o_b, m_b, NUM_PROGS: tl.constexpr,
+                   BP: tl.constexpr, WIN_STRIDE: tl.constexpr, SPIN_LIMIT: tl.constexpr, INLINE_PTX: tl.constexpr):
+    """Exchange "amax": every program folds its [BP] row bests into the step's [BP] winners slot with relaxed
+    atomic max (fire and forget), arrives once on the step counter (release), waits for all NUM_PROGS arrivals
+    (acquire) and reads back the [BP] winners: per program and step BP keys out and BP keys in, whatever the
+    number of programs (the tagged exchanges read all [P, BP]). Returns the winners [BP].
+
+    Epochs and slots: step `epoch` (the counter's count of completed steps, so it grows across walks and graph
+    replays and never needs a host reset) uses slot epoch % 3. Once every program has arrived for `epoch`, every
+    program has read epoch - 1's winners (it read them before it could score this step), so program 0 resets
+    slot (epoch + 2) % 3 = (epoch - 1) % 3 to 0; the reset is ordered before anyone's max into that slot (at
+    epoch + 2) by program 0's release arrival at epoch + 1. A walk therefore leaves the slots of its next two
+    epochs at 0, which is what the next walk (or the lockstep form) starts from."""
+    slot = epoch % 3
+    tl.atomic_max(win_ptr + slot * BP * WIN_STRIDE + o_b * WIN_STRIDE, _winner_key(best), mask=m_b, sem="relaxed",
+                  scope="gpu")
+    _arrive_release(count_ptr, INLINE_PTX)
+    _wait_count(count_ptr, (epoch + 1) * NUM_PROGS, err_ptr, SPIN_LIMIT, INLINE_PTX)
+    winners = _read_winners(win_ptr, slot, o_b, m_b, BP, WIN_STRIDE)
+    if pid == 0:
+        tl.store(win_ptr + ((epoch + 2) % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, tl.zeros([BP], dtype=tl.int64))
+    return winners
+
+
+@triton.jit
 def _exchange_first(keys_ptr, slot, pid, tag, num_rows, NUM_PROGS: tl.constexpr, PP: tl.constexpr,
                     BP: tl.constexpr, MODE: tl.constexpr):
     """The batched exchanges' first reads (several rows; MODE 3 probe: column 0 of every program, [PP]; 4 poll: the
@@ -661,6 +760,7 @@ def head_walk_kernel(
     keys_ptr, count_ptr, gen_ptr, err_ptr,
     w2_desc, u_desc,
     num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
+    win_ptr, arrive_ptr,
     R: tl.constexpr, BP: tl.constexpr, RT: tl.constexpr, RES_TILES: tl.constexpr, ST: tl.constexpr, CHUNK_ROWS: tl.constexpr,
     NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
@@ -669,7 +769,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
-    U_RING: tl.constexpr = True,
+    U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 16, INLINE_PTX: tl.constexpr = True,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -688,9 +788,18 @@ def head_walk_kernel(
     # U_RING (with STREAM_TMA): the streamed tiles' base logits come through the ring too; else by pointer loads
     # issued at the top of each iteration (no second mbarrier wait, and no generic-to-async fence before the copy
     # that refills a base-logit stage).
+    # EXCHANGE 5 "amax" (_exchange_amax; win_ptr: 3 winners slots of [BP] keys, WIN_STRIDE int64 apart; arrive_ptr:
+    # its step counter): with MULTI the persistent exchange; without, the lockstep form (each launch reads the last
+    # step's winners from their slot and folds its own keys into the next). INLINE_PTX: the arrival and the wait
+    # in PTX (False: Triton atomics, for the interpreter). EXCHANGE 6 (with MULTI; the bench's sync floors only): no
+    # exchange at all, each program walks its own shard's best (wrong tokens): the step without any exchange.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
-    TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2
+    TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2 and EXCHANGE <= 4
+    AMAX: tl.constexpr = EXCHANGE == 5
+    LOCAL: tl.constexpr = MULTI and EXCHANGE == 6
+    # Exchanges that leave each step's winning keys in registers (`winners`, or `best0` for one row).
+    WINNERS: tl.constexpr = TAGGED or (MULTI and AMAX) or LOCAL
     # Candidate W1 rows are prefetched by target id: greedy keys of a reduced vocabulary carry draft ids.
     PREFETCH_W1: tl.constexpr = L1_PREFETCH and not (HAS_D2T and not KEY_BY_TARGET)
     HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
@@ -767,12 +876,24 @@ def head_walk_kernel(
 
     if FLAGS or TAGGED:
         gen = tl.load(gen_ptr + pid)
+    if AMAX:
+        # Fewer than NUM_PROGS arrivals of this launch can precede this read (this program has not arrived), so
+        # every program finds the same epoch.
+        epoch0 = tl.load(arrive_ptr, volatile=True) // NUM_PROGS
+        if not MULTI and pid == 0:
+            # Lockstep: this launch reads slot epoch0 - 1 and fills slot epoch0; nobody touches epoch0 + 1's.
+            tl.store(win_ptr + ((epoch0 + 1) % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, tl.zeros([BP], dtype=tl.int64))
 
     if k_begin == 0:
         x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
         x0 = tl.load(first_ptr).to(tl.int64)
     else:
-        x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
+        if AMAX:
+            # (epoch0 + 2) % 3: the slot of epoch0 - 1, the last launch's step.
+            x = _winner_ids(None, _read_winners(win_ptr, (epoch0 + 2) % 3, o_b, m_b, BP, WIN_STRIDE), o_b, m_b, d2t_ptr,
+                            HAS_D2T, KEY_BY_TARGET, BP)
+        else:
+            x = _pick(keys_ptr, (k_begin - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         x0 = tl.sum(tl.where(o_b == 0, x, 0), axis=0)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (k_begin - 1), x, mask=m_b)
@@ -801,7 +922,7 @@ def head_walk_kernel(
             nz3 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t, d2t_ptr,
                               shard_end, None, HAS_D2T)
     for k in range(k_begin, k_end):
-        if k > k_begin and TAGGED and ONE_ROW:
+        if k > k_begin and WINNERS and ONE_ROW:
             # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
             x0 = ID_MASK - (best0 & ID_MASK)
             if HAS_D2T and not KEY_BY_TARGET:
@@ -810,7 +931,7 @@ def head_walk_kernel(
             if pid == 0:
                 tl.store(tok_ptr + (k - 1), x0)
         elif k > k_begin:
-            if TAGGED:
+            if WINNERS:
                 x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
             elif FLAGS and num_rows == 1:
                 x0 = ID_MASK - (best0 & ID_MASK)
@@ -1105,6 +1226,20 @@ def head_walk_kernel(
             else:
                 winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
                                            stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
+        elif AMAX and MULTI:
+            winners = _exchange_amax(win_ptr, arrive_ptr, err_ptr, epoch0 + (k - k_begin), pid, best, o_b, m_b,
+                                     NUM_PROGS, BP, WIN_STRIDE, SPIN_LIMIT, INLINE_PTX)
+            if ONE_ROW:
+                best0 = tl.sum(tl.where(o_b == 0, winners, 0), axis=0)
+        elif LOCAL:
+            winners = best
+            if ONE_ROW:
+                best0 = tl.max(best, axis=0)
+        elif AMAX:
+            # Lockstep: the launch boundary is the barrier; the next launch reads this slot.
+            tl.atomic_max(win_ptr + (epoch0 % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, _winner_key(best), mask=m_b,
+                          sem="relaxed", scope="gpu")
+            tl.atomic_add(arrive_ptr, 1, sem="relaxed", scope="gpu")
         elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
             best0 = _publish_and_wait(keys_ptr, k % 2, pid, o_b, best, tag, num_rows, err_ptr, NUM_PROGS, PP, BP,
@@ -1118,7 +1253,7 @@ def head_walk_kernel(
 
     if FLAGS or TAGGED:
         tl.store(gen_ptr + pid, gen + (k_end - k_begin))
-    if DO_FINAL and TAGGED:
+    if DO_FINAL and WINNERS:
         x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)

@@ -31,9 +31,14 @@ RESIDENCIES = ("auto", "full", "partial", "off")
 # arrival flag), "tagged" (every key carries the step's tag: relaxed stores, each thread spins on its own
 # slots, one CTA-wide max), "probe" (tagged keys; with several rows every thread first waits on its slot of
 # column 0, then one batch of loads brings every live key and re-polls the few still missing), "poll" (that batch
-# of loads and re-polls from the start), "auto" (choose_exchange). With one row, probe and poll are tagged.
-EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll")
-EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4}
+# of loads and re-polls from the start), "amax" (every program folds its row bests into one [B] winners slot with
+# atomic max, arrives on a step counter and reads the [B] winners back: traffic that does not grow with the
+# programs), "auto" (choose_exchange). With one row, probe and poll are tagged.
+EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll", "amax")
+EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4, "amax": 5}
+# amax: int64 entries between two rows' winners, 16 = one 128-byte line a row, so the programs' atomics on
+# different rows do not queue on one line (1: a row's winners packed).
+WINNER_STRIDE = 16
 MAX_ROWS_PER_LAUNCH = 64
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
@@ -84,6 +89,8 @@ class WalkConfig:
     # stream_tma: the streamed tiles' base logits through the ring too (False: pointer loads at the top of each
     # iteration: one mbarrier wait and one generic-to-async fence less an iteration).
     u_ring: bool = True
+    # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
+    winner_stride: int = WINNER_STRIDE
 
 
 def _interpreting() -> bool:
@@ -154,7 +161,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
     shape, residency or prefetch option is given; else none."""
@@ -171,6 +178,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     if l2_prefetch is not None and l2_prefetch < 0:
         raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
+    if winner_stride not in (1, 2, 4, 8, 16):
+        raise ValueError(f"winner_stride must be 1, 2, 4, 8 or 16, got {winner_stride}")
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
@@ -209,7 +218,12 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     if residency == "full" and chunk_rows > resident_tiles * tile_rows:
         raise ValueError(f"residency='full' needs each program's {chunk_rows} rows on chip, only "
                          f"{resident_tiles * tile_rows} fit: use 'partial' or 'auto'")
-    multi = on_gpu and num_programs > 1 and not lockstep
+    # The amax exchange also runs its persistent form with one program (no wait can deadlock: the interpreter's
+    # check of its epochs, slots and resets) and keeps its own lockstep form.
+    multi = not lockstep and (on_gpu and num_programs > 1 or exchange == "amax" and num_programs == 1)
+    lockstep = lockstep and num_programs > 1
+    if not (multi or lockstep and exchange == "amax"):
+        exchange = "none"
     streamed = chunk_rows > resident_tiles * tile_rows
     tma_form = None
     if stream_tma is None:
@@ -236,12 +250,13 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         num_stages = 1 if chunk_rows <= resident_tiles * tile_rows or prefetch else 2
     return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
-                      exchange=exchange if multi else "none", lockstep=lockstep and num_programs > 1,
+                      exchange=exchange, lockstep=lockstep,
                       num_warps=num_warps or 8, num_stages=num_stages, keys_once=keys_once,
                       prefetch=prefetch, l1_prefetch=l1_prefetch and multi, split_keys=split_keys,
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
-                      l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring)
+                      l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
+                      winner_stride=winner_stride)
 
 
 _workspaces: dict = {}
@@ -262,6 +277,16 @@ def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) 
             "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
         }
     return _workspaces[key]
+
+
+def _winner_slots(wsp: dict, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amax exchange's three winners slots ([3, BP, stride] zeros: a slot's reset value) and their step counter
+    (only grows). One pair per stride: a walk leaves the slots clean at its next two epochs in its own layout only."""
+    if f"winners{stride}" not in wsp:
+        block_rows = wsp["keys"].shape[2]
+        wsp[f"winners{stride}"] = torch.zeros(3, block_rows, stride, dtype=torch.int64, device=wsp["keys"].device)
+        wsp[f"arrive{stride}"] = torch.zeros(1, dtype=torch.int64, device=wsp["keys"].device)
+    return wsp[f"winners{stride}"], wsp[f"arrive{stride}"]
 
 
 def barrier_errors(device: torch.device | str = "cuda") -> int:
@@ -347,6 +372,7 @@ def head_walk(
     l2_prefetch: int | None = None,
     stream_tma: int | None = None,
     u_ring: bool = True,
+    winner_stride: int = WINNER_STRIDE,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -391,8 +417,8 @@ def head_walk(
             choose_streamed_l2_prefetch for partly streamed shards), stream_tma (streamed tiles through a TMA ring
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
-            streamed tiles' base logits by pointer loads, not through the ring): launch overrides for tests and
-            tuning.
+            streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
+            int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -491,7 +517,7 @@ def head_walk(
                     pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
                     l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
                     stream_tma=stream_tma if w2_scale is None and _tma_ok(w2_rows) and _tma_ok(base_logits) else 0,
-                    u_ring=u_ring, sampled=sampled)
+                    u_ring=u_ring, winner_stride=winner_stride, sampled=sampled)
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -541,6 +567,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     # [r, r] weight block per dot would not fit in shared memory).
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
     dummy = wsp["count"]
+    winners, arrive = _winner_slots(wsp, cfg.winner_stride) if cfg.exchange == "amax" else (None, None)
     w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
     args = dict(
@@ -566,6 +593,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
         w2_desc=w2_desc, u_desc=u_desc,
+        win_ptr=winners, arrive_ptr=arrive,
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
@@ -579,6 +607,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
         L2_BULK=not _interpreting(), STREAM_TMA=cfg.stream_tma, U_RING=cfg.u_ring,
+        WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
