@@ -661,9 +661,21 @@ TUNE_CASES_V15 = (
        for sampled in (False, True) for rows, base in AMAX_VS.items() if rows > 1 for ex in (base, "amax")])
 FLOORS_V15 = [(ex, rows) for rows, base in AMAX_VS.items() for ex in ("local", base, "amax")] + [
     ("amax1", 32, dict(exchange="amax", winner_stride=1))]
-# The bench's diagnostic exchange: none at all (kernel EXCHANGE 6; each program walks its own shard's best, tokens
+# Session 6 (HX, v16): after v15 (amax lost at b8 / b32: its floors 6.3 / 6.9 us a step against poll 3.5 / probe
+# 5.0), the rowmax exchange (program r reduces row r's [P] tagged keys, publishes the row's winner, every program
+# waits on the [B] winners) beside amax (packed rows, the default since v15) and each batch's measured exchange,
+# side by side; the sweep's `ours` takes this run's winner per batch.
+TUNE_CASES_V16 = (
+    [("tagged_v32k_b1", 32000, 1, dict(exchange="tagged"))]
+    + [(f"{'sampled_' if sampled else ''}{ex}_v{'32k' if vocab == 32000 else '152k'}_b{rows}", vocab, rows,
+        dict(exchange=ex, sampled=sampled))
+       for vocab in (32000, 151936) for sampled in (False, True) for rows, base in AMAX_VS.items() if rows > 1
+       for ex in (base, "amax", "rowmax")])
+FLOORS_V16 = [("tagged", 1)] + [(ex, rows) for rows, base in AMAX_VS.items() if rows > 1
+                                for ex in ("local", base, "amax", "rowmax")]
+# The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
-LOCAL_EXCHANGE = ("local", 6)
+LOCAL_EXCHANGE = ("local", 7)
 
 
 def _allow_local_exchange(walk) -> None:
@@ -711,6 +723,8 @@ LADDERS = {
                 scoring_by_batch=STREAMING_V13_BY_BATCH, cases=TUNE_CASES_V13, floors=[]),
     "v15": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")}, cases=TUNE_CASES_V15,
                 floors=FLOORS_V15),
+    "v16": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax", "rowmax")},
+                cases=TUNE_CASES_V16, floors=FLOORS_V16),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
