@@ -35,10 +35,14 @@
 #   MODE=sdiag  (session 5, GB call 1) the stacked GPU tests beside bench_gdn_verify.py --state-diag: at L16 b32 / b64
 #               the two-pass prep and state pass timed apart and together, the stacked candidates, a 64 MiB copy and
 #               the cuBLAS batched state product as floors -> $OUT/diag/gdn_verify_state_diag.json
-#   MODE=pdiag  (session 6, GB6 call 1) the persistent stacked GPU tests beside bench_gdn_verify.py --state-diag gb6
-#               (L16 b32 / b64: final8's picks and the persistent state passes, state alone and with the prep, the
-#               floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
-#               occupancy) on final8's b32 state pass and two persistent ones -> $OUT/diag/
+#   MODE=pdiag  (session 6, GB6 call 1, at fc316c5) the GPU tests of the forms under test beside bench_gdn_verify.py
+#               --state-diag gb6 (L16 b32 / b64: final8's picks and the candidates, prep / state pass alone and both,
+#               the floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
+#               occupancy) on the --ncu-target gb6 launches -> $OUT/diag/ (call 1 timed persistent state passes,
+#               since removed; the set now holds the TMA-load and tf32x3-prep forms)
+#   MODE=final9 (session 6, GB6) as final8 with --sweep-set tma9 (final8's picks as incumbents; the stacked picks with
+#               TMA loads and with the tf32x3 prep products, picked only when 2 % faster: --verify-margin 0.02) and the
+#               GPU tests of those forms through pytest-xdist
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -87,7 +91,7 @@ fi
 
 if [ "$MODE" = pdiag ]; then
     mkdir -p "$OUT/diag"
-    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k persistent \
+    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k "tma or prep-dot" \
         tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/diag/pytest.log" ) &
     timeout ${DIAG_S:-130} python3 eval/bench_gdn_verify.py --state-diag gb6 --rep-ms 20 --out "$OUT/diag" \
         --budget-s ${DIAG_BUDGET_S:-110} > "$OUT/diag/diag.log" 2>&1
@@ -140,7 +144,7 @@ if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -161,6 +165,10 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=short5 TEST_K="short_forms or hoisted-weight-tiles or hoisted-early-stores" SWEEP_CUT=120 \
             TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
+    elif [ "$MODE" = final9 ]; then
+        SWEEP_SET=tma9 TEST_K="tma or prep-dot" SWEEP_CUT=170 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-230} \
+            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-6}"
+        EXTRA="--sweep-lens 4,16 --no-fold --verify-margin 0.02 --stop-at-s ${STOP_AT_S:-200}"
     elif [ "$MODE" = final8 ]; then
         SWEEP_SET=stacked7 TEST_K="stacked or maxnreg or two-pass or two_pass" SWEEP_CUT=140 TEST_S=${TEST_S:-100} \
             BENCH_S=${BENCH_S:-230} GRID_S=${GRID_S:-1000} CUT=1500
@@ -174,10 +182,10 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     mkdir -p "$OUT/gdn"
     # FLA from the carried wheel (.whl, pure Python): the issue's second baseline
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
-        && export PYTHONPATH=/tmp/pk:/tmp/site
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
     rm -f /tmp/gpu_tests_done
     # the GPU tests compile while the bench precompiles (16 cores); the bench times nothing before they end
-    ( timeout $TEST_S python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu ${TEST_K:+-k "$TEST_K"} \
+    ( timeout $TEST_S python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu $XDIST ${TEST_K:+-k "$TEST_K"} \
         tests/ops/test_gdn_verify.py $TEST_FILES > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
     timeout $BENCH_S python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set $SWEEP_SET --precompile \
@@ -190,7 +198,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -169,11 +169,11 @@ VERIFY_CASES = [
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True),
                                     VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
                                                  stacked_dot="ieee"),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, persistent=2, loop_stages=3,
-                                                 state_tma=True)],
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True,
+                                                 prep_dot="tf32x3")],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
                               "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-ieee",
-                              "stacked-persistent-tma"])
+                              "stacked-tma-prep-dot-tf32x3"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -203,8 +203,8 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
 @needs_kernels
 @pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2),
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_maxnreg=128),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, persistent=1, loop_stages=2)],
-                         ids=["default", "two-pass", "stacked", "stacked-persistent"])
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, tma_loads=True)],
+                         ids=["default", "two-pass", "stacked", "stacked-tma-pdl-interpreted-without"])
 @pytest.mark.parametrize("length", [17, 6])
 def test_every_accept_position_over_layers(length, config):
     """Requests sharing one token block, accepting 0..L tokens; two layers with different states in one launch."""
@@ -266,12 +266,14 @@ def test_every_accept_position_over_layers(length, config):
                  id="two-pass-prep-maxnreg-interpreted-without"),
     pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128), False,
                  id="stacked-pdl-interpreted-without"),
-    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, persistent=1, loop_stages=2), False,
-                 id="stacked-persistent-pointers"),
-    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, persistent=4, loop_stages=3, state_tma=True),
-                 False, id="stacked-persistent-tma-bv-equals-v"),
-    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, persistent=1, loop_stages=4, state_tma=True,
-                              stacked_dot="tf32", num_warps=8), True, id="stacked-persistent-tma-tf32"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True, prep_maxnreg=128), False,
+                 id="stacked-tma"),
+    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, tma_loads=True, num_warps=8), False,
+                 id="stacked-tma-bv-equals-v"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True, tma_loads=True,
+                              stacked_dot="tf32"), True, id="stacked-tma-rolled-tf32"),
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_dot="tf32x3", tma_loads=True), False,
+                 id="stacked-prep-dot-tf32x3-tma"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -835,14 +837,12 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, pdl=True)
     with pytest.raises(ValueError, match="pdl needs one value block"):
         VerifyConfig(two_pass=True, stacked=True, pdl=True, whole_v=True)
-    for bad in (dict(two_pass=True, persistent=1), dict(two_pass=True, stacked=True, whole_v=True, persistent=1),
-                dict(two_pass=True, stacked=True, pdl=True, persistent=1)):
-        with pytest.raises(ValueError, match="persistent needs stacked"):
-            VerifyConfig(**bad)
-    with pytest.raises(ValueError, match="persistent must be"):
-        VerifyConfig(two_pass=True, stacked=True, persistent=17)
-    with pytest.raises(ValueError, match="state_tma needs persistent"):
-        VerifyConfig(two_pass=True, stacked=True, state_tma=True)
+    with pytest.raises(ValueError, match="tma_loads needs stacked"):
+        VerifyConfig(two_pass=True, tma_loads=True)
+    with pytest.raises(ValueError, match="prep_dot must be"):
+        VerifyConfig(two_pass=True, stacked=True, prep_dot="tf32")
+    with pytest.raises(ValueError, match="prep_dot needs stacked"):
+        VerifyConfig(two_pass=True, prep_dot="tf32x3")
 
 
 @needs_kernels
@@ -864,9 +864,9 @@ def test_stacked_rejects_an_explicit_fold_and_default_falls_back(small, monkeypa
 
 @needs_kernels
 @pytest.mark.parametrize("pad", [1, 4], ids=["slot-stride-4-bytes-off", "slot-stride-16-byte-multiple"])
-def test_persistent_state_tma_falls_back_to_pointers_where_tma_cannot_address(pad, caplog):
-    """TMA needs the slot stride in 16-byte multiples: a state view whose slots are 4 bytes apart from that gets the
-    pointer loads (one log line), with the same outputs; an aligned padded stride keeps the descriptor."""
+def test_tma_loads_fall_back_to_pointers_where_tma_cannot_address(pad, caplog):
+    """TMA needs the slot stride in 16-byte multiples: a state view whose slots are 4 bytes off that gets the pointer
+    loads (one log line), with the same outputs; an aligned padded stride keeps the descriptors."""
     from hybridspec_kernels.gdn_verify import stacked as stacked_mod
     lens = [5, 1, 12]
     p = make_problem(lens, head_v_dim=32, seed=31, null_requests=(1,))
@@ -874,37 +874,16 @@ def test_persistent_state_tma_falls_back_to_pointers_where_tma_cannot_address(pa
     padded = torch.full((slots, per_slot + pad), float("nan"), device=DEVICE)
     padded[:, :per_slot] = p["ssm_state"].reshape(slots, per_slot)
     p["ssm_state"] = padded.as_strided(p["ssm_state"].shape, (per_slot + pad, *p["ssm_state"].stride()[1:]))
-    assert (stacked_mod._state_descriptor(p["ssm_state"], 16) is None) == (pad == 1)
+    z_kq, _ = stacked_mod.stacked_scratch(DEVICE, len(lens), 2, 4, 16, 16)
+    descs = stacked_mod._tma_descriptors(p["ssm_state"], z_kq, 16, 16)
+    assert all(d is None for d in descs) == (pad == 1) and any(d is None for d in descs) == (pad == 1)
+    assert pad == 1 or len(descs[0].block_shape) == 3  # padded slots: the 3-D box
     stacked_mod.print_fallback_once.cache_clear()
-    config = VerifyConfig(block_v=16, two_pass=True, stacked=True, persistent=1, loop_stages=2, state_tma=True)
+    config = VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)
     with caplog.at_level("WARNING"):
         out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
     assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
     assert ("through pointers instead" in caplog.text) == (pad == 1)
-
-
-@needs_kernels
-def test_persistent_state_pass_falls_back_where_its_build_does_not_fit(monkeypatch, caplog):
-    """A persistent build that does not fit the GPU (OutOfResources at launch, e.g. BV 128 at L > 16) runs the
-    one-block-per-program state pass instead, with one log line."""
-    import triton
-    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
-
-    class TooBig:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise triton.runtime.errors.OutOfResources(345124, 232448, "shared memory")
-            return launch
-
-    monkeypatch.setattr(stacked_mod, "_stacked_state_persistent_kernel", TooBig())
-    stacked_mod.print_fallback_once.cache_clear()
-    lens = [17, 3]
-    p = make_problem(lens, head_v_dim=32, seed=33)
-    config = VerifyConfig(block_v=32, two_pass=True, stacked=True, persistent=1, loop_stages=2, state_tma=True)
-    with caplog.at_level("WARNING"):
-        out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
-    assert "one program per value block instead" in caplog.text
 
 
 def test_accepts_strided_slot_dimension(small):
@@ -1046,19 +1025,20 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  False, id="bf16-state-stacked-pdl"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128), False,
                  id="bf16-state-stacked-prep-maxnreg"),
-    # session 6 (GB6): the persistent stacked state pass (pointer loads / TMA ring; lens include 17: BT 32 builds)
-    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, persistent=1,
-                                             loop_stages=2), False, id="fp32-state-stacked-persistent"),
-    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, persistent=1,
-                                             loop_stages=3, state_tma=True), False, id="fp32-state-stacked-persistent-tma"),
-    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, persistent=1,
-                                              loop_stages=3, state_tma=True), False, id="bf16-state-stacked-persistent-tma"),
-    pytest.param(torch.float32, VerifyConfig(block_v=32, two_pass=True, stacked=True, prep_maxnreg=128, persistent=2,
-                                             loop_stages=3, state_tma=True), False,
-                 id="fp32-state-stacked-persistent-tma-bv32"),
-    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, two_pass=True, stacked=True, prep_maxnreg=128, persistent=1,
-                                              loop_stages=2, state_tma=True, num_warps=8), False,
-                 id="bf16-state-stacked-persistent-tma-bv128-falls-back-at-L17"),
+    # session 6 (GB6): the stacked state pass's shared-memory operands through TMA descriptors (lens include 17: BT 32)
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                             tma_loads=True), False, id="fp32-state-stacked-pdl-tma"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
+                                             tma_loads=True), False, id="fp32-state-stacked-tma"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                              prep_maxnreg=128, tma_loads=True), False, id="bf16-state-stacked-bv128-pdl-tma"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
+                                              tma_loads=True), False, id="bf16-state-stacked-tma"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                             prep_dot="tf32x3"), False, id="fp32-state-stacked-pdl-prep-dot-tf32x3"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                              tma_loads=True, prep_dot="tf32x3"), False,
+                 id="bf16-state-stacked-pdl-tma-prep-dot-tf32x3"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

@@ -134,15 +134,17 @@ def _conv_silu_t(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, 
 @triton.jit(do_not_specialize=["WS_LEN"])
 def _stacked_state_kernel(
     x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, z_kq, fac,
-    stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN,
+    stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, state_desc, z_desc,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
-    WAIT_PREP: tl.constexpr,
+    WAIT_PREP: tl.constexpr, TMA_LOADS: tl.constexpr = 0,
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. WAIT_PREP (one block
     per program, launched with programmatic dependent launch after the prep): the program loads its state block
-    and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors."""
+    and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors. TMA_LOADS:
+    the state block, Z and the factors (the products' shared-memory operands) come through host tensor descriptors
+    (`_tma_descriptors`): one TMA copy each instead of per-thread loads staged through registers."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -172,23 +174,40 @@ def _stacked_state_kernel(
     p_zt = z_kq + ((i_n * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None]  # Z^T [K, 2BT]
     p_fac = fac + ((i_n * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :]  # F^T [2BT, 2BT]
     p_et = fac + ((i_n * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :]  # E^T [BT, 2BT]
+    z_row = ((i_n * H + i_h) * 2 * BT).to(tl.int32)  # the k-head's rows of Z in the descriptor's 2-D view
     if WAIT_PREP:  # one block: state and v loads issued before waiting for the prep grid (its results come after)
         o_v = i_vs * BV + tl.arange(0, BV)
-        b_h = tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)  # [BV, K]
+        if not TMA_LOADS:
+            b_h = _state_block_load(p_state, state_desc, slot, i_hv * V + i_vs * BV, o_v, o_k, HV, V, K, BV, 0)
         o_xv = 2 * H * K + i_hv * V + o_v
         b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
         b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
         tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+        if TMA_LOADS:  # after the v loads are issued: a descriptor load waits for its copy right away
+            b_h = _state_block_load(p_state, state_desc, slot, i_hv * V + i_vs * BV, o_v, o_k, HV, V, K, BV,
+                                    TMA_LOADS)
         tl.extra.cuda.gdc_wait()
-        _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col, o_v,
-                       o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+        if TMA_LOADS:  # the factors' loads first: a descriptor load waits for its copy right after issuing it
+            b_ft = tl.load(p_fac)
+            b_et = tl.load(p_et)
+            _stacked_block(b_h, b_vc, tl.trans(z_desc.load([z_row, 0])), b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v,
+                           o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+        else:
+            _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col, o_v,
+                           o_c, m_c, BT, BIG_DOT, SMALL_DOT)
     else:
-        b_zt = tl.load(p_zt)
-        b_ft = tl.load(p_fac)
-        b_et = tl.load(p_et)
+        if TMA_LOADS:
+            b_ft = tl.load(p_fac)
+            b_et = tl.load(p_et)
+            b_zt = tl.trans(z_desc.load([z_row, 0]))
+        else:
+            b_zt = tl.load(p_zt)
+            b_ft = tl.load(p_fac)
+            b_et = tl.load(p_et)
         for i_vb in tl.range(0, V_PER_PROGRAM // BV, num_stages=LOOP_STAGES):
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
-            b_h = tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)  # [BV, K]
+            b_h = _state_block_load(p_state, state_desc, slot, i_hv * V + i_vs * V_PER_PROGRAM + i_vb * BV, o_v, o_k,
+                                    HV, V, K, BV, TMA_LOADS)
             o_xv = 2 * H * K + i_hv * V + o_v
             b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
             b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
@@ -197,66 +216,17 @@ def _stacked_state_kernel(
             tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
 
 
-@triton.jit(do_not_specialize=["WS_LEN", "NUM_ITEMS"])
-def _stacked_state_persistent_kernel(
-    x, conv_w, conv_b, conv_state, ssm_state, state_desc, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, z_kq,
-    fac, stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, NUM_ITEMS,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr, STATE_TMA: tl.constexpr,
-):
-    """The state pass as a fixed grid of programs, program p walking items p, p + P, p + 2P, ... (P programs);
-    item = (request, v-head, value block), request-major. One rolled `tl.range` loop over the items, pipelined with
-    LOOP_STAGES stages, so the next items' state blocks stream in while this one's products and stores run (one
-    block per program leaves each program's tail unoverlapped). Null-slot items compute on whatever the slot and
-    scratch hold and store only zeros to O (no branch in the loop body: the pipeliner would not cross it).
-    STATE_TMA: state blocks come through the host tensor descriptor `state_desc` ([slots, HV * V, K], box
-    [1, BV, K]): a TMA copy into a shared-memory ring instead of pointer loads."""
-    NUM_VB: tl.constexpr = V // BV
-    o_c = tl.arange(0, 2 * BT)  # output column: U token c (c < BT) or O token c - BT
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    o_bv = tl.arange(0, BV)
-    t_c = tl.where(o_c < BT, o_c, o_c - BT)
-    for item in tl.range(tl.program_id(0), NUM_ITEMS, tl.num_programs(0), num_stages=LOOP_STAGES):
-        i_n = item // (HV * NUM_VB)
-        i_hv = (item // NUM_VB) % HV
-        i_vb = item % NUM_VB
-        i_h = i_hv // (HV // H)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
-        slot = tl.load(state_indices + i_n).to(tl.int64)
-        live = slot > 0
-        live_len = tl.where(live, seqlen, 0)  # a null slot's row stores O zeros and nothing else
-        m_t = o_t < seqlen
-        m_c = t_c < seqlen
-        if HAS_WS_ROWS:
-            ws_base = tl.load(ws_rows + i_n).to(tl.int64) * WS_LEN
-        else:
-            ws_base = i_n.to(tl.int64) * WS_LEN
-        o_v = i_vb * BV + o_bv
-        if STATE_TMA:
-            b_h = state_desc.load([slot.to(tl.int32), i_hv * V + i_vb * BV, 0]).reshape(BV, K).to(tl.float32)
-        else:
-            b_h = tl.load(ssm_state + slot * stride_ssm_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :])
-            b_h = b_h.to(tl.float32)
-        o_xv = 2 * H * K + i_hv * V + o_v
-        b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
-        b_vc = _conv_silu_t(x, stride_x, conv_state + slot * stride_conv_slot, conv_w, conv_b, bos, o_t, m_t, o_xv,
-                            D, W, HAS_BIAS)
-        b_zt = tl.load(z_kq + ((i_n * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None])
-        p_f = fac + (i_n * HV + i_hv) * 3 * BT * 2 * BT
-        b_ft = tl.load(p_f + o_c[:, None] * 2 * BT + o_c[None, :])
-        b_et = tl.load(p_f + (2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])
-        b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
-        b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
-        b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
-        p_u_col = ((ws_base + t_c) * HV + i_hv) * V
-        p_o_col = ((bos + t_c) * HV + i_hv) * V
-        tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=((t_c < live_len) & (o_c < BT))[None, :])
-        tl.store(o + p_o_col[None, :] + o_v[:, None], tl.where(live, b_y, 0.0).to(o.dtype.element_ty),
-                 mask=(m_c & (o_c >= BT))[None, :])
-        tl.store(ws_x + (ws_base + o_t[None, :]) * D + o_xv[:, None], b_xv, mask=(o_t < live_len)[None, :])
+@triton.jit
+def _state_block_load(p_state, state_desc, slot, row, o_v, o_k, HV: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+                      BV: tl.constexpr, TMA_LOADS: tl.constexpr):
+    """[BV, K] fp32 state block: rows `row` .. `row` + BV of the slot's [HV * V, K] state through a 2-D (all slots as
+    one matrix) or 3-D (slot, row, k) descriptor (TMA_LOADS 2 / 3), or the same rows o_v of the v-head's block at
+    p_state through pointers (0)."""
+    if TMA_LOADS == 2:  # slots contiguous: one [slots * HV * V, K] matrix
+        return state_desc.load([(slot * (HV * V) + row).to(tl.int32), 0]).to(tl.float32)
+    if TMA_LOADS == 3:
+        return state_desc.load([slot.to(tl.int32), row, 0]).reshape(BV, K).to(tl.float32)
+    return tl.load(p_state + o_v[:, None] * K + o_k[None, :]).to(tl.float32)
 
 
 @triton.jit
@@ -293,73 +263,42 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
             conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
             W=width, BT=block_t, HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
-            BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
+            BIG_DOT=big_dot, SMALL_DOT=small_dot if config.prep_dot == "ieee" else config.prep_dot,
+            HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
             num_warps=config.prep_warps, **prep_opts,
         )
-    if "state" in parts and not (config.persistent and _launch_persistent_state(
-            mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace, ws_rows,
-            z_kq, fac, config, num_k_heads, block_t, big_dot, has_rows)):
+    if "state" in parts:
         block_v = min(config.block_v, head_v_dim)
         v_per_program = head_v_dim if config.whole_v else block_v
+        descs = _tma_descriptors(ssm_state, z_kq, block_v, block_t) if config.tma_loads else (None, None)
         _stacked_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
             mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
             workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0), ssm_state.stride(0),
-            workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
-            BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot,
-            SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1), HAS_WS_ROWS=has_rows,
-            WAIT_PREP=pdl, num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
+            workspace.max_len, *descs, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim,
+            W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
+            BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
+            HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0, num_warps=config.num_warps,
+            **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
 
 
-def _launch_persistent_state(mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out,
-                             workspace, ws_rows, z_kq, fac, config, num_k_heads, block_t, big_dot, has_rows):
-    """The persistent state pass; False (and one log line) where its build does not fit the GPU (e.g. the 32-token
-    tiles of L > 16 at BV 128: ~345 KB of shared memory), so that the caller runs the one-block-per-program pass."""
-    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
-    width, conv_dim = conv_wT.shape
-    block_v = min(config.block_v, head_v_dim)
-    num_requests = cu_seqlens.shape[0] - 1
-    num_items = num_requests * num_v_heads * (head_v_dim // block_v)
-    state_desc = _state_descriptor(ssm_state, block_v) if config.state_tma else None
-    try:
-        _stacked_state_persistent_kernel[(max(1, min(num_items, config.persistent * _num_sms(out.device))),)](
-            mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_desc, state_indices, cu_seqlens, out,
-            workspace.u, workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0),
-            ssm_state.stride(0), workspace.max_len, num_items, H=num_k_heads, HV=num_v_heads, K=head_k_dim,
-            V=head_v_dim, D=conv_dim, W=width, BT=block_t, BV=block_v, HAS_BIAS=conv_bias is not None,
-            BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
-            HAS_WS_ROWS=has_rows, STATE_TMA=state_desc is not None, num_warps=config.num_warps,
-        )
-    except triton.runtime.errors.OutOfResources as exc:
-        print_fallback_once(f"persistent stacked state pass (BT {block_t}, BV {block_v}) does not fit: {exc}; "
-                            "one program per value block instead")
-        return False
-    return True
-
-
-# Programs per SM times this is the persistent grid; the interpreter has no SMs: a few programs, each walking
-# several items, is what its tests need to see
-INTERPRETER_SMS = 3
-
-
-def _num_sms(device):
-    if _interpreting() or device.type != "cuda":
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _state_descriptor(ssm_state, block_v):
-    """Host TMA descriptor over one layer's states as [slots, HV * V, K] (box [1, BV, K]), or None where TMA cannot
-    address them (slot stride or base not 16-byte aligned): the persistent pass then loads through pointers."""
+def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
+    """Host TMA descriptors of the state pass: the states (all slots as one [slots * HV * V, K] matrix in [BV, K] boxes
+    when slots are contiguous, else [slots, HV * V, K] in [1, BV, K] boxes) and Z ([B * H * 2BT, K] in [2BT, K] boxes);
+    (None, None), with one log line, where TMA cannot address the states (slot stride or base not 16-byte aligned)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
-        print_fallback_once("state_tma: ssm state slots are not 16-byte aligned; loading state blocks through "
+        print_fallback_once("tma_loads: ssm state slots are not 16-byte aligned; loading state blocks through "
                             "pointers instead")
-        return None
-    return TensorDescriptor(ssm_state, [num_slots, num_v_heads * head_v_dim, head_k_dim],
-                            [ssm_state.stride(0), head_k_dim, 1], [1, block_v, head_k_dim])
+        return None, None
+    if ssm_state.stride(0) == num_v_heads * head_v_dim * head_k_dim:  # a 2-D box feeds the product as loaded
+        state = TensorDescriptor.from_tensor(ssm_state.view(-1, head_k_dim), [block_v, head_k_dim])
+    else:  # padded slots (vLLM's interleaved pages): a 3-D box, reshaped
+        state = TensorDescriptor(ssm_state, [num_slots, num_v_heads * head_v_dim, head_k_dim],
+                                 [ssm_state.stride(0), head_k_dim, 1], [1, block_v, head_k_dim])
+    return state, TensorDescriptor.from_tensor(z_kq.view(-1, head_k_dim), [2 * block_t, head_k_dim])
 
 
 @functools.lru_cache(maxsize=None)

@@ -652,11 +652,13 @@ class VerifyConfig:
     # two_pass: the prep launch's register cap (maxnreg; 0 = none): 128 lets 4 prep programs of 4 warps share an SM,
     # i.e. the 512 (k-head, request) programs of batch 32 run in one wave instead of two
     prep_maxnreg: int = 0
-    # session 6, GB6 (stacked): the state pass as persistent programs (this many per SM) walking (request, v-head,
-    # value block) items in a loop pipelined over loop_stages stages; state_tma: its state blocks through a TMA
-    # descriptor (a shared-memory ring filled by TMA) instead of pointer loads
-    persistent: int = 0
-    state_tma: bool = False
+    # session 6, GB6 (stacked): the state pass's state block, Z and factors come through host TMA descriptors (one
+    # copy each into shared memory, where the products read them) instead of per-thread loads staged in registers
+    tma_loads: bool = False
+    # session 6, GB6 (stacked): the prep's [BT, BT] factor products (Neumann steps, attn Mb): "ieee" FMA products (a
+    # shared-memory round trip and barrier each) or "tf32x3" tensor-core products (register shuffles, half the
+    # barriers, ~fp32 accurate)
+    prep_dot: str = "ieee"
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -691,12 +693,12 @@ class VerifyConfig:
             raise ValueError("pdl needs one value block per program (no whole_v)")
         if self.stacked_dot not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
-        if self.persistent and (not self.stacked or self.whole_v or self.pdl):
-            raise ValueError("persistent needs stacked, one value block per item (no whole_v) and no pdl")
-        if not 0 <= self.persistent <= 16:
-            raise ValueError(f"persistent must be 0..16 programs per SM, got {self.persistent}")
-        if self.state_tma and not self.persistent:
-            raise ValueError("state_tma needs persistent")
+        if self.tma_loads and not self.stacked:
+            raise ValueError("tma_loads needs stacked")
+        if self.prep_dot not in ("ieee", "tf32x3"):
+            raise ValueError(f"prep_dot must be ieee or tf32x3, got {self.prep_dot}")
+        if self.prep_dot != "ieee" and not self.stacked:
+            raise ValueError("prep_dot needs stacked")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
