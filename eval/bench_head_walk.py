@@ -646,33 +646,45 @@ TUNE_CASES_V13 = ([(f"{name}_v152k_b{rows}", 151936, rows, kw) for rows, variant
                    for name, kw in variants.items()]
                   + [(f"{name}_v152k_b{rows}", 151936, rows, dict(kw, sampled=True)) for name, rows, kw in SAMPLED_V13])
 # Session 6 (HX, v15): the amax exchange (atomic max into one [B] winners slot a step, one arrival on a step counter,
-# [B] winners read back; "amax1": the rows' winners packed in one line instead of a line each) against each batch's
+# [B] winners read back; "amax": a line a row, as measured then; "amax1": the rows packed) against each batch's
 # measured exchange (b1 tagged, b8 poll, b32 probe, b64 poll), greedy and sampled, 32k and 152k (the plan's streamed
 # forms otherwise). Sync floors of every exchange beside "local" (no exchange: the step's own cost).
 AMAX_VS = {1: "tagged", 8: "poll", 32: "probe", 64: "poll"}
+AMAX16 = dict(exchange="amax", winner_stride=16)
 TUNE_CASES_V15 = (
-    [(f"{ex}_v32k_b{rows}", 32000, rows, dict(exchange=ex)) for rows, base in AMAX_VS.items()
+    [(f"{ex}_v32k_b{rows}", 32000, rows, AMAX16 if ex == "amax" else dict(exchange=ex)) for rows, base in AMAX_VS.items()
      for ex in (base, "amax")]
     + [("poll_v32k_b32", 32000, 32, dict(exchange="poll"))]
     + [(f"amax1_v32k_b{rows}", 32000, rows, dict(exchange="amax", winner_stride=1)) for rows in (8, 32, 64)]
-    + [(f"sampled_{ex}_v32k_b{rows}", 32000, rows, dict(exchange=ex, sampled=True))
+    + [(f"sampled_{ex}_v32k_b{rows}", 32000, rows, dict(AMAX16 if ex == "amax" else dict(exchange=ex), sampled=True))
        for rows, base in AMAX_VS.items() if rows > 1 for ex in (base, "amax")]
-    + [(f"{'sampled_' if sampled else ''}{ex}_v152k_b{rows}", 151936, rows, dict(exchange=ex, sampled=sampled))
+    + [(f"{'sampled_' if sampled else ''}{ex}_v152k_b{rows}", 151936, rows,
+        dict(AMAX16 if ex == "amax" else dict(exchange=ex), sampled=sampled))
        for sampled in (False, True) for rows, base in AMAX_VS.items() if rows > 1 for ex in (base, "amax")])
-FLOORS_V15 = [(ex, rows) for rows, base in AMAX_VS.items() for ex in ("local", base, "amax")] + [
-    ("amax1", 32, dict(exchange="amax", winner_stride=1))]
+FLOORS_V15 = [(ex, rows, AMAX16) if ex == "amax" else (ex, rows) for rows, base in AMAX_VS.items()
+              for ex in ("local", base, "amax")] + [("amax1", 32, dict(exchange="amax", winner_stride=1))]
 # Session 6 (HX, v16): after v15 (amax lost at b8 / b32: its floors 6.3 / 6.9 us a step against poll 3.5 / probe
-# 5.0), the rowmax exchange (program r reduces row r's [P] tagged keys, publishes the row's winner, every program
-# waits on the [B] winners) beside amax (packed rows, the default since v15) and each batch's measured exchange,
-# side by side; the sweep's `ours` takes this run's winner per batch.
+# 5.0), amax (packed rows, the default since v15) beside each batch's measured exchange, side by side; the sweep's
+# `ours` takes this run's winner per batch. As measured (0d1d3c4) it also ran the rowmax exchange (program r reduces
+# row r's [P] tagged keys and publishes the row's winner, every program waits on the [B] winners): slower at every
+# batch, removed (code at 0d1d3c4).
 TUNE_CASES_V16 = (
     [("tagged_v32k_b1", 32000, 1, dict(exchange="tagged"))]
     + [(f"{'sampled_' if sampled else ''}{ex}_v{'32k' if vocab == 32000 else '152k'}_b{rows}", vocab, rows,
         dict(exchange=ex, sampled=sampled))
        for vocab in (32000, 151936) for sampled in (False, True) for rows, base in AMAX_VS.items() if rows > 1
-       for ex in (base, "amax", "rowmax")])
+       for ex in (base, "amax")])
 FLOORS_V16 = [("tagged", 1)] + [(ex, rows) for rows, base in AMAX_VS.items() if rows > 1
-                                for ex in ("local", base, "amax", "rowmax")]
+                                for ex in ("local", base, "amax")]
+# Session 6 (HX, v17): the amax rows' winners spread over the L2 (512 B / 4 KB / 32 KB apart): v15 / v16 say the
+# exchange costs ~8.5 ns per L2 request on one slice (125 programs' atomics serialize where their line lands), so
+# rows on different slices should cost about what one row costs (b1: +0.3 us over tagged).
+AMAX_SPREAD = {f"amax{s}": dict(exchange="amax", winner_stride=s) for s in (64, 512, 4096)}
+TUNE_CASES_V17 = [
+    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")), ("amax512_v32k_b32", 32000, 32, AMAX_SPREAD["amax512"]),
+    ("amax4096_v32k_b32", 32000, 32, AMAX_SPREAD["amax4096"]), ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
+    ("amax512_v32k_b8", 32000, 8, AMAX_SPREAD["amax512"]), ("amax512_v32k_b64", 32000, 64, AMAX_SPREAD["amax512"])]
+FLOORS_V17 = [("probe", 32), ("amax", 32)] + [(name, 32, kw) for name, kw in AMAX_SPREAD.items()]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -723,8 +735,9 @@ LADDERS = {
                 scoring_by_batch=STREAMING_V13_BY_BATCH, cases=TUNE_CASES_V13, floors=[]),
     "v15": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")}, cases=TUNE_CASES_V15,
                 floors=FLOORS_V15),
-    "v16": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax", "rowmax")},
+    "v16": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")},
                 cases=TUNE_CASES_V16, floors=FLOORS_V16),
+    "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -296,30 +296,6 @@ def _publish_tagged(keys_ptr, slot, pid, best, tag, NUM_PROGS: tl.constexpr, BP:
 
 
 @triton.jit
-def _exchange_rowmax(keys_ptr, win_ptr, slot, pid, tag, num_rows, err_ptr, o_b, NUM_PROGS: tl.constexpr,
-                     PP: tl.constexpr, BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """Exchange "rowmax" (after _publish_tagged; several rows, num_rows <= NUM_PROGS): program r < num_rows is row
-    r's reducer: every thread spins on its own slots of column r ([P] tagged keys, as the one-row exchange does on
-    column 0), one CTA-wide max, and the row's winner (it keeps the step's tag) is published to win_ptr[slot, r].
-    Then every program spins on the [BP] winners (padding rows on row 0's). Per program and step: [B] keys out,
-    [P] keys in for a reducer, [B] winners in: no [P, B] read and no [P, B] reduction, one hop more than probe.
-
-    Slot reuse (slot = k % 2): row r's winner of step k is overwritten at step k + 2 only after its reducer read
-    every program's step k + 2 key, which each program published after it had read step k + 1's winners, so
-    after step k's."""
-    err_addr = err_ptr.to(tl.int64)
-    if pid < num_rows:
-        o_p = tl.arange(0, PP)
-        # Padding lanes poll this program's own key of the row, which holds this step's key already.
-        prog = tl.where(o_p < NUM_PROGS, o_p, pid)
-        keys = _spin_tagged(keys_ptr + slot * NUM_PROGS * BP + prog * BP + pid, tl.full([PP], 0, tl.int32) + tag,
-                            err_addr + 0 * o_p, SPIN_LIMIT)
-        _publish_relaxed(win_ptr + slot * BP + pid, tl.max(keys, axis=0))
-    row = tl.where(o_b < num_rows, o_b, 0)
-    return _spin_tagged(win_ptr + slot * BP + row, tl.full([BP], 0, tl.int32) + tag, err_addr + 0 * o_b, SPIN_LIMIT)
-
-
-@triton.jit
 def _winner_key(best):
     """An exchange key made non-negative with its order kept: the value's 32 bits (sign flipped) move down over the
     tag bits 18-49, the id stays in bits 0-17. A winners slot reset to 0 then loses to every key of a step, and
@@ -815,13 +791,11 @@ def head_walk_kernel(
     # EXCHANGE 5 "amax" (_exchange_amax; win_ptr: 3 winners slots of [BP] keys, WIN_STRIDE int64 apart; arrive_ptr:
     # its step counter): with MULTI the persistent exchange; without, the lockstep form (each launch reads the last
     # step's winners from their slot and folds its own keys into the next). INLINE_PTX: the arrival and the wait
-    # in PTX (False: Triton atomics, for the interpreter). EXCHANGE 6 "rowmax" (MULTI, tagged keys; several rows,
-    # num_rows <= NUM_PROGS; win_ptr: [2, BP] tagged winners): _exchange_rowmax; one row walks the tagged exchange.
-    # EXCHANGE 7 (with MULTI; the bench's sync floors only): no exchange at all, each program walks its own shard's
-    # best (wrong tokens): the step without any exchange.
+    # in PTX (False: Triton atomics, for the interpreter). EXCHANGE 7 (with MULTI; the bench's sync floors only): no
+    # exchange at all, each program walks its own shard's best (wrong tokens): the step without any exchange.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
-    TAGGED: tl.constexpr = MULTI and ((EXCHANGE >= 2 and EXCHANGE <= 4) or EXCHANGE == 6)
+    TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2 and EXCHANGE <= 4
     AMAX: tl.constexpr = EXCHANGE == 5
     LOCAL: tl.constexpr = MULTI and EXCHANGE == 7
     # Exchanges that leave each step's winning keys in registers (`winners`, or `best0` for one row).
@@ -1249,9 +1223,6 @@ def head_walk_kernel(
             if KB == 1:
                 best0 = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, None, err_ptr, num_rows, w1_ptr,
                                          stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
-            elif EXCHANGE == 6:
-                winners = _exchange_rowmax(keys_ptr, win_ptr, k % 2, pid, tag, num_rows, err_ptr, o_b, NUM_PROGS, PP,
-                                           BP, SPIN_LIMIT)
             else:
                 winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
                                            stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)

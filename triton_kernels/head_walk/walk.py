@@ -33,14 +33,13 @@ RESIDENCIES = ("auto", "full", "partial", "off")
 # column 0, then one batch of loads brings every live key and re-polls the few still missing), "poll" (that batch
 # of loads and re-polls from the start), "amax" (every program folds its row bests into one [B] winners slot with
 # atomic max, arrives on a step counter and reads the [B] winners back: traffic that does not grow with the
-# programs), "rowmax" (tagged keys; program r reduces row r's [P] keys and publishes the row's tagged winner, every
-# program waits on the [B] winners; needs B <= programs, else poll), "auto" (choose_exchange). With one row, probe,
-# poll and rowmax are tagged.
-EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll", "amax", "rowmax")
-EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4, "amax": 5, "rowmax": 6}
+# programs), "auto" (choose_exchange). With one row, probe and poll are tagged.
+EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll", "amax")
+EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4, "amax": 5}
 # amax: int64 entries between two rows' winners. Packed (1) measured faster than a 128-byte line a row (16) at every
 # batch (H200, 32k block 15, ladder v15 at 76ac2af: b8 71.5 vs 82.3 us, b32 119.8 vs 127.9, b64 140.8 vs 150.8).
 WINNER_STRIDE = 1
+MAX_WINNER_STRIDE = 4096
 MAX_ROWS_PER_LAUNCH = 64
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
@@ -180,8 +179,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"num_warps must be 4, 8 or 16, got {num_warps}")
     if l2_prefetch is not None and l2_prefetch < 0:
         raise ValueError(f"l2_prefetch must be >= 0, got {l2_prefetch}")
-    if winner_stride not in (1, 2, 4, 8, 16):
-        raise ValueError(f"winner_stride must be 1, 2, 4, 8 or 16, got {winner_stride}")
+    if winner_stride < 1 or winner_stride > MAX_WINNER_STRIDE or winner_stride & (winner_stride - 1):
+        raise ValueError(f"winner_stride must be a power of two in [1, {MAX_WINNER_STRIDE}], got {winner_stride}")
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
@@ -226,9 +225,6 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     lockstep = lockstep and num_programs > 1
     if not (multi or lockstep and exchange == "amax"):
         exchange = "none"
-    if exchange == "rowmax" and min(num_rows, MAX_ROWS_PER_LAUNCH) > num_programs:
-        # A row without its reducer program would never get a winner.
-        exchange = "poll"
     streamed = chunk_rows > resident_tiles * tile_rows
     tma_form = None
     if stream_tma is None:
@@ -278,8 +274,6 @@ def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) 
             "count": torch.zeros(1, dtype=torch.int64, device=device),
             "gen": torch.zeros(programs, dtype=torch.int64, device=device),
             "err": torch.zeros(1, dtype=torch.int32, device=device),
-            # rowmax: [2, BP] tagged row winners (zeros: tag 0 never matches).
-            "row_winners": torch.zeros(2, block_rows, dtype=torch.int64, device=device),
             "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
             "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
         }
@@ -575,8 +569,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
     dummy = wsp["count"]
     winners, arrive = _winner_slots(wsp, cfg.winner_stride) if cfg.exchange == "amax" else (None, None)
-    if cfg.exchange == "rowmax":
-        winners = wsp["row_winners"]
     w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
     args = dict(
