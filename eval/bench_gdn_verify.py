@@ -702,6 +702,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     for B in batches:
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False, ssm_dtype=ssm_dtype)
         n = accept_counts(seqlen, B, "all", device)
+        challengers = {}  # part -> the fastest eligible config outside `incumbents` at this batch: (config, us)
         for config in configs:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
             if folded:
@@ -715,8 +716,16 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                     continue
                 err = errs.get(repr(config))
                 rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
-                margin = 0.0 if config in incumbents else verify_margin
-                if default_eligible(config) and ok(err) and us * (1 + margin) < best.get(B, (None, float("inf")))[1]:
+                top = best if config in incumbents else challengers.setdefault(part, {})
+                if default_eligible(config) and ok(err) and us < top.get(B, (None, float("inf")))[1]:
+                    top[B] = (config, us)
+        # the fastest challenger replaces the fastest incumbent only when faster by the margin (session 6's final9
+        # compared each challenger with the best so far, challengers included: its b64 picks are the first
+        # challenger over the margin, 1.3-1.5 % slower than the fastest one)
+        for part, best in (("verify", best_verify), ("verify_fold", best_fold)):
+            if B in challengers.get(part, {}):
+                config, us = challengers[part][B]
+                if us * (1 + verify_margin) < best.get(B, (None, float("inf")))[1]:
                     best[B] = (config, us)
         for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
             if is_short(recon) and (seqlen > RANK1_MAX_LEN or (recon.get("early") and seqlen > SHORT_MAX_LEN)):
