@@ -623,8 +623,8 @@ SWEEP_VERIFY_BF16RECON = [VerifyConfig(**_B1, **_ES), VerifyConfig(block_v=64, t
                                                                    prep_maxnreg=128)]
 # --sweep-set tma9 (session 6, GB6; with --verify-margin): final8's picks first (the incumbents), then the stacked
 # picks with TMA loads of the state block and Z (triton 3.6, L16 b32 pick: 1,352 -> 1,264 instructions, 106 -> 98
-# registers, shared memory unchanged) and with the prep's factor products as tf32x3 tensor-core products (prep: 65 ->
-# 33 barriers, 271 -> 91 LDS, 3,744 -> 5,592 instructions with 442 shuffles)
+# registers, shared memory unchanged). final9 (901b3f2) also timed the prep's factor products as tf32x3 tensor-core
+# products (`prep_dot`, removed: 4-10 % slower in every cell)
 _PC9 = dict(two_pass=True, stacked=True, prep_maxnreg=128)
 SWEEP_VERIFY_TMA9 = [
     VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES),  # b1 picks (L4 / L16)
@@ -634,10 +634,6 @@ SWEEP_VERIFY_TMA9 = [
     VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PC9),
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC9),
     VerifyConfig(block_v=64, tma_loads=True, **_PC9),
-    VerifyConfig(block_v=64, pdl=True, prep_dot="tf32x3", **_PC9),
-    VerifyConfig(block_v=64, prep_dot="tf32x3", **_PC9),
-    VerifyConfig(block_v=64, pdl=True, tma_loads=True, prep_dot="tf32x3", **_PC9),
-    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, prep_dot="tf32x3", **_PC9),
 ]
 SWEEP_INCUMBENTS = {"tma9": 5}  # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
@@ -1030,17 +1026,15 @@ STATE_DIAG_PDL = [VerifyConfig(block_v=64, pdl=True, **_ST), VerifyConfig(block_
                   VerifyConfig(block_v=64, pdl=True, prep_maxnreg=128, **_ST)]
 
 # Session 6 (GB6): call 1 (fc316c5) timed persistent state passes here (removed: 1.25-2x slower than the per-block
-# pass); now the per-block stacked pass with TMA loads of its state block and Z, and the prep's factor products on
-# tensor cores (tf32x3), beside final8's picks (the first config is the reference every graph replay is compared with;
-# the prep is timed alone with the second)
+# pass); now the per-block stacked pass with TMA loads of its state block and Z beside final8's picks (the first
+# config is the reference every graph replay is compared with)
 _PC = dict(prep_maxnreg=128, **_ST)
 STATE_DIAG_GB6 = [
     VerifyConfig(block_v=64, pdl=True, **_PC),  # final8's L16 b32 pick: the reference
     VerifyConfig(block_v=64, **_PC),  # final8's L16 b64 pick (per-block state pass without PDL)
     VerifyConfig(block_v=64, tma_loads=True, **_PC),
-    VerifyConfig(block_v=64, prep_dot="tf32x3", **_PC),
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC),
-    VerifyConfig(block_v=64, pdl=True, tma_loads=True, prep_dot="tf32x3", **_PC),
+    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PC),  # final9's b64 pick
 ]
 STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6}
 
@@ -1179,8 +1173,8 @@ NCU_TARGETS = {
     # v4: v2 per-head at batch 1 and the rolled whole-V kernel at batch 32
     "v4": ((1, VerifyConfig(block_v=32)), (32, VerifyConfig(block_v=32, whole_v=True, loop_stages=2)),
            (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))),
-    # session 6 (GB6): final8's b32 pick without PDL (ncu serialises launches), with TMA loads, with the tf32x3 prep
-    "gb6": ((32, STATE_DIAG_GB6[1]), (32, STATE_DIAG_GB6[2]), (32, STATE_DIAG_GB6[3])),
+    # session 6 (GB6): final8's b32 pick without PDL (ncu serialises launches), the same with TMA loads
+    "gb6": ((32, STATE_DIAG_GB6[1]), (32, STATE_DIAG_GB6[2])),
 }
 
 
@@ -1221,7 +1215,7 @@ def main():
                         help="a few eager launches to profile with ncu (default set v4)")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
                         help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
-                             "default), gb6 (session 6: TMA loads, the tf32x3 prep)")
+                             "default), gb6 (session 6: TMA loads)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")

@@ -39,10 +39,10 @@
 #               --state-diag gb6 (L16 b32 / b64: final8's picks and the candidates, prep / state pass alone and both,
 #               the floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
 #               occupancy) on the --ncu-target gb6 launches -> $OUT/diag/ (call 1 timed persistent state passes,
-#               since removed; the set now holds the TMA-load and tf32x3-prep forms)
+#               since removed; the set now holds the TMA-load forms)
 #   MODE=final9 (session 6, GB6) as final8 with --sweep-set tma9 (final8's picks as incumbents; the stacked picks with
-#               TMA loads and with the tf32x3 prep products, picked only when 2 % faster: --verify-margin 0.02) and the
-#               GPU tests of those forms through pytest-xdist
+#               TMA loads, picked only when 2 % faster: --verify-margin 0.02; the run at 901b3f2 also timed the tf32x3
+#               prep products, since removed) and the GPU tests of those forms through pytest-xdist
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -91,7 +91,7 @@ fi
 
 if [ "$MODE" = pdiag ]; then
     mkdir -p "$OUT/diag"
-    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k "tma or prep-dot" \
+    ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k tma \
         tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/diag/pytest.log" ) &
     timeout ${DIAG_S:-130} python3 eval/bench_gdn_verify.py --state-diag gb6 --rep-ms 20 --out "$OUT/diag" \
         --budget-s ${DIAG_BUDGET_S:-110} > "$OUT/diag/diag.log" 2>&1
@@ -166,7 +166,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
             TEST_S=${TEST_S:-80} BENCH_S=${BENCH_S:-240} GRID_S=${GRID_S:-1000} CUT=1500
         EXTRA="--sweep-lens 4,16 --no-fold --stop-at-s ${STOP_AT_S:-200}"
     elif [ "$MODE" = final9 ]; then
-        SWEEP_SET=tma9 TEST_K="tma or prep-dot" SWEEP_CUT=170 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-230} \
+        SWEEP_SET=tma9 TEST_K="tma" SWEEP_CUT=170 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-230} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-6}"
         EXTRA="--sweep-lens 4,16 --no-fold --verify-margin 0.02 --stop-at-s ${STOP_AT_S:-200}"
     elif [ "$MODE" = final8 ]; then

@@ -169,11 +169,10 @@ VERIFY_CASES = [
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True),
                                     VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
                                                  stacked_dot="ieee"),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True,
-                                                 prep_dot="tf32x3")],
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
                               "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-ieee",
-                              "stacked-tma-prep-dot-tf32x3"])
+                              "stacked-tma"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -272,8 +271,6 @@ def test_every_accept_position_over_layers(length, config):
                  id="stacked-tma-bv-equals-v"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True, tma_loads=True,
                               stacked_dot="tf32"), True, id="stacked-tma-rolled-tf32"),
-    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_dot="tf32x3", tma_loads=True), False,
-                 id="stacked-prep-dot-tf32x3-tma"),
 ])
 def test_launch_configs_match_naive(config, outer_loop):
     lens = [9, 3, 14]
@@ -839,10 +836,6 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, stacked=True, pdl=True, whole_v=True)
     with pytest.raises(ValueError, match="tma_loads needs stacked"):
         VerifyConfig(two_pass=True, tma_loads=True)
-    with pytest.raises(ValueError, match="prep_dot must be"):
-        VerifyConfig(two_pass=True, stacked=True, prep_dot="tf32")
-    with pytest.raises(ValueError, match="prep_dot needs stacked"):
-        VerifyConfig(two_pass=True, prep_dot="tf32x3")
 
 
 @needs_kernels
@@ -1034,11 +1027,6 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                                               prep_maxnreg=128, tma_loads=True), False, id="bf16-state-stacked-bv128-pdl-tma"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
                                               tma_loads=True), False, id="bf16-state-stacked-tma"),
-    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
-                                             prep_dot="tf32x3"), False, id="fp32-state-stacked-pdl-prep-dot-tf32x3"),
-    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
-                                              tma_loads=True, prep_dot="tf32x3"), False,
-                 id="bf16-state-stacked-pdl-tma-prep-dot-tf32x3"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     lens = [17, 4, 1, 16, 9]

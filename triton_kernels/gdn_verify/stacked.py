@@ -263,8 +263,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
             conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
             W=width, BT=block_t, HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
-            BIG_DOT=big_dot, SMALL_DOT=small_dot if config.prep_dot == "ieee" else config.prep_dot,
-            HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
+            BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
             num_warps=config.prep_warps, **prep_opts,
         )
     if "state" in parts:

@@ -655,10 +655,6 @@ class VerifyConfig:
     # session 6, GB6 (stacked): the state pass's state block, Z and factors come through host TMA descriptors (one
     # copy each into shared memory, where the products read them) instead of per-thread loads staged in registers
     tma_loads: bool = False
-    # session 6, GB6 (stacked): the prep's [BT, BT] factor products (Neumann steps, attn Mb): "ieee" FMA products (a
-    # shared-memory round trip and barrier each) or "tf32x3" tensor-core products (register shuffles, half the
-    # barriers, ~fp32 accurate)
-    prep_dot: str = "ieee"
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -695,10 +691,6 @@ class VerifyConfig:
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if self.tma_loads and not self.stacked:
             raise ValueError("tma_loads needs stacked")
-        if self.prep_dot not in ("ieee", "tf32x3"):
-            raise ValueError(f"prep_dot must be ieee or tf32x3, got {self.prep_dot}")
-        if self.prep_dot != "ieee" and not self.stacked:
-            raise ValueError("prep_dot needs stacked")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
