@@ -472,12 +472,12 @@ def test_split_keys_keep_ties_and_scale(sampled, reduced_vocab, logit_scale):
         assert torch.equal(tokens, ref), opts
 
 
-def _assert_amax_slots_clean(programs, block_rows):
+def _assert_amax_slots_clean(programs, block_rows, rank):
     """The amax exchange's invariant between walks: the winners slots of the next two epochs hold 0."""
     from hybridspec_kernels.head_walk import walk
 
     stride = walk.WINNER_STRIDE
-    wsp = next(ws for key, ws in walk._workspaces.items() if key[1:3] == (programs, block_rows))
+    wsp = walk._workspaces[(DEVICE, programs, block_rows, rank)]
     epoch = int(wsp[f"arrive{stride}"].item()) // programs
     slots = wsp[f"winners{stride}"]
     assert not slots[epoch % 3].any() and not slots[(epoch + 1) % 3].any(), (epoch, slots[..., 0])
@@ -508,11 +508,11 @@ def test_amax_exchange_keeps_the_walk(head, rows, sampled, dtype):
         ref, _, _ = naive_head_walk(U, p.w1, p.w2, p.x0, **step_kw)
         one, _, _ = head_walk(U, p.w1, p.w2, p.x0, exchange="amax", **step_kw)
         assert torch.equal(one, ref), n
-        _assert_amax_slots_clean(1, 16)
+        _assert_amax_slots_clean(1, 16, p.w1.shape[1])
         lock, _, _ = head_walk(U, p.w1, p.w2, p.x0, exchange="amax", programs=3, lockstep=True, tile_rows=64,
                                **step_kw)
         assert torch.equal(lock, ref), n
-        _assert_amax_slots_clean(3, 16)
+        _assert_amax_slots_clean(3, 16, p.w1.shape[1])
         spread, _, _ = head_walk(U, p.w1, p.w2, p.x0, exchange="amax", winner_stride=16, **step_kw)
         assert torch.equal(spread, ref), n
 
@@ -538,10 +538,11 @@ def test_plan_of_the_amax_exchange():
 
 
 def test_auto_exchange_follows_the_measured_rule():
-    """exchange='auto': tagged keys for one row, the batched exchanges from two rows on, each batch size taking
+    """exchange='auto': tagged keys for one row, the measured exchanges from two rows on, each batch size taking
     the exchange measured fastest for the smallest measured size at or above it (eval/results/head_walk.json,
     ours_exchange_rule); the vLLM wiring passes 'auto'."""
-    from hybridspec_kernels.head_walk.walk import EXCHANGES, MEASURED_EXCHANGES, choose_exchange
+    from hybridspec_kernels.head_walk.walk import (EXCHANGES, MEASURED_EXCHANGES, MEASURED_EXCHANGES_STREAMED_SAMPLED,
+                                                   choose_exchange)
 
     assert choose_exchange(1) == "tagged"
     measured = dict(MEASURED_EXCHANGES)
@@ -549,6 +550,12 @@ def test_auto_exchange_follows_the_measured_rule():
     assert choose_exchange(9) == choose_exchange(32) == measured[32]
     assert choose_exchange(33) == choose_exchange(64) == choose_exchange(200) == measured[64]
     assert {choose_exchange(n) for n in range(1, 70)} <= set(EXCHANGES) - {"auto"}
+    # Sampled walks of partly streamed shards (152k) have their own measured rule; one row stays tagged.
+    streamed_sampled = dict(MEASURED_EXCHANGES_STREAMED_SAMPLED)
+    assert choose_exchange(1, sampled=True, streamed=True) == "tagged"
+    assert choose_exchange(8, sampled=True, streamed=True) == streamed_sampled[8]
+    assert choose_exchange(64, sampled=True, streamed=True) == streamed_sampled[64]
+    assert choose_exchange(8, sampled=True) == choose_exchange(8, streamed=True) == measured[8]
 
 
 def test_streamed_scoring_follows_the_measured_rule():

@@ -99,11 +99,9 @@ def _ordered_keys(values, ids):
 
 
 @triton.jit
-def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """All programs meet. The counter only grows (int64), so it never needs resetting between launches."""
-    tl.debug_barrier()
-    old = tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
-    target = (old // NUM_PROGS + 1) * NUM_PROGS
+def _spin_until(count_ptr, target, err_ptr, SPIN_LIMIT: tl.constexpr):
+    """Acquire polls of a step counter (Triton's scalar atomics) until it reaches target; a wait that gives up sets
+    the flag at err_ptr."""
     cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
     spins = 0
     while (cur < target) & (spins < SPIN_LIMIT):
@@ -111,6 +109,14 @@ def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.co
         spins += 1
     if spins >= SPIN_LIMIT:
         tl.atomic_or(err_ptr, 1)
+
+
+@triton.jit
+def _grid_barrier(count_ptr, err_ptr, NUM_PROGS: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """All programs meet. The counter only grows (int64), so it never needs resetting between launches."""
+    tl.debug_barrier()
+    old = tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    _spin_until(count_ptr, (old // NUM_PROGS + 1) * NUM_PROGS, err_ptr, SPIN_LIMIT)
     tl.debug_barrier()
 
 
@@ -353,13 +359,7 @@ def _wait_count(count_ptr, target, err_ptr, SPIN_LIMIT: tl.constexpr, INLINE_PTX
                                  tl.full([], SPIN_LIMIT, tl.int32), err_ptr.to(tl.int64, bitcast=True)],
             dtype=tl.int32, is_pure=False, pack=1)
     else:
-        cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        spins = 0
-        while (cur < target) & (spins < SPIN_LIMIT):
-            cur = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-            spins += 1
-        if spins >= SPIN_LIMIT:
-            tl.atomic_or(err_ptr, 1)
+        _spin_until(count_ptr, target, err_ptr, SPIN_LIMIT)
     tl.debug_barrier()
 
 

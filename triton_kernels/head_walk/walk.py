@@ -62,7 +62,7 @@ class WalkConfig:
     resident_tiles: int
     stream_rows: int  # rows of one streamed tile
     multi: bool  # persistent, grid barriers between steps
-    exchange: str  # with multi: 'counter' barrier, 'flags' (row 0's key is the arrival flag) or 'tagged'
+    exchange: str  # with multi (amax: also lockstep): one of EXCHANGES but 'auto'; else 'none'
     lockstep: bool  # one launch per step
     num_warps: int
     num_stages: int
@@ -105,7 +105,13 @@ def _num_sms(device: torch.device) -> int:
 
 # The fastest exchange for walks of up to this many batch rows, as measured (H200, V = 32k, block 15: the ladder
 # of eval/results/head_walk.json, check ours_exchange_rule; eval/notes/head_walk.md has the times).
-MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "poll"))
+# Session 6 (run 11, ladder v16, same run): amax at b64, 140.9 vs poll 158.5 us greedy, 343.3 vs 425.8 sampled (its
+# build keeps no [P, B] key tiles and does not spill).
+MEASURED_EXCHANGES = ((1, "tagged"), (8, "poll"), (32, "probe"), (64, "amax"))
+# Sampled walks of partly streamed shards (V = 152k), same run: amax at b8 / b32 / b64 (492.7 vs poll 548.5, 737.7 vs
+# probe 771.4, 1336.8 vs poll 1469.5 us); greedy ones there follow MEASURED_EXCHANGES (b8 / b32 tie within 0.3%,
+# b64 amax 530.8 vs 550.0).
+MEASURED_EXCHANGES_STREAMED_SAMPLED = ((1, "tagged"), (8, "amax"), (32, "amax"), (64, "amax"))
 
 
 # Several rows and a partly streamed shard (V = 152k): how the scores are reduced, as measured (H200, block 15,
@@ -148,11 +154,13 @@ def choose_streamed_scoring(num_rows: int) -> str:
                 MEASURED_STREAMED_SCORING[-1][1])
 
 
-def choose_exchange(num_rows: int) -> str:
-    """The exchange `exchange='auto'` uses for a walk of num_rows batch rows (MEASURED_EXCHANGES): one row polls
-    one key column (tagged); from two rows on, the batched loads of every live key (poll / probe) beat both the
-    counter barrier and the per-thread spin."""
-    return next((exchange for rows, exchange in MEASURED_EXCHANGES if num_rows <= rows), MEASURED_EXCHANGES[-1][1])
+def choose_exchange(num_rows: int, sampled: bool = False, streamed: bool = False) -> str:
+    """The exchange `exchange='auto'` uses for a walk of num_rows batch rows (MEASURED_EXCHANGES; sampled walks of
+    partly streamed shards: MEASURED_EXCHANGES_STREAMED_SAMPLED): one row polls one key column (tagged); up to 32 rows
+    the batched loads of every live key (poll / probe) beat the counter barrier, the per-thread spin and amax; at 64
+    rows amax (atomic max into one winners slot) does."""
+    rule = MEASURED_EXCHANGES_STREAMED_SAMPLED if sampled and streamed else MEASURED_EXCHANGES
+    return next((exchange for rows, exchange in rule if num_rows <= rows), rule[-1][1])
 
 
 def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
@@ -171,8 +179,6 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
-    if exchange == "auto":
-        exchange = choose_exchange(num_rows)
     if stream_rows is not None and (stream_rows < 16 or stream_rows & (stream_rows - 1)):
         raise ValueError(f"stream_rows must be a power of two >= 16, got {stream_rows}")
     if num_warps is not None and num_warps not in (4, 8, 16):
@@ -225,6 +231,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     lockstep = lockstep and num_programs > 1
     if not (multi or lockstep and exchange == "amax"):
         exchange = "none"
+    # 'auto' is resolved below, once the plan knows whether the shard is partly streamed.
     streamed = chunk_rows > resident_tiles * tile_rows
     tma_form = None
     if stream_tma is None:
@@ -244,6 +251,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         scoring = choose_streamed_scoring(num_rows) if streamed else "split"
         split_keys = scoring != "keys64" if split_keys is None else split_keys
         split_streamed = scoring == "split" if split_streamed is None else split_streamed
+    if exchange == "auto":
+        exchange = choose_exchange(num_rows, sampled, streamed)
     if num_stages is None:
         # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for. Triton does not
         # pipeline the streamed tiles' loads either (no cp.async / TMA in the sm_90 SASS): the register
