@@ -871,7 +871,7 @@ def test_tma_loads_fall_back_to_pointers_where_tma_cannot_address(pad, caplog):
     descs = stacked_mod._tma_descriptors(p["ssm_state"], z_kq, 16, 16)
     assert all(d is None for d in descs) == (pad == 1) and any(d is None for d in descs) == (pad == 1)
     assert pad == 1 or len(descs[0].block_shape) == 3  # padded slots: the 3-D box
-    stacked_mod.print_fallback_once.cache_clear()
+    stacked_mod._warn_once.cache_clear()
     config = VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)
     with caplog.at_level("WARNING"):
         out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
@@ -1024,7 +1024,8 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
     pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
                                              tma_loads=True), False, id="fp32-state-stacked-tma"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
-                                              prep_maxnreg=128, tma_loads=True), False, id="bf16-state-stacked-bv128-pdl-tma"),
+                                              prep_maxnreg=128, tma_loads=True), False,
+                 id="bf16-state-stacked-bv128-pdl-tma"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
                                               tma_loads=True), False, id="bf16-state-stacked-tma"),
 ])

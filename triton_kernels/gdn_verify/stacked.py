@@ -142,9 +142,10 @@ def _stacked_state_kernel(
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. WAIT_PREP (one block
     per program, launched with programmatic dependent launch after the prep): the program loads its state block
-    and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors. TMA_LOADS:
-    the state block, Z and the factors (the products' shared-memory operands) come through host tensor descriptors
-    (`_tma_descriptors`): one TMA copy each instead of per-thread loads staged through registers."""
+    and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors. TMA_LOADS
+    (2 or 3, the rank of the state descriptor's box; `_tma_descriptors`): the state block and Z, the first product's
+    shared-memory operands, come through host tensor descriptors, one TMA copy each instead of per-thread loads staged
+    through registers; the factors stay pointer loads (their tf32x3 split needs them in registers)."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -276,8 +277,8 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             workspace.max_len, *descs, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim,
             W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
             BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
-            HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0, num_warps=config.num_warps,
-            **(dict(launch_pdl=True) if pdl else {}),
+            HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0,
+            num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
 
@@ -289,7 +290,7 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
     from triton.tools.tensor_descriptor import TensorDescriptor
     num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
-        print_fallback_once("tma_loads: ssm state slots are not 16-byte aligned; loading state blocks through "
+        _warn_once("tma_loads: ssm state slots are not 16-byte aligned; loading state blocks through "
                             "pointers instead")
         return None, None
     if ssm_state.stride(0) == num_v_heads * head_v_dim * head_k_dim:  # a 2-D box feeds the product as loaded
@@ -301,7 +302,7 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
 
 
 @functools.lru_cache(maxsize=None)
-def print_fallback_once(message):
+def _warn_once(message):  # a fallback is a property of the states' layout: say it once per process
     logger.warning(message)
 
 
