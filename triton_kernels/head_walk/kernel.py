@@ -364,9 +364,28 @@ def _wait_count(count_ptr, target, err_ptr, SPIN_LIMIT: tl.constexpr, INLINE_PTX
 
 
 @triton.jit
+def _winners_slot(win_ptr, slot, o_b, BP: tl.constexpr, WIN_STRIDE: tl.constexpr):
+    """[BP] pointers to the rows of winners slot `slot` (of 3), WIN_STRIDE int64 entries apart."""
+    return win_ptr + slot * BP * WIN_STRIDE + o_b * WIN_STRIDE
+
+
+@triton.jit
+def _fold_winners(win_ptr, slot, best, o_b, m_b, BP: tl.constexpr, WIN_STRIDE: tl.constexpr):
+    """This program's [BP] row bests into winners slot `slot`: relaxed atomic max, nothing waited on."""
+    tl.atomic_max(_winners_slot(win_ptr, slot, o_b, BP, WIN_STRIDE), _winner_key(best), mask=m_b, sem="relaxed",
+                  scope="gpu")
+
+
+@triton.jit
+def _clear_winners(win_ptr, slot, o_b, BP: tl.constexpr, WIN_STRIDE: tl.constexpr):
+    """Winners slot `slot` back to 0, the value every key of a step beats (_winner_key)."""
+    tl.store(_winners_slot(win_ptr, slot, o_b, BP, WIN_STRIDE), tl.zeros([BP], dtype=tl.int64))
+
+
+@triton.jit
 def _read_winners(win_ptr, slot, o_b, m_b, BP: tl.constexpr, WIN_STRIDE: tl.constexpr):
     """[BP] winning keys of a step's winners slot (0 in padding rows): volatile loads, past L1."""
-    return tl.load(win_ptr + slot * BP * WIN_STRIDE + o_b * WIN_STRIDE, mask=m_b, other=0, volatile=True)
+    return tl.load(_winners_slot(win_ptr, slot, o_b, BP, WIN_STRIDE), mask=m_b, other=0, volatile=True)
 
 
 @triton.jit
@@ -384,13 +403,12 @@ def _exchange_amax(win_ptr, count_ptr, err_ptr, epoch, pid, best, o_b, m_b, NUM_
     epoch + 2) by program 0's release arrival at epoch + 1. A walk therefore leaves the slots of its next two
     epochs at 0, which is what the next walk (or the lockstep form) starts from."""
     slot = epoch % 3
-    tl.atomic_max(win_ptr + slot * BP * WIN_STRIDE + o_b * WIN_STRIDE, _winner_key(best), mask=m_b, sem="relaxed",
-                  scope="gpu")
+    _fold_winners(win_ptr, slot, best, o_b, m_b, BP, WIN_STRIDE)
     _arrive_release(count_ptr, INLINE_PTX)
     _wait_count(count_ptr, (epoch + 1) * NUM_PROGS, err_ptr, SPIN_LIMIT, INLINE_PTX)
     winners = _read_winners(win_ptr, slot, o_b, m_b, BP, WIN_STRIDE)
     if pid == 0:
-        tl.store(win_ptr + ((epoch + 2) % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, tl.zeros([BP], dtype=tl.int64))
+        _clear_winners(win_ptr, (epoch + 2) % 3, o_b, BP, WIN_STRIDE)
     return winners
 
 
@@ -769,7 +787,7 @@ def head_walk_kernel(
     KEYS_ONCE: tl.constexpr, KB: tl.constexpr, PREFETCH: tl.constexpr, L1_PREFETCH: tl.constexpr,
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
-    U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 16, INLINE_PTX: tl.constexpr = True,
+    U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -882,7 +900,7 @@ def head_walk_kernel(
         epoch0 = tl.load(arrive_ptr, volatile=True) // NUM_PROGS
         if not MULTI and pid == 0:
             # Lockstep: this launch reads slot epoch0 - 1 and fills slot epoch0; nobody touches epoch0 + 1's.
-            tl.store(win_ptr + ((epoch0 + 1) % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, tl.zeros([BP], dtype=tl.int64))
+            _clear_winners(win_ptr, (epoch0 + 1) % 3, o_b, BP, WIN_STRIDE)
 
     if k_begin == 0:
         x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
@@ -1237,8 +1255,7 @@ def head_walk_kernel(
                 best0 = tl.max(best, axis=0)
         elif AMAX:
             # Lockstep: the launch boundary is the barrier; the next launch reads this slot.
-            tl.atomic_max(win_ptr + (epoch0 % 3) * BP * WIN_STRIDE + o_b * WIN_STRIDE, _winner_key(best), mask=m_b,
-                          sem="relaxed", scope="gpu")
+            _fold_winners(win_ptr, epoch0 % 3, best, o_b, m_b, BP, WIN_STRIDE)
             tl.atomic_add(arrive_ptr, 1, sem="relaxed", scope="gpu")
         elif FLAGS:
             tag = (((gen + k) % 16383) + 1).to(tl.int32)
