@@ -291,7 +291,7 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
     num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
         _warn_once("tma_loads: ssm state slots are not 16-byte aligned; loading state blocks through "
-                            "pointers instead")
+                   "pointers instead")
         return None, None
     if ssm_state.stride(0) == num_v_heads * head_v_dim * head_k_dim:  # a 2-D box feeds the product as loaded
         state = TensorDescriptor.from_tensor(ssm_state.view(-1, head_k_dim), [block_v, head_k_dim])
