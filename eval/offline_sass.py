@@ -6,7 +6,7 @@ Each build the library would launch on an H200 (gdn_verify: every config the shi
 stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
 
-    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw [BUILD...]
+    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw|hwg [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
@@ -40,7 +40,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw"):
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg"):
     sys.exit(__doc__)
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -105,8 +105,10 @@ def compile_captured(name, fn, args, kwargs):
             sig[a] = "fp32"
         else:
             raise TypeError((a, v))
-    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=options)
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    k = triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=options)
     path = f"{OUT}/{name}.cubin"
     open(path, "wb").write(k.asm["cubin"])
     bindir = os.path.dirname(triton.__file__) + "/backends/nvidia/bin"
@@ -133,6 +135,34 @@ def compile_captured(name, fn, args, kwargs):
     h += " ptx " + hashlib.sha256("\n".join(ptx).encode()).hexdigest()[:12]
     print(f"{name:40} {h} instr {len(ins):5} regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared}",
           flush=True)
+    return sass
+
+
+STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "WARPSYNC", "FENCE", "CCTL", "ATOM",
+                 "RED", "WARPGROUP")
+
+
+def step_loop_counts(sass):
+    """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
+    what one step of a walk issues per warp, spins counted once."""
+    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
+             re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    best = None
+    for addr, ins in lines:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        lo = int(m.group(1), 16)
+        body = [i for a, i in lines if lo <= a <= addr]
+        if any("HGMMA" in i for i in body) and (best is None or len(body) > len(best)):
+            best = body
+    if best is None:
+        return {}
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in best]
+    counts = {"instr": len(ops)}
+    for fam in STEP_LOOP_OPS:
+        counts[fam] = sum(op.split(".")[0] == fam for op in ops)
+    return counts
 
 
 def gdn():
@@ -237,4 +267,45 @@ def hw():
                 compile_captured(name, fn, args, kwargs)
 
 
-gdn() if WHAT == "gdn" else hw()
+def hwg():
+    """head_walk(gluon=...) at one greedy row (32k and an odd vocabulary) beside the Triton walk's default b1 build:
+    registers, stack, shared memory and the step loop's instructions (step_loop_counts) of each."""
+    import hybridspec_kernels.head_walk.gluon_b1 as gb
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
+    steps, rank = 15, 256
+    for vocab in (32000, 30011):
+        for form in ("triton", "ss", "rs"):
+            name = f"hwg_v{vocab}_b1_{form}"
+            if ONLY and name not in ONLY:
+                continue
+            u = torch.empty(1, steps, vocab, dtype=torch.bfloat16)
+            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
+            first = torch.zeros(1, dtype=torch.long)
+            tokens = torch.empty(1, steps, dtype=torch.long)
+            cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"))
+            del captured[:]
+            if form == "triton":
+                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                             None, None, None, None, None, None, 0, 1.0)
+            else:
+                why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
+                                            dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
+                                            rs=form == "rs")
+                assert why is None, why
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs")
+            (fn, args, kwargs), = captured
+            print(name, cfg, flush=True)
+            try:
+                sass = compile_captured(name, fn, args, kwargs)
+            except Exception as exc:  # what a Triton version rejects is the finding, not a crash
+                print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+                continue
+            print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+
+
+gdn() if WHAT == "gdn" else hwg() if WHAT == "hwg" else hw()

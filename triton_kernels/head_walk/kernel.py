@@ -29,6 +29,27 @@ U_BOX_BYTES = 128
 U_BOX_BITS = tl.constexpr(8 * U_BOX_BYTES)
 # vLLM's gumbel.py: draft noise is salted away from the target's.
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
+# One thread's spin on one tagged slot (_spin_tagged; gluon_b1 spins with it too): relaxed loads until the key's
+# tag bits (18-31) equal $2, at most $3 polls (then the int32 flag at $4 is set and the stale key returned).
+SPIN_TAGGED_PTX = tl.constexpr("""{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.u32 %hwn, 0;
+        HW_SPIN:
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        add.u32 %hwn, %hwn, 1;
+        setp.lt.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_SPIN;
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""")
 
 
 @triton.jit
@@ -164,25 +185,7 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
     broadcast together, and Triton 3.6 refuses to combine pointers of two element types) and returns the stale
     key."""
     return tl.inline_asm_elementwise(
-        """{
-        .reg .pred %hwp;
-        .reg .b64 %hwt;
-        .reg .b32 %hwg, %hwn;
-        mov.u32 %hwn, 0;
-        HW_SPIN:
-        ld.relaxed.gpu.global.b64 $0, [$1];
-        shr.u64 %hwt, $0, 18;
-        cvt.u32.u64 %hwg, %hwt;
-        and.b32 %hwg, %hwg, 16383;
-        setp.eq.u32 %hwp, %hwg, $2;
-        @%hwp bra HW_DONE;
-        add.u32 %hwn, %hwn, 1;
-        setp.lt.u32 %hwp, %hwn, $3;
-        @%hwp bra HW_SPIN;
-        mov.u32 %hwg, 1;
-        st.relaxed.gpu.global.b32 [$4], %hwg;
-        HW_DONE:
-        }""",
+        SPIN_TAGGED_PTX,
         "=l,l,r,r,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr], dtype=tl.int64,
         is_pure=False, pack=1)
 

@@ -15,6 +15,7 @@ Design (kernel.py has the kernel):
   -> one int64 key per row -> grid barrier.
 - Without CUDA (TRITON_INTERPRET=1) one program walks everything, no barrier.
 """
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,7 +23,10 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import gluon_b1
 from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
+
+logger = logging.getLogger(__name__)
 
 HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
 RESIDENCIES = ("auto", "full", "partial", "off")
@@ -383,6 +387,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
+    gluon: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -429,6 +434,10 @@ def head_walk(
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
+        gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
+            (per-warp candidates, W2 from shared memory), "rs" with part of the W2 shard in registers; where that
+            kernel does not apply (why_not_gluon_b1) or does not compile, the Triton walk runs and a log line says
+            why.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -472,6 +481,7 @@ def head_walk(
     if head != "markov":
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
+    _check(gluon in GLUON_FORMS, f"gluon must be one of {GLUON_FORMS}, got {gluon!r}")
     _check(l2_prefetch is None or l2_prefetch >= 0, f"l2_prefetch must be >= 0, got {l2_prefetch}")
     _check(stream_tma is None or 0 <= stream_tma <= MAX_STREAM_STAGES,
            f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
@@ -532,6 +542,18 @@ def head_walk(
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
+    if gluon:
+        reason = why_not_gluon_b1(
+            cfg, num_rows=num_rows, head=head, sampled=sampled,
+            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
+                    or req_indices is not None or tokens.stride(-1) != 1),
+            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None)
+        if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
+                                               rs=gluon == "rs"):
+            return tokens, draft_logits, confidence
+        if reason is not None:
+            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
         rows_req = req_indices[g] if req_indices is not None else (
@@ -542,6 +564,82 @@ def head_walk(
                 gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
                 HEADS[head], logit_scale)
     return tokens, draft_logits, confidence
+
+
+# head_walk(gluon=...): False, True (= "ss": W2 read from shared memory every step) or "rs" (its first 128 rows held in
+# registers as the wgmma A operand).
+GLUON_FORMS = (False, True, "ss", "rs")
+
+
+def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                     dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                     capability: tuple[int, int] | None, rs: bool = False,
+                     triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
+    """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
+    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or
+    req_indices."""
+    w1_dtype, w2_dtype, u_dtype = dtypes
+    version = ".".join(triton_version.split(".")[:2])
+    if not have_gluon:
+        return f"triton {triton_version} has no triton.experimental.gluon"
+    if version not in gluon_b1.CHECKED_TRITON:
+        return f"triton {triton_version}: the Gluon kernel was checked on {', '.join(gluon_b1.CHECKED_TRITON)} only"
+    if capability is None:
+        return "no CUDA device (Gluon does not run in the interpreter)"
+    if tuple(capability) != (9, 0):
+        return f"compute capability {capability[0]}.{capability[1]}: the kernel's wgmma needs sm_90"
+    if num_rows != 1 or head != "markov" or sampled or extras:
+        return "only one greedy Markov row without d2t / draft logits / confidence / req_indices"
+    if w1_dtype != w2_dtype or w2_dtype not in (torch.bfloat16, torch.float16):
+        return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
+    if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"base logits dtype {u_dtype}"
+    if rank not in (64, 128, 256):
+        return f"rank {rank}: the kernel's layouts take 64, 128 or 256"
+    if not cfg.multi or cfg.exchange != "tagged":
+        return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
+    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS or cfg.programs > gluon_b1.NUM_WARPS * 32:
+        return (f"{cfg.programs} programs of {cfg.chunk_rows} rows: at most {gluon_b1.NUM_WARPS * 32} programs of "
+                f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
+    if rs and cfg.chunk_rows <= gluon_b1.HALF_ROWS:
+        return f"gluon='rs' needs shards over {gluon_b1.HALF_ROWS} rows (the register half), got {cfg.chunk_rows}"
+    return None
+
+
+_logged: set = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
+
+
+_gluon_failed: dict = {}
+
+
+def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool) -> bool:
+    """One launch of gluon_b1's kernel (why_not_gluon_b1 said yes); False (logged, remembered per build) where it does
+    not compile, so the caller walks the Triton kernel."""
+    rank = w1.shape[1]
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    rows = max(gluon_b1.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
+    slots_per_warp = max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.NUM_WARPS)))
+    key = (cfg, rs, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        gluon_b1.head_walk_b1_kernel[(cfg.programs,)](
+            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first, tokens,
+            wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
+            R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            SLOTS_PER_WARP=slots_per_warp, RS_ROWS=gluon_b1.HALF_ROWS if rs else 0,
+            SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT, num_warps=gluon_b1.NUM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
 
 
 def _tma_ok(t: torch.Tensor) -> bool:

@@ -1,0 +1,211 @@
+"""Gluon prototype of the persistent head walk for ONE batch row, greedy, Markov head (walk.py: `gluon=True`).
+
+Same walk, keys and tie-break as kernel.py's batch-1 path (tagged exchange, `_ordered_keys`, first of equal maxima),
+so the tokens are identical; what Gluon changes is who waits for what inside a program:
+
+1. Per-warp candidates (the notes' "cut 1"). Warp w spins only on its own SLOTS_PER_WARP programs' tagged keys, takes
+   its warp-best key with shuffles (no CTA sync), and at once loads that candidate's W1 row into column w of the
+   wgmma B operand in shared memory. The CTA then needs one sync to agree on the winner, and the winner's row is
+   already on chip: the W1 gather's L2 round trip overlaps the other warps' spins instead of following the CTA max.
+   B holds NUM_WARPS candidate columns (N = 8 at 8 warps, the smallest wgmma N); the winner's column is picked from
+   the accumulator by a select + quad shuffle (the Triton walk folds its 16 padded columns the same way).
+2. RS_ROWS (the notes' "cut 2", opt-in): the first RS_ROWS rows of the W2 shard are loaded once into registers as
+   the wgmma A operand (DotOperandLayout), so each step reads only the other rows from shared memory.
+
+The base logits of step k + 1 are loaded in the accumulator's row layout right after step k's publish, so their
+latency hides behind the exchange and no layout conversion sits on the step chain.
+
+Compiles only for sm_90 (wgmma); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
+version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTERPRET.
+"""
+import triton
+import triton.language as tl
+
+from .kernel import ID_MASK, SPIN_TAGGED_PTX
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    HAVE_GLUON = True
+except ImportError:  # a Triton without Gluon: walk.py never selects this path
+    HAVE_GLUON = False
+
+# Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
+CHECKED_TRITON = ("3.6", "3.9")
+# wgmma M per warp: 8 warps cover 128 rows in one wgmma, so the shard is walked in halves of 128 rows.
+HALF_ROWS = 128
+HALF = tl.constexpr(HALF_ROWS)
+MAX_SHARD_ROWS = 256
+NUM_WARPS = 8
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _spin_slots(ptrs, tag, err_addr, SPIN_LIMIT: gl.constexpr):
+        """Per-thread spin inside PTX until each slot carries `tag` (kernel.py's _spin_tagged)."""
+        return gl.inline_asm_elementwise(SPIN_TAGGED_PTX, "=l,l,r,r,l",
+                                         [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
+                                          err_addr], dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _publish_key(ptr, key):
+        """st.relaxed.gpu of this program's key by thread 0 (the key proves itself by its tag)."""
+        gl.inline_asm_elementwise(
+            """{
+            .reg .pred %pkp;
+            .reg .u32 %pkt;
+            mov.u32 %pkt, %tid.x;
+            setp.eq.u32 %pkp, %pkt, 0;
+            @%pkp st.relaxed.gpu.global.b64 [$1], $2;
+            mov.u32 $0, 0;
+            }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _ordered_keys(values, ids):
+        # kernel.py's key: monotone fp32 bits high, inverted id low (+0.0 folds -0.0 as torch.argmax does).
+        bits = (values + 0.0).to(gl.int32, bitcast=True)
+        mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        return (mono.to(gl.int64) << 32) | (ID_MASK - ids.to(gl.int64))
+
+    @gluon.jit
+    def _agree(key_smem, cand_key, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
+        """The CTA's winner among the warps' candidates: (winning key, its column = the warp that holds its row).
+        The one CTA sync of the exchange sits between the store and the load (inserted by Triton's membar pass)."""
+        key_smem.store(cand_key)
+        keys = key_smem.load(KEYS_LAYOUT)
+        winner = gl.max(keys, axis=0)
+        cols = gl.arange(0, NW, KEYS_LAYOUT)
+        col = gl.min(gl.where(keys == winner, cols, NW), axis=0)
+        return winner, col
+
+    @gluon.jit
+    def _score_half(acc, col, u, rows, shard_end, logit_scale, SCALED: gl.constexpr, NW: gl.constexpr,
+                    ACC_LAYOUT: gl.constexpr):
+        """[HALF_ROWS] keys of one half-shard from the accumulator's winning column, rounded as vLLM (kernel.py's
+        _score_row): bias to U's dtype, (scale, round), + U, round."""
+        cols = gl.arange(0, NW, gl.SliceLayout(0, ACC_LAYOUT))
+        acc = gl.sum(gl.where(cols[None, :] == col, acc, 0.0), axis=1)
+        out_ty = u.dtype
+        bias = acc.to(out_ty).to(gl.float32)
+        if SCALED:
+            bias = (bias * logit_scale).to(out_ty).to(gl.float32)
+        logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
+        scored = gl.where(rows < shard_end, logits, float("-inf"))
+        return _ordered_keys(scored, rows)
+
+    @gluon.jit
+    def head_walk_b1_kernel(
+        u_ptr, stride_uk,
+        w1_ptr, stride_w1,
+        w2_ptr, stride_w2r, stride_w2v,
+        first_ptr, tok_ptr,
+        keys_ptr, gen_ptr, err_ptr,
+        num_steps, vocab, logit_scale,
+        R: gl.constexpr, ROWS: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
+        KEY_STRIDE: gl.constexpr, SLOTS_PER_WARP: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+        SPIN_LIMIT: gl.constexpr,
+    ):
+        # Program p owns vocabulary rows [p * CHUNK_ROWS, ...), all resident (ROWS >= CHUNK_ROWS, padded rows zero).
+        # keys_ptr: walk.py's [2, NUM_PROGS, KEY_STRIDE] int64 tagged keys (column 0 used); gen_ptr: per-program tag
+        # generation; err_ptr: set when a spin gives up.
+        NW: gl.constexpr = gl.num_warps()
+        HALVES: gl.constexpr = ROWS // HALF
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, NW, 16])
+        ROW_OF_ACC: gl.constexpr = gl.SliceLayout(1, ACC)
+        # [NW, SLOTS_PER_WARP] slots: warp w polls row w (lanes past SLOTS_PER_WARP repeat a slot).
+        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        # [NW, R] candidate W1 rows: warp w loads row w, 16 bytes a lane at R = 256 bf16.
+        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
+        # [64, R] loads of the W2 shard into shared memory (once).
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
+        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, R], w2_ptr.dtype.element_ty)
+        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NW, R], w1_ptr.dtype.element_ty)
+        w_ty = w2_ptr.dtype.element_ty
+
+        pid = gl.program_id(0)
+        shard_begin = pid * CHUNK_ROWS
+        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
+
+        w2_smem = gl.allocate_shared_memory(w_ty, [ROWS, R], W_SMEM)
+        o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
+        o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
+        for c in gl.static_range(ROWS // 64):
+            rows_c = shard_begin + c * 64 + o_lr
+            tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
+                           mask=(rows_c < shard_end)[:, None], other=0.0)
+            w2_smem.slice(c * 64, 64, dim=0).store(tile)
+        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [NW, R], B_SMEM)
+        key_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        fence_async_shared()
+        if RS_ROWS > 0:
+            # Cut 2: these rows' A fragments stay in registers for the whole walk.
+            a_regs = w2_smem.slice(0, RS_ROWS, dim=0).load(gl.DotOperandLayout(operand_index=0, parent=ACC,
+                                                                                   k_width=2))
+
+        o_half = gl.arange(0, HALF, ROW_OF_ACC)
+        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+        o_w = gl.arange(0, NW, gl.SliceLayout(1, SPIN))
+        o_s = gl.arange(0, SLOTS_PER_WARP, gl.SliceLayout(0, SPIN))
+        o_p = o_w[:, None] * SLOTS_PER_WARP + o_s[None, :]
+        # Padding slots poll this program's own key, which has arrived by then.
+        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
+        err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
+        gen = gl.load(gen_ptr + pid)
+
+        # Step 0's candidates: every warp holds the anchor (its key is irrelevant: column 0 wins the tie).
+        x_first = gl.load(first_ptr).to(gl.int64)
+        cand_id = gl.full([NW], 0, gl.int64, gl.SliceLayout(1, CAND)) + x_first
+        cand_key = gl.full([NW], 0, gl.int64, gl.SliceLayout(1, SPIN))
+        u_half0 = gl.load(u_ptr + shard_begin + o_half, mask=shard_begin + o_half < shard_end, other=0.0)
+        if HALVES == 2:
+            u_half1 = gl.load(u_ptr + shard_begin + HALF + o_half, mask=shard_begin + HALF + o_half < shard_end,
+                              other=0.0)
+        zero_acc = gl.zeros([HALF, NW], gl.float32, ACC)
+        for k in range(num_steps):
+            # Each warp's candidate row into its B column (warps arrive here one by one, after their own spins).
+            cand = gl.load(w1_ptr + cand_id[:, None] * stride_w1 + o_cr[None, :])
+            b_smem.store(cand)
+            fence_async_shared()
+            winner, col = _agree(key_smem, cand_key, KEYS, NW)
+            if k > 0:
+                if pid == 0:
+                    gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
+            b_view = b_smem.permute((1, 0))
+            if RS_ROWS > 0:
+                acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
+            else:
+                acc0 = warpgroup_mma(w2_smem.slice(0, HALF, dim=0), b_view, zero_acc, use_acc=False,
+                                     is_async=True)
+            if HALVES == 2:
+                acc1 = warpgroup_mma(w2_smem.slice(HALF, HALF, dim=0), b_view, zero_acc, use_acc=False,
+                                     is_async=True)
+                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+            else:
+                acc0 = warpgroup_mma_wait(0, deps=[acc0])
+            rows0 = shard_begin + o_half
+            keys = _score_half(acc0, col, u_half0, rows0, shard_end, logit_scale, SCALED, NW, ACC)
+            if HALVES == 2:
+                keys = gl.maximum(keys, _score_half(acc1, col, u_half1, rows0 + HALF, shard_end, logit_scale,
+                                                    SCALED, NW, ACC))
+            best = gl.max(keys, axis=0)
+            tag = ((gen + k) % 16383) + 1
+            slot = k % 2
+            _publish_key(keys_ptr + (slot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
+            # The next step's base logits travel while the programs meet.
+            k_next = gl.minimum(k + 1, num_steps - 1)
+            u_half0 = gl.load(u_ptr + k_next * stride_uk + shard_begin + o_half, mask=rows0 < shard_end, other=0.0)
+            if HALVES == 2:
+                u_half1 = gl.load(u_ptr + k_next * stride_uk + shard_begin + HALF + o_half,
+                                  mask=rows0 + HALF < shard_end, other=0.0)
+            slots = _spin_slots(keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE,
+                                gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32), err_addr,
+                                SPIN_LIMIT)
+            # Cut 1: the warp's best with shuffles only; its row is loaded at the top of the next step.
+            cand_key = gl.max(slots, axis=1)
+            cand_id = gl.convert_layout(ID_MASK - (cand_key & ID_MASK), gl.SliceLayout(1, CAND))
+        winner, col = _agree(key_smem, cand_key, KEYS, NW)
+        if pid == 0:
+            gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
+        gl.store(gen_ptr + pid, gen + num_steps)
