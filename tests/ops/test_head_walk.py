@@ -755,3 +755,125 @@ def test_gpu_ring_variants_agree(rows, sampled):
         ring = dict(split_keys=False, stream_tma=3, tile_rows=64, resident_tiles=2)
         variants = (ring, dict(ring, u_ring=False))
     _assert_streamed_forms_agree(rows, sampled, 31 + rows, variants)
+
+
+def _gpu_plan(monkeypatch, vocab, rows=1, **kw):
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(walk, "_interpreting", lambda: False)
+    return walk.plan_walk(vocab, 256, rows, 2, torch.device("cuda"), **kw)
+
+
+def test_gluon_b1_selection(monkeypatch):
+    """Which walks gluon_b1's kernel takes (no GPU needed): one greedy Markov row of 2-byte weights on sm_90 with
+    Triton 3.6 / 3.9 and the persistent tagged plan of at most 256 resident rows a program; anything else says why."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    cfg = _gpu_plan(monkeypatch, 32000)
+    odd = _gpu_plan(monkeypatch, 9001)
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    assert walk.why_not_gluon_b1(cfg, **base) is None
+    assert walk.why_not_gluon_b1(cfg, **base, rs=True) is None
+    assert walk.why_not_gluon_b1(cfg, **dict(base, triton_version="3.9.0",
+                                             dtypes=(torch.float16, torch.float16, torch.float32))) is None
+    assert walk.why_not_gluon_b1(odd, **base) is None
+    rejected = {
+        "no gluon": (cfg, dict(base, have_gluon=False)),
+        "triton 3.5": (cfg, dict(base, triton_version="3.5.1")),
+        "triton 3.10": (cfg, dict(base, triton_version="3.10.0")),
+        "interpreter / cpu": (cfg, dict(base, capability=None)),
+        "blackwell": (cfg, dict(base, capability=(10, 0))),
+        "ampere": (cfg, dict(base, capability=(8, 0))),
+        "two rows": (cfg, dict(base, num_rows=2)),
+        "gated head": (cfg, dict(base, head="gated_markov")),
+        "sampled": (cfg, dict(base, sampled=True)),
+        "d2t / cache / confidence": (cfg, dict(base, extras=True)),
+        "fp32 weights": (cfg, dict(base, dtypes=(torch.float32, torch.float32, bf))),
+        "mixed weights": (cfg, dict(base, dtypes=(bf, torch.float16, bf))),
+        "fp64 logits": (cfg, dict(base, dtypes=(bf, bf, torch.float64))),
+        "rank 512": (cfg, dict(base, rank=512)),
+        "poll exchange": (_gpu_plan(monkeypatch, 32000, exchange="poll"), base),
+        "lockstep": (_gpu_plan(monkeypatch, 32000, lockstep=True), base),
+        "152k shards": (_gpu_plan(monkeypatch, 151936), base),
+        "rs on 128-row shards": (odd, dict(base, rs=True)),
+    }
+    for case, (plan, kw) in rejected.items():
+        assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
+
+
+@needs_kernels
+def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
+    """head_walk(gluon=...) where the Gluon kernel cannot walk (here: the interpreter / CPU) or its build fails walks
+    the Triton kernel, with the same tokens, and says so once in a log line; a bad value raises."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_logged", set())
+    p = make_problem(1, 5, 1031, seed=41)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for form in (True, "rs", "ss", True):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+            assert torch.equal(tokens, ref), form
+    said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
+    assert len(said) == 3 and all("Gluon does not run in the interpreter" in m or "no CUDA" in m for m in said), said
+
+    class FailingBuild:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PassManager::run failed")
+            return launch
+
+    caplog.clear()
+    monkeypatch.setattr(walk, "why_not_gluon_b1", lambda *a, **k: None)
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_kernel", FailingBuild())
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=True)
+            assert torch.equal(tokens, ref)
+    said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
+    assert len(said) == 1 and "PassManager::run failed" in said[0], said
+    assert len(walk._gluon_failed) == 1
+    with pytest.raises(ValueError, match="gluon must be one of"):
+        head_walk(p.U, p.w1, p.w2, p.x0, gluon="tma")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab", [32000, 30011, 9001], ids=["v32k", "v30011", "v9001"])
+@pytest.mark.parametrize("steps", [15, 7])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
+    """gluon_b1's walk (per-warp candidates; 'rs': 128 W2 rows a program in registers) proposes exactly the tokens of
+    the Triton walk and is tolerated by the naive reference, walk after walk on the shared tagged workspace, with no
+    wait giving up; odd vocabularies: short last shard (30011: 118 programs) and one half-shard of 128 rows (9001).
+    The Triton walk must not stand in: a fallback fails the test."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    errors = barrier_errors(DEVICE)
+    forms = [True, "rs"] if vocab > 16896 else [True]
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    triton_launch = walk._launch
+    for form in forms:
+        monkeypatch.setattr(walk, "_launch", no_fallback)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+        again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+        monkeypatch.setattr(walk, "_launch", triton_launch)
+        between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref) and torch.equal(again, ref) and torch.equal(between, ref), form
+    assert barrier_errors(DEVICE) == errors
+    assert_walk_tolerated(p, ref, {}, False)
+    scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5)
+    monkeypatch.setattr(walk, "_launch", no_fallback)
+    gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
+    assert torch.equal(gluon_scaled, scaled)
