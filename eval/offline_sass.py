@@ -6,8 +6,10 @@ Each build the library would launch on an H200 (gdn_verify: every config the shi
 stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
 
-    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw|hwg [BUILD...]
+    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
+
+WHAT: gdn, hw, or hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts).
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
 
