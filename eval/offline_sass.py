@@ -6,7 +6,7 @@ Each build the library would launch on an H200 (gdn_verify: every config the shi
 stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
 
-    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT WHAT [BUILD...]
+    PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
 WHAT: gdn, hw, or hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts).
@@ -280,7 +280,7 @@ def hwg():
     gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
     steps, rank = 15, 256
     for vocab in (32000, 30011):
-        for form in ("triton", "ss", "rs"):
+        for form in ("triton", "ss", "rs", "ss_late"):
             name = f"hwg_v{vocab}_b1_{form}"
             if ONLY and name not in ONLY:
                 continue
@@ -299,7 +299,7 @@ def hwg():
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=form == "rs")
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs")
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs", speculate=form != "ss_late")
             (fn, args, kwargs), = captured
             print(name, cfg, flush=True)
             try:

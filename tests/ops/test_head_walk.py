@@ -814,7 +814,7 @@ def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
     p = make_problem(1, 5, 1031, seed=41)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in (True, "rs", "ss", True):
+        for form in (True, "rs", "ss_late", True):
             tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
             assert torch.equal(tokens, ref), form
     said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
@@ -847,17 +847,17 @@ def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
 @pytest.mark.parametrize("steps", [15, 7])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
-    """gluon_b1's walk (per-warp candidates; 'rs': 128 W2 rows a program in registers) proposes exactly the tokens of
-    the Triton walk and is tolerated by the naive reference, walk after walk on the shared tagged workspace, with no
-    wait giving up; odd vocabularies: short last shard (30011: 118 programs) and one half-shard of 128 rows (9001).
-    The Triton walk must not stand in: a fallback fails the test."""
+    """gluon_b1's walk (per-warp candidates, guessed early or not; 'rs': 128 W2 rows in registers) proposes exactly
+    the tokens of the Triton walk and is tolerated by the naive reference, walk after walk on the shared tagged
+    workspace, with no wait giving up; odd vocabularies: short last shard (30011: 118 programs) and one half-shard
+    of 128 rows (9001). The Triton walk must not stand in: a fallback fails the test."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
     errors = barrier_errors(DEVICE)
-    forms = [True, "rs"] if vocab > 16896 else [True]
+    forms = [True, "ss_late", "rs"] if vocab > 16896 else [True, "ss_late"]
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")

@@ -21,7 +21,7 @@ version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTER
 import triton
 import triton.language as tl
 
-from .kernel import ID_MASK, SPIN_TAGGED_PTX
+from .kernel import ID_MASK, LOAD_RELAXED_PTX, SPIN_TAGGED_PTX, WAIT_TAGGED_PTX
 
 try:
     from triton.experimental import gluon
@@ -47,6 +47,17 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(SPIN_TAGGED_PTX, "=l,l,r,r,l",
                                          [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
                                           err_addr], dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _load_slots(ptrs):
+        return gl.inline_asm_elementwise(LOAD_RELAXED_PTX, "=l,l", [ptrs], dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _wait_slots(ptrs, first, tag, err_addr, SPIN_LIMIT: gl.constexpr):
+        """_spin_slots for slots read once already (`first`; kernel.py's _wait_tagged)."""
+        return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
+                                         [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
+                                          err_addr, first], dtype=gl.int64, is_pure=False, pack=1)
 
     @gluon.jit
     def _publish_key(ptr, key):
@@ -80,6 +91,15 @@ if HAVE_GLUON:
         return winner, col
 
     @gluon.jit
+    def _cta_max(keys, best_smem, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
+        """max(keys) of the whole CTA with one sync: each warp reduces its own rows with shuffles (warp w holds rows
+        [w * HALF / NW, (w + 1) * HALF / NW) of the accumulator), the NW warp maxima meet in shared memory, and
+        every thread reduces those NW itself (gl.max over the CTA costs two syncs: it broadcasts its result)."""
+        per_warp = gl.max(gl.reshape(keys, [NW, keys.shape[0] // NW]), axis=1)
+        best_smem.store(per_warp)
+        return gl.max(best_smem.load(KEYS_LAYOUT), axis=0)
+
+    @gluon.jit
     def _score_half(acc, col, u, rows, shard_end, logit_scale, SCALED: gl.constexpr, NW: gl.constexpr,
                     ACC_LAYOUT: gl.constexpr):
         """[HALF_ROWS] keys of one half-shard from the accumulator's winning column, rounded as vLLM (kernel.py's
@@ -104,7 +124,7 @@ if HAVE_GLUON:
         num_steps, vocab, logit_scale,
         R: gl.constexpr, ROWS: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_WARP: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr,
+        SPIN_LIMIT: gl.constexpr, SPECULATE: gl.constexpr = True, ONE_SYNC_MAX: gl.constexpr = True,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, ...), all resident (ROWS >= CHUNK_ROWS, padded rows zero).
         # keys_ptr: walk.py's [2, NUM_PROGS, KEY_STRIDE] int64 tagged keys (column 0 used); gen_ptr: per-program tag
@@ -138,6 +158,8 @@ if HAVE_GLUON:
             w2_smem.slice(c * 64, 64, dim=0).store(tile)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [NW, R], B_SMEM)
         key_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        if ONE_SYNC_MAX:
+            best_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()
         if RS_ROWS > 0:
             # Cut 2: these rows' A fragments stay in registers for the whole walk.
@@ -156,7 +178,7 @@ if HAVE_GLUON:
 
         # Step 0's candidates: every warp holds the anchor (its key is irrelevant: column 0 wins the tie).
         x_first = gl.load(first_ptr).to(gl.int64)
-        cand_id = gl.full([NW], 0, gl.int64, gl.SliceLayout(1, CAND)) + x_first
+        cand = gl.load(w1_ptr + x_first * stride_w1 + gl.full([NW, 1], 0, gl.int64, CAND) + o_cr[None, :])
         cand_key = gl.full([NW], 0, gl.int64, gl.SliceLayout(1, SPIN))
         u_half0 = gl.load(u_ptr + shard_begin + o_half, mask=shard_begin + o_half < shard_end, other=0.0)
         if HALVES == 2:
@@ -165,7 +187,6 @@ if HAVE_GLUON:
         zero_acc = gl.zeros([HALF, NW], gl.float32, ACC)
         for k in range(num_steps):
             # Each warp's candidate row into its B column (warps arrive here one by one, after their own spins).
-            cand = gl.load(w1_ptr + cand_id[:, None] * stride_w1 + o_cr[None, :])
             b_smem.store(cand)
             fence_async_shared()
             winner, col = _agree(key_smem, cand_key, KEYS, NW)
@@ -189,7 +210,10 @@ if HAVE_GLUON:
             if HALVES == 2:
                 keys = gl.maximum(keys, _score_half(acc1, col, u_half1, rows0 + HALF, shard_end, logit_scale,
                                                     SCALED, NW, ACC))
-            best = gl.max(keys, axis=0)
+            if ONE_SYNC_MAX:
+                best = _cta_max(keys, best_smem, KEYS, NW)
+            else:
+                best = gl.max(keys, axis=0)
             tag = ((gen + k) % 16383) + 1
             slot = k % 2
             _publish_key(keys_ptr + (slot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
@@ -199,12 +223,30 @@ if HAVE_GLUON:
             if HALVES == 2:
                 u_half1 = gl.load(u_ptr + k_next * stride_uk + shard_begin + HALF + o_half,
                                   mask=rows0 + HALF < shard_end, other=0.0)
-            slots = _spin_slots(keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE,
-                                gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32), err_addr,
-                                SPIN_LIMIT)
-            # Cut 1: the warp's best with shuffles only; its row is loaded at the top of the next step.
+            slot_ptrs = keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE
+            tags = gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32)
+            if SPECULATE:
+                # The row of the warp's best among the slots already there travels while the warp waits for the
+                # rest; it is fetched again only if a late slot beats it.
+                first = _load_slots(slot_ptrs)
+                arrived = ((first >> 18) & 0x3FFF) == tags
+                early_key = gl.max(gl.where(arrived, first, -9223372036854775807 - 1), axis=1)
+                early_key_c = gl.convert_layout(early_key, gl.SliceLayout(1, CAND))
+                early_id = ID_MASK - (early_key_c & ID_MASK)
+                early = gl.load(w1_ptr + early_id[:, None] * stride_w1 + o_cr[None, :],
+                                mask=(early_key_c != -9223372036854775807 - 1)[:, None], other=0.0)
+                slots = _wait_slots(slot_ptrs, first, tags, err_addr, SPIN_LIMIT)
+            else:
+                slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
+            # Cut 1: the warp's best with shuffles only, and its W1 row, before any CTA-wide sync.
             cand_key = gl.max(slots, axis=1)
-            cand_id = gl.convert_layout(ID_MASK - (cand_key & ID_MASK), gl.SliceLayout(1, CAND))
+            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
+            cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
+            if SPECULATE:
+                # `other=early`: a warp whose early guess held loads nothing here.
+                cand = gl.load(cand_ptrs, mask=(cand_key_c != early_key_c)[:, None], other=early)
+            else:
+                cand = gl.load(cand_ptrs)
         winner, col = _agree(key_smem, cand_key, KEYS, NW)
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))

@@ -50,6 +50,30 @@ SPIN_TAGGED_PTX = tl.constexpr("""{
         st.relaxed.gpu.global.b32 [$4], %hwg;
         HW_DONE:
         }""")
+# SPIN_TAGGED_PTX for a slot read once already ($5, the first read: _wait_tagged).
+WAIT_TAGGED_PTX = tl.constexpr("""{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.b64 $0, $5;
+        mov.u32 %hwn, 0;
+        HW_CHECK:
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        setp.ge.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_FAIL;
+        add.u32 %hwn, %hwn, 1;
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        bra HW_CHECK;
+        HW_FAIL:
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""")
+LOAD_RELAXED_PTX = tl.constexpr("ld.relaxed.gpu.global.b64 $0, [$1];")
 
 
 @triton.jit
@@ -192,7 +216,7 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
 
 @triton.jit
 def _load_relaxed(ptrs):
-    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs], dtype=tl.int64,
+    return tl.inline_asm_elementwise(LOAD_RELAXED_PTX, "=l,l", [ptrs], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
 
@@ -202,28 +226,7 @@ def _wait_tagged(ptrs, first, tag, err_addr, SPIN_LIMIT: tl.constexpr):
     issues all their first reads before it waits on any, so slots that have arrived cost one round trip
     together, not one each (_spin_tagged's loop reads its slots one after another)."""
     return tl.inline_asm_elementwise(
-        """{
-        .reg .pred %hwp;
-        .reg .b64 %hwt;
-        .reg .b32 %hwg, %hwn;
-        mov.b64 $0, $5;
-        mov.u32 %hwn, 0;
-        HW_CHECK:
-        shr.u64 %hwt, $0, 18;
-        cvt.u32.u64 %hwg, %hwt;
-        and.b32 %hwg, %hwg, 16383;
-        setp.eq.u32 %hwp, %hwg, $2;
-        @%hwp bra HW_DONE;
-        setp.ge.u32 %hwp, %hwn, $3;
-        @%hwp bra HW_FAIL;
-        add.u32 %hwn, %hwn, 1;
-        ld.relaxed.gpu.global.b64 $0, [$1];
-        bra HW_CHECK;
-        HW_FAIL:
-        mov.u32 %hwg, 1;
-        st.relaxed.gpu.global.b32 [$4], %hwg;
-        HW_DONE:
-        }""",
+        WAIT_TAGGED_PTX,
         "=l,l,r,r,l,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr, first], dtype=tl.int64,
         is_pure=False, pack=1)
 
