@@ -18,10 +18,10 @@ latency hides behind the exchange and no layout conversion sits on the step chai
 Compiles only for sm_90 (wgmma); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
 version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTERPRET.
 """
-import triton
 import triton.language as tl
 
-from .kernel import ID_MASK, LOAD_RELAXED_PTX, SPIN_TAGGED_PTX, WAIT_TAGGED_PTX
+# The Triton helpers called here create no tensor (no layout to give): Gluon compiles them as they are.
+from .kernel import ID_MASK, SPIN_TAGGED_PTX, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys
 
 try:
     from triton.experimental import gluon
@@ -49,10 +49,6 @@ if HAVE_GLUON:
                                           err_addr], dtype=gl.int64, is_pure=False, pack=1)
 
     @gluon.jit
-    def _load_slots(ptrs):
-        return gl.inline_asm_elementwise(LOAD_RELAXED_PTX, "=l,l", [ptrs], dtype=gl.int64, is_pure=False, pack=1)
-
-    @gluon.jit
     def _wait_slots(ptrs, first, tag, err_addr, SPIN_LIMIT: gl.constexpr):
         """_spin_slots for slots read once already (`first`; kernel.py's _wait_tagged)."""
         return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
@@ -71,13 +67,6 @@ if HAVE_GLUON:
             @%pkp st.relaxed.gpu.global.b64 [$1], $2;
             mov.u32 $0, 0;
             }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _ordered_keys(values, ids):
-        # kernel.py's key: monotone fp32 bits high, inverted id low (+0.0 folds -0.0 as torch.argmax does).
-        bits = (values + 0.0).to(gl.int32, bitcast=True)
-        mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        return (mono.to(gl.int64) << 32) | (ID_MASK - ids.to(gl.int64))
 
     @gluon.jit
     def _agree(key_smem, cand_key, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
@@ -228,7 +217,7 @@ if HAVE_GLUON:
             if SPECULATE:
                 # The row of the warp's best among the slots already there travels while the warp waits for the
                 # rest; it is fetched again only if a late slot beats it.
-                first = _load_slots(slot_ptrs)
+                first = _load_relaxed(slot_ptrs)
                 arrived = ((first >> 18) & 0x3FFF) == tags
                 early_key = gl.max(gl.where(arrived, first, -9223372036854775807 - 1), axis=1)
                 early_key_c = gl.convert_layout(early_key, gl.SliceLayout(1, CAND))

@@ -73,7 +73,6 @@ WAIT_TAGGED_PTX = tl.constexpr("""{
         st.relaxed.gpu.global.b32 [$4], %hwg;
         HW_DONE:
         }""")
-LOAD_RELAXED_PTX = tl.constexpr("ld.relaxed.gpu.global.b64 $0, [$1];")
 
 
 @triton.jit
@@ -216,7 +215,7 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
 
 @triton.jit
 def _load_relaxed(ptrs):
-    return tl.inline_asm_elementwise(LOAD_RELAXED_PTX, "=l,l", [ptrs], dtype=tl.int64,
+    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
 
