@@ -691,14 +691,16 @@ TUNE_CASES_V17 = [
 FLOORS_V17 = [("probe", 32), ("amax", 32)] + [(name, 32, kw) for name, kw in AMAX_SPREAD.items()]
 # Session 6 (PH, v18; not run yet): the Gluon b1 prototype (kernel gluon_b1.py: each warp spins on its own 16
 # programs' keys and loads its candidate's W1 row into its column of the wgmma B operand, guessed early from the
-# slots already there; "rs": 128 W2 rows a program in registers; "ss_late": no early guess) beside the default
-# Triton b1 walk (tagged), same run; rows with gluon_ran False fell back to the Triton walk.
+# slots already there (3 reads; "ss_once": 1); "rs": 128 W2 rows a program in registers; "ss_late": no guess) beside
+# the default Triton b1 walk (tagged), same run; rows with gluon_ran False fell back to the Triton walk.
 TUNE_CASES_V18 = [
     ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")), ("gluon_v32k_b1", 32000, 1, dict(gluon=True)),
-    ("gluon_rs_v32k_b1", 32000, 1, dict(gluon="rs")), ("gluon_late_v32k_b1", 32000, 1, dict(gluon="ss_late")),
+    ("gluon_rs_v32k_b1", 32000, 1, dict(gluon="rs")), ("gluon_once_v32k_b1", 32000, 1, dict(gluon="ss_once")),
+    ("gluon_late_v32k_b1", 32000, 1, dict(gluon="ss_late")),
     ("tagged_v30011_b1", 30011, 1, dict(exchange="tagged")),
     ("gluon_v30011_b1", 30011, 1, dict(gluon=True)), ("tagged_again_v32k_b1", 32000, 1, dict(exchange="tagged"))]
-FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("gluon_late", 1, dict(gluon="ss_late"))]
+FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("gluon_once", 1, dict(gluon="ss_once")),
+              ("gluon_late", 1, dict(gluon="ss_late"))]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)

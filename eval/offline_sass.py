@@ -280,7 +280,7 @@ def hwg():
     gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
     steps, rank = 15, 256
     for vocab in (32000, 30011, 9001):  # 9001: one half-shard of 128 rows, no "rs"
-        for form in ("triton", "ss", "rs", "ss_late") if vocab > 9001 else ("triton", "ss", "ss_late"):
+        for form in ("triton", "ss", "rs", "ss_once", "ss_late") if vocab > 9001 else ("triton", "ss", "ss_late"):
             name = f"hwg_v{vocab}_b1_{form}"
             if ONLY and name not in ONLY:
                 continue
@@ -299,7 +299,8 @@ def hwg():
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=form == "rs")
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs", speculate=form != "ss_late")
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs",
+                                      guess_rounds=walk.GUESS_ROUNDS[form])
             (fn, args, kwargs), = captured
             print(name, cfg, flush=True)
             try:

@@ -857,7 +857,7 @@ def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
     errors = barrier_errors(DEVICE)
-    forms = [True, "ss_late", "rs"] if vocab > 16896 else [True, "ss_late"]
+    forms = [True, "ss_once", "ss_late", "rs"] if vocab > 16896 else [True, "ss_once", "ss_late"]
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")

@@ -3,10 +3,13 @@
 Same walk, keys and tie-break as kernel.py's batch-1 path (tagged exchange, `_ordered_keys`, first of equal maxima),
 so the tokens are identical; what Gluon changes is who waits for what inside a program:
 
-1. Per-warp candidates (the notes' "cut 1"). Warp w spins only on its own SLOTS_PER_WARP programs' tagged keys, takes
-   its warp-best key with shuffles (no CTA sync), and at once loads that candidate's W1 row into column w of the
-   wgmma B operand in shared memory. The CTA then needs one sync to agree on the winner, and the winner's row is
-   already on chip: the W1 gather's L2 round trip overlaps the other warps' spins instead of following the CTA max.
+1. Per-warp candidates (the notes' "cut 1"). Warp w polls only its own SLOTS_PER_WARP programs' tagged keys, takes
+   its warp-best key with shuffles (no CTA sync) and loads that candidate's W1 row into column w of the wgmma B
+   operand in shared memory. The CTA then needs one sync to agree on the winner, whose row is already on chip.
+   GUESS_ROUNDS > 0: the warp guesses from the slots already there (re-guessing on each of GUESS_ROUNDS reads of
+   the missing ones) and loads the guess's row while it still waits, so the W1 round trip leaves the step chain
+   unless the warp's last-arriving slot is its best (for the grid's last arriver the same 1 in ~SLOTS_PER_WARP
+   chance in every program, as all programs poll the same keys).
    B holds NUM_WARPS candidate columns (N = 8 at 8 warps, the smallest wgmma N); the winner's column is picked from
    the accumulator by a select + quad shuffle (the Triton walk folds its 16 padded columns the same way).
 2. RS_ROWS (the notes' "cut 2", opt-in): the first RS_ROWS rows of the W2 shard are loaded once into registers as
@@ -54,6 +57,23 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
                                          [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
                                           err_addr, first], dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _reload_missing(ptrs, seen, tag):
+        """One more relaxed read of the slots whose key in `seen` lacks `tag` (others keep theirs, no traffic): a warp
+        whose slots have all arrived issues nothing and does not wait."""
+        return gl.inline_asm_elementwise(
+            """{
+            .reg .pred %rmp;
+            .reg .b64 %rmt;
+            .reg .b32 %rmg;
+            mov.b64 $0, $2;
+            shr.u64 %rmt, $2, 18;
+            cvt.u32.u64 %rmg, %rmt;
+            and.b32 %rmg, %rmg, 16383;
+            setp.ne.u32 %rmp, %rmg, $3;
+            @%rmp ld.relaxed.gpu.global.b64 $0, [$1];
+            }""", "=l,l,l,r", [ptrs, seen, tag], dtype=gl.int64, is_pure=False, pack=1)
 
     @gluon.jit
     def _publish_key(ptr, key):
@@ -113,7 +133,7 @@ if HAVE_GLUON:
         num_steps, vocab, logit_scale,
         R: gl.constexpr, ROWS: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_WARP: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, SPECULATE: gl.constexpr = True, ONE_SYNC_MAX: gl.constexpr = True,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, ONE_SYNC_MAX: gl.constexpr = True,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, ...), all resident (ROWS >= CHUNK_ROWS, padded rows zero).
         # keys_ptr: walk.py's [2, NUM_PROGS, KEY_STRIDE] int64 tagged keys (column 0 used); gen_ptr: per-program tag
@@ -214,26 +234,32 @@ if HAVE_GLUON:
                                   mask=rows0 + HALF < shard_end, other=0.0)
             slot_ptrs = keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE
             tags = gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            if SPECULATE:
+            if GUESS_ROUNDS > 0:
                 # The row of the warp's best among the slots already there travels while the warp waits for the
-                # rest; it is fetched again only if a late slot beats it.
-                first = _load_relaxed(slot_ptrs)
-                arrived = ((first >> 18) & 0x3FFF) == tags
-                early_key = gl.max(gl.where(arrived, first, -9223372036854775807 - 1), axis=1)
-                early_key_c = gl.convert_layout(early_key, gl.SliceLayout(1, CAND))
-                early_id = ID_MASK - (early_key_c & ID_MASK)
-                early = gl.load(w1_ptr + early_id[:, None] * stride_w1 + o_cr[None, :],
-                                mask=(early_key_c != -9223372036854775807 - 1)[:, None], other=0.0)
-                slots = _wait_slots(slot_ptrs, first, tags, err_addr, SPIN_LIMIT)
+                # rest: GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the
+                # guess changed), then the spin; the row is fetched after the spin only if a later slot won.
+                seen = _load_relaxed(slot_ptrs)
+                guess_key = gl.full([NW], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
+                guess = gl.zeros([NW, R], w1_ptr.dtype.element_ty, CAND)
+                for r in gl.static_range(GUESS_ROUNDS):
+                    if r > 0:
+                        seen = _reload_missing(slot_ptrs, seen, tags)
+                    arrived = ((seen >> 18) & 0x3FFF) == tags
+                    seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
+                                                  gl.SliceLayout(1, CAND))
+                    guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
+                                    mask=(seen_best != guess_key)[:, None], other=guess)
+                    guess_key = seen_best
+                slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
             else:
                 slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
             # Cut 1: the warp's best with shuffles only, and its W1 row, before any CTA-wide sync.
             cand_key = gl.max(slots, axis=1)
             cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
             cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
-            if SPECULATE:
-                # `other=early`: a warp whose early guess held loads nothing here.
-                cand = gl.load(cand_ptrs, mask=(cand_key_c != early_key_c)[:, None], other=early)
+            if GUESS_ROUNDS > 0:
+                # `other=guess`: a warp whose last guess held loads nothing here.
+                cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
             else:
                 cand = gl.load(cand_ptrs)
         winner, col = _agree(key_smem, cand_key, KEYS, NW)

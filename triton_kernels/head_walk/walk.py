@@ -435,9 +435,9 @@ def head_walk(
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
         gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
-            (per-warp candidates, W2 from shared memory), "rs" with part of the W2 shard in registers, "ss_late"
-            without the early candidate guess (GLUON_FORMS); where that kernel does not apply (why_not_gluon_b1) or
-            does not compile, the Triton walk runs and a log line says why.
+            (per-warp candidates guessed early, W2 from shared memory), "rs" with part of the W2 shard in registers,
+            "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); where that kernel does not apply
+            (why_not_gluon_b1) or does not compile, the Triton walk runs and a log line says why.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -550,7 +550,7 @@ def head_walk(
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None)
         if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
-                                               rs=gluon == "rs", speculate=gluon != "ss_late"):
+                                               rs=gluon == "rs", guess_rounds=GUESS_ROUNDS[gluon]):
             return tokens, draft_logits, confidence
         if reason is not None:
             _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
@@ -567,9 +567,10 @@ def head_walk(
 
 
 # head_walk(gluon=...): False, True (= "ss": W2 read from shared memory every step), "rs" (its first 128 rows held in
-# registers as the wgmma A operand) or "ss_late" (as "ss", without the early guess: each warp loads its candidate's
-# W1 row only once all its slots have arrived).
-GLUON_FORMS = (False, True, "ss", "rs", "ss_late")
+# registers as the wgmma A operand), "ss_once" (one early guess of each warp's candidate instead of GUESS_ROUNDS) or
+# "ss_late" (no guess: each warp loads its candidate's W1 row once all its slots have arrived).
+GLUON_FORMS = (False, True, "ss", "rs", "ss_once", "ss_late")
+GUESS_ROUNDS = {True: 3, "ss": 3, "rs": 3, "ss_once": 1, "ss_late": 0}
 
 
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
@@ -620,14 +621,14 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     speculate: bool = True) -> bool:
+                     guess_rounds: int = 3) -> bool:
     """One launch of gluon_b1's kernel (why_not_gluon_b1 said yes); False (logged, remembered per build) where it does
     not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     rows = max(gluon_b1.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
     slots_per_warp = max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.NUM_WARPS)))
-    key = (cfg, rs, speculate, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -636,7 +637,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
             R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_WARP=slots_per_warp, RS_ROWS=gluon_b1.HALF_ROWS if rs else 0,
-            SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT, SPECULATE=speculate, num_warps=gluon_b1.NUM_WARPS)
+            SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT, GUESS_ROUNDS=guess_rounds,
+            num_warps=gluon_b1.NUM_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
