@@ -795,6 +795,7 @@ def test_gluon_b1_selection(monkeypatch):
         "mixed weights": (cfg, dict(base, dtypes=(bf, torch.float16, bf))),
         "fp64 logits": (cfg, dict(base, dtypes=(bf, bf, torch.float64))),
         "rank 512": (cfg, dict(base, rank=512)),
+        "rank 128 (not compiled)": (cfg, dict(base, rank=128)),
         "poll exchange": (_gpu_plan(monkeypatch, 32000, exchange="poll"), base),
         "lockstep": (_gpu_plan(monkeypatch, 32000, lockstep=True), base),
         "152k shards": (_gpu_plan(monkeypatch, 151936), base),

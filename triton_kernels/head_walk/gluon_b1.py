@@ -133,7 +133,7 @@ if HAVE_GLUON:
         num_steps, vocab, logit_scale,
         R: gl.constexpr, ROWS: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_WARP: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, ONE_SYNC_MAX: gl.constexpr = True,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, ...), all resident (ROWS >= CHUNK_ROWS, padded rows zero).
         # keys_ptr: walk.py's [2, NUM_PROGS, KEY_STRIDE] int64 tagged keys (column 0 used); gen_ptr: per-program tag
@@ -167,8 +167,7 @@ if HAVE_GLUON:
             w2_smem.slice(c * 64, 64, dim=0).store(tile)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [NW, R], B_SMEM)
         key_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        if ONE_SYNC_MAX:
-            best_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        best_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()
         if RS_ROWS > 0:
             # Cut 2: these rows' A fragments stay in registers for the whole walk.
@@ -180,7 +179,7 @@ if HAVE_GLUON:
         o_w = gl.arange(0, NW, gl.SliceLayout(1, SPIN))
         o_s = gl.arange(0, SLOTS_PER_WARP, gl.SliceLayout(0, SPIN))
         o_p = o_w[:, None] * SLOTS_PER_WARP + o_s[None, :]
-        # Padding slots poll this program's own key, which has arrived by then.
+        # Padding slots poll this program's own key (published just before every poll).
         prog = gl.where(o_p < NUM_PROGS, o_p, pid)
         err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
         gen = gl.load(gen_ptr + pid)
@@ -219,10 +218,7 @@ if HAVE_GLUON:
             if HALVES == 2:
                 keys = gl.maximum(keys, _score_half(acc1, col, u_half1, rows0 + HALF, shard_end, logit_scale,
                                                     SCALED, NW, ACC))
-            if ONE_SYNC_MAX:
-                best = _cta_max(keys, best_smem, KEYS, NW)
-            else:
-                best = gl.max(keys, axis=0)
+            best = _cta_max(keys, best_smem, KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             slot = k % 2
             _publish_key(keys_ptr + (slot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))

@@ -578,8 +578,8 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
                      capability: tuple[int, int] | None, rs: bool = False,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
-    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or
-    req_indices."""
+    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
+    a token buffer not contiguous along the steps."""
     w1_dtype, w2_dtype, u_dtype = dtypes
     version = ".".join(triton_version.split(".")[:2])
     if not have_gluon:
@@ -596,8 +596,8 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
     if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"base logits dtype {u_dtype}"
-    if rank not in (64, 128, 256):
-        return f"rank {rank}: the kernel's layouts take 64, 128 or 256"
+    if rank != 256:
+        return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
     if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS or cfg.programs > gluon_b1.NUM_WARPS * 32:
