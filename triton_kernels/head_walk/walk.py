@@ -548,7 +548,7 @@ def head_walk(
             extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
                     or req_indices is not None or tokens.stride(-1) != 1),
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None)
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, rs=gluon == "rs")
         if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
                                                rs=gluon == "rs", guess_rounds=GUESS_ROUNDS[gluon]):
             return tokens, draft_logits, confidence
