@@ -278,9 +278,12 @@ def hwg():
     walk._interpreting = lambda: False
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
+    gb.head_walk_b1_stream_kernel = Capture(gb.head_walk_b1_stream_kernel)
     steps, rank = 15, 256
-    for vocab in (32000, 30011, 9001):  # 9001: one half-shard of 128 rows, no "rs"
-        for form in ("triton", "ss", "rs", "ss_once", "ss_late") if vocab > 9001 else ("triton", "ss", "ss_late"):
+    # 9001: one half-shard of 128 rows, no "rs"; 151936 / 150001: partly streamed shards (the TMA ring kept across
+    # the steps, head_walk_b1_stream_kernel).
+    for vocab in (32000, 30011, 9001, 151936, 150001):
+        for form in ("triton", "ss", "rs", "ss_once", "ss_late") if vocab != 9001 else ("triton", "ss", "ss_late"):
             name = f"hwg_v{vocab}_b1_{form}"
             if ONLY and name not in ONLY:
                 continue

@@ -30,6 +30,13 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    # Names that differ between the checked versions (3.6 / 3.9), resolved once here.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_sync = getattr(gl, "barrier", None) or gl.thread_barrier
+    # shared_memory_descriptor._reinterpret (3.6) became reinterpret (3.9).
+    _PUBLIC_REINTERPRET = tl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
     HAVE_GLUON = True
 except ImportError:  # a Triton without Gluon: walk.py never selects this path
     HAVE_GLUON = False
@@ -41,6 +48,21 @@ HALF_ROWS = 128
 HALF = tl.constexpr(HALF_ROWS)
 MAX_SHARD_ROWS = 256
 NUM_WARPS = 8
+# Partly streamed shards (head_walk_b1_stream_kernel): wgmma N = the candidate columns (8 is the smallest N), one
+# warpgroup (the Triton walk's measured b1 ring form is 4 warps), streamed tiles of 64 rows (M of one warpgroup).
+STREAM_CANDS = 8
+STREAM_WARPS = 4
+STREAM_TILE_ROWS = 64
+
+
+def stream_descriptor(w2_rows, stream_rows: int):
+    """Host TMA descriptor of W2 rows [V, r] (2-byte) in [stream_rows, r] boxes, in the NVMMA layout the streamed
+    kernel's ring uses (the same get_default_for call)."""
+    elt = gl.bfloat16 if str(w2_rows.dtype) == "torch.bfloat16" else gl.float16
+    block = [stream_rows, w2_rows.shape[1]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, elt)
+    return GluonTensorDescriptor(w2_rows, list(w2_rows.shape), list(w2_rows.stride()), block, layout)
+
 
 if HAVE_GLUON:
 
@@ -262,3 +284,191 @@ if HAVE_GLUON:
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
         gl.store(gen_ptr + pid, gen + num_steps)
+
+    @gluon.jit
+    def _score_tile(acc, col, u_smem, tile, row0, shard_end, logit_scale, SCALED: gl.constexpr,
+                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr):
+        """Keys of one [ST] tile of the shard (its base logits are row `tile` of this step's u_smem)."""
+        st: gl.constexpr = acc.shape[0]
+        rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
+        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
+        return _score_half(acc, col, u, rows, shard_end, logit_scale, SCALED, CANDS, ACC_LAYOUT)
+
+    @gluon.jit
+    def _load_u_tiles(u_ptr, step, stride_uk, shard_begin, shard_end, TILES_P2: gl.constexpr, ST: gl.constexpr,
+                      LAYOUT: gl.constexpr):
+        """[TILES_P2, ST] base logits of one step's shard (tile t = rows [t * ST, (t + 1) * ST)), 0 past it."""
+        o_t = gl.arange(0, TILES_P2, gl.SliceLayout(1, LAYOUT))
+        o_r = gl.arange(0, ST, gl.SliceLayout(0, LAYOUT))
+        rows = shard_begin + o_t[:, None] * ST + o_r[None, :]
+        return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
+
+    @gluon.jit
+    def head_walk_b1_stream_kernel(
+        u_ptr, stride_uk,
+        w1_ptr, stride_w1,
+        w2_ptr, stride_w2r, stride_w2v, w2_desc,
+        first_ptr, tok_ptr,
+        keys_ptr, gen_ptr, err_ptr,
+        num_steps, vocab, logit_scale,
+        R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
+        TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
+        RS_ROWS: gl.constexpr, SCALED: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
+    ):
+        # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
+        # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
+        # through a ring of STAGES shared-memory slots filled by TMA (w2_desc: W2 rows [V, R] in [ST, R] boxes).
+        # Global streamed iteration g = k * STREAM_TILES + j reads tile g % STREAM_TILES from slot g % STAGES at
+        # phase (g // STAGES) & 1, and refills that slot with iteration g + STAGES's tile: the ring never drains
+        # between steps, so the next step's first STAGES tiles are copied while the programs exchange keys (W2
+        # does not depend on the token). Keys / tags / slots as head_walk_b1_kernel (and kernel.py).
+        NW: gl.constexpr = gl.num_warps()
+        CANDS: gl.constexpr = 8
+        RES_T: gl.constexpr = RES_ROWS // ST
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                      instr_shape=[16, CANDS, 16])
+        # [CANDS, SLOTS_PER_CAND] slots: candidate row c is polled by warp c % NW (two rows a warp at 4 warps).
+        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
+        WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
+        # Must be the host descriptor's layout (gluon_stream_descriptor).
+        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ST, R], w2_ptr.dtype.element_ty)
+        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CANDS, R], w1_ptr.dtype.element_ty)
+        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        w_ty = w2_ptr.dtype.element_ty
+        TILE_BYTES: gl.constexpr = ST * R * 2
+
+        pid = gl.program_id(0)
+        shard_begin = pid * CHUNK_ROWS
+        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
+        stream_begin = shard_begin + RES_ROWS
+
+        # The ring first: its first STAGES copies travel while the resident rows are loaded.
+        ring = gl.allocate_shared_memory(w_ty, [STAGES, ST, R], W_SMEM)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        fence_async_shared()
+        _cta_sync()
+        total = num_steps * STREAM_TILES
+        for s in gl.static_range(STAGES):
+            mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
+            _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
+                      pred=s < total)
+
+        if RES_ROWS > 0:
+            res_smem = gl.allocate_shared_memory(w_ty, [RES_ROWS, R], W_SMEM)
+            o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
+            o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
+            for c in gl.static_range(RES_ROWS // 64):
+                rows_c = shard_begin + c * 64 + o_lr
+                tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
+                               mask=(rows_c < shard_end)[:, None], other=0.0)
+                res_smem.slice(c * 64, 64, dim=0).store(tile)
+        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [CANDS, R], B_SMEM)
+        key_smem = gl.allocate_shared_memory(gl.int64, [CANDS], PLAIN)
+        best_smem = gl.allocate_shared_memory(gl.int64, [NW], PLAIN)
+        # Written as one [TILES_P2, ST] tile (order of rank 2), read as TILES_P2 rows of ST (a buffer of rank-1 rows:
+        # index(t) takes a runtime t), the same bytes.
+        u_tiles = gl.allocate_shared_memory(u_ptr.dtype.element_ty, [TILES_P2, ST],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        if _PUBLIC_REINTERPRET:
+            u_smem = u_tiles.reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
+        else:
+            u_smem = u_tiles._reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
+        u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
+        fence_async_shared()
+        if RS_ROWS > 0:
+            # The first resident tile's A fragments stay in registers for the whole walk (RS_ROWS == ST: 64
+            # registers a thread at 4 warps).
+            a_regs = res_smem.slice(0, ST, dim=0).load(gl.DotOperandLayout(operand_index=0, parent=ACC,
+                                                                                    k_width=2))
+
+        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+        o_c = gl.arange(0, CANDS, gl.SliceLayout(1, SPIN))
+        o_s = gl.arange(0, SLOTS_PER_CAND, gl.SliceLayout(0, SPIN))
+        o_p = o_c[:, None] * SLOTS_PER_CAND + o_s[None, :]
+        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
+        err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
+        gen = gl.load(gen_ptr + pid)
+
+        x_first = gl.load(first_ptr).to(gl.int64)
+        cand = gl.load(w1_ptr + x_first * stride_w1 + gl.full([CANDS, 1], 0, gl.int64, CAND) + o_cr[None, :])
+        cand_key = gl.full([CANDS], 0, gl.int64, gl.SliceLayout(1, SPIN))
+        zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
+        for k in range(num_steps):
+            # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
+            b_smem.store(cand)
+            fence_async_shared()
+            winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
+            if k > 0:
+                if pid == 0:
+                    gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
+            b_view = b_smem.permute((1, 0))
+            run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
+            for t in gl.static_range(RES_T):
+                if t == 0 and RS_ROWS > 0:
+                    acc = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
+                else:
+                    acc = warpgroup_mma(res_smem.slice(t * ST, ST, dim=0), b_view, zero_acc, use_acc=False,
+                                        is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                run = gl.maximum(run, _score_tile(acc, col, u_smem, t, shard_begin + t * ST, shard_end,
+                                                  logit_scale, SCALED, CANDS, ACC))
+            for j in range(STREAM_TILES):
+                g = k * STREAM_TILES + j
+                slot = g % STAGES
+                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+                acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                # Every warp's wgmma has read the slot before one thread refills it (the next step's tiles too).
+                _cta_sync()
+                g_next = g + STAGES
+                mbarrier.expect(ready.index(slot), TILE_BYTES, pred=g_next < total)
+                _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot),
+                          ring.index(slot), pred=g_next < total)
+                run = gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
+                                                  logit_scale, SCALED, CANDS, ACC))
+            best = _cta_max(run, best_smem, WARP_KEYS, NW)
+            tag = ((gen + k) % 16383) + 1
+            kslot = k % 2
+            _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
+            # The next step's base logits travel while the programs meet (stored after the wait: every warp has
+            # read this step's from u_smem before _cta_max's sync).
+            u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
+                                   TILES_P2, ST, U_TILES)
+            slot_ptrs = keys_ptr + (kslot * NUM_PROGS + prog) * KEY_STRIDE
+            tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
+            if GUESS_ROUNDS > 0:
+                seen = _load_relaxed(slot_ptrs)
+                guess_key = gl.full([CANDS], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
+                guess = gl.zeros([CANDS, R], w1_ptr.dtype.element_ty, CAND)
+                for r in gl.static_range(GUESS_ROUNDS):
+                    if r > 0:
+                        seen = _reload_missing(slot_ptrs, seen, tags)
+                    arrived = ((seen >> 18) & 0x3FFF) == tags
+                    seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
+                                                  gl.SliceLayout(1, CAND))
+                    guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
+                                    mask=(seen_best != guess_key)[:, None], other=guess)
+                    guess_key = seen_best
+                slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
+            else:
+                slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
+            cand_key = gl.max(slots, axis=1)
+            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
+            cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
+            if GUESS_ROUNDS > 0:
+                cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
+            else:
+                cand = gl.load(cand_ptrs)
+            u_tiles.store(u_next)
+        winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
+        if pid == 0:
+            gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
+        gl.store(gen_ptr + pid, gen + num_steps)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))

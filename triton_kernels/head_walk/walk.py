@@ -600,11 +600,44 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
-    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS or cfg.programs > gluon_b1.NUM_WARPS * 32:
+    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
+        return _why_not_gluon_b1_stream(cfg, rs)
+    if cfg.programs > gluon_b1.NUM_WARPS * 32:
         return (f"{cfg.programs} programs of {cfg.chunk_rows} rows: at most {gluon_b1.NUM_WARPS * 32} programs of "
                 f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
     if rs and cfg.chunk_rows <= gluon_b1.HALF_ROWS:
         return f"gluon='rs' needs shards over {gluon_b1.HALF_ROWS} rows (the register half), got {cfg.chunk_rows}"
+    return None
+
+
+# The streamed Gluon walk's shared memory: resident rows + ring of 32 KB slots (+ ~12 KB of operand / keys / base
+# logits) must stay under the H200's 227 KiB: 128 resident rows with 4 stages is the Triton default's geometry.
+GLUON_STREAM_SMEM = 215 * 1024
+
+
+def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
+    """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk for a TMA-ring plan."""
+    resident = cfg.tile_rows * cfg.resident_tiles
+    return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, cfg.stream_tma
+
+
+def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool) -> str | None:
+    """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel takes the plan's TMA-ring geometry
+    (stages, resident rows) with 64-row streamed tiles; None where it can, else why not."""
+    if cfg.stream_tma < 2:
+        return (f"shards of {cfg.chunk_rows} rows are partly streamed and the plan has no TMA ring (stream_tma="
+                f"{cfg.stream_tma}): the Gluon streamed walk needs one of >= 2 stages (2-byte, 16-byte aligned W2)")
+    resident, tiles, stages = _gluon_stream_form(cfg)
+    if cfg.stream_rows != gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
+        return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
+                f"for {gluon_b1.STREAM_TILE_ROWS}-row tiles and resident rows in whole tiles")
+    smem = (resident + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    if smem > GLUON_STREAM_SMEM:
+        return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
+    if cfg.programs > gluon_b1.STREAM_CANDS * 32:
+        return f"{cfg.programs} programs: the streamed walk polls at most {gluon_b1.STREAM_CANDS * 32}"
+    if rs and resident < cfg.stream_rows:
+        return f"gluon='rs' needs a resident tile of {cfg.stream_rows} rows to hold in registers, got {resident}"
     return None
 
 
@@ -626,6 +659,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
+        return _launch_gluon_b1_stream(cfg, u, w1, w2_rows, first, tokens, logit_scale, rs, guess_rounds, wsp)
     rows = max(gluon_b1.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
     slots_per_warp = max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.NUM_WARPS)))
     key = (cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
@@ -642,6 +677,35 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
+
+
+def _launch_gluon_b1_stream(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
+                            guess_rounds: int, wsp: dict) -> bool:
+    """One launch of gluon_b1's streamed walk (partly resident shards, TMA ring kept across the steps); False
+    (logged, remembered per build) where it does not compile."""
+    rank = w1.shape[1]
+    resident, tiles, stages = _gluon_stream_form(cfg)
+    st = cfg.stream_rows
+    key = ("stream", cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
+        gluon_b1.head_walk_b1_stream_kernel[(cfg.programs,)](
+            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
+            wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
+            R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
+            TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
+            CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
+            RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
+            GUESS_ROUNDS=guess_rounds, num_warps=gluon_b1.STREAM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon streamed build failed ({_gluon_failed[key]}); walking the Triton "
+                  f"kernel")
         return False
     return True
 
