@@ -132,7 +132,8 @@ def compile_captured(name, fn, args, kwargs):
     if os.environ.get("SASS_IR"):
         # SASS_IR=1: the TTIR / TTGIR too (where the pipeliner put a loop's copies, waits and shared-memory stores)
         for stage in ("ttir", "ttgir"):
-            open(f"{OUT}/{name}.{stage}", "w").write(k.asm[stage])
+            if stage in k.asm:  # a Gluon build starts at TTGIR
+                open(f"{OUT}/{name}.{stage}", "w").write(k.asm[stage])
     h += " norm " + hashlib.sha256("\n".join(norm).encode()).hexdigest()[:12]
     h += " ptx " + hashlib.sha256("\n".join(ptx).encode()).hexdigest()[:12]
     print(f"{name:40} {h} instr {len(ins):5} regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared}",
@@ -282,9 +283,17 @@ def hwg():
     steps, rank = 15, 256
     # 9001: one half-shard of 128 rows, no "rs"; 151936 / 150001: partly streamed shards (the TMA ring kept across
     # the steps, head_walk_b1_stream_kernel).
+    # Streamed geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages.
+    geometry = {"res192_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
+                "res192_s4": dict(stream_tma=4, tile_rows=64, resident_tiles=3),
+                "res256_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=4)}
+    streamed_extra = ("ss_res192_s3", "rs_res192_s4", "rs_res256_s3")
     for vocab in (32000, 30011, 9001, 151936, 150001):
-        for form in ("triton", "ss", "rs", "ss_once", "ss_late") if vocab != 9001 else ("triton", "ss", "ss_late"):
-            name = f"hwg_v{vocab}_b1_{form}"
+        forms = ("triton", "ss", "rs", "ss_once", "ss_late") if vocab != 9001 else ("triton", "ss", "ss_late")
+        for form_name in forms + (streamed_extra if vocab == 151936 else ()):
+            form, _, geo = form_name.partition("_res")
+            form = form_name if not geo else form
+            name = f"hwg_v{vocab}_b1_{form_name}"
             if ONLY and name not in ONLY:
                 continue
             u = torch.empty(1, steps, vocab, dtype=torch.bfloat16)
@@ -292,7 +301,9 @@ def hwg():
             w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
             first = torch.zeros(1, dtype=torch.long)
             tokens = torch.empty(1, steps, dtype=torch.long)
-            cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"))
+            # As head_walk: no Triton ring where U's rows are not 16-byte aligned (the Gluon walk keeps its own).
+            opts = geometry["res" + geo] if geo else dict(stream_tma=None if vocab % 8 == 0 else 0)
+            cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **opts)
             del captured[:]
             if form == "triton":
                 walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,

@@ -359,15 +359,25 @@ if HAVE_GLUON:
             _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
                       pred=s < total)
 
-        if RES_ROWS > 0:
-            res_smem = gl.allocate_shared_memory(w_ty, [RES_ROWS, R], W_SMEM)
-            o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
+        if RS_ROWS > 0:
+            # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
+            # registers a thread at 4 warps), loaded straight from global: its rows take no shared memory, which
+            # is what lets an rs plan keep one more ring stage or resident tile.
+            DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+            rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
+            o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
+            a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
+                             mask=(rows_a < shard_end)[:, None], other=0.0)
+        if RES_ROWS > RS_ROWS:
+            # [tiles, ST, R] like the ring: any number of tiles (a 2-D buffer's rows must be a power of two).
+            res_smem = gl.allocate_shared_memory(w_ty, [(RES_ROWS - RS_ROWS) // ST, ST, R], W_SMEM)
+            o_lr = gl.arange(0, ST, gl.SliceLayout(1, LOAD))
             o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
-            for c in gl.static_range(RES_ROWS // 64):
-                rows_c = shard_begin + c * 64 + o_lr
+            for c in gl.static_range((RES_ROWS - RS_ROWS) // ST):
+                rows_c = shard_begin + RS_ROWS + c * ST + o_lr
                 tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
                                mask=(rows_c < shard_end)[:, None], other=0.0)
-                res_smem.slice(c * 64, 64, dim=0).store(tile)
+                res_smem.index(c).store(tile)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [CANDS, R], B_SMEM)
         key_smem = gl.allocate_shared_memory(gl.int64, [CANDS], PLAIN)
         best_smem = gl.allocate_shared_memory(gl.int64, [NW], PLAIN)
@@ -381,11 +391,6 @@ if HAVE_GLUON:
             u_smem = u_tiles._reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
         u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
         fence_async_shared()
-        if RS_ROWS > 0:
-            # The first resident tile's A fragments stay in registers for the whole walk (RS_ROWS == ST: 64
-            # registers a thread at 4 warps).
-            a_regs = res_smem.slice(0, ST, dim=0).load(gl.DotOperandLayout(operand_index=0, parent=ACC,
-                                                                                    k_width=2))
 
         o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
         o_c = gl.arange(0, CANDS, gl.SliceLayout(1, SPIN))
@@ -413,7 +418,7 @@ if HAVE_GLUON:
                 if t == 0 and RS_ROWS > 0:
                     acc = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
                 else:
-                    acc = warpgroup_mma(res_smem.slice(t * ST, ST, dim=0), b_view, zero_acc, use_acc=False,
+                    acc = warpgroup_mma(res_smem.index(t - RS_ROWS // ST), b_view, zero_acc, use_acc=False,
                                         is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 run = gl.maximum(run, _score_tile(acc, col, u_smem, t, shard_begin + t * ST, shard_end,

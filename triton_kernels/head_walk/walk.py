@@ -548,7 +548,8 @@ def head_walk(
             extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
                     or req_indices is not None or tokens.stride(-1) != 1),
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None, rs=gluon == "rs")
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, rs=gluon == "rs",
+            w2_tma=_tma_ok(w2_rows))
         if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
                                                rs=gluon == "rs", guess_rounds=GUESS_ROUNDS[gluon]):
             return tokens, draft_logits, confidence
@@ -575,11 +576,11 @@ GUESS_ROUNDS = {True: 3, "ss": 3, "rs": 3, "ss_once": 1, "ss_late": 0}
 
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                     capability: tuple[int, int] | None, rs: bool = False,
+                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
     the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
-    a token buffer not contiguous along the steps."""
+    a token buffer not contiguous along the steps. w2_tma: W2's rows can be read by TMA (partly streamed shards)."""
     w1_dtype, w2_dtype, u_dtype = dtypes
     version = ".".join(triton_version.split(".")[:2])
     if not have_gluon:
@@ -601,7 +602,7 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
     if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
-        return _why_not_gluon_b1_stream(cfg, rs)
+        return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
     if cfg.programs > gluon_b1.NUM_WARPS * 32:
         return (f"{cfg.programs} programs of {cfg.chunk_rows} rows: at most {gluon_b1.NUM_WARPS * 32} programs of "
                 f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
@@ -616,22 +617,31 @@ GLUON_STREAM_SMEM = 215 * 1024
 
 
 def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
-    """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk for a TMA-ring plan."""
-    resident = cfg.tile_rows * cfg.resident_tiles
-    return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, cfg.stream_tma
+    """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk: the plan's TMA ring where it has
+    one, else the measured b1 ring form (choose_streamed_tma(1)): the Gluon walk loads base logits by pointer, so a
+    vocabulary whose U rows are not 16-byte aligned (no Triton ring) still streams W2 through its ring."""
+    if cfg.stream_tma >= 2:
+        resident, stages = cfg.tile_rows * cfg.resident_tiles, cfg.stream_tma
+    else:
+        stages, tile_rows, tiles, _ = choose_streamed_tma(1)
+        resident = min(tile_rows * tiles, cfg.chunk_rows - cfg.stream_rows)
+    return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, stages
 
 
-def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool) -> str | None:
-    """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel takes the plan's TMA-ring geometry
-    (stages, resident rows) with 64-row streamed tiles; None where it can, else why not."""
-    if cfg.stream_tma < 2:
-        return (f"shards of {cfg.chunk_rows} rows are partly streamed and the plan has no TMA ring (stream_tma="
-                f"{cfg.stream_tma}): the Gluon streamed walk needs one of >= 2 stages (2-byte, 16-byte aligned W2)")
+def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | None:
+    """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel (_gluon_stream_form's geometry,
+    64-row streamed tiles); None where it can walk, else why not."""
+    if not w2_tma:
+        return (f"shards of {cfg.chunk_rows} rows are partly streamed and W2's rows cannot be read by TMA (16-byte "
+                f"aligned start and rows needed)")
+    if cfg.stream_tma == 1:
+        return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
     resident, tiles, stages = _gluon_stream_form(cfg)
     if cfg.stream_rows != gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
         return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
                 f"for {gluon_b1.STREAM_TILE_ROWS}-row tiles and resident rows in whole tiles")
-    smem = (resident + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    # 'rs' holds the first resident tile in registers, not in shared memory.
+    smem = (resident - (cfg.stream_rows if rs else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
     if smem > GLUON_STREAM_SMEM:
         return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
     if cfg.programs > gluon_b1.STREAM_CANDS * 32:
