@@ -5,6 +5,7 @@ Without CUDA the kernel runs under the Triton interpreter (fp32 / fp16): one pro
 multi-program exchange one step per launch (lockstep). GPU tests (marker gpu) run bf16 with the persistent
 multi-program kernel and its grid barriers.
 """
+import dataclasses
 import importlib.util
 import os
 import types
@@ -798,8 +799,49 @@ def test_gluon_b1_selection(monkeypatch):
         "rank 128 (not compiled)": (cfg, dict(base, rank=128)),
         "poll exchange": (_gpu_plan(monkeypatch, 32000, exchange="poll"), base),
         "lockstep": (_gpu_plan(monkeypatch, 32000, lockstep=True), base),
-        "152k shards": (_gpu_plan(monkeypatch, 151936), base),
         "rs on 128-row shards": (odd, dict(base, rs=True)),
+    }
+    for case, (plan, kw) in rejected.items():
+        assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
+
+
+def test_gluon_b1_stream_selection(monkeypatch):
+    """Partly streamed shards (V = 152k) take gluon_b1's streamed walk: the plan's TMA ring geometry, or the measured
+    b1 form (4 stages, 128 resident rows) where the plan has no ring (U rows not 16-byte aligned); W2 rows TMA cannot
+    read, one stage, other tile sizes, geometries over the shared memory and too many programs say why."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    v152k = _gpu_plan(monkeypatch, 151936)
+    assert (v152k.chunk_rows, v152k.stream_tma) == (1152, 4)
+    assert walk._gluon_stream_form(v152k) == (128, 16, 4)
+    no_ring = _gpu_plan(monkeypatch, 150001, stream_tma=0)  # what head_walk plans where U rows are unaligned
+    assert no_ring.stream_tma == 0 and walk._gluon_stream_form(no_ring) == (128, 16, 4)
+    res192_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=3)
+    assert walk._gluon_stream_form(res192_s3) == (192, 15, 3)
+    res192_s4 = _gpu_plan(monkeypatch, 151936, stream_tma=4, tile_rows=64, resident_tiles=3)
+    res256_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4)
+    nothing_resident = _gpu_plan(monkeypatch, 151936, stream_tma=4, residency="off")
+    assert walk._gluon_stream_form(nothing_resident) == (0, 18, 4)
+    for plan, kw in ((v152k, base), (v152k, dict(base, rs=True)), (no_ring, base),
+                     (no_ring, dict(base, triton_version="3.9.1", dtypes=(torch.float16, torch.float16,
+                                                                           torch.float32))),
+                     (res192_s3, base), (res192_s4, dict(base, rs=True)), (res256_s3, dict(base, rs=True)),
+                     (nothing_resident, base)):
+        assert walk.why_not_gluon_b1(plan, **kw) is None, (plan, kw)
+    rejected = {
+        "W2 rows not TMA-readable": (v152k, dict(base, w2_tma=False)),
+        "one-stage ring": (_gpu_plan(monkeypatch, 151936, stream_tma=1), base),
+        "32-row tiles": (_gpu_plan(monkeypatch, 151936, stream_tma=4, stream_rows=32), base),
+        "192 resident rows + 4 stages in shared memory": (res192_s4, base),
+        "256 resident rows + 3 stages in shared memory": (res256_s3, base),
+        "rs with nothing resident": (nothing_resident, dict(base, rs=True)),
+        "over 256 programs (a larger GPU)": (dataclasses.replace(v152k, programs=257), base),
+        "sampled": (v152k, dict(base, sampled=True)),
+        "two rows": (v152k, dict(base, num_rows=2)),
+        "interpreter / cpu": (v152k, dict(base, capability=None)),
     }
     for case, (plan, kw) in rejected.items():
         assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
@@ -830,14 +872,25 @@ def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
     caplog.clear()
     monkeypatch.setattr(walk, "why_not_gluon_b1", lambda *a, **k: None)
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_kernel", FailingBuild())
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", FailingBuild())
     monkeypatch.setattr(walk, "_gluon_failed", {})
+    # One program on the CPU: 250 rows take the resident kernel, 1031 the streamed one (2-byte, row-contiguous W2
+    # rows, as its TMA descriptor needs).
+    small = make_problem(1, 5, 250, seed=42)
+    small_ref, _, _ = head_walk(small.U, small.w1, small.w2, small.x0)
+    big = make_problem(1, 5, 1031, dtype=torch.float16, seed=43)
+    big.w2 = big.w2.t().contiguous().t()
+    big_ref, _, _ = head_walk(big.U, big.w1, big.w2, big.x0)
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=True)
-            assert torch.equal(tokens, ref)
+            tokens, _, _ = head_walk(small.U, small.w1, small.w2, small.x0, gluon=True)
+            assert torch.equal(tokens, small_ref)
+            tokens, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=True)
+            assert torch.equal(tokens, big_ref)
     said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
-    assert len(said) == 1 and "PassManager::run failed" in said[0], said
-    assert len(walk._gluon_failed) == 1
+    assert len(said) == 2 and all("PassManager::run failed" in m for m in said), said
+    assert sum("streamed walk" in m for m in said) == 1, said
+    assert len(walk._gluon_failed) == 2
     with pytest.raises(ValueError, match="gluon must be one of"):
         head_walk(p.U, p.w1, p.w2, p.x0, gluon="tma")
 
@@ -868,6 +921,52 @@ def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
         monkeypatch.setattr(walk, "_launch", no_fallback)
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
         again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+        monkeypatch.setattr(walk, "_launch", triton_launch)
+        between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref) and torch.equal(again, ref) and torch.equal(between, ref), form
+    assert barrier_errors(DEVICE) == errors
+    assert_walk_tolerated(p, ref, {}, False)
+    scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5)
+    monkeypatch.setattr(walk, "_launch", no_fallback)
+    gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
+    assert torch.equal(gluon_scaled, scaled)
+
+
+# gluon_b1's streamed walk (partly resident shards): form -> head_walk options beyond gluon= (the plan's geometry).
+GLUON_STREAM_FORMS = {
+    "ss": dict(gluon=True), "ss_once": dict(gluon="ss_once"), "ss_late": dict(gluon="ss_late"), "rs": dict(gluon="rs"),
+    "ss_res192_s3": dict(gluon=True, stream_tma=3, tile_rows=64, resident_tiles=3),
+    "rs_res192_s4": dict(gluon="rs", stream_tma=4, tile_rows=64, resident_tiles=3),
+}
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab", [151936, 150001], ids=["v152k", "v150001"])
+@pytest.mark.parametrize("steps", [15, 7])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
+    """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
+    default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
+    shared tagged workspace, no wait giving up, in every form and ring geometry; the Triton walk is tolerated by the
+    naive reference. A fallback to the Triton walk fails the test."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    errors = barrier_errors(DEVICE)
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    triton_launch = walk._launch
+    for form, kw in GLUON_STREAM_FORMS.items():
+        monkeypatch.setattr(walk, "_launch", no_fallback)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+        again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         monkeypatch.setattr(walk, "_launch", triton_launch)
         between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
         torch.cuda.synchronize()

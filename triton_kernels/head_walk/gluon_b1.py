@@ -18,6 +18,11 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 The base logits of step k + 1 are loaded in the accumulator's row layout right after step k's publish, so their
 latency hides behind the exchange and no layout conversion sits on the step chain.
 
+3. head_walk_b1_stream_kernel: the same step for shards too large to keep on chip (V = 152k: 1,152 rows a program,
+   128 resident): the other rows stream through a TMA ring whose mbarrier phases run across the steps, so the next
+   step's first tiles are copied during the exchange (the Triton ring is set up and drained inside every step).
+   8 candidate columns at 4 warps (one warpgroup, the Triton walk's measured b1 form).
+
 Compiles only for sm_90 (wgmma); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
 version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTERPRET.
 """
@@ -312,8 +317,9 @@ if HAVE_GLUON:
         keys_ptr, gen_ptr, err_ptr,
         num_steps, vocab, logit_scale,
         R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
-        TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
-        RS_ROWS: gl.constexpr, SCALED: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
+        TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
+        KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -334,7 +340,7 @@ if HAVE_GLUON:
         U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
         CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
         WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
-        # Must be the host descriptor's layout (gluon_stream_descriptor).
+        # Must be the host descriptor's layout (stream_descriptor).
         W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ST, R], w2_ptr.dtype.element_ty)
         B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CANDS, R], w1_ptr.dtype.element_ty)
         PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])

@@ -714,8 +714,8 @@ def _launch_gluon_b1_stream(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logi
             GUESS_ROUNDS=guess_rounds, num_warps=gluon_b1.STREAM_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log_once(f"head_walk(gluon): the Gluon streamed build failed ({_gluon_failed[key]}); walking the Triton "
-                  f"kernel")
+        _log_once(f"head_walk(gluon): the Gluon build failed (streamed walk: {_gluon_failed[key]}); walking the "
+                  f"Triton kernel")
         return False
     return True
 
