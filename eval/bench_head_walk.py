@@ -701,6 +701,21 @@ TUNE_CASES_V18 = [
     ("gluon_v30011_b1", 30011, 1, dict(gluon=True)), ("tagged_again_v32k_b1", 32000, 1, dict(exchange="tagged"))]
 FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("gluon_once", 1, dict(gluon="ss_once")),
               ("gluon_late", 1, dict(gluon="ss_late"))]
+# Session 6 (PS, v19; not run yet): gluon_b1's streamed walk at 152k b1 (W2 through a TMA ring whose mbarrier phases
+# run across the steps: the next step's first tiles are copied during the exchange; W1[x] stored once a step; 8
+# candidate columns at 4 warps) in its forms and two more ring geometries, beside the default Triton b1 walk (4-stage
+# ring set up inside every step, 128 resident rows, 4 warps), same run; 150001: U rows not 16-byte aligned (the Triton
+# walk takes its register path, the Gluon walk keeps its ring). Rows with gluon_ran False fell back.
+GLUON_RES192_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=3)
+GLUON_RES192_S4 = dict(stream_tma=4, tile_rows=64, resident_tiles=3)
+TUNE_CASES_V19 = [
+    ("default_v152k_b1", 151936, 1, {}), ("gluon_v152k_b1", 151936, 1, dict(gluon=True)),
+    ("gluon_rs_v152k_b1", 151936, 1, dict(gluon="rs")), ("gluon_once_v152k_b1", 151936, 1, dict(gluon="ss_once")),
+    ("gluon_late_v152k_b1", 151936, 1, dict(gluon="ss_late")),
+    ("gluon_res192s3_v152k_b1", 151936, 1, dict(gluon=True, **GLUON_RES192_S3)),
+    ("gluon_rs_res192s4_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES192_S4)),
+    ("default_v150001_b1", 150001, 1, {}), ("gluon_v150001_b1", 150001, 1, dict(gluon=True)),
+    ("default_again_v152k_b1", 151936, 1, {})]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -767,6 +782,7 @@ LADDERS = {
                 cases=TUNE_CASES_V16, floors=FLOORS_V16),
     "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
     "v18": dict(rule={}, cases=TUNE_CASES_V18, floors=FLOORS_V18),
+    "v19": dict(rule={}, cases=TUNE_CASES_V19, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -856,6 +872,7 @@ def _compile_job(job) -> str:
             _allow_local_exchange(walk)
         if walk.gluon_b1.HAVE_GLUON and not isinstance(walk.gluon_b1.head_walk_b1_kernel, _CompileOnly):
             walk.gluon_b1.head_walk_b1_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_kernel)
+            walk.gluon_b1.head_walk_b1_stream_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_stream_kernel)
         device = torch.device("cuda")
         kind = job["kind"]
         if kind == "heads":
