@@ -708,12 +708,14 @@ FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("glu
 # walk takes its register path, the Gluon walk keeps its ring). Rows with gluon_ran False fell back.
 GLUON_RES192_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=3)
 GLUON_RES192_S4 = dict(stream_tma=4, tile_rows=64, resident_tiles=3)
+GLUON_RES256_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
 TUNE_CASES_V19 = [
     ("default_v152k_b1", 151936, 1, {}), ("gluon_v152k_b1", 151936, 1, dict(gluon=True)),
     ("gluon_rs_v152k_b1", 151936, 1, dict(gluon="rs")), ("gluon_once_v152k_b1", 151936, 1, dict(gluon="ss_once")),
     ("gluon_late_v152k_b1", 151936, 1, dict(gluon="ss_late")),
     ("gluon_res192s3_v152k_b1", 151936, 1, dict(gluon=True, **GLUON_RES192_S3)),
     ("gluon_rs_res192s4_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES192_S4)),
+    ("gluon_rs_res256s3_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES256_S3)),
     ("default_v150001_b1", 150001, 1, {}), ("gluon_v150001_b1", 150001, 1, dict(gluon=True)),
     ("default_again_v152k_b1", 151936, 1, {})]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens

@@ -938,6 +938,7 @@ GLUON_STREAM_FORMS = {
     "ss": dict(gluon=True), "ss_once": dict(gluon="ss_once"), "ss_late": dict(gluon="ss_late"), "rs": dict(gluon="rs"),
     "ss_res192_s3": dict(gluon=True, stream_tma=3, tile_rows=64, resident_tiles=3),
     "rs_res192_s4": dict(gluon="rs", stream_tma=4, tile_rows=64, resident_tiles=3),
+    "rs_res256_s3": dict(gluon="rs", stream_tma=3, tile_rows=64, resident_tiles=4),
 }
 
 
