@@ -145,9 +145,10 @@ STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "
                  "RED", "WARPGROUP")
 
 
-def step_loop_counts(sass):
+def step_loop_counts(sass, narrowest=False):
     """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
-    what one step of a walk issues per warp, spins counted once."""
+    what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
+    streamed walk's streamed-tile iteration)."""
     lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
              re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
     best = None
@@ -157,7 +158,8 @@ def step_loop_counts(sass):
             continue
         lo = int(m.group(1), 16)
         body = [i for a, i in lines if lo <= a <= addr]
-        if any("HGMMA" in i for i in body) and (best is None or len(body) > len(best)):
+        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
+                                                                  else len(body) > len(best))):
             best = body
     if best is None:
         return {}
@@ -323,6 +325,8 @@ def hwg():
                 print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
                 continue
             print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+            if vocab > 65536:  # partly streamed: one streamed tile's iteration, as the step loop counts it once
+                print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
 
 
 gdn() if WHAT == "gdn" else hwg() if WHAT == "hwg" else hw()
