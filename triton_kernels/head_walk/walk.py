@@ -436,8 +436,9 @@ def head_walk(
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
         gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
             (per-warp candidates guessed early, W2 from shared memory), "rs" with part of the W2 shard in registers,
-            "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); where that kernel does not apply
-            (why_not_gluon_b1) or does not compile, the Triton walk runs and a log line says why.
+            "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); partly streamed shards (V = 152k)
+            take its streamed kernel (W2 TMA ring across the steps; geometry _gluon_stream_form). Where neither
+            applies (why_not_gluon_b1) or the build fails, the Triton walk runs and a log line says why.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
