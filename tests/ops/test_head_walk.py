@@ -905,22 +905,29 @@ def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
     the tokens of the Triton walk and is tolerated by the naive reference, walk after walk on the shared tagged
     workspace, with no wait giving up; odd vocabularies: short last shard (30011: 118 programs) and one half-shard
     of 128 rows (9001). The Triton walk must not stand in: a fallback fails the test."""
+    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
+    forms = [True, "ss_once", "ss_late", "rs"] if vocab > 16896 else [True, "ss_once", "ss_late"]
+    _assert_gluon_walks_agree(monkeypatch, p, {form: dict(gluon=form) for form in forms})
+
+
+def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
+    """Each Gluon form (name -> head_walk options) walks p twice with the Triton walk's tokens, interleaved with the
+    Triton walk on the same workspace, no wait giving up and no fallback (the Triton launch raises); the Triton walk
+    is tolerated by the naive reference; logit_scale 0.5 on fp32 base logits agrees too."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
-    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
     errors = barrier_errors(DEVICE)
-    forms = [True, "ss_once", "ss_late", "rs"] if vocab > 16896 else [True, "ss_once", "ss_late"]
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
 
     triton_launch = walk._launch
-    for form in forms:
+    for form, kw in forms.items():
         monkeypatch.setattr(walk, "_launch", no_fallback)
-        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
-        again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+        again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         monkeypatch.setattr(walk, "_launch", triton_launch)
         between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
         torch.cuda.synchronize()
@@ -930,6 +937,7 @@ def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
     scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5)
     monkeypatch.setattr(walk, "_launch", no_fallback)
     gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
+    monkeypatch.setattr(walk, "_launch", triton_launch)
     assert torch.equal(gluon_scaled, scaled)
 
 
@@ -952,29 +960,6 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
     shared tagged workspace, no wait giving up, in every form and ring geometry; the Triton walk is tolerated by the
     naive reference. A fallback to the Triton walk fails the test."""
-    import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
-
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
-    errors = barrier_errors(DEVICE)
-
-    def no_fallback(*args, **kwargs):
-        raise AssertionError("the Gluon walk fell back to the Triton kernel")
-
-    triton_launch = walk._launch
-    for form, kw in GLUON_STREAM_FORMS.items():
-        monkeypatch.setattr(walk, "_launch", no_fallback)
-        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
-        again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
-        monkeypatch.setattr(walk, "_launch", triton_launch)
-        between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
-        torch.cuda.synchronize()
-        assert torch.equal(tokens, ref) and torch.equal(again, ref) and torch.equal(between, ref), form
-    assert barrier_errors(DEVICE) == errors
-    assert_walk_tolerated(p, ref, {}, False)
-    scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5)
-    monkeypatch.setattr(walk, "_launch", no_fallback)
-    gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
-    assert torch.equal(gluon_scaled, scaled)
+    _assert_gluon_walks_agree(monkeypatch, p, GLUON_STREAM_FORMS)

@@ -116,6 +116,42 @@ if HAVE_GLUON:
             }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND: gl.constexpr,
+                         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr):
+        """(candidate keys [C], their W1 rows [C, R] in CAND) from the [C, slots] tagged slots, row c polled by one
+        warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
+
+        GUESS_ROUNDS > 0: the row of the warp's best among the slots already there travels while the warp waits for
+        the rest: GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the guess
+        changed), then the spin; the row is fetched after the spin only if a later slot won."""
+        num_cands: gl.constexpr = tags.shape[0]
+        if GUESS_ROUNDS > 0:
+            seen = _load_relaxed(slot_ptrs)
+            guess_key = gl.full([num_cands], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
+            guess = gl.zeros([num_cands, o_cr.shape[0]], w1_ptr.dtype.element_ty, CAND)
+            for r in gl.static_range(GUESS_ROUNDS):
+                if r > 0:
+                    seen = _reload_missing(slot_ptrs, seen, tags)
+                arrived = ((seen >> 18) & 0x3FFF) == tags
+                seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
+                                              gl.SliceLayout(1, CAND))
+                guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
+                                mask=(seen_best != guess_key)[:, None], other=guess)
+                guess_key = seen_best
+            slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
+        else:
+            slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
+        cand_key = gl.max(slots, axis=1)
+        cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
+        cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
+        if GUESS_ROUNDS > 0:
+            # `other=guess`: a warp whose last guess held loads nothing here.
+            cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
+        else:
+            cand = gl.load(cand_ptrs)
+        return cand_key, cand
+
+    @gluon.jit
     def _agree(key_smem, cand_key, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
         """The CTA's winner among the warps' candidates: (winning key, its column = the warp that holds its row).
         The one CTA sync of the exchange sits between the store and the load (inserted by Triton's membar pass)."""
@@ -257,34 +293,8 @@ if HAVE_GLUON:
                                   mask=rows0 + HALF < shard_end, other=0.0)
             slot_ptrs = keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE
             tags = gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            if GUESS_ROUNDS > 0:
-                # The row of the warp's best among the slots already there travels while the warp waits for the
-                # rest: GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the
-                # guess changed), then the spin; the row is fetched after the spin only if a later slot won.
-                seen = _load_relaxed(slot_ptrs)
-                guess_key = gl.full([NW], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
-                guess = gl.zeros([NW, R], w1_ptr.dtype.element_ty, CAND)
-                for r in gl.static_range(GUESS_ROUNDS):
-                    if r > 0:
-                        seen = _reload_missing(slot_ptrs, seen, tags)
-                    arrived = ((seen >> 18) & 0x3FFF) == tags
-                    seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
-                                                  gl.SliceLayout(1, CAND))
-                    guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
-                                    mask=(seen_best != guess_key)[:, None], other=guess)
-                    guess_key = seen_best
-                slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
-            else:
-                slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
-            # Cut 1: the warp's best with shuffles only, and its W1 row, before any CTA-wide sync.
-            cand_key = gl.max(slots, axis=1)
-            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
-            cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
-            if GUESS_ROUNDS > 0:
-                # `other=guess`: a warp whose last guess held loads nothing here.
-                cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
-            else:
-                cand = gl.load(cand_ptrs)
+            cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND, SPIN_LIMIT,
+                                              GUESS_ROUNDS)
         winner, col = _agree(key_smem, cand_key, KEYS, NW)
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
@@ -453,29 +463,8 @@ if HAVE_GLUON:
                                    TILES_P2, ST, U_TILES)
             slot_ptrs = keys_ptr + (kslot * NUM_PROGS + prog) * KEY_STRIDE
             tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            if GUESS_ROUNDS > 0:
-                seen = _load_relaxed(slot_ptrs)
-                guess_key = gl.full([CANDS], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
-                guess = gl.zeros([CANDS, R], w1_ptr.dtype.element_ty, CAND)
-                for r in gl.static_range(GUESS_ROUNDS):
-                    if r > 0:
-                        seen = _reload_missing(slot_ptrs, seen, tags)
-                    arrived = ((seen >> 18) & 0x3FFF) == tags
-                    seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
-                                                  gl.SliceLayout(1, CAND))
-                    guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
-                                    mask=(seen_best != guess_key)[:, None], other=guess)
-                    guess_key = seen_best
-                slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
-            else:
-                slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
-            cand_key = gl.max(slots, axis=1)
-            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
-            cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
-            if GUESS_ROUNDS > 0:
-                cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
-            else:
-                cand = gl.load(cand_ptrs)
+            cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND, SPIN_LIMIT,
+                                              GUESS_ROUNDS)
             u_tiles.store(u_next)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
