@@ -116,6 +116,22 @@ if HAVE_GLUON:
             }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, C: gl.constexpr, SLOTS: gl.constexpr,
+                    NUM_PROGS: gl.constexpr, SPIN: gl.constexpr, CAND: gl.constexpr):
+        """The [C, SLOTS] programs whose keys candidate row c polls (c * SLOTS + s; padding slots poll this program's
+        own key, published just before every poll), the spin's error address in that layout, and step 0's
+        candidates: every row holds the anchor's W1 row with key 0 (its key is irrelevant: column 0 wins the tie)."""
+        o_c = gl.arange(0, C, gl.SliceLayout(1, SPIN))
+        o_s = gl.arange(0, SLOTS, gl.SliceLayout(0, SPIN))
+        o_p = o_c[:, None] * SLOTS + o_s[None, :]
+        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
+        err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
+        x_first = gl.load(first_ptr).to(gl.int64)
+        cand = gl.load(w1_ptr + x_first * stride_w1 + gl.full([C, 1], 0, gl.int64, CAND) + o_cr[None, :])
+        cand_key = gl.full([C], 0, gl.int64, gl.SliceLayout(1, SPIN))
+        return prog, err_addr, cand, cand_key
+
+    @gluon.jit
     def _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND: gl.constexpr,
                          SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr):
         """(candidate keys [C], their W1 rows [C, R] in CAND) from the [C, slots] tagged slots, row c polled by one
@@ -161,6 +177,19 @@ if HAVE_GLUON:
         cols = gl.arange(0, NW, KEYS_LAYOUT)
         col = gl.min(gl.where(keys == winner, cols, NW), axis=0)
         return winner, col
+
+    @gluon.jit
+    def _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS_LAYOUT: gl.constexpr, C: gl.constexpr):
+        """The candidates' W1 rows into the wgmma B operand (generic stores, fenced for the async proxy before the
+        agreeing sync), the winner agreed, the previous step's token stored by program 0; returns the winner's
+        column."""
+        b_smem.store(cand)
+        fence_async_shared()
+        winner, col = _agree(key_smem, cand_key, KEYS_LAYOUT, C)
+        if k > 0:
+            if pid == 0:
+                gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
+        return col
 
     @gluon.jit
     def _cta_max(keys, best_smem, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
@@ -239,18 +268,9 @@ if HAVE_GLUON:
 
         o_half = gl.arange(0, HALF, ROW_OF_ACC)
         o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
-        o_w = gl.arange(0, NW, gl.SliceLayout(1, SPIN))
-        o_s = gl.arange(0, SLOTS_PER_WARP, gl.SliceLayout(0, SPIN))
-        o_p = o_w[:, None] * SLOTS_PER_WARP + o_s[None, :]
-        # Padding slots poll this program's own key (published just before every poll).
-        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
-        err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
+        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, NW,
+                                                     SLOTS_PER_WARP, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
-
-        # Step 0's candidates: every warp holds the anchor (its key is irrelevant: column 0 wins the tie).
-        x_first = gl.load(first_ptr).to(gl.int64)
-        cand = gl.load(w1_ptr + x_first * stride_w1 + gl.full([NW, 1], 0, gl.int64, CAND) + o_cr[None, :])
-        cand_key = gl.full([NW], 0, gl.int64, gl.SliceLayout(1, SPIN))
         u_half0 = gl.load(u_ptr + shard_begin + o_half, mask=shard_begin + o_half < shard_end, other=0.0)
         if HALVES == 2:
             u_half1 = gl.load(u_ptr + shard_begin + HALF + o_half, mask=shard_begin + HALF + o_half < shard_end,
@@ -258,12 +278,7 @@ if HAVE_GLUON:
         zero_acc = gl.zeros([HALF, NW], gl.float32, ACC)
         for k in range(num_steps):
             # Each warp's candidate row into its B column (warps arrive here one by one, after their own spins).
-            b_smem.store(cand)
-            fence_async_shared()
-            winner, col = _agree(key_smem, cand_key, KEYS, NW)
-            if k > 0:
-                if pid == 0:
-                    gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
+            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS, NW)
             b_view = b_smem.permute((1, 0))
             if RS_ROWS > 0:
                 acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
@@ -409,25 +424,13 @@ if HAVE_GLUON:
         fence_async_shared()
 
         o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
-        o_c = gl.arange(0, CANDS, gl.SliceLayout(1, SPIN))
-        o_s = gl.arange(0, SLOTS_PER_CAND, gl.SliceLayout(0, SPIN))
-        o_p = o_c[:, None] * SLOTS_PER_CAND + o_s[None, :]
-        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
-        err_addr = err_ptr.to(gl.int64) + 0 * o_p.to(gl.int64)
+        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
+                                                     SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
-
-        x_first = gl.load(first_ptr).to(gl.int64)
-        cand = gl.load(w1_ptr + x_first * stride_w1 + gl.full([CANDS, 1], 0, gl.int64, CAND) + o_cr[None, :])
-        cand_key = gl.full([CANDS], 0, gl.int64, gl.SliceLayout(1, SPIN))
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
         for k in range(num_steps):
             # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
-            b_smem.store(cand)
-            fence_async_shared()
-            winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
-            if k > 0:
-                if pid == 0:
-                    gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
+            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
             b_view = b_smem.permute((1, 0))
             run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
             for t in gl.static_range(RES_T):
