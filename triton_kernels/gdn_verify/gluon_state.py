@@ -1,0 +1,351 @@
+"""Gluon prototype of the stacked state pass (`VerifyConfig(stacked=True, gluon_state=True)`), compile-checked only.
+
+Computes what `stacked._stacked_state_kernel` computes (same inputs, outputs and workspace writes: u, O, raw v; tf32
+state product, tf32x3 or tf32 small products), organised so that an SM keeps state reads in flight while items'
+tails run (eval/notes/gdn_verify.md, "Session 6, PG"):
+
+    grid (H, B): one CTA per (k-head, request), warp-specialised
+      producer   1 warp    TMA: Z = [k; q] of the k-head once, then every [BV, K] state block of the k-head's
+                           v-heads into a per-consumer ring (mbarrier ready / empty pairs)
+      consumer c 4 warps   (one per v-head of the k-head, HV / H <= 2) per value block: v conv (pointer loads, before
+                           the ring wait), P^T = S Z^T (wgmma, state block and Z straight from the TMA'd shared
+                           memory), release the ring slot, Y^T = P^T F^T + Vc^T E^T (tf32x3: 3 + 3 wgmmas, A from
+                           registers, F^T / E^T split hi / lo once per v-head into shared memory), stores
+
+Why this shape (the per-block pass's ncu profile, call 1 of GB6): ~1,350 instructions per 4-warp program at ~27 % of
+issue slots, 4 CTAs per SM, each CTA waiting on its one state block before a tail with nothing in flight. Here:
+(1) the slot is released as soon as the first product has read it, so the producer's next TMA overlaps the tail;
+(2) Z is read once per (k-head, request) instead of once per (v-head, block), the factors' tf32x3 split once per
+v-head instead of once per block; (3) the producer holds few registers (setmaxnreg), so the two consumer warpgroups
+of two CTAs (~104 KB shared each at STAGES 1) share an SM: 4 tails in flight as now, with the next blocks' reads
+already issued.
+
+Compiles only for sm_90 (wgmma, TMA); `gluon_state_plan` decides, and says why not (the launcher logs it once and runs
+the Triton state pass). Not run under TRITON_INTERPRET.
+"""
+import triton
+import triton.language as tl
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    HAVE_GLUON = True
+except ImportError:  # a Triton without Gluon (or an older Gluon API): gluon_state_plan says so
+    HAVE_GLUON = False
+
+# Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
+CHECKED_TRITON = ("3.6", "3.9")
+NUM_CONSUMER_WARPS = 4  # one warpgroup: wgmma M = 64 = BV
+BLOCK_V = 64
+# setmaxnreg of the TMA warp and of the second consumer warpgroup (the first keeps what the compile gives it)
+PRODUCER_REGS = tl.constexpr(40)
+CONSUMER_REGS = tl.constexpr(152)
+
+
+def gluon_state_plan(ssm_state, config, num_k_heads, block_t, capability, triton_version=None, have_gluon=None):
+    """Why the Gluon state pass cannot run this call (a sentence), or None when it can. Pure host logic (CPU-tested):
+    ssm_state [slots, HV, V, K] (only its shape, dtype, strides and alignment are read); capability (major, minor)
+    of the device, None off the GPU."""
+    have_gluon = HAVE_GLUON if have_gluon is None else have_gluon
+    version = ".".join((triton_version or triton.__version__).split(".")[:2])
+    num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    if not have_gluon:
+        return "triton.experimental.gluon (hopper TMA / wgmma / warp_specialize) is not importable"
+    if version not in CHECKED_TRITON:
+        return f"Triton {version} is not one the Gluon state pass was compiled on ({', '.join(CHECKED_TRITON)})"
+    if capability is None or tuple(capability) != (9, 0):
+        return f"the Gluon state pass needs sm_90 (wgmma), got {capability}"
+    if config.stacked_dot not in ("tf32x3", "tf32") or config.big_dot != "tf32":
+        return f"the Gluon state pass has tf32 / tf32x3 products only (big_dot {config.big_dot}, stacked_dot " \
+               f"{config.stacked_dot})"
+    heads_per_group = num_v_heads // num_k_heads
+    if heads_per_group > 2:
+        return f"the Gluon state pass has one consumer warpgroup per v-head of a k-head (<= 2), got {heads_per_group}"
+    if head_v_dim % BLOCK_V or head_k_dim not in (64, 128) or 2 * block_t > 64:
+        return f"the Gluon state pass needs V % {BLOCK_V} == 0, K in (64, 128), BT <= 32 (V {head_v_dim}, " \
+               f"K {head_k_dim}, BT {block_t})"
+    if ssm_state.dtype not in _STATE_DTYPES:
+        return f"the Gluon state pass reads fp32 or bf16 states, got {ssm_state.dtype}"
+    slot_bytes = ssm_state.stride(0) * ssm_state.element_size()
+    if ssm_state.stride(0) % head_k_dim or slot_bytes % 16 or ssm_state.data_ptr() % 16 \
+            or ssm_state.stride(1) != head_v_dim * head_k_dim or not ssm_state[0].is_contiguous():
+        return "ssm state slots are not TMA-addressable as [BV, K] boxes of one 2-D view (slot stride " \
+               f"{ssm_state.stride(0)} elements not a multiple of K = {head_k_dim} and 16 bytes, or base unaligned)"
+    return None
+
+
+def _state_dtypes():
+    import torch
+    return (torch.float32, torch.bfloat16)
+
+
+_STATE_DTYPES = _state_dtypes()
+
+
+def _state_rows_view(ssm_state):
+    """The states as one [rows, K] matrix (row = slot * stride(0) / K + hv * V + v): a padded slot stride (vLLM's
+    interleaved pages) is a whole number of K-wide rows, so one 2-D descriptor addresses every slot."""
+    num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    slot_rows = ssm_state.stride(0) // head_k_dim
+    rows = (num_slots - 1) * slot_rows + num_v_heads * head_v_dim
+    return ssm_state.as_strided((rows, head_k_dim), (head_k_dim, 1)), slot_rows
+
+
+def launch_gluon_state(mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out,
+                       workspace, ws_rows, has_ws_rows, z_kq, fac, config, num_k_heads, block_t, wait_prep):
+    """One CTA per (k-head, request) (shapes checked by gdn_verify and gluon_state_plan)."""
+    import torch
+    num_requests = cu_seqlens.shape[0] - 1
+    _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
+    width, conv_dim = conv_wT.shape
+    rows, slot_rows = _state_rows_view(ssm_state)
+    gl_state_ty = gl.float32 if ssm_state.dtype == torch.float32 else gl.bfloat16
+    state_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_V, head_k_dim], gl_state_ty)
+    z_layout = gl.NVMMASharedLayout.get_default_for([2 * block_t, head_k_dim], gl.float32)
+    state_desc = GluonTensorDescriptor.from_tensor(rows, [BLOCK_V, head_k_dim], state_layout)
+    z_desc = GluonTensorDescriptor.from_tensor(z_kq.view(-1, head_k_dim), [2 * block_t, head_k_dim], z_layout)
+    _gluon_state_kernel[(num_k_heads, num_requests)](
+        mixed_qkv, conv_wT, conv_bias, conv_state, state_indices, cu_seqlens, out, workspace.u, workspace.x, ws_rows,
+        fac, state_desc, z_desc, mixed_qkv.stride(0), conv_state.stride(0), slot_rows, workspace.max_len,
+        H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width, BT=block_t, BV=BLOCK_V,
+        HAS_BIAS=conv_bias is not None, SMALL_X3=config.stacked_dot == "tf32x3", HAS_WS_ROWS=has_ws_rows,
+        WAIT_PREP=wait_prep, STAGES=config.gluon_stages, num_warps=NUM_CONSUMER_WARPS,
+        **(dict(launch_pdl=True) if wait_prep else {}),
+    )
+    return out
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _grid_dependency_wait(token):
+        """griddepcontrol.wait (PDL: the prep grid's writes are visible after it) for the threads that run it."""
+        return gl.inline_asm_elementwise("griddepcontrol.wait;\nmov.u32 $0, $1;", "=r,r", [token], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+
+    @gluon.jit
+    def _tf32_split(a):
+        """(hi, lo) with hi = a's top 19 bits (exact in tf32) and lo = a - hi (exact in fp32): hi x hi + hi x lo +
+        lo x hi on tf32 tensor cores is the tf32x3 product."""
+        hi = (a.to(gl.int32, bitcast=True) & -8192).to(gl.float32, bitcast=True)
+        return hi, a - hi
+
+    @gluon.jit
+    def _store_factor_split(dst_hi, dst_lo, p_rows, ROWS: gl.constexpr, COLS: gl.constexpr, row_stride,
+                            LOAD: gl.constexpr, SMALL_X3: gl.constexpr):
+        """A [ROWS (k), COLS (n)] factor tile (F^T or E^T rows) into shared memory as the wgmma B operand, stored
+        [n, k] (K-major: what tf32 wgmma reads), split hi / lo for tf32x3."""
+        o_r = gl.arange(0, ROWS, gl.SliceLayout(1, LOAD))
+        o_c = gl.arange(0, COLS, gl.SliceLayout(0, LOAD))
+        tile = gl.load(p_rows + o_r[:, None] * row_stride + o_c[None, :])
+        if SMALL_X3:
+            hi, lo = _tf32_split(tile)
+            dst_hi.store(gl.permute(hi, (1, 0)))
+            dst_lo.store(gl.permute(lo, (1, 0)))
+        else:
+            dst_hi.store(gl.permute(tile, (1, 0)))
+
+    @gluon.jit
+    def _conv_silu_vt(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D: gl.constexpr,
+                      W: gl.constexpr, HAS_BIAS: gl.constexpr, LAYOUT: gl.constexpr):
+        """[C, BT] silu(causal depth-W conv) over channels o_c, tokens along columns (stacked._conv_silu_t)."""
+        acc = gl.zeros([o_c.shape[0], o_t.shape[0]], gl.float32, LAYOUT)
+        if HAS_BIAS:
+            acc += gl.load(conv_b + o_c).to(gl.float32)[:, None]
+        for j in gl.static_range(W):
+            src = o_t + (j - (W - 1))
+            b_x = gl.load(x + (bos + src)[None, :] * stride_x + o_c[:, None], mask=(m_t & (src >= 0))[None, :],
+                          other=0.0)
+            b_s = gl.load(conv_window + (src + (W - 1))[None, :] * D + o_c[:, None],
+                          mask=(m_t & (src < 0))[None, :], other=0.0)
+            acc += (b_x.to(gl.float32) + b_s.to(gl.float32)) * gl.load(conv_wT + j * D + o_c).to(gl.float32)[:, None]
+        acc = acc * (1.0 / (1.0 + gl.exp(-acc)))
+        return gl.where(m_t[None, :], acc, 0.0)
+
+    @gluon.jit
+    def _state_producer(state_desc, z_desc, ring, ready, empty, z_smem, z_bar, slot, z_row, i_h, slot_rows,
+                        HPG: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
+                        WAIT_PREP: gl.constexpr):
+        """The TMA warp: Z once (after the prep grid when WAIT_PREP), and each consumer's state blocks in order, a
+        slot reused once its consumer's first product has read it."""
+        NVB: gl.constexpr = V // BV
+        row0 = (slot * slot_rows).to(gl.int32)
+        for it in gl.static_range(NVB):
+            for c in gl.static_range(HPG):
+                if it >= STAGES:
+                    mbarrier.wait(empty.index(c * STAGES + it % STAGES), (it // STAGES - 1) % 2)
+                slot_s = ring.index(c * STAGES + it % STAGES)
+                mbarrier.expect(ready.index(c * STAGES + it % STAGES), state_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(state_desc, [row0 + (i_h * HPG + c) * V + it * BV, 0],
+                                                ready.index(c * STAGES + it % STAGES), slot_s)
+            if it == 0:  # the first blocks are in flight: now wait for the prep's Z
+                if WAIT_PREP:
+                    _grid_dependency_wait(z_row)
+                mbarrier.expect(z_bar.index(0), z_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(z_desc, [z_row, 0], z_bar.index(0), z_smem)
+
+    @gluon.jit
+    def _state_consumer(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar,
+                        f_hi, f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_hv, stride_x,
+                        C: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                        D: gl.constexpr, W: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                        HAS_BIAS: gl.constexpr, SMALL_X3: gl.constexpr, STAGES: gl.constexpr,
+                        WAIT_PREP: gl.constexpr):
+        """One v-head's value blocks: conv, first product from the ring, factors, stores (stacked._stacked_block)."""
+        NVB: gl.constexpr = V // BV
+        NW: gl.constexpr = gl.num_warps()
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                      instr_shape=[16, 2 * BT, 8])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=1)
+        # value columns (contiguous in memory) along threads: every load / store of v, u, O is coalesced along them
+        COLS: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, NW], [0, 1])
+        FAC: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        o_t = gl.arange(0, BT, gl.SliceLayout(0, COLS))
+        m_t = o_t < seqlen
+        o_c = gl.arange(0, 2 * BT, gl.SliceLayout(0, COLS))
+        t_c = gl.where(o_c < BT, o_c, o_c - BT)
+        m_c = t_c < seqlen
+        p_o_col = ((bos + t_c) * HV + i_hv) * V
+        p_u_col = ((ws_base + t_c) * HV + i_hv) * V
+        ws_t = ws_base + o_t
+        token = seqlen.to(gl.int32)
+        for it in gl.static_range(NVB):
+            stage = C * STAGES + it % STAGES
+            o_v = it * BV + gl.arange(0, BV, gl.SliceLayout(1, COLS))
+            o_xv = 2 * H * K + i_hv * V + o_v
+            b_xv = gl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
+            b_vc = _conv_silu_vt(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS,
+                                 COLS)
+            gl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+            if it == 0:  # the factors of this v-head, once: after the prep grid when WAIT_PREP
+                if WAIT_PREP:
+                    token = _grid_dependency_wait(token)
+                p_f = fac + ((i_n * HV + i_hv) * 3 * BT) * 2 * BT
+                _store_factor_split(f_hi, f_lo, p_f, 2 * BT, 2 * BT, 2 * BT, FAC, SMALL_X3)
+                _store_factor_split(e_hi, e_lo, p_f + 2 * BT * 2 * BT, BT, 2 * BT, 2 * BT, FAC, SMALL_X3)
+                fence_async_shared()
+                mbarrier.wait(z_bar.index(0), 0)
+            mbarrier.wait(ready.index(stage), (it // STAGES) % 2)
+            zero = gl.zeros([BV, 2 * BT], gl.float32, ACC)
+            if ring.dtype == gl.float32:
+                b_pt = warpgroup_mma(ring.index(stage), z_smem.permute((1, 0)), zero, use_acc=False)
+            else:  # 16-bit states: widened in registers (the A operand), Z stays fp32 in shared memory
+                b_s = ring.index(stage).load(A_OP).to(gl.float32)
+                b_pt = warpgroup_mma(b_s, z_smem.permute((1, 0)), zero, use_acc=False)
+            mbarrier.arrive(empty.index(stage), count=1)  # the ring slot is free: the producer's next copy overlaps
+            vc = gl.convert_layout(b_vc, A_OP)
+            pt = gl.convert_layout(b_pt, A_OP)
+            if SMALL_X3:
+                vc_hi, vc_lo = _tf32_split(vc)
+                pt_hi, pt_lo = _tf32_split(pt)
+                y = warpgroup_mma(vc_lo, e_hi.permute((1, 0)), zero, use_acc=False)
+                y = warpgroup_mma(vc_hi, e_lo.permute((1, 0)), y)
+                y = warpgroup_mma(pt_lo, f_hi.permute((1, 0)), y)
+                y = warpgroup_mma(pt_hi, f_lo.permute((1, 0)), y)
+                y = warpgroup_mma(vc_hi, e_hi.permute((1, 0)), y)
+                y = warpgroup_mma(pt_hi, f_hi.permute((1, 0)), y)
+            else:
+                y = warpgroup_mma(vc, e_hi.permute((1, 0)), zero, use_acc=False)
+                y = warpgroup_mma(pt, f_hi.permute((1, 0)), y)
+            y = gl.convert_layout(y, COLS)
+            gl.store(ws_u + p_u_col[None, :] + o_v[:, None], y, mask=(m_c & (o_c < BT))[None, :])
+            gl.store(o + p_o_col[None, :] + o_v[:, None], y.to(o.dtype.element_ty),
+                     mask=(m_c & (o_c >= BT))[None, :])
+
+    @gluon.jit
+    def _consumer_0(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar, f_hi,
+                    f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_h, stride_x, H: gl.constexpr,
+                    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, D: gl.constexpr, W: gl.constexpr,
+                    BT: gl.constexpr, BV: gl.constexpr, HAS_BIAS: gl.constexpr, SMALL_X3: gl.constexpr,
+                    STAGES: gl.constexpr, WAIT_PREP: gl.constexpr):
+        _state_consumer(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar,
+                        f_hi.index(0), f_lo.index(0), e_hi.index(0), e_lo.index(0), bos, seqlen, ws_base, i_n,
+                        i_h * (HV // H), stride_x, 0, H, HV, K, V, D, W, BT, BV, HAS_BIAS, SMALL_X3, STAGES,
+                        WAIT_PREP)
+
+    @gluon.jit
+    def _consumer_1(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar, f_hi,
+                    f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_h, stride_x, H: gl.constexpr,
+                    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, D: gl.constexpr, W: gl.constexpr,
+                    BT: gl.constexpr, BV: gl.constexpr, HAS_BIAS: gl.constexpr, SMALL_X3: gl.constexpr,
+                    STAGES: gl.constexpr, WAIT_PREP: gl.constexpr):
+        _state_consumer(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar,
+                        f_hi.index(1), f_lo.index(1), e_hi.index(1), e_lo.index(1), bos, seqlen, ws_base, i_n,
+                        i_h * (HV // H) + 1, stride_x, 1, H, HV, K, V, D, W, BT, BV, HAS_BIAS, SMALL_X3, STAGES,
+                        WAIT_PREP)
+
+    @gluon.jit(do_not_specialize=["WS_LEN"])
+    def _gluon_state_kernel(
+        x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac, state_desc, z_desc,
+        stride_x, stride_conv_slot, slot_rows, WS_LEN,
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, D: gl.constexpr, W: gl.constexpr,
+        BT: gl.constexpr, BV: gl.constexpr, HAS_BIAS: gl.constexpr, SMALL_X3: gl.constexpr,
+        HAS_WS_ROWS: gl.constexpr, WAIT_PREP: gl.constexpr, STAGES: gl.constexpr,
+    ):
+        """CTA (k-head, request): its HV / H v-heads' V / BV value blocks (see the module docstring)."""
+        HPG: gl.constexpr = HV // H
+        NW: gl.constexpr = gl.num_warps()
+        i_h, i_n = gl.program_id(0), gl.program_id(1)
+        bos = gl.load(cu_seqlens + i_n).to(gl.int64)
+        seqlen = gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos
+        slot = gl.load(state_indices + i_n).to(gl.int64)
+        if slot <= 0:  # vLLM's null block (a padding row of a CUDA-graph batch): O rows zero, nothing else
+            ZROWS: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [NW, 1], [1, 0])
+            o_t = gl.arange(0, BT, gl.SliceLayout(1, ZROWS))
+            o_hv = gl.arange(0, HPG * V, gl.SliceLayout(0, ZROWS))
+            gl.store(o + ((bos + o_t) * HV + i_h * HPG)[:, None] * V + o_hv[None, :],
+                     gl.zeros([BT, HPG * V], o.dtype.element_ty, ZROWS), mask=(o_t < seqlen)[:, None])
+        else:
+            if HAS_WS_ROWS:
+                ws_base = gl.load(ws_rows + i_n).to(gl.int64) * WS_LEN
+            else:
+                ws_base = i_n.to(gl.int64) * WS_LEN
+            conv_window = conv_state + slot * stride_conv_slot
+            z_row = ((i_n * H + i_h) * 2 * BT).to(gl.int32)
+            ring = gl.allocate_shared_memory(state_desc.dtype, [HPG * STAGES, BV, K], state_desc.layout)
+            z_smem = gl.allocate_shared_memory(gl.float32, [2 * BT, K], z_desc.layout)
+            F_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, 2 * BT], gl.float32)
+            E_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, BT], gl.float32)
+            f_hi = gl.allocate_shared_memory(gl.float32, [HPG, 2 * BT, 2 * BT], F_SMEM)
+            e_hi = gl.allocate_shared_memory(gl.float32, [HPG, 2 * BT, BT], E_SMEM)
+            if SMALL_X3:
+                f_lo = gl.allocate_shared_memory(gl.float32, [HPG, 2 * BT, 2 * BT], F_SMEM)
+                e_lo = gl.allocate_shared_memory(gl.float32, [HPG, 2 * BT, BT], E_SMEM)
+            else:
+                f_lo = f_hi
+                e_lo = e_hi
+            ready = gl.allocate_shared_memory(gl.int64, [HPG * STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [HPG * STAGES, 1], mbarrier.MBarrierLayout())
+            z_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(HPG * STAGES):
+                mbarrier.init(ready.index(s), count=1)
+                mbarrier.init(empty.index(s), count=1)
+            mbarrier.init(z_bar.index(0), count=1)
+            fence_async_shared()
+            # argument tuples written inline: a tuple assigned to a name turns its constexprs into tensors
+            if HPG == 2:
+                gl.warp_specialize([
+                    (_consumer_0, (x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem,
+                                   z_bar, f_hi, f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_h, stride_x, H, HV, K,
+                                   V, D, W, BT, BV, HAS_BIAS, SMALL_X3, STAGES, WAIT_PREP)),
+                    (_consumer_1, (x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem,
+                                   z_bar, f_hi, f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_h, stride_x, H, HV, K,
+                                   V, D, W, BT, BV, HAS_BIAS, SMALL_X3, STAGES, WAIT_PREP)),
+                    (_state_producer, (state_desc, z_desc, ring, ready, empty, z_smem, z_bar, slot, z_row, i_h,
+                                       slot_rows, HPG, V, BV, STAGES, WAIT_PREP)),
+                ], [NW, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            else:
+                gl.warp_specialize([
+                    (_consumer_0, (x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem,
+                                   z_bar, f_hi, f_lo, e_hi, e_lo, bos, seqlen, ws_base, i_n, i_h, stride_x, H, HV, K,
+                                   V, D, W, BT, BV, HAS_BIAS, SMALL_X3, STAGES, WAIT_PREP)),
+                    (_state_producer, (state_desc, z_desc, ring, ready, empty, z_smem, z_bar, slot, z_row, i_h,
+                                       slot_rows, HPG, V, BV, STAGES, WAIT_PREP)),
+                ], [1], [PRODUCER_REGS])
+            for s in gl.static_range(HPG * STAGES):
+                mbarrier.invalidate(ready.index(s))
+                mbarrier.invalidate(empty.index(s))
+            mbarrier.invalidate(z_bar.index(0))
