@@ -32,6 +32,8 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    # triton 3.9 renamed the TMA load (3.6 has only the old name, 3.9 raises on it)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     HAVE_GLUON = True
 except ImportError:  # a Triton without Gluon (or an older Gluon API): gluon_state_plan says so
     HAVE_GLUON = False
@@ -179,13 +181,13 @@ if HAVE_GLUON:
                     mbarrier.wait(empty.index(c * STAGES + it % STAGES), (it // STAGES - 1) % 2)
                 slot_s = ring.index(c * STAGES + it % STAGES)
                 mbarrier.expect(ready.index(c * STAGES + it % STAGES), state_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(state_desc, [row0 + (i_h * HPG + c) * V + it * BV, 0],
+                _tma_load(state_desc, [row0 + (i_h * HPG + c) * V + it * BV, 0],
                                                 ready.index(c * STAGES + it % STAGES), slot_s)
             if it == 0:  # the first blocks are in flight: now wait for the prep's Z
                 if WAIT_PREP:
                     _grid_dependency_wait(z_row)
                 mbarrier.expect(z_bar.index(0), z_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(z_desc, [z_row, 0], z_bar.index(0), z_smem)
+                _tma_load(z_desc, [z_row, 0], z_bar.index(0), z_smem)
 
     @gluon.jit
     def _state_consumer(x, conv_wT, conv_b, conv_window, o, ws_u, ws_x, fac, ring, ready, empty, z_smem, z_bar,
