@@ -1455,11 +1455,17 @@ def test_gluon_state_falls_back_to_the_triton_state_pass(caplog):
     pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, gluon_state=True,
                               gluon_stages=2, stacked_dot="tf32"), 0, id="stages2-tf32"),
 ])
-def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config, slot_padding, caplog):
+@pytest.mark.parametrize("ctas", [0, 7], ids=["one-cta-per-sm", "7-ctas"])
+def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config, slot_padding, ctas, caplog,
+                                                             monkeypatch):
     """The Gluon state pass at the Qwen3-Next shape (bf16 inputs, L 1..17 with a null slot, padded slots like vLLM's
     pages) against the float64 reference (outputs and reconstructed states) and against the Triton stacked state
-    pass with the same products (u, O, raw v): equal to tf32 rounding."""
-    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    pass with the same products (u, O, raw v): equal to tf32 rounding. ctas 7: the persistent grid cut to 7 CTAs,
+    so that each walks ~11 of the 80 (k-head, request) items (ring and Z-buffer phases wrapping, a null item
+    between live ones); one per SM gives each CTA at most one item here."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs, stacked as stacked_mod
+    if ctas:
+        monkeypatch.setattr(gs, "num_sms", lambda device: ctas)
     stacked_mod._warn_once.cache_clear()
     with caplog.at_level("WARNING"):
         _check_real_shape(state_dtype, config, False, slot_padding=slot_padding)
