@@ -1229,7 +1229,8 @@ def main():
                         help="a few eager launches to profile with ncu (default set v4)")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
                         help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
-                             "default), gb6 (session 6: TMA loads), pg (session 6: the Gluon state pass, b8 / b32 / b64)")
+                             "default), gb6 (session 6: TMA loads), pg (session 6: the Gluon state pass at b8 / b32 / "
+                             "b64)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")

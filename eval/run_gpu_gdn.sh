@@ -40,7 +40,8 @@
 #               the floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
 #               occupancy) on the --ncu-target gb6 launches -> $OUT/diag/ (call 1 timed persistent state passes,
 #               since removed; the set now holds the TMA-load forms)
-#   MODE=gdiag  (session 6, PG; not yet run) the Gluon state pass's GPU tests beside bench_gdn_verify.py --state-diag pg
+#   MODE=gdiag  (session 6, PG; not yet run) the Gluon state pass's GPU tests (xdist, carry .whl), then
+#               bench_gdn_verify.py --state-diag pg
 #               (L16 b8 / b32 / b64: the tuned picks and the Gluon forms, prep / state pass alone and both, every graph
 #               replay vs the b32 pick's eager outputs), then ncu on the Gluon and the per-block state pass (--ncu-target
 #               pg) -> $OUT/diag/
@@ -95,20 +96,25 @@ fi
 
 if [ "$MODE" = gdiag ]; then
     mkdir -p "$OUT/diag"
-    ( timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k gluon_state \
-        tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/diag/pytest.log" ) &
+    # tests first, not beside the timing (12 tests, 2 of them with the float64 CPU reference: ~70 s each per worker)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
+        -k gluon_state tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1
+    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/diag/pytest.log"
     timeout ${DIAG_S:-200} python3 eval/bench_gdn_verify.py --state-diag pg --rep-ms 20 --out "$OUT/diag" \
         --budget-s ${DIAG_BUDGET_S:-170} > "$OUT/diag/diag.log" 2>&1
     echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
-    wait
-    grep -E "gluon_state:" "$OUT/diag/diag.log" | sort | uniq -c | head -5  # a fallback line = the Gluon pass did not run
+    # a fallback line = the Gluon pass did not run
+    grep -E "gluon_state:" "$OUT/diag/diag.log" | sort | uniq -c | head -5
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ]; then
-        timeout ${NCU_S:-60} "$NCU" --clock-control none -k regex:"stacked_state|gluon_state" -c 6 --section SpeedOfLight \
-            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        timeout ${NCU_S:-60} "$NCU" --clock-control none -k regex:"stacked_state|gluon_state" -c 6 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
             python3 eval/bench_gdn_verify.py --ncu-target pg > "$OUT/diag/ncu.txt" 2>&1
         echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
-        grep -E "state_kernel|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
+        grep -E -e "state_kernel|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ" \
+            -e "Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
             "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
     else
         echo "== no ncu"
