@@ -63,6 +63,26 @@ export PYTHONPATH=/tmp/pk
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
+# ncu (stall reasons, occupancy) on bench_gdn_verify.py --ncu-target $2's launches of kernels matching $1 ($3 = the
+# default NCU_S), then the state diag's summary ($OUT/diag: pytest.log, diag.log)
+state_diag_ncu_and_summary() {
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        timeout ${NCU_S:-$3} "$NCU" --clock-control none -k regex:"$1" -c 6 --section SpeedOfLight \
+            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 eval/bench_gdn_verify.py --ncu-target $2 > "$OUT/diag/ncu.txt" 2>&1
+        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E -e "$1|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput" \
+            -e "DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
+    else
+        echo "== no ncu"
+    fi
+    tail -3 "$OUT/diag/pytest.log"
+    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
+    sed -n '/^part /,$p' "$OUT/diag/diag.log"
+    tail -2 "$OUT/diag/diag.log"
+}
+
 if [ "$MODE" = diag ]; then
     mkdir -p "$OUT/diag"
     timeout ${DIAG_S:-150} python3 eval/bench_gdn_verify.py --diagnose --rep-ms 20 --out "$OUT/diag" --budget-s ${DIAG_BUDGET_S:-115} \
@@ -107,22 +127,7 @@ if [ "$MODE" = gdiag ]; then
     echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
     # a fallback line = the Gluon pass did not run
     grep -E "gluon_state:" "$OUT/diag/diag.log" | sort | uniq -c | head -5
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-    if [ -n "$NCU" ]; then
-        timeout ${NCU_S:-60} "$NCU" --clock-control none -k regex:"stacked_state|gluon_state" -c 6 \
-            --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-            python3 eval/bench_gdn_verify.py --ncu-target pg > "$OUT/diag/ncu.txt" 2>&1
-        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
-        grep -E -e "state_kernel|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ" \
-            -e "Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
-            "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
-    else
-        echo "== no ncu"
-    fi
-    tail -3 "$OUT/diag/pytest.log"
-    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
-    sed -n '/^part /,$p' "$OUT/diag/diag.log"
-    tail -2 "$OUT/diag/diag.log"
+    state_diag_ncu_and_summary "stacked_state|gluon_state" pg 60
 fi
 
 if [ "$MODE" = pdiag ]; then
@@ -133,21 +138,7 @@ if [ "$MODE" = pdiag ]; then
         --budget-s ${DIAG_BUDGET_S:-110} > "$OUT/diag/diag.log" 2>&1
     echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
     wait
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-    if [ -n "$NCU" ]; then
-        timeout ${NCU_S:-45} "$NCU" --clock-control none -k regex:stacked_state -c 6 --section SpeedOfLight \
-            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-            python3 eval/bench_gdn_verify.py --ncu-target gb6 > "$OUT/diag/ncu.txt" 2>&1
-        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
-        grep -E "stacked_state|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
-            "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
-    else
-        echo "== no ncu"
-    fi
-    tail -3 "$OUT/diag/pytest.log"
-    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
-    sed -n '/^part /,$p' "$OUT/diag/diag.log"
-    tail -2 "$OUT/diag/diag.log"
+    state_diag_ncu_and_summary stacked_state gb6 45
 fi
 
 if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then

@@ -1033,6 +1033,14 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
 
 
+def _padded_slots(ssm, pad):
+    """The same states as a view whose slots are `pad` elements (NaN) apart beyond their size (vLLM's pages)."""
+    slots, per_slot = ssm.shape[0], ssm[0].numel()
+    padded = torch.full((slots, per_slot + pad), float("nan"), dtype=ssm.dtype, device=ssm.device)
+    padded[:, :per_slot] = ssm.reshape(slots, per_slot)
+    return padded.as_strided(ssm.shape, (per_slot + pad, *ssm.stride()[1:]))
+
+
 def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0, lens=(17, 4, 1, 16, 9)):
     """Verify + reconstruct at the Qwen3-Next shape (bf16 inputs, L 1..17, a null slot) vs the float64 reference;
     slot_padding > 0: the ssm states are a view whose slots are that many elements (NaN) apart beyond their size."""
@@ -1040,11 +1048,7 @@ def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0, lens=(17,
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                      state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
     if slot_padding:
-        slots, per_slot = p["ssm_state"].shape[0], p["ssm_state"][0].numel()
-        padded = torch.full((slots, per_slot + slot_padding), float("nan"), dtype=state_dtype, device="cuda")
-        padded[:, :per_slot] = p["ssm_state"].reshape(slots, per_slot)
-        p["ssm_state"] = padded.as_strided(p["ssm_state"].shape,
-                                           (per_slot + slot_padding, *p["ssm_state"].stride()[1:]))
+        p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
     ws = workspace_for(p, max_len=32)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -1386,7 +1390,8 @@ def _qwen3_next_states(state_dtype=torch.float32, pad=0, heads=(16, 32), dims=(1
     (dict(capability=(8, 0)), "needs sm_90"),
     (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, stacked_dot="ieee")), "tf32 / tf32x3"),
     (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, big_dot="tf32x3")), "tf32 / tf32x3"),
-    (dict(num_k_heads=8), "<= 2"),
+    (dict(num_k_heads=8), "(2), got 4"),
+    (dict(num_k_heads=32), "(2), got 1"),
     (dict(block_t=32), "lengths <= 16"),
     (dict(state=_qwen3_next_states(torch.float16)), "fp32 or bf16"),
     (dict(state=_qwen3_next_states(pad=64)), "not TMA-addressable"),  # a slot stride that is not whole K rows
@@ -1396,7 +1401,7 @@ def _qwen3_next_states(state_dtype=torch.float32, pad=0, heads=(16, 32), dims=(1
 ])
 def test_gluon_state_plan_says_why_not(change, reason):
     """gluon_state_plan is the one place that decides whether the Gluon state pass runs: None only on sm_90 with a
-    checked Triton, tf32 products, <= 2 v-heads per k-head and slots one 2-D descriptor can address."""
+    checked Triton, tf32 products, 2 v-heads per k-head, L <= 16 and slots one 2-D descriptor can address."""
     from hybridspec_kernels.gdn_verify import gluon_state as gs
     args = dict(state=_qwen3_next_states(), config=VerifyConfig(block_v=64, two_pass=True, stacked=True,
                                                                  gluon_state=True),
@@ -1477,11 +1482,7 @@ def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config
         p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                          state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,), seed=5)
         if slot_padding:
-            slots, per_slot = p["ssm_state"].shape[0], p["ssm_state"][0].numel()
-            padded = torch.full((slots, per_slot + slot_padding), float("nan"), dtype=state_dtype, device="cuda")
-            padded[:, :per_slot] = p["ssm_state"].reshape(slots, per_slot)
-            p["ssm_state"] = padded.as_strided(p["ssm_state"].shape,
-                                               (per_slot + slot_padding, *p["ssm_state"].stride()[1:]))
+            p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
         results = []
         stacked_mod._warn_once.cache_clear()
         caplog.clear()

@@ -8,7 +8,7 @@ tails run (eval/notes/gdn_verify.md, "Session 6, PG"):
       producer   1 warp    TMA: per item, each consumer's [BV, K] state blocks into its ring of `gluon_stages` slots
                            and Z = [k; q] of the k-head into one of two buffers (mbarrier ready / empty pairs); it
                            runs ahead into the next item while the consumers finish this one
-      consumer c 4 warps   (v-head c of the k-head: HV / H <= 2 consumers) per value block: v conv (pointer loads,
+      consumer c 4 warps   (v-head c of the k-head: HV / H = 2 consumers) per value block: v conv (pointer loads,
                            before the ring wait), P^T = S Z^T (wgmma, state block and Z straight from the TMA'd shared
                            memory), release the ring slot, Y^T = P^T F^T + Vc^T E^T (tf32x3: 3 + 3 wgmmas, A from
                            registers, F^T / E^T split hi / lo once per item into shared memory), stores
@@ -68,8 +68,8 @@ def gluon_state_plan(ssm_state, config, num_k_heads, block_t, capability, triton
         return f"the Gluon state pass has tf32 / tf32x3 products only (big_dot {config.big_dot}, stacked_dot " \
                f"{config.stacked_dot})"
     heads_per_group = num_v_heads // num_k_heads
-    if heads_per_group > 2:
-        return f"the Gluon state pass has one consumer warpgroup per v-head of a k-head (<= 2), got {heads_per_group}"
+    if heads_per_group != 2:  # Qwen3-Next, Qwen3.5 / 3.6: 16 k-heads, 32 v-heads
+        return f"the Gluon state pass has one consumer warpgroup per v-head of a k-head (2), got {heads_per_group}"
     if block_t > 16:  # triton 3.6, BT 32, fp32 states: 246 KB shared (over the 227 KB an SM has), 752 B spilled
         return f"the Gluon state pass is built for verify lengths <= 16 (BT 16), got BT {block_t}"
     if head_v_dim % BLOCK_V or head_k_dim not in (64, 128):
@@ -220,7 +220,8 @@ if HAVE_GLUON:
                         BV: gl.constexpr, HAS_BIAS: gl.constexpr, SMALL_X3: gl.constexpr,
                         HAS_WS_ROWS: gl.constexpr, STAGES: gl.constexpr, WAIT_PREP: gl.constexpr):
         """Consumer C: v-head C of each work item's k-head, its value blocks one after another: conv, first product
-        from the ring, factors, stores (stacked._stacked_block). A null slot's item stores O zeros only."""
+        from the ring, factors (its own f / e buffers: index C), stores (stacked._stacked_block). A null slot's item
+        stores O zeros only."""
         NVB: gl.constexpr = V // BV
         HPG: gl.constexpr = HV // H
         NW: gl.constexpr = gl.num_warps()
@@ -267,8 +268,9 @@ if HAVE_GLUON:
                 gl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
                 if it == 0:  # this v-head's factors, once per item (the previous item's products are complete)
                     p_f = fac + ((i_n * HV + i_hv) * 3 * BT) * 2 * BT
-                    _store_factor_split(f_hi, f_lo, p_f, 2 * BT, 2 * BT, 2 * BT, FAC, SMALL_X3)
-                    _store_factor_split(e_hi, e_lo, p_f + 2 * BT * 2 * BT, BT, 2 * BT, 2 * BT, FAC, SMALL_X3)
+                    _store_factor_split(f_hi.index(C), f_lo.index(C), p_f, 2 * BT, 2 * BT, 2 * BT, FAC, SMALL_X3)
+                    _store_factor_split(e_hi.index(C), e_lo.index(C), p_f + 2 * BT * 2 * BT, BT, 2 * BT, 2 * BT, FAC,
+                                        SMALL_X3)
                     fence_async_shared()
                     mbarrier.wait(z_ready.index(zs), (j // 2) % 2)
                 mbarrier.wait(ready.index(stage), (g // STAGES) % 2)
@@ -286,42 +288,18 @@ if HAVE_GLUON:
                 if SMALL_X3:
                     vc_hi, vc_lo = _tf32_split(vc)
                     pt_hi, pt_lo = _tf32_split(pt)
-                    y = warpgroup_mma(vc_lo, e_hi.permute((1, 0)), zero, use_acc=False)
-                    y = warpgroup_mma(vc_hi, e_lo.permute((1, 0)), y)
-                    y = warpgroup_mma(pt_lo, f_hi.permute((1, 0)), y)
-                    y = warpgroup_mma(pt_hi, f_lo.permute((1, 0)), y)
-                    y = warpgroup_mma(vc_hi, e_hi.permute((1, 0)), y)
-                    y = warpgroup_mma(pt_hi, f_hi.permute((1, 0)), y)
+                    y = warpgroup_mma(vc_lo, e_hi.index(C).permute((1, 0)), zero, use_acc=False)
+                    y = warpgroup_mma(vc_hi, e_lo.index(C).permute((1, 0)), y)
+                    y = warpgroup_mma(pt_lo, f_hi.index(C).permute((1, 0)), y)
+                    y = warpgroup_mma(pt_hi, f_lo.index(C).permute((1, 0)), y)
+                    y = warpgroup_mma(vc_hi, e_hi.index(C).permute((1, 0)), y)
+                    y = warpgroup_mma(pt_hi, f_hi.index(C).permute((1, 0)), y)
                 else:
-                    y = warpgroup_mma(vc, e_hi.permute((1, 0)), zero, use_acc=False)
-                    y = warpgroup_mma(pt, f_hi.permute((1, 0)), y)
+                    y = warpgroup_mma(vc, e_hi.index(C).permute((1, 0)), zero, use_acc=False)
+                    y = warpgroup_mma(pt, f_hi.index(C).permute((1, 0)), y)
                 y = gl.where(slot > 0, gl.convert_layout(y, COLS), 0.0)  # a null slot's factors are garbage
                 gl.store(ws_u + p_u_col[None, :] + o_v[:, None], y, mask=m_u[None, :])
                 gl.store(o + p_o_col[None, :] + o_v[:, None], y.to(o.dtype.element_ty), mask=m_o[None, :])
-
-    @gluon.jit
-    def _consumer_0(x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac, ring,
-                    ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x, stride_conv_slot,
-                    WS_LEN, num_work, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                    D: gl.constexpr, W: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, HAS_BIAS: gl.constexpr,
-                    SMALL_X3: gl.constexpr, HAS_WS_ROWS: gl.constexpr, STAGES: gl.constexpr,
-                    WAIT_PREP: gl.constexpr):
-        _state_consumer(x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac, ring,
-                        ready, empty, z_smem, z_ready, z_empty, f_hi.index(0), f_lo.index(0), e_hi.index(0),
-                        e_lo.index(0), stride_x, stride_conv_slot, WS_LEN, num_work, 0, H, HV, K, V, D, W, BT, BV,
-                        HAS_BIAS, SMALL_X3, HAS_WS_ROWS, STAGES, WAIT_PREP)
-
-    @gluon.jit
-    def _consumer_1(x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac, ring,
-                    ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x, stride_conv_slot,
-                    WS_LEN, num_work, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                    D: gl.constexpr, W: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, HAS_BIAS: gl.constexpr,
-                    SMALL_X3: gl.constexpr, HAS_WS_ROWS: gl.constexpr, STAGES: gl.constexpr,
-                    WAIT_PREP: gl.constexpr):
-        _state_consumer(x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac, ring,
-                        ready, empty, z_smem, z_ready, z_empty, f_hi.index(1), f_lo.index(1), e_hi.index(1),
-                        e_lo.index(1), stride_x, stride_conv_slot, WS_LEN, num_work, 1, H, HV, K, V, D, W, BT, BV,
-                        HAS_BIAS, SMALL_X3, HAS_WS_ROWS, STAGES, WAIT_PREP)
 
     @gluon.jit(do_not_specialize=["WS_LEN", "num_work"])
     def _gluon_state_kernel(
@@ -358,28 +336,18 @@ if HAVE_GLUON:
             mbarrier.init(z_empty.index(s), count=HPG)  # every consumer's last product of the item has read Z
         fence_async_shared()
         # argument tuples written inline: a tuple assigned to a name turns its constexprs into tensors
-        if HPG == 2:
-            gl.warp_specialize([
-                (_consumer_0, (x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac,
-                               ring, ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x,
-                               stride_conv_slot, WS_LEN, num_work, H, HV, K, V, D, W, BT, BV, HAS_BIAS, SMALL_X3,
-                               HAS_WS_ROWS, STAGES, WAIT_PREP)),
-                (_consumer_1, (x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac,
-                               ring, ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x,
-                               stride_conv_slot, WS_LEN, num_work, H, HV, K, V, D, W, BT, BV, HAS_BIAS, SMALL_X3,
-                               HAS_WS_ROWS, STAGES, WAIT_PREP)),
-                (_state_producer, (state_indices, state_desc, z_desc, ring, ready, empty, z_smem, z_ready, z_empty,
-                                   slot_rows, num_work, H, HPG, V, BT, BV, STAGES, WAIT_PREP)),
-            ], [NW, 1], [CONSUMER_REGS, PRODUCER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer_0, (x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, fac,
-                               ring, ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x,
-                               stride_conv_slot, WS_LEN, num_work, H, HV, K, V, D, W, BT, BV, HAS_BIAS, SMALL_X3,
-                               HAS_WS_ROWS, STAGES, WAIT_PREP)),
-                (_state_producer, (state_indices, state_desc, z_desc, ring, ready, empty, z_smem, z_ready, z_empty,
-                                   slot_rows, num_work, H, HPG, V, BT, BV, STAGES, WAIT_PREP)),
-            ], [1], [PRODUCER_REGS])
+        gl.warp_specialize([
+            (_state_consumer, (x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows,
+                               fac, ring, ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x,
+                               stride_conv_slot, WS_LEN, num_work, 0, H, HV, K, V, D, W, BT, BV, HAS_BIAS,
+                               SMALL_X3, HAS_WS_ROWS, STAGES, WAIT_PREP)),
+            (_state_consumer, (x, conv_wT, conv_b, conv_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows,
+                               fac, ring, ready, empty, z_smem, z_ready, z_empty, f_hi, f_lo, e_hi, e_lo, stride_x,
+                               stride_conv_slot, WS_LEN, num_work, 1, H, HV, K, V, D, W, BT, BV, HAS_BIAS,
+                               SMALL_X3, HAS_WS_ROWS, STAGES, WAIT_PREP)),
+            (_state_producer, (state_indices, state_desc, z_desc, ring, ready, empty, z_smem, z_ready, z_empty,
+                               slot_rows, num_work, H, HPG, V, BT, BV, STAGES, WAIT_PREP)),
+        ], [NW, 1], [CONSUMER_REGS, PRODUCER_REGS])
         for s in gl.static_range(HPG * STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
