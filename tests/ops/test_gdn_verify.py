@@ -1397,7 +1397,7 @@ def _qwen3_next_states(state_dtype=torch.float32, pad=0, heads=(16, 32), dims=(1
     (dict(state=_qwen3_next_states(pad=64)), "not TMA-addressable"),  # a slot stride that is not whole K rows
     (dict(state=_qwen3_next_states(pad=12288)), None),  # vLLM's fp32 page: ssm + conv state, whole K rows
     (dict(state=_qwen3_next_states(torch.bfloat16, pad=24576)), None),
-    (dict(state=_qwen3_next_states(dims=(96, 128))), "V % 64"),
+    (dict(state=_qwen3_next_states(dims=(64, 128))), "K = V = 128"),
 ])
 def test_gluon_state_plan_says_why_not(change, reason):
     """gluon_state_plan is the one place that decides whether the Gluon state pass runs: None only on sm_90 with a

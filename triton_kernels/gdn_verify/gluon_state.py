@@ -33,7 +33,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+        fence_async_shared, mbarrier, tma, warpgroup_mma)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
     # triton 3.9 renamed the TMA load (3.6 has only the old name, 3.9 raises on it)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -72,8 +72,8 @@ def gluon_state_plan(ssm_state, config, num_k_heads, block_t, capability, triton
         return f"the Gluon state pass has one consumer warpgroup per v-head of a k-head (2), got {heads_per_group}"
     if block_t > 16:  # triton 3.6, BT 32, fp32 states: 246 KB shared (over the 227 KB an SM has), 752 B spilled
         return f"the Gluon state pass is built for verify lengths <= 16 (BT 16), got BT {block_t}"
-    if head_v_dim % BLOCK_V or head_k_dim not in (64, 128):
-        return f"the Gluon state pass needs V % {BLOCK_V} == 0 and K in (64, 128) (V {head_v_dim}, K {head_k_dim})"
+    if (head_k_dim, head_v_dim) != (128, 128):  # the shape compile-checked (Qwen3-Next, Qwen3.5 / 3.6)
+        return f"the Gluon state pass is built for K = V = 128 (K {head_k_dim}, V {head_v_dim})"
     if ssm_state.dtype not in _STATE_DTYPES:
         return f"the Gluon state pass reads fp32 or bf16 states, got {ssm_state.dtype}"
     slot_bytes = ssm_state.stride(0) * ssm_state.element_size()
