@@ -9,7 +9,9 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw, or hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts).
+WHAT: gdn, hw, hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts)
+or gdng (gdn_verify's Gluon state pass prototype beside the Triton stacked state pass it replaces, at the
+Qwen3-Next shape, with per-opcode-family instruction counts).
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
 
@@ -42,7 +44,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg"):
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg", "gdng"):
     sys.exit(__doc__)
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -329,4 +331,76 @@ def hwg():
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
 
 
-gdn() if WHAT == "gdn" else hwg() if WHAT == "hwg" else hw()
+
+
+OP_FAMILIES = ("HGMMA", "HMMA", "LDG", "STG", "LDS", "STS", "LDSM", "UTMALDG", "SYNCS", "BAR", "SHFL", "F2FP", "FFMA",
+               "LOP3", "IMAD", "IADD3", "MUFU", "WARPGROUP", "USETMAXREG")
+
+
+def op_counts(ins):
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0] for i in ins]
+    return {fam: sum(op == fam for op in ops) for fam in OP_FAMILIES}
+
+
+def gdng():
+    """The Gluon state pass (stacked + gluon_state) beside the Triton stacked state pass with the same inputs
+    (per-block BV64, pointer and TMA loads, with and without PDL) at the Qwen3-Next shape, L 16 and 17 (BT 32), b32,
+    fp32 and bf16 states, padded slots (vLLM's page stride)."""
+    from hybridspec_kernels.gdn_verify import stacked as sk, gluon_state as gs, verify as vf
+    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
+    sk._stacked_state_kernel = Capture(sk._stacked_state_kernel)
+    sk._stacked_prep_kernel = Capture(sk._stacked_prep_kernel)
+    gs._gluon_state_kernel = Capture(gs._gluon_state_kernel)
+    H, HV, K, V, W, B = 16, 32, 128, 128, 4, 32
+    D = 2 * H * K + HV * V
+    bf = torch.bfloat16
+    for L in (16, 17):
+        BT = 16 if L <= 16 else 32
+        T = B * L
+        x = torch.empty(T, D, dtype=bf)
+        conv_wT = torch.empty(W, D, dtype=bf)
+        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
+        idx = torch.arange(1, B + 1, dtype=torch.int32)
+        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
+        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu").layer(0)
+        out = torch.empty(T, HV, V, dtype=bf)
+        z_kq, fac = sk.stacked_scratch("cpu", B, H, HV, BT, K)
+        rows = {"pointers": (None,), "constexprs": {"HAS_WS_ROWS": False}}
+        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
+        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
+        for state_dtype in (torch.float32, bf):
+            pages = torch.empty(B + 1, HV * V * K + 64 * K, dtype=state_dtype)  # a padded slot stride
+            ssm = pages[:, :HV * V * K].view(B + 1, HV, V, K)
+            sd = "fp32" if state_dtype == torch.float32 else "bf16"
+            for form in ("triton", "triton_tma", "triton_pdl", "triton_pdl_tma", "gluon", "gluon_pdl",
+                         "gluon_s2", "gluon_tf32"):
+                name = f"gdng_L{L}_b{B}_{sd}_{form}"
+                if ONLY and name not in ONLY:
+                    continue
+                cfg = vf.VerifyConfig(two_pass=True, stacked=True, block_v=64, pdl="pdl" in form,
+                                      tma_loads="tma" in form, gluon_state=form.startswith("gluon"),
+                                      gluon_stages=2 if form.endswith("s2") else 1,
+                                      stacked_dot="tf32" if form.endswith("tf32") else "tf32x3")
+                del captured[:]
+                if form.startswith("gluon"):
+                    why = gs.gluon_state_plan(ssm, cfg, H, BT, (9, 0))
+                    if why:
+                        print(f"{name:40} NOT PLANNED: {why}", flush=True)
+                        continue
+                    gs.launch_gluon_state(x, conv_wT, None, conv_state, ssm, idx, cu, out, ws, None, False, z_kq,
+                                          fac, cfg, H, BT, "pdl" in form)
+                else:
+                    sk._interpreting = lambda: False
+                    sk.launch_stacked(x, a, b, conv_wT, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, out,
+                                      1.0, cfg, H, BT, 3, "tf32", "ieee", rows, scratch=(z_kq, fac))
+                fn, args, kwargs = captured[-1]  # the state pass (after the prep when both launch)
+                try:
+                    sass = compile_captured(name, fn, args, kwargs)
+                    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
+                except Exception as exc:  # what a Triton version rejects is the finding, not a crash
+                    print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
+                    continue
+                print(f"{name:40} ops {json.dumps(op_counts(ins))}", flush=True)
+
+
+{"gdn": gdn, "gdng": gdng, "hwg": hwg, "hw": hw}[WHAT]()

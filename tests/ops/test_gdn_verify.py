@@ -1033,18 +1033,22 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
 
 
-def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0):
+def _padded_slots(ssm, pad):
+    """The same states as a view whose slots are `pad` elements (NaN) apart beyond their size (vLLM's pages)."""
+    slots, per_slot = ssm.shape[0], ssm[0].numel()
+    padded = torch.full((slots, per_slot + pad), float("nan"), dtype=ssm.dtype, device=ssm.device)
+    padded[:, :per_slot] = ssm.reshape(slots, per_slot)
+    return padded.as_strided(ssm.shape, (per_slot + pad, *ssm.stride()[1:]))
+
+
+def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0, lens=(17, 4, 1, 16, 9)):
     """Verify + reconstruct at the Qwen3-Next shape (bf16 inputs, L 1..17, a null slot) vs the float64 reference;
     slot_padding > 0: the ssm states are a view whose slots are that many elements (NaN) apart beyond their size."""
-    lens = [17, 4, 1, 16, 9]
+    lens = list(lens)
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                      state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
     if slot_padding:
-        slots, per_slot = p["ssm_state"].shape[0], p["ssm_state"][0].numel()
-        padded = torch.full((slots, per_slot + slot_padding), float("nan"), dtype=state_dtype, device="cuda")
-        padded[:, :per_slot] = p["ssm_state"].reshape(slots, per_slot)
-        p["ssm_state"] = padded.as_strided(p["ssm_state"].shape,
-                                           (per_slot + slot_padding, *p["ssm_state"].stride()[1:]))
+        p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
     ws = workspace_for(p, max_len=32)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -1365,3 +1369,131 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
                num_warps=num_warps)
         wrong += int((p["conv_state"] != expected).flatten(1).any(1).sum())
     assert wrong == 0, f"{wrong} conv windows wrong over 60 launches"
+
+
+# Session 6, PG: the Gluon state pass (stacked + gluon_state; gluon_state.py). Gluon does not run in the interpreter:
+# on the CPU only its selection / fallback logic is tested; the kernel itself in the GPU test below.
+def _qwen3_next_states(state_dtype=torch.float32, pad=0, heads=(16, 32), dims=(128, 128), slots=3):
+    num_v_heads, (v, k) = heads[1], dims
+    per_slot = num_v_heads * v * k
+    pages = torch.zeros(slots, per_slot + pad, dtype=state_dtype)
+    return pages.as_strided((slots, num_v_heads, v, k), (per_slot + pad, v * k, k, 1))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(), None),
+    (dict(have_gluon=False), "not importable"),
+    (dict(triton_version="3.5.1"), "Triton 3.5 is not one"),
+    (dict(triton_version="3.10.0"), "Triton 3.10 is not one"),
+    (dict(capability=None), "needs sm_90"),
+    (dict(capability=(10, 0)), "needs sm_90"),
+    (dict(capability=(8, 0)), "needs sm_90"),
+    (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, stacked_dot="ieee")), "tf32 / tf32x3"),
+    (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, big_dot="tf32x3")), "tf32 / tf32x3"),
+    (dict(num_k_heads=8), "(2), got 4"),
+    (dict(num_k_heads=32), "(2), got 1"),
+    (dict(block_t=32), "lengths <= 16"),
+    (dict(state=_qwen3_next_states(torch.float16)), "fp32 or bf16"),
+    (dict(state=_qwen3_next_states(pad=64)), "not TMA-addressable"),  # a slot stride that is not whole K rows
+    (dict(state=_qwen3_next_states(pad=12288)), None),  # vLLM's fp32 page: ssm + conv state, whole K rows
+    (dict(state=_qwen3_next_states(torch.bfloat16, pad=24576)), None),
+    (dict(state=_qwen3_next_states(dims=(64, 128))), "K = V = 128"),
+])
+def test_gluon_state_plan_says_why_not(change, reason):
+    """gluon_state_plan is the one place that decides whether the Gluon state pass runs: None only on sm_90 with a
+    checked Triton, tf32 products, 2 v-heads per k-head, L <= 16 and slots one 2-D descriptor can address."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs
+    args = dict(state=_qwen3_next_states(), config=VerifyConfig(block_v=64, two_pass=True, stacked=True,
+                                                                 gluon_state=True),
+                num_k_heads=16, block_t=16, capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    args.update(change)
+    why = gs.gluon_state_plan(args.pop("state"), args.pop("config"), args.pop("num_k_heads"), args.pop("block_t"),
+                              **args)
+    assert (why is None) if reason is None else (reason in why), why
+    assert gs.gluon_state_plan(_qwen3_next_states(), VerifyConfig(), 16, 16, (9, 0), "3.9.0", True) is None
+
+
+def test_gluon_state_rows_view_addresses_every_slot():
+    """The 2-D [rows, K] view the state descriptor reads: row slot * stride(0) / K + hv * V + v is S[slot, hv, v]."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs
+    ssm = _qwen3_next_states(pad=3 * 16, heads=(2, 4), dims=(32, 16), slots=4)
+    ssm.copy_(torch.randn(ssm.shape))
+    rows, slot_rows = gs._state_rows_view(ssm)
+    assert slot_rows == ssm.stride(0) // 16 and rows.shape == ((4 - 1) * slot_rows + 4 * 32, 16)
+    for slot, hv, v in [(0, 0, 0), (3, 3, 31), (2, 1, 17)]:
+        assert torch.equal(rows[slot * slot_rows + hv * 32 + v], ssm[slot, hv, v])
+
+
+def test_gluon_state_config_refusals():
+    with pytest.raises(ValueError, match="gluon_state needs stacked"):
+        VerifyConfig(two_pass=True, gluon_state=True)
+    with pytest.raises(ValueError, match="gluon_state needs stacked"):
+        VerifyConfig(two_pass=True, stacked=True, whole_v=True, gluon_state=True)
+    with pytest.raises(ValueError, match="gluon_stages"):
+        VerifyConfig(two_pass=True, stacked=True, gluon_state=True, gluon_stages=3)
+
+
+@needs_kernels
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's fallback")
+def test_gluon_state_falls_back_to_the_triton_state_pass(caplog):
+    """Under the interpreter (and wherever gluon_state_plan says no) gluon_state runs the Triton state pass, with one
+    log line, and the same outputs."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    lens = [5, 1, 12]
+    p = make_problem(lens, head_v_dim=32, seed=37, null_requests=(1,))
+    stacked_mod._warn_once.cache_clear()
+    config = VerifyConfig(block_v=16, two_pass=True, stacked=True, gluon_state=True)
+    with caplog.at_level("WARNING"):
+        out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert "gluon_state: the Triton interpreter does not run Gluon; running the Triton state pass" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("config,slot_padding", [
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, gluon_state=True), 0,
+                 id="bv64"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128, gluon_state=True),
+                 24576, id="pdl-vllm-page"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, gluon_state=True,
+                              gluon_stages=2, stacked_dot="tf32"), 0, id="stages2-tf32"),
+])
+@pytest.mark.parametrize("ctas", [0, 7], ids=["one-cta-per-sm", "7-ctas"])
+def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config, slot_padding, ctas, caplog,
+                                                             monkeypatch):
+    """The Gluon state pass at the Qwen3-Next shape (bf16 inputs, L 1..16 with a null slot, padded slots like vLLM's
+    pages) against the Triton stacked state pass with the same products (u, O, raw v: equal to tf32 rounding), and in
+    one case against the float64 reference (outputs and reconstructed states; ~1 min of CPU). ctas 7: the persistent
+    grid cut to 7 CTAs, so that each walks ~11 of the 80 (k-head, request) items (ring and Z-buffer phases wrapping,
+    a null item between live ones); one per SM gives each CTA at most one item here. L 17 (BT 32) runs the Triton
+    state pass, with one log line."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs, stacked as stacked_mod
+    if ctas:
+        monkeypatch.setattr(gs, "num_sms", lambda device: ctas)
+    lens = [16, 4, 1, 13, 9]  # L <= 16: the lengths the Gluon pass is built for
+    if ctas == 0 and not slot_padding and not config.pdl and config.stacked_dot == "tf32x3":
+        stacked_mod._warn_once.cache_clear()
+        with caplog.at_level("WARNING"):
+            _check_real_shape(state_dtype, config, False, lens=lens)
+        assert "gluon_state:" not in caplog.text, caplog.text  # the Gluon pass ran (no fallback)
+    for lens in (lens, [17, 4, 1, 16, 9]):
+        p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                         state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,), seed=5)
+        if slot_padding:
+            p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
+        results = []
+        stacked_mod._warn_once.cache_clear()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            for cfg in (config, dataclasses.replace(config, gluon_state=False)):
+                ws = workspace_for(p, max_len=32)
+                for t in (ws.u, ws.x):
+                    t.fill_(0)
+                out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+                gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=cfg)
+                results.append((out.float(), ws.u.clone(), ws.x.float()))
+        (o_g, u_g, x_g), (o_t, u_t, x_t) = results
+        assert rel_err(u_g, u_t) < 1e-5 and rel_err(o_g, o_t) < 4e-3 and torch.equal(x_g, x_t)
+        assert ("verify lengths <= 16" in caplog.text) == (max(lens) > 16), caplog.text

@@ -656,6 +656,12 @@ class VerifyConfig:
     # into shared memory, where the first product reads them) instead of per-thread loads staged in registers. H200
     # (final9, 901b3f2): with PDL 3.5-3.8 % faster at batch 64, ~1 % at 8 / 32, slower without PDL
     tma_loads: bool = False
+    # session 6, PG (stacked; prototype, compile-checked, not yet timed): the state pass as a warp-specialised Gluon
+    # kernel, one CTA per (k-head, request): a TMA warp streams state blocks into a per-v-head ring of gluon_stages
+    # slots, one warpgroup per v-head runs the products and stores (gluon_state.py). Falls back to the Triton state
+    # pass, with one log line, where gluon_state_plan says it cannot run
+    gluon_state: bool = False
+    gluon_stages: int = 1
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -692,6 +698,10 @@ class VerifyConfig:
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if self.tma_loads and not self.stacked:
             raise ValueError("tma_loads needs stacked")
+        if self.gluon_state and (not self.stacked or self.whole_v):
+            raise ValueError("gluon_state needs stacked (one value block per program: no whole_v)")
+        if not 1 <= self.gluon_stages <= 2:
+            raise ValueError(f"gluon_stages must be 1 or 2, got {self.gluon_stages}")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
