@@ -10,6 +10,7 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
 WHAT: gdn, hw, hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts)
+hwr (the Gluon B > 1 prototype, gluon_rows, beside the Triton default builds at the same batch)
 or gdng (gdn_verify's Gluon state pass prototype beside the Triton stacked state pass it replaces, at the
 Qwen3-Next shape, with per-opcode-family instruction counts).
 
@@ -44,7 +45,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg", "gdng"):
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg", "hwr", "gdng"):
     sys.exit(__doc__)
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -333,6 +334,46 @@ def hwg():
 
 
 
+def hwr():
+    """head_walk(gluon=True) at several greedy rows (gluon_rows) beside the Triton walk's default build of the same
+    batch (probe / poll): registers, stack, shared memory and the step loop's instructions."""
+    import hybridspec_kernels.head_walk.gluon_rows as gr
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
+    steps, rank = 15, 256
+    for vocab, rows in ((32000, 8), (32000, 32), (32000, 5), (32000, 16), (30011, 32), (9001, 32)):
+        for form in ("triton", "gluon"):
+            name = f"hwr_v{vocab}_b{rows}_{form}"
+            if ONLY and name not in ONLY:
+                continue
+            u = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
+            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
+            first = torch.zeros(rows, dtype=torch.long)
+            tokens = torch.empty(rows, steps, dtype=torch.long)
+            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
+            del captured[:]
+            if form == "triton":
+                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                             None, None, None, None, None, None, 0, 1.0)
+            else:
+                why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
+                                              dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
+                assert why is None, why
+                walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
+            (fn, args, kwargs), = captured
+            print(name, cfg, flush=True)
+            try:
+                sass = compile_captured(name, fn, args, kwargs)
+            except Exception as exc:  # what a Triton version rejects is the finding, not a crash
+                print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+                continue
+            print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+
+
 OP_FAMILIES = ("HGMMA", "HMMA", "LDG", "STG", "LDS", "STS", "LDSM", "UTMALDG", "SYNCS", "BAR", "SHFL", "F2FP", "FFMA",
                "LOP3", "IMAD", "IADD3", "MUFU", "WARPGROUP", "USETMAXREG")
 
@@ -403,4 +444,4 @@ def gdng():
                 print(f"{name:40} ops {json.dumps(op_counts(ins))}", flush=True)
 
 
-{"gdn": gdn, "gdng": gdng, "hwg": hwg, "hw": hw}[WHAT]()
+{"gdn": gdn, "gdng": gdng, "hwg": hwg, "hwr": hwr, "hw": hw}[WHAT]()

@@ -963,3 +963,128 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, GLUON_STREAM_FORMS)
+
+
+def test_gluon_rows_selection(monkeypatch):
+    """Which walks gluon_rows' kernel takes (no GPU needed): 2..32 greedy Markov rows of 2-byte weights on sm_90 with
+    Triton 3.6 / 3.9, a persistent plan of at most 256 resident rows a program and 2..16 poll slots a thread; the
+    poll tile's geometry (lane = batch row) and its PTX (one load per slot before the loop, one predicated re-read
+    per slot inside it); anything else says why."""
+    import hybridspec_kernels.head_walk.gluon_rows as gr
+    import hybridspec_kernels.head_walk.walk as walk
+
+    assert gr.poll_geometry(125, 32) == (32, 128, 16, 32)
+    assert gr.poll_geometry(125, 8) == (8, 128, 4, 8)
+    assert gr.poll_geometry(125, 5) == (8, 128, 4, 8)
+    assert gr.poll_geometry(125, 16) == (16, 128, 8, 16)
+    assert gr.poll_geometry(71, 2) == (8, 128, 4, 8)
+    for slots in (2, 4, 8, 16):
+        ptx = gr.poll_ptx(slots)
+        assert ptx.count("ld.relaxed.gpu.global.b64") == 2 * slots and f"${5 * slots}" not in ptx
+        assert f"${4 * slots}]" in ptx and gr.poll_constraints(slots).count(",") == 5 * slots - 1
+    bf = torch.bfloat16
+    base = dict(num_rows=32, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    for vocab, rows in ((32000, 32), (32000, 8), (32000, 5), (32000, 2), (30011, 32), (9001, 32)):
+        plan = _gpu_plan(monkeypatch, vocab, rows)
+        assert walk.why_not_gluon_rows(plan, **dict(base, num_rows=rows)) is None, (vocab, rows)
+    b32 = _gpu_plan(monkeypatch, 32000, 32)
+    assert walk.why_not_gluon_rows(b32, **dict(base, triton_version="3.9.0", form="ss",
+                                               dtypes=(torch.float16, torch.float16, torch.float32))) is None
+    assert walk.why_not_gluon_rows(_gpu_plan(monkeypatch, 32000, 32, exchange="poll"), **base) is None
+    rejected = {
+        "no gluon": (b32, dict(base, have_gluon=False)),
+        "triton 3.5": (b32, dict(base, triton_version="3.5.1")),
+        "triton 3.10": (b32, dict(base, triton_version="3.10.0")),
+        "interpreter / cpu": (b32, dict(base, capability=None)),
+        "blackwell": (b32, dict(base, capability=(10, 0))),
+        "a batch-1 form": (b32, dict(base, form="rs")),
+        "one row": (_gpu_plan(monkeypatch, 32000, 1), dict(base, num_rows=1)),
+        "33 rows": (_gpu_plan(monkeypatch, 32000, 33), dict(base, num_rows=33)),
+        "64 rows": (_gpu_plan(monkeypatch, 32000, 64), dict(base, num_rows=64)),
+        "gated head": (b32, dict(base, head="gated_markov")),
+        "sampled": (b32, dict(base, sampled=True)),
+        "d2t / cache / confidence": (b32, dict(base, extras=True)),
+        "fp32 weights": (b32, dict(base, dtypes=(torch.float32, torch.float32, bf))),
+        "rank 128": (b32, dict(base, rank=128)),
+        "lockstep": (_gpu_plan(monkeypatch, 32000, 32, lockstep=True), base),
+        "152k (streamed shards)": (_gpu_plan(monkeypatch, 151936, 32), base),
+        "over 256 programs (a larger GPU)": (dataclasses.replace(b32, programs=257), base),
+    }
+    for case, (plan, kw) in rejected.items():
+        assert isinstance(walk.why_not_gluon_rows(plan, **kw), str), case
+
+
+@needs_kernels
+def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
+    """head_walk(gluon=True) with several rows where gluon_rows cannot walk (the interpreter / CPU) or its build fails
+    walks the Triton kernel, with the same tokens, and says so once in a log line."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_logged", set())
+    p = make_problem(3, 5, 250, seed=44)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for form in (True, "rs", True):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+            assert torch.equal(tokens, ref), form
+    said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
+    assert len(said) == 2 and all("Gluon does not run in the interpreter" in m for m in said), said
+
+    class FailingBuild:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PassManager::run failed")
+            return launch
+
+    caplog.clear()
+    monkeypatch.setattr(walk, "why_not_gluon_rows", lambda *a, **k: None)
+    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", FailingBuild())
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=True)
+            assert torch.equal(tokens, ref)
+    said = [r.getMessage() for r in caplog.records if "Gluon rows build failed" in r.getMessage()]
+    assert len(said) == 1 and "PassManager::run failed" in said[0], said
+    assert len(walk._gluon_failed) == 1
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab", [32000, 30011], ids=["v32k", "v30011"])
+@pytest.mark.parametrize("rows", [8, 32, 5])
+@pytest.mark.parametrize("steps", [15, 7])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps, seed):
+    """gluon_rows' walk (per-warp poll of [P / 8, B] slots in one PTX loop, one CTA sync, W1 rows gathered by the
+    warps that own the rows) proposes exactly the tokens of the Triton walk: twice, interleaved with the Triton walk
+    on the same workspace, then in CUDA-graph replays on new base logits; no wait gives up, and a fallback to the
+    Triton walk fails the test."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
+    _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon=True)})
+    errors = barrier_errors(DEVICE)
+    U = p.U.clone()
+    tokens = torch.empty(rows, steps, dtype=torch.long, device=DEVICE)
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    triton_launch = walk._launch
+    monkeypatch.setattr(walk, "_launch", no_fallback)
+    head_walk(U, p.w1, p.w2, p.x0, out=tokens, gluon=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        head_walk(U, p.w1, p.w2, p.x0, out=tokens, gluon=True)
+    monkeypatch.setattr(walk, "_launch", triton_launch)
+    for replay in range(4):
+        U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
+        graph.replay()
+        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref), replay
+    assert barrier_errors(DEVICE) == errors

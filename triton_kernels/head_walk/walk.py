@@ -23,7 +23,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import gluon_b1
+from . import gluon_b1, gluon_rows
 from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
 
 logger = logging.getLogger(__name__)
@@ -543,7 +543,18 @@ def head_walk(
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
-    if gluon:
+    if gluon and num_rows > 1:
+        reason = why_not_gluon_rows(
+            cfg, num_rows=num_rows, head=head, sampled=sampled,
+            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
+                    or req_indices is not None or tokens.stride(-1) != 1),
+            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, form=gluon)
+        if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale):
+            return tokens, draft_logits, confidence
+        if reason is not None:
+            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+    elif gluon:
         reason = why_not_gluon_b1(
             cfg, num_rows=num_rows, head=head, sampled=sampled,
             extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
@@ -609,6 +620,47 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
                 f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
     if rs and cfg.chunk_rows <= gluon_b1.HALF_ROWS:
         return f"gluon='rs' needs shards over {gluon_b1.HALF_ROWS} rows (the register half), got {cfg.chunk_rows}"
+    return None
+
+
+def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                       dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                       capability: tuple[int, int] | None, form: bool | str = True,
+                       triton_version: str = triton.__version__,
+                       have_gluon: bool = gluon_rows.HAVE_GLUON) -> str | None:
+    """None where gluon_rows' kernel walks these B > 1 rows exactly as the Triton walk would, else why not (the log
+    line of the fallback). Arguments as why_not_gluon_b1; form: the gluon= value (one form here: True / "ss")."""
+    w1_dtype, w2_dtype, u_dtype = dtypes
+    version = ".".join(triton_version.split(".")[:2])
+    if not have_gluon:
+        return f"triton {triton_version} has no triton.experimental.gluon"
+    if version not in gluon_rows.CHECKED_TRITON:
+        return f"triton {triton_version}: the Gluon kernel was checked on {', '.join(gluon_rows.CHECKED_TRITON)} only"
+    if capability is None:
+        return "no CUDA device (Gluon does not run in the interpreter)"
+    if tuple(capability) != (9, 0):
+        return f"compute capability {capability[0]}.{capability[1]}: the kernel's wgmma needs sm_90"
+    if form not in (True, "ss"):
+        return f"gluon={form!r} is a batch-1 form; {num_rows} rows walk gluon_rows' one form (True / 'ss')"
+    if not 2 <= num_rows <= gluon_rows.MAX_ROWS:
+        return f"{num_rows} rows: the Gluon rows walk takes 2..{gluon_rows.MAX_ROWS}"
+    if head != "markov" or sampled or extras:
+        return "only greedy Markov rows without d2t / draft logits / confidence / req_indices"
+    if w1_dtype != w2_dtype or w2_dtype not in (torch.bfloat16, torch.float16):
+        return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
+    if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"base logits dtype {u_dtype}"
+    if rank != 256:
+        return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
+    if not cfg.multi:
+        return f"plan lockstep={cfg.lockstep} / multi={cfg.multi}: only the persistent walk has a Gluon form"
+    if cfg.chunk_rows > gluon_rows.MAX_SHARD_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk keeps at most {gluon_rows.MAX_SHARD_ROWS} "
+                f"rows a program resident (no streamed form)")
+    _, _, slots, _ = gluon_rows.poll_geometry(cfg.programs, num_rows)
+    if slots > gluon_rows.MAX_SLOTS_PER_THREAD or slots < 2:
+        return (f"{cfg.programs} programs x {num_rows} rows: {slots} slots a thread (the poll is built for 2.."
+                f"{gluon_rows.MAX_SLOTS_PER_THREAD})")
     return None
 
 
@@ -688,6 +740,31 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
+
+
+def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
+    """One launch of gluon_rows' kernel (why_not_gluon_rows said yes); False (logged, remembered per build) where it
+    does not compile, so the caller walks the Triton kernel."""
+    rank = w1.shape[1]
+    num_rows = u.shape[0]
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    bn, pp, slots, lanes_b = gluon_rows.poll_geometry(cfg.programs, num_rows)
+    rows = max(gluon_rows.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
+    key = ("rows", cfg, bn, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
+            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first,
+            tokens, tokens.stride(0), wsp["keys"], wsp["gen"], wsp["err"], num_rows, u.shape[1], u.shape[2],
+            float(logit_scale), R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs,
+            KEY_STRIDE=cfg.block_rows, BN=bn, PP=pp, K=slots, LANES_B=lanes_b, SCALED=float(logit_scale) != 1.0,
+            SPIN_LIMIT=SPIN_LIMIT, num_warps=gluon_rows.NUM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon rows build failed ({_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
 
