@@ -718,6 +718,20 @@ TUNE_CASES_V19 = [
     ("gluon_rs_res256s3_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES256_S3)),
     ("default_v150001_b1", 150001, 1, {}), ("gluon_v150001_b1", 150001, 1, dict(gluon=True)),
     ("default_again_v152k_b1", 151936, 1, {})]
+# Session 6 (PB, v20; not run yet): gluon_rows' walk of several greedy rows (each warp polls its 16 programs' [B] keys
+# in one PTX loop, one CTA sync, the W1 rows gathered by the warps that own the rows, 3 CTA syncs a step) beside each
+# batch's default Triton walk (b8 poll, b32 probe), same run; 30011: 118 programs, a short last shard; b5: padded
+# rows. Floors (132 programs of 64 rows) of the Gluon walk beside local / poll / probe. Rows with gluon_ran False fell
+# back to the Triton walk.
+TUNE_CASES_V20 = [
+    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")), ("gluon_v32k_b32", 32000, 32, dict(gluon=True)),
+    ("poll_v32k_b8", 32000, 8, dict(exchange="poll")), ("gluon_v32k_b8", 32000, 8, dict(gluon=True)),
+    ("probe_v32k_b16", 32000, 16, dict(exchange="probe")), ("gluon_v32k_b16", 32000, 16, dict(gluon=True)),
+    ("poll_v32k_b5", 32000, 5, dict(exchange="poll")), ("gluon_v32k_b5", 32000, 5, dict(gluon=True)),
+    ("probe_v30011_b32", 30011, 32, dict(exchange="probe")), ("gluon_v30011_b32", 30011, 32, dict(gluon=True)),
+    ("probe_again_v32k_b32", 32000, 32, dict(exchange="probe"))]
+FLOORS_V20 = [("local", 8), ("poll", 8), ("gluon", 8, dict(gluon=True)), ("local", 32), ("probe", 32),
+              ("gluon", 32, dict(gluon=True))]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -785,6 +799,7 @@ LADDERS = {
     "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
     "v18": dict(rule={}, cases=TUNE_CASES_V18, floors=FLOORS_V18),
     "v19": dict(rule={}, cases=TUNE_CASES_V19, floors=[]),
+    "v20": dict(rule={}, cases=TUNE_CASES_V20, floors=FLOORS_V20),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

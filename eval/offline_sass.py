@@ -344,7 +344,8 @@ def hwr():
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
     steps, rank = 15, 256
-    for vocab, rows in ((32000, 8), (32000, 32), (32000, 5), (32000, 16), (30011, 32), (9001, 32)):
+    # 8448 = 132 programs x 64 rows: the bench's sync floors (32 poll slots a thread at b32).
+    for vocab, rows in ((32000, 8), (32000, 32), (32000, 5), (32000, 16), (30011, 32), (9001, 32), (8448, 32)):
         for form in ("triton", "gluon"):
             name = f"hwr_v{vocab}_b{rows}_{form}"
             if ONLY and name not in ONLY:
@@ -354,7 +355,8 @@ def hwr():
             w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
             first = torch.zeros(rows, dtype=torch.long)
             tokens = torch.empty(rows, steps, dtype=torch.long)
-            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
+            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), **(dict(tile_rows=64) if vocab == 8448
+                                                                                 else {}))
             del captured[:]
             if form == "triton":
                 walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,

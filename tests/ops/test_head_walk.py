@@ -978,7 +978,8 @@ def test_gluon_rows_selection(monkeypatch):
     assert gr.poll_geometry(125, 5) == (8, 128, 4, 8)
     assert gr.poll_geometry(125, 16) == (16, 128, 8, 16)
     assert gr.poll_geometry(71, 2) == (8, 128, 4, 8)
-    for slots in (2, 4, 8, 16):
+    assert gr.poll_geometry(132, 32) == (32, 256, 32, 32)
+    for slots in (2, 4, 8, 16, 32):
         ptx = gr.poll_ptx(slots)
         assert ptx.count("ld.relaxed.gpu.global.b64") == 2 * slots and f"${5 * slots}" not in ptx
         assert f"${4 * slots}]" in ptx and gr.poll_constraints(slots).count(",") == 5 * slots - 1
@@ -1013,6 +1014,7 @@ def test_gluon_rows_selection(monkeypatch):
     }
     for case, (plan, kw) in rejected.items():
         assert isinstance(walk.why_not_gluon_rows(plan, **kw), str), case
+    assert walk.why_not_gluon_rows(dataclasses.replace(b32, programs=256), **base) is None
 
 
 @needs_kernels

@@ -23,6 +23,7 @@ Triton probe build's 26 (offline SASS, notes). Compiles only for sm_90 (wgmma); 
 (with a log line) where Gluon, the Triton version or the case does not fit (why_not_gluon_rows). Not run under
 TRITON_INTERPRET.
 """
+import triton
 import triton.language as tl
 
 from .gluon_b1 import CHECKED_TRITON, HAVE_GLUON  # noqa: F401  (walk.py reads both from here too)
@@ -37,16 +38,18 @@ MAX_SHARD_ROWS = 256
 MAX_ROWS = 32
 MIN_N = 8
 # The padded program count PP (power of two >= P) times BN, over 256 threads: at most this many slots a thread
-# (one inline-PTX block of that many loads; 125 programs x 32 rows = 16).
-MAX_SLOTS_PER_THREAD = 16
+# (one inline-PTX block of that many loads; 125 programs x 32 rows = 16, the bench's 132-program floors 32).
+MAX_SLOTS_PER_THREAD = 32
 
 
-def poll_ptx(slots: int) -> str:
+def poll_ptx(slots: int, predicated: bool = True) -> str:
     """PTX of one thread's poll of `slots` tagged keys (operands, as inline_asm_elementwise packs them: outputs
     $0..$(n-1), slot addresses $n..$(2n-1), the tag (first copy used), the poll limit, the int32 error flag's
     address): every first read issued back to back, then while any key lacks the tag, one round of relaxed
-    re-reads of exactly the missing ones (all in flight together); after `limit` rounds the flag is set and the
-    stale keys returned (the walk then reports the error, as kernel.py's spins do)."""
+    re-reads (all in flight together) of exactly the missing ones, or with predicated=False of all of them (an
+    arrived key cannot change during the poll: its slot is rewritten two steps later, after this program has
+    published the next step); after `limit` rounds the flag is set and the stale keys returned (the walk then
+    reports the error, as kernel.py's spins do)."""
     n = slots
     tag, limit, err = f"${2 * n}", f"${3 * n}", f"${4 * n}"
     lines = ["{", f".reg .pred %pq, %pm<{n}>;", ".reg .b64 %pt;", ".reg .b32 %pg, %pn;", "mov.u32 %pn, 0;"]
@@ -58,7 +61,7 @@ def poll_ptx(slots: int) -> str:
     lines.append("mov.pred %pq, %pm0;")
     lines += [f"or.pred %pq, %pq, %pm{i};" for i in range(1, n)]
     lines += ["@!%pq bra PR_DONE;", f"setp.ge.u32 %pq, %pn, {limit};", "@%pq bra PR_FAIL;", "add.u32 %pn, %pn, 1;"]
-    lines += [f"@%pm{i} ld.relaxed.gpu.global.b64 ${i}, [${n + i}];" for i in range(n)]
+    lines += [f"{f'@%pm{i} ' if predicated else ''}ld.relaxed.gpu.global.b64 ${i}, [${n + i}];" for i in range(n)]
     lines += ["bra PR_CHECK;", "PR_FAIL:", "mov.u32 %pg, 1;", f"st.relaxed.gpu.global.b32 [{err}], %pg;", "PR_DONE:",
               "}"]
     return "\n".join(lines)
@@ -68,8 +71,13 @@ def poll_constraints(slots: int) -> str:
     return ",".join(["=l"] * slots + ["l"] * slots + ["r"] * slots + ["r"] * slots + ["l"] * slots)
 
 
-POLL_PTX_2, POLL_PTX_4, POLL_PTX_8, POLL_PTX_16 = (tl.constexpr(poll_ptx(n)) for n in (2, 4, 8, 16))
-POLL_ARGS_2, POLL_ARGS_4, POLL_ARGS_8, POLL_ARGS_16 = (tl.constexpr(poll_constraints(n)) for n in (2, 4, 8, 16))
+# triton 3.9's ptxas (CUDA 13.4) aborts (C7907, internal error) on the predicated re-reads inside the loop, whatever
+# form the predicate takes (predicated load, branch around it, load into a temporary): it re-reads every slot.
+PREDICATED_RELOADS = triton.__version__.startswith("3.6")
+POLL_PTX_2, POLL_PTX_4, POLL_PTX_8, POLL_PTX_16, POLL_PTX_32 = (tl.constexpr(poll_ptx(n, PREDICATED_RELOADS))
+                                                                for n in (2, 4, 8, 16, 32))
+POLL_ARGS_2, POLL_ARGS_4, POLL_ARGS_8, POLL_ARGS_16, POLL_ARGS_32 = (tl.constexpr(poll_constraints(n))
+                                                                    for n in (2, 4, 8, 16, 32))
 
 
 def poll_geometry(programs: int, rows: int) -> tuple[int, int, int, int]:
@@ -102,9 +110,12 @@ if HAVE_GLUON:
         elif K == 8:
             ptx: gl.constexpr = POLL_PTX_8
             args: gl.constexpr = POLL_ARGS_8
-        else:
+        elif K == 16:
             ptx: gl.constexpr = POLL_PTX_16
             args: gl.constexpr = POLL_ARGS_16
+        else:
+            ptx: gl.constexpr = POLL_PTX_32
+            args: gl.constexpr = POLL_ARGS_32
         return gl.inline_asm_elementwise(ptx, args, [ptrs, tags, limits, err_addr], dtype=gl.int64, is_pure=False,
                                          pack=K)
 
@@ -171,7 +182,10 @@ if HAVE_GLUON:
         GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [TB, 32 // TB], [NW, 1], [1, 0])
         # [BN, NW] per-warp bests read back with the rows laid out as GATHER's (the max over NW stays in a thread).
         BESTS: gl.constexpr = gl.BlockedLayout([1, NW], [TB, 32 // TB], [NW, 1], [1, 0])
-        PUB: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        # [NW, BN] per-warp score maxima read back by column: element b of the max sits in lane b % 32 of every
+        # warp, so threads 0 .. BN - 1 own one key each (_publish_rows).
+        PARTS: gl.constexpr = gl.BlockedLayout([NW, 1], [1, 32], [1, NW], [0, 1])
+        PUB: gl.constexpr = gl.SliceLayout(0, PARTS)
         LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, R], w2_ptr.dtype.element_ty)
         B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, R], w1_ptr.dtype.element_ty)
@@ -192,6 +206,9 @@ if HAVE_GLUON:
             w2_smem.slice(c * 64, 64, dim=0).store(tile)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [BN, R], B_SMEM)
         bests_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
+        # Its own buffer: a warp whose poll slice lacks this program can finish the poll (and write bests_smem)
+        # before this program's publishing threads have read the score maxima.
+        parts_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
 
         # Poll addresses: padding programs and padding rows poll this program's own slot of that row (published
         # before every poll, so it arrives; its key is a real key of the row, or a padding row's, never used).
@@ -236,7 +253,11 @@ if HAVE_GLUON:
             keys = _score_half(acc0, u0, rows0, shard_end, logit_scale, SCALED, ACC)
             if HALVES == 2:
                 keys = gl.maximum(keys, _score_half(acc1, u1, rows0 + HALF, shard_end, logit_scale, SCALED, ACC))
-            best = gl.convert_layout(gl.max(keys, axis=0), PUB)
+            # Rows of the accumulator by warp (16 a warp): shuffles within each warp, then ONE sync before the
+            # publishing threads reduce the NW maxima of their column (gl.max over the CTA takes 4 syncs with the
+            # layout change of its result, triton 3.6 SASS).
+            parts_smem.store(gl.max(gl.reshape(keys, [NW, HALF // NW, BN]), axis=1))
+            best = gl.max(parts_smem.load(PARTS), axis=0)
             tag = ((gen + k) % 16383) + 1
             slot_base = keys_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
             _publish_rows(slot_base + pid * KEY_STRIDE + o_pub, best | (tag << 18), BN)
