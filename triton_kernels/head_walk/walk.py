@@ -437,8 +437,11 @@ def head_walk(
         gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
             (per-warp candidates guessed early, W2 from shared memory), "rs" with part of the W2 shard in registers,
             "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); partly streamed shards (V = 152k)
-            take its streamed kernel (W2 TMA ring across the steps; geometry _gluon_stream_form). Where neither
-            applies (why_not_gluon_b1) or the build fails, the Triton walk runs and a log line says why.
+            take its streamed kernel (W2 TMA ring across the steps; geometry _gluon_stream_form). 2..32 greedy
+            Markov rows (True / "ss") take gluon_rows' kernel (per-warp poll of the tagged keys, one CTA sync, W1
+            rows gathered into the wgmma operand by the warps that own the rows; why_not_gluon_rows). Where none
+            applies (why_not_gluon_b1 / why_not_gluon_rows) or the build fails, the Triton walk runs and a log line
+            says why.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
