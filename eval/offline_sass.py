@@ -45,7 +45,8 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw", "hwg", "hwr", "gdng"):
+WHATS = ("gdn", "hw", "hwg", "hwr", "gdng")
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -244,6 +245,14 @@ def gdn():
 HW_OPTS = json.loads(os.environ.get("HW_OPTS", "{}"))
 
 
+def _walk_operands(rows, steps, vocab, rank):
+    """Empty bf16 walk operands of a shape (only their dtypes and strides reach the compile): U [B, N, V], W1
+    [V, r], W2 rows [V, r], anchors [B], tokens [B, N]."""
+    return (torch.empty(rows, steps, vocab, dtype=torch.bfloat16), torch.empty(vocab, rank, dtype=torch.bfloat16),
+            torch.empty(vocab, rank, dtype=torch.bfloat16), torch.zeros(rows, dtype=torch.long),
+            torch.empty(rows, steps, dtype=torch.long))
+
+
 def hw():
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
@@ -256,11 +265,7 @@ def hw():
                 name = f"hw_v{vocab}_b{rows}_{'sampled' if sampled else 'greedy'}"
                 if ONLY and name not in ONLY:
                     continue
-                u = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
-                w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
-                first = torch.zeros(rows, dtype=torch.long)
-                tokens = torch.empty(rows, steps, dtype=torch.long)
+                u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
                 cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled, **HW_OPTS)
                 temp = seeds = pos = dl = None
                 if sampled:
@@ -273,6 +278,20 @@ def hw():
                 (fn, args, kwargs), = captured
                 print(name, cfg, flush=True)
                 compile_captured(name, fn, args, kwargs)
+
+
+def _compile_counted(name, cfg):
+    """Compiles the one captured launch and prints its step loop's counts; the SASS text, or None where this Triton
+    rejects the build (printed: what a Triton version rejects is the finding, not a crash)."""
+    (fn, args, kwargs), = captured
+    print(name, cfg, flush=True)
+    try:
+        sass = compile_captured(name, fn, args, kwargs)
+    except Exception as exc:
+        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        return None
+    print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+    return sass
 
 
 def hwg():
@@ -301,11 +320,7 @@ def hwg():
             name = f"hwg_v{vocab}_b1_{form_name}"
             if ONLY and name not in ONLY:
                 continue
-            u = torch.empty(1, steps, vocab, dtype=torch.bfloat16)
-            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
-            first = torch.zeros(1, dtype=torch.long)
-            tokens = torch.empty(1, steps, dtype=torch.long)
+            u, w1, w2, first, tokens = _walk_operands(1, steps, vocab, rank)
             # As head_walk: no Triton ring where U's rows are not 16-byte aligned (the Gluon walk keeps its own).
             opts = geometry["res" + geo] if geo else dict(stream_tma=None if vocab % 8 == 0 else 0)
             cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **opts)
@@ -320,15 +335,8 @@ def hwg():
                 assert why is None, why
                 walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs",
                                       guess_rounds=walk.GUESS_ROUNDS[form])
-            (fn, args, kwargs), = captured
-            print(name, cfg, flush=True)
-            try:
-                sass = compile_captured(name, fn, args, kwargs)
-            except Exception as exc:  # what a Triton version rejects is the finding, not a crash
-                print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
-                continue
-            print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
-            if vocab > 65536:  # partly streamed: one streamed tile's iteration, as the step loop counts it once
+            sass = _compile_counted(name, cfg)
+            if sass and vocab > 65536:  # partly streamed: one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
 
 
@@ -350,11 +358,7 @@ def hwr():
             name = f"hwr_v{vocab}_b{rows}_{form}"
             if ONLY and name not in ONLY:
                 continue
-            u = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
-            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
-            first = torch.zeros(rows, dtype=torch.long)
-            tokens = torch.empty(rows, steps, dtype=torch.long)
+            u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
             cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), **(dict(tile_rows=64) if vocab == 8448
                                                                                  else {}))
             del captured[:]
@@ -366,14 +370,7 @@ def hwr():
                                               dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
                 assert why is None, why
                 walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
-            (fn, args, kwargs), = captured
-            print(name, cfg, flush=True)
-            try:
-                sass = compile_captured(name, fn, args, kwargs)
-            except Exception as exc:  # what a Triton version rejects is the finding, not a crash
-                print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
-                continue
-            print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+            _compile_counted(name, cfg)
 
 
 OP_FAMILIES = ("HGMMA", "HMMA", "LDG", "STG", "LDS", "STS", "LDSM", "UTMALDG", "SYNCS", "BAR", "SHFL", "F2FP", "FFMA",

@@ -847,6 +847,15 @@ def test_gluon_b1_stream_selection(monkeypatch):
         assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
 
 
+class _FailingBuild:
+    """A Gluon kernel whose build raises at launch (what a Triton that rejects it does)."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise RuntimeError("PassManager::run failed")
+        return launch
+
+
 @needs_kernels
 def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
     """head_walk(gluon=...) where the Gluon kernel cannot walk (here: the interpreter / CPU) or its build fails walks
@@ -863,16 +872,10 @@ def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
     assert len(said) == 3 and all("Gluon does not run in the interpreter" in m or "no CUDA" in m for m in said), said
 
-    class FailingBuild:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PassManager::run failed")
-            return launch
-
     caplog.clear()
     monkeypatch.setattr(walk, "why_not_gluon_b1", lambda *a, **k: None)
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_kernel", FailingBuild())
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", FailingBuild())
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_kernel", _FailingBuild())
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
     monkeypatch.setattr(walk, "_gluon_failed", {})
     # One program on the CPU: 250 rows take the resident kernel, 1031 the streamed one (2-byte, row-contiguous W2
     # rows, as its TMA descriptor needs).
@@ -1033,15 +1036,9 @@ def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
     assert len(said) == 2 and all("Gluon does not run in the interpreter" in m for m in said), said
 
-    class FailingBuild:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PassManager::run failed")
-            return launch
-
     caplog.clear()
     monkeypatch.setattr(walk, "why_not_gluon_rows", lambda *a, **k: None)
-    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", FailingBuild())
+    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", _FailingBuild())
     monkeypatch.setattr(walk, "_gluon_failed", {})
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):

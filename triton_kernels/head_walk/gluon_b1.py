@@ -72,6 +72,35 @@ def stream_descriptor(w2_rows, stream_rows: int):
 if HAVE_GLUON:
 
     @gluon.jit
+    def _resident_shard(w2_ptr, stride_w2r, stride_w2v, shard_begin, shard_end, ROWS: gl.constexpr, R: gl.constexpr,
+                        W_SMEM: gl.constexpr, LOAD: gl.constexpr):
+        """The shard's W2 rows [ROWS, R] (zero past shard_end) in shared memory for the whole walk, loaded in
+        [64, R] tiles."""
+        w2_smem = gl.allocate_shared_memory(w2_ptr.dtype.element_ty, [ROWS, R], W_SMEM)
+        o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
+        o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
+        for c in gl.static_range(ROWS // 64):
+            rows_c = shard_begin + c * 64 + o_lr
+            tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
+                           mask=(rows_c < shard_end)[:, None], other=0.0)
+            w2_smem.slice(c * 64, 64, dim=0).store(tile)
+        return w2_smem
+
+    @gluon.jit
+    def _wgmma_halves(a_first, w2_smem, b_view, zero_acc, HALVES: gl.constexpr):
+        """[HALF, N] products of the shard's first half (a_first: its shared-memory rows or register fragments) and,
+        with HALVES == 2, of rows [HALF, 2 HALF) of w2_smem with the B operand: both in flight, one wait (acc1 is
+        acc0 with one half)."""
+        acc0 = warpgroup_mma(a_first, b_view, zero_acc, use_acc=False, is_async=True)
+        if HALVES == 2:
+            acc1 = warpgroup_mma(w2_smem.slice(HALF, HALF, dim=0), b_view, zero_acc, use_acc=False, is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+        else:
+            acc0 = warpgroup_mma_wait(0, deps=[acc0])
+            acc1 = acc0
+        return acc0, acc1
+
+    @gluon.jit
     def _spin_slots(ptrs, tag, err_addr, SPIN_LIMIT: gl.constexpr):
         """Per-thread spin inside PTX until each slot carries `tag` (kernel.py's _spin_tagged)."""
         return gl.inline_asm_elementwise(SPIN_TAGGED_PTX, "=l,l,r,r,l",
@@ -243,20 +272,12 @@ if HAVE_GLUON:
         KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
         W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, R], w2_ptr.dtype.element_ty)
         B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NW, R], w1_ptr.dtype.element_ty)
-        w_ty = w2_ptr.dtype.element_ty
 
         pid = gl.program_id(0)
         shard_begin = pid * CHUNK_ROWS
         shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
 
-        w2_smem = gl.allocate_shared_memory(w_ty, [ROWS, R], W_SMEM)
-        o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
-        o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
-        for c in gl.static_range(ROWS // 64):
-            rows_c = shard_begin + c * 64 + o_lr
-            tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
-                           mask=(rows_c < shard_end)[:, None], other=0.0)
-            w2_smem.slice(c * 64, 64, dim=0).store(tile)
+        w2_smem = _resident_shard(w2_ptr, stride_w2r, stride_w2v, shard_begin, shard_end, ROWS, R, W_SMEM, LOAD)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [NW, R], B_SMEM)
         key_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         best_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -281,16 +302,9 @@ if HAVE_GLUON:
             col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS, NW)
             b_view = b_smem.permute((1, 0))
             if RS_ROWS > 0:
-                acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
+                acc0, acc1 = _wgmma_halves(a_regs, w2_smem, b_view, zero_acc, HALVES)
             else:
-                acc0 = warpgroup_mma(w2_smem.slice(0, HALF, dim=0), b_view, zero_acc, use_acc=False,
-                                     is_async=True)
-            if HALVES == 2:
-                acc1 = warpgroup_mma(w2_smem.slice(HALF, HALF, dim=0), b_view, zero_acc, use_acc=False,
-                                     is_async=True)
-                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-            else:
-                acc0 = warpgroup_mma_wait(0, deps=[acc0])
+                acc0, acc1 = _wgmma_halves(w2_smem.slice(0, HALF, dim=0), w2_smem, b_view, zero_acc, HALVES)
             rows0 = shard_begin + o_half
             keys = _score_half(acc0, col, u_half0, rows0, shard_end, logit_scale, SCALED, NW, ACC)
             if HALVES == 2:

@@ -29,6 +29,10 @@ import triton.language as tl
 from .gluon_b1 import CHECKED_TRITON, HAVE_GLUON  # noqa: F401  (walk.py reads both from here too)
 from .kernel import ID_MASK, _ordered_keys
 
+# Plain Python run at compile time on constexpr arguments (the PTX text of a K-slot poll); a plain function where the
+# installed Triton has none (walk.py then never selects this kernel).
+constexpr_function = getattr(triton.runtime.jit, "constexpr_function", lambda fn: fn)
+
 NUM_WARPS = 8
 # wgmma M of 8 warps (two warpgroups): the shard is walked in halves of 128 rows, like gluon_b1.
 HALF_ROWS = 128
@@ -42,6 +46,7 @@ MIN_N = 8
 MAX_SLOTS_PER_THREAD = 32
 
 
+@constexpr_function
 def poll_ptx(slots: int, predicated: bool = True) -> str:
     """PTX of one thread's poll of `slots` tagged keys (operands, as inline_asm_elementwise packs them: outputs
     $0..$(n-1), slot addresses $n..$(2n-1), the tag (first copy used), the poll limit, the int32 error flag's
@@ -67,17 +72,14 @@ def poll_ptx(slots: int, predicated: bool = True) -> str:
     return "\n".join(lines)
 
 
+@constexpr_function
 def poll_constraints(slots: int) -> str:
     return ",".join(["=l"] * slots + ["l"] * slots + ["r"] * slots + ["r"] * slots + ["l"] * slots)
 
 
 # triton 3.9's ptxas (CUDA 13.4) aborts (C7907, internal error) on the predicated re-reads inside the loop, whatever
 # form the predicate takes (predicated load, branch around it, load into a temporary): it re-reads every slot.
-PREDICATED_RELOADS = triton.__version__.startswith("3.6")
-POLL_PTX_2, POLL_PTX_4, POLL_PTX_8, POLL_PTX_16, POLL_PTX_32 = (tl.constexpr(poll_ptx(n, PREDICATED_RELOADS))
-                                                                for n in (2, 4, 8, 16, 32))
-POLL_ARGS_2, POLL_ARGS_4, POLL_ARGS_8, POLL_ARGS_16, POLL_ARGS_32 = (tl.constexpr(poll_constraints(n))
-                                                                    for n in (2, 4, 8, 16, 32))
+PREDICATED_RELOADS = tl.constexpr(triton.__version__.startswith("3.6"))
 
 
 def poll_geometry(programs: int, rows: int) -> tuple[int, int, int, int]:
@@ -94,30 +96,15 @@ def poll_geometry(programs: int, rows: int) -> tuple[int, int, int, int]:
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-    from .gluon_b1 import _cta_sync
+    from .gluon_b1 import _cta_sync, _resident_shard, _wgmma_halves
 
     @gluon.jit
     def _poll_slots(ptrs, tags, limits, err_addr, K: gl.constexpr):
         """Each thread's K slots (consecutive registers of `ptrs`) until all carry `tags` (poll_ptx)."""
-        if K == 2:
-            ptx: gl.constexpr = POLL_PTX_2
-            args: gl.constexpr = POLL_ARGS_2
-        elif K == 4:
-            ptx: gl.constexpr = POLL_PTX_4
-            args: gl.constexpr = POLL_ARGS_4
-        elif K == 8:
-            ptx: gl.constexpr = POLL_PTX_8
-            args: gl.constexpr = POLL_ARGS_8
-        elif K == 16:
-            ptx: gl.constexpr = POLL_PTX_16
-            args: gl.constexpr = POLL_ARGS_16
-        else:
-            ptx: gl.constexpr = POLL_PTX_32
-            args: gl.constexpr = POLL_ARGS_32
-        return gl.inline_asm_elementwise(ptx, args, [ptrs, tags, limits, err_addr], dtype=gl.int64, is_pure=False,
-                                         pack=K)
+        return gl.inline_asm_elementwise(poll_ptx(K, PREDICATED_RELOADS), poll_constraints(K),
+                                         [ptrs, tags, limits, err_addr], dtype=gl.int64, is_pure=False, pack=K)
 
     @gluon.jit
     def _publish_rows(ptrs, keys, BN: gl.constexpr):
@@ -196,14 +183,7 @@ if HAVE_GLUON:
         shard_begin = pid * CHUNK_ROWS
         shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
 
-        w2_smem = gl.allocate_shared_memory(w2_ptr.dtype.element_ty, [ROWS, R], W_SMEM)
-        o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
-        o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
-        for c in gl.static_range(ROWS // 64):
-            rows_c = shard_begin + c * 64 + o_lr
-            tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
-                           mask=(rows_c < shard_end)[:, None], other=0.0)
-            w2_smem.slice(c * 64, 64, dim=0).store(tile)
+        w2_smem = _resident_shard(w2_ptr, stride_w2r, stride_w2v, shard_begin, shard_end, ROWS, R, W_SMEM, LOAD)
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [BN, R], B_SMEM)
         bests_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
         # Its own buffer: a warp whose poll slice lacks this program can finish the poll (and write bests_smem)
@@ -243,13 +223,7 @@ if HAVE_GLUON:
             fence_async_shared()
             _cta_sync()
             b_view = b_smem.permute((1, 0))
-            acc0 = warpgroup_mma(w2_smem.slice(0, HALF, dim=0), b_view, zero_acc, use_acc=False, is_async=True)
-            if HALVES == 2:
-                acc1 = warpgroup_mma(w2_smem.slice(HALF, HALF, dim=0), b_view, zero_acc, use_acc=False,
-                                     is_async=True)
-                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-            else:
-                acc0 = warpgroup_mma_wait(0, deps=[acc0])
+            acc0, acc1 = _wgmma_halves(w2_smem.slice(0, HALF, dim=0), w2_smem, b_view, zero_acc, HALVES)
             keys = _score_half(acc0, u0, rows0, shard_end, logit_scale, SCALED, ACC)
             if HALVES == 2:
                 keys = gl.maximum(keys, _score_half(acc1, u1, rows0 + HALF, shard_end, logit_scale, SCALED, ACC))

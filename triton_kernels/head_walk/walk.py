@@ -589,14 +589,8 @@ GLUON_FORMS = (False, True, "ss", "rs", "ss_once", "ss_late")
 GUESS_ROUNDS = {True: 3, "ss": 3, "rs": 3, "ss_once": 1, "ss_late": 0}
 
 
-def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
-                     dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
-                     triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
-    """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
-    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
-    a token buffer not contiguous along the steps. w2_tma: W2's rows can be read by TMA (partly streamed shards)."""
-    w1_dtype, w2_dtype, u_dtype = dtypes
+def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
+    """Why no Gluon kernel can run here (no Gluon, a Triton version the kernels were not checked on, no sm_90)."""
     version = ".".join(triton_version.split(".")[:2])
     if not have_gluon:
         return f"triton {triton_version} has no triton.experimental.gluon"
@@ -606,14 +600,36 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return "no CUDA device (Gluon does not run in the interpreter)"
     if tuple(capability) != (9, 0):
         return f"compute capability {capability[0]}.{capability[1]}: the kernel's wgmma needs sm_90"
-    if num_rows != 1 or head != "markov" or sampled or extras:
-        return "only one greedy Markov row without d2t / draft logits / confidence / req_indices"
+    return None
+
+
+def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int) -> str | None:
+    """Why the Gluon walks cannot take these operands ((W1, W2 rows, base logits) dtypes, rank r)."""
+    w1_dtype, w2_dtype, u_dtype = dtypes
     if w1_dtype != w2_dtype or w2_dtype not in (torch.bfloat16, torch.float16):
         return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
     if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"base logits dtype {u_dtype}"
     if rank != 256:
         return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
+    return None
+
+
+def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                     dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
+                     triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
+    """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
+    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
+    a token buffer not contiguous along the steps. w2_tma: W2's rows can be read by TMA (partly streamed shards)."""
+    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+    if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
+        reason = "only one greedy Markov row without d2t / draft logits / confidence / req_indices"
+    if reason is not None:
+        return reason
+    reason = _why_not_gluon_operands(dtypes, rank)
+    if reason is not None:
+        return reason
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
     if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
@@ -633,28 +649,18 @@ def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bo
                        have_gluon: bool = gluon_rows.HAVE_GLUON) -> str | None:
     """None where gluon_rows' kernel walks these B > 1 rows exactly as the Triton walk would, else why not (the log
     line of the fallback). Arguments as why_not_gluon_b1; form: the gluon= value (one form here: True / "ss")."""
-    w1_dtype, w2_dtype, u_dtype = dtypes
-    version = ".".join(triton_version.split(".")[:2])
-    if not have_gluon:
-        return f"triton {triton_version} has no triton.experimental.gluon"
-    if version not in gluon_rows.CHECKED_TRITON:
-        return f"triton {triton_version}: the Gluon kernel was checked on {', '.join(gluon_rows.CHECKED_TRITON)} only"
-    if capability is None:
-        return "no CUDA device (Gluon does not run in the interpreter)"
-    if tuple(capability) != (9, 0):
-        return f"compute capability {capability[0]}.{capability[1]}: the kernel's wgmma needs sm_90"
+    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+    if reason is not None:
+        return reason
     if form not in (True, "ss"):
         return f"gluon={form!r} is a batch-1 form; {num_rows} rows walk gluon_rows' one form (True / 'ss')"
     if not 2 <= num_rows <= gluon_rows.MAX_ROWS:
         return f"{num_rows} rows: the Gluon rows walk takes 2..{gluon_rows.MAX_ROWS}"
     if head != "markov" or sampled or extras:
         return "only greedy Markov rows without d2t / draft logits / confidence / req_indices"
-    if w1_dtype != w2_dtype or w2_dtype not in (torch.bfloat16, torch.float16):
-        return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
-    if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"base logits dtype {u_dtype}"
-    if rank != 256:
-        return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
+    reason = _why_not_gluon_operands(dtypes, rank)
+    if reason is not None:
+        return reason
     if not cfg.multi:
         return f"plan lockstep={cfg.lockstep} / multi={cfg.multi}: only the persistent walk has a Gluon form"
     if cfg.chunk_rows > gluon_rows.MAX_SHARD_ROWS:
