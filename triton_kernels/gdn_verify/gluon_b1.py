@@ -103,14 +103,14 @@ def launch_gluon_b1(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_st
 if HAVE_GLUON:
 
     @gluon.jit
-    def _tap_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, j: gl.constexpr, D: gl.constexpr,
+    def _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, j: gl.constexpr, D: gl.constexpr,
                    W: gl.constexpr):
         """Tap j of a depth-W conv: input rows [BT, C] in o_t / o_c's parent layout (x, or the committed window for
         negative token indices) and the tap's weights [C] in o_c's layout, a slice of the same parent (broadcast
         over rows in registers: no conversion, where Triton's [BT, C] weight tiles load every row again). Zeros for
         j >= W."""
         src = o_t + (j - (W - 1))
-        p_in = gl.where((src >= 0)[:, None], x + (bos + src)[:, None] * stride_x + o_c[None, :],
+        p_in = gl.where((src >= 0)[:, None], x_req + src[:, None] * stride_x + o_c[None, :],
                         conv_window + (src + (W - 1))[:, None] * D + o_c[None, :])
         b_in = gl.load(p_in, mask=(m_t & (j < W))[:, None], other=0.0)
         b_w = gl.load(conv_wT + j * D + o_c, mask=(o_c >= 0) & (j < W), other=0.0)
@@ -181,11 +181,14 @@ if HAVE_GLUON:
         seqlen = gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos
         slot = gl.load(state_indices + i_n).to(gl.int64)
         v0 = i_vs * BV
+        # 64-bit request bases, 32-bit per-element offsets (one IMAD per address instead of a 64-bit product)
+        x_req = x + bos * stride_x
+        o_req = o + bos * (HV * V)
 
         t_v = gl.arange(0, BT, gl.SliceLayout(1, MMA_V))  # rows of the value-side tiles
         m_tv = t_v < seqlen
         o_v = v0 + gl.arange(0, BV, gl.SliceLayout(0, MMA_V))
-        p_o = o + ((bos + t_v[:, None]) * HV + i_hv) * V + o_v[None, :]
+        p_o = o_req + (t_v[:, None] * HV + i_hv) * V + o_v[None, :]
         if slot <= 0:  # vLLM's null block: a padding row of a CUDA-graph batch
             gl.store(p_o, gl.zeros([BT, BV], o.dtype.element_ty, MMA_V), mask=m_tv[:, None])
             return
@@ -194,30 +197,31 @@ if HAVE_GLUON:
 
         # ---- every global load first: v taps (MMA_V accumulator layout), q / k taps (QK), gates, state chunks
         o_xv = 2 * H * K + i_hv * V + o_v
-        v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_ = _conv4_loads_gl(x, stride_x, conv_window, conv_wT, bos, t_v, m_tv,
+        v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_ = _conv4_loads_gl(x_req, stride_x, conv_window, conv_wT, t_v, m_tv,
                                                                  o_xv, D, W)
         t_q = gl.arange(0, BT, gl.SliceLayout(1, QK))
         m_tq = t_q < seqlen
         o_k = gl.arange(0, K, gl.SliceLayout(0, QK))
         o_xq = i_h * K + o_k
         o_xk = (H + i_h) * K + o_k
-        q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads_gl(x, stride_x, conv_window, conv_wT, bos, t_q, m_tq,
+        q0_, q1_, q2_, q3_, q4_, q5_, q6_, q7_ = _conv4_loads_gl(x_req, stride_x, conv_window, conv_wT, t_q, m_tq,
                                                                  o_xq, D, W)
-        k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads_gl(x, stride_x, conv_window, conv_wT, bos, t_q, m_tq,
+        k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_ = _conv4_loads_gl(x_req, stride_x, conv_window, conv_wT, t_q, m_tq,
                                                                  o_xk, D, W)
         t_r = gl.arange(0, BT, gl.SliceLayout(1, MMA_S))  # token as row (t) / as column (s) of the [BT, BT] tiles
         t_c = gl.arange(0, BT, gl.SliceLayout(0, MMA_S))
         m_tr = t_r < seqlen
         m_tc = t_c < seqlen
-        b_a_r = gl.load(a + (bos + t_r) * stride_a + i_hv, mask=m_tr, other=0.0).to(gl.float32)
-        b_a_c = gl.load(a + (bos + t_c) * stride_a + i_hv, mask=m_tc, other=0.0).to(gl.float32)
-        b_b_r = gl.load(b + (bos + t_r) * stride_b + i_hv, mask=m_tr, other=0.0).to(gl.float32)
+        a_req = a + bos * stride_a + i_hv
+        b_b_r = gl.load(b + bos * stride_b + i_hv + t_r * stride_b, mask=m_tr, other=0.0).to(gl.float32)
+        b_a_r = gl.load(a_req + t_r * stride_a, mask=m_tr, other=0.0).to(gl.float32)
+        b_a_c = gl.load(a_req + t_c * stride_a, mask=m_tc, other=0.0).to(gl.float32)
         b_dtb = gl.load(dt_bias + i_hv).to(gl.float32)
         b_alog = gl.load(A_log + i_hv).to(gl.float32)
         # S^T [K, BV] in K chunks, each straight into the state products' B-operand layout
         k_c = gl.arange(0, KC, gl.SliceLayout(1, B_V))
         v_c = v0 + gl.arange(0, BV, gl.SliceLayout(0, B_V))
-        p_s = ssm_state + slot * stride_ssm_slot + i_hv * V * K + v_c[None, :] * K + k_c[:, None]
+        p_s = ssm_state + slot * stride_ssm_slot + i_hv * (V * K) + (v_c[None, :] * K + k_c[:, None])
         s0 = gl.load(p_s).to(gl.float32)
         s1 = gl.load(p_s + KC).to(gl.float32)
         s2 = gl.load(p_s + 2 * KC).to(gl.float32)
@@ -227,13 +231,14 @@ if HAVE_GLUON:
             ws_base = gl.load(ws_rows + i_n).to(gl.int64) * WS_LEN
         else:
             ws_base = i_n.to(gl.int64) * WS_LEN
+        ws_x_req = ws_x + ws_base * D
         # raw rows for the reconstruction's conv windows, stored as soon as loaded
-        gl.store(ws_x + (ws_base + t_v)[:, None] * D + o_xv[None, :], _current_tap(v0_, v2_, v4_, v6_, W),
+        gl.store(ws_x_req + t_v[:, None] * D + o_xv[None, :], _current_tap(v0_, v2_, v4_, v6_, W),
                  mask=m_tv[:, None])
         m_w = t_q < gl.where(writer, seqlen, 0)
-        gl.store(ws_x + (ws_base + t_q)[:, None] * D + o_xq[None, :], _current_tap(q0_, q2_, q4_, q6_, W),
+        gl.store(ws_x_req + t_q[:, None] * D + o_xq[None, :], _current_tap(q0_, q2_, q4_, q6_, W),
                  mask=m_w[:, None])
-        gl.store(ws_x + (ws_base + t_q)[:, None] * D + o_xk[None, :], _current_tap(k0_, k2_, k4_, k6_, W),
+        gl.store(ws_x_req + t_q[:, None] * D + o_xk[None, :], _current_tap(k0_, k2_, k4_, k6_, W),
                  mask=m_w[:, None])
 
         # ---- q / k: conv, L2 norm (row reductions inside a warp), one trip through shared memory
@@ -241,7 +246,7 @@ if HAVE_GLUON:
         b_k = _conv_silu(k0_, k1_, k2_, k3_, k4_, k5_, k6_, k7_, conv_b, t_q, m_tq, o_xk, HAS_BIAS)
         b_q = b_q * gl.rsqrt(gl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k * gl.rsqrt(gl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-        gl.store(ws_k + ((ws_base + t_q)[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
+        gl.store(ws_k + ws_base * (H * K) + (t_q[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=m_w[:, None])
         z_k = gl.allocate_shared_memory(gl.float32, [BT, K], Z_SMEM, b_k)
         z_q = gl.allocate_shared_memory(gl.float32, [BT, K], Z_SMEM, b_q)
 
@@ -250,9 +255,9 @@ if HAVE_GLUON:
         g_r = gl.where(m_tr, -gl.exp(b_alog) * _softplus(b_a_r + b_dtb), 0.0)
         g_c = gl.where(m_tc, -gl.exp(b_alog) * _softplus(b_a_c + b_dtb), 0.0)
         b_G_r = gl.sum(gl.where(causal, g_c[None, :], 0.0), 1)  # G_t = sum_{s <= t} g_s
-        b_G_c = gl.sum(gl.where(causal, g_r[:, None], 0.0), 0)  # the same, indexed by the column token s
+        b_G_c = gl.sum(gl.where(t_r[:, None] <= t_c[None, :], g_r[:, None], 0.0), 0)  # G_s, by column token s
         b_beta_r = gl.where(m_tr, 1.0 / (1.0 + gl.exp(-b_b_r)), 0.0)
-        gl.store(ws_g + (ws_base + t_r) * HV + i_hv, b_G_r, mask=t_r < gl.where(i_vs == 0, seqlen, 0))
+        gl.store(ws_g + ws_base * HV + t_r * HV + i_hv, b_G_r, mask=t_r < gl.where(i_vs == 0, seqlen, 0))
 
         # ---- Gram products (tf32), every warp the whole [BT, BT]
         b_kk = gl.zeros([BT, BT], gl.float32, MMA_S)
@@ -292,17 +297,17 @@ if HAVE_GLUON:
         b_u = _dot_x3(b_inv, b_rhs, MMA_V)  # the factor goes from MMA_S to MMA_V's A operand: both whole per warp
         b_out = b_gamma_v[:, None] * b_qs + _dot_x3(b_attn, b_u, MMA_V)
         gl.store(p_o, (b_out * scale).to(o.dtype.element_ty), mask=m_tv[:, None])
-        gl.store(ws_u + ((ws_base + t_v[:, None]) * HV + i_hv) * V + o_v[None, :], b_u, mask=m_tv[:, None])
+        gl.store(ws_u + ws_base * (HV * V) + (t_v[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=m_tv[:, None])
 
     @gluon.jit
     def _softplus(v):
         return gl.where(v <= 20.0, gl.log(1.0 + gl.exp(v)), v)
 
     @gluon.jit
-    def _conv4_loads_gl(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, D: gl.constexpr, W: gl.constexpr):
+    def _conv4_loads_gl(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, D: gl.constexpr, W: gl.constexpr):
         """Every load of a depth-W (<= 4) conv in o_t / o_c's parent layout, issued before any of its math."""
-        i0, w0 = _tap_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 0, D, W)
-        i1, w1 = _tap_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 1, D, W)
-        i2, w2 = _tap_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 2, D, W)
-        i3, w3 = _tap_loads(x, stride_x, conv_window, conv_wT, bos, o_t, m_t, o_c, 3, D, W)
+        i0, w0 = _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, 0, D, W)
+        i1, w1 = _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, 1, D, W)
+        i2, w2 = _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, 2, D, W)
+        i3, w3 = _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, 3, D, W)
         return i0, w0, i1, w1, i2, w2, i3, w3
