@@ -149,7 +149,7 @@ if [ "$MODE" = gb1 ]; then
             > "$OUT/gb1/bench_$SSM.log" 2>&1
         echo "== bench $SSM rc=$? at $(( $(date +%s) - T0 )) s"
         grep -E "gluon_b1:" "$OUT/gb1/bench_$SSM.log" | sort | uniq -c | head -5
-        grep -E "^precompile|compile failed|^correctness|^config errors|time budget|^sweep " "$OUT/gb1/bench_$SSM.log" | cut -c1-300
+        grep -E "^precompile|compile failed|^correctness|^config errors|time budget|^sweep " "$OUT/gb1/bench_$SSM.log" | cut -c1-700
         sed -n '/^  L   B /,$p' "$OUT/gb1/bench_$SSM.log"
     done
 fi
