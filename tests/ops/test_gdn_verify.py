@@ -5,6 +5,7 @@ Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16)
 Qwen3-Next GDN shape in bf16.
 """
 import dataclasses
+import math
 import importlib
 import os
 import sys
@@ -1603,3 +1604,54 @@ def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, caplog):
     naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
     assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+
+
+def _tf32(x):
+    """x rounded toward zero to tf32 (what an mma.sync tf32 operand keeps of an fp32 value, up to the rounding mode)."""
+    return (x.view(torch.int32) & -8192).view(torch.float32)
+
+
+def _dot_x3_twin(a, b):
+    """gluon_b1._dot_x3 in torch: lo x hi + hi x lo + hi x hi of tf32 operands."""
+    a_hi, b_hi = _tf32(a), _tf32(b)
+    a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
+@pytest.mark.parametrize("seqlen", [1, 3, 4, 9, 16])
+def test_gluon_b1_factor_math_matches_the_recurrence(seqlen):
+    """The Gluon b1 verify's factor math as written there (G by row and by column token as masked sums, the decay /
+    A / attn tiles, Neumann squarings and the two value-side products as tf32x3 twins, column blocks finished apart)
+    against the token-by-token delta rule in float64: what the CPU can check of a kernel it cannot run."""
+    gen = torch.Generator().manual_seed(seqlen)
+    BT, K, V, BV = 16, 32, 16, 8
+    t = torch.arange(BT)
+    live = t < seqlen
+    k = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    q = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    v = torch.randn(BT, V, generator=gen) * live[:, None]
+    g = torch.where(live, -torch.rand(BT, generator=gen) * 0.5, 0.0)
+    beta = torch.where(live, torch.rand(BT, generator=gen), 0.0)
+    S0 = torch.randn(V, K, generator=gen) * 0.3
+    causal = t[:, None] >= t[None, :]
+    G_r = torch.where(causal, g[None, :], 0.0).sum(1)
+    G_c = torch.where(t[:, None] <= t[None, :], g[:, None], 0.0).sum(0)
+    decay = torch.where(causal, torch.exp(torch.where(causal, G_r[:, None] - G_c[None, :], 0.0)), 0.0)
+    A = torch.where(t[:, None] > t[None, :], beta[:, None] * decay * (k @ k.T), 0.0)
+    eye = torch.eye(BT)
+    inv, power = eye - A, A
+    for _ in range(max(0, math.ceil(math.log2(max(seqlen, 1))) - 1)):
+        power = _dot_x3_twin(power, power)
+        inv = _dot_x3_twin(inv, eye + power)
+    attn = decay * (q @ k.T)
+    out = torch.empty(BT, V)
+    for v0 in range(0, V, BV):  # each warp's columns, finished without the others
+        cols = slice(v0, v0 + BV)
+        ks, qs = k @ S0[cols].T, q @ S0[cols].T
+        u = _dot_x3_twin(inv, beta[:, None] * (v[:, cols] - torch.exp(G_r)[:, None] * ks))
+        out[:, cols] = torch.exp(G_r)[:, None] * qs + _dot_x3_twin(attn, u)
+    S = S0.double()
+    for i in range(seqlen):
+        S = torch.exp(g[i].double()) * S
+        S = S + beta[i].double() * torch.outer(v[i].double() - S @ k[i].double(), k[i].double())
+        assert rel_err(out[i], S @ q[i].double()) < 2e-5, i
