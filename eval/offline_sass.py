@@ -343,6 +343,22 @@ def op_counts(ins):
     return {fam: sum(op == fam for op in ops) for fam in OP_FAMILIES}
 
 
+QWEN3_NEXT_GDN = (16, 32, 128, 128, 4)  # k-heads H, v-heads HV, K, V, conv width W
+
+
+def compile_and_count(name, fn, args, kwargs, extra=None):
+    """compile_captured, then the build's per-opcode-family counts (+ extra(ins)'s, named "chain"); a build a Triton
+    version rejects is printed as FAILED (the finding, not a crash)."""
+    try:
+        sass = compile_captured(name, fn, args, kwargs)
+    except Exception as exc:
+        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
+        return
+    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
+    chain = f" chain {json.dumps(extra(ins))}" if extra else ""
+    print(f"{name:40} ops {json.dumps(op_counts(ins))}{chain}", flush=True)
+
+
 def gdng():
     """The Gluon state pass (stacked + gluon_state) beside the Triton stacked state pass with the same inputs
     (per-block BV64, pointer and TMA loads, with and without PDL) at the Qwen3-Next shape, L 16 and 17 (BT 32), b32,
@@ -352,9 +368,8 @@ def gdng():
     sk._stacked_state_kernel = Capture(sk._stacked_state_kernel)
     sk._stacked_prep_kernel = Capture(sk._stacked_prep_kernel)
     gs._gluon_state_kernel = Capture(gs._gluon_state_kernel)
-    H, HV, K, V, W, B = 16, 32, 128, 128, 4, 32
+    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 32, torch.bfloat16
     D = 2 * H * K + HV * V
-    bf = torch.bfloat16
     for L in (16, 17):
         BT = 16 if L <= 16 else 32
         T = B * L
@@ -394,14 +409,7 @@ def gdng():
                     sk._interpreting = lambda: False
                     sk.launch_stacked(x, a, b, conv_wT, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, out,
                                       1.0, cfg, H, BT, 3, "tf32", "ieee", rows, scratch=(z_kq, fac))
-                fn, args, kwargs = captured[-1]  # the state pass (after the prep when both launch)
-                try:
-                    sass = compile_captured(name, fn, args, kwargs)
-                    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
-                except Exception as exc:  # what a Triton version rejects is the finding, not a crash
-                    print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
-                    continue
-                print(f"{name:40} ops {json.dumps(op_counts(ins))}", flush=True)
+                compile_and_count(name, *captured[-1])  # the state pass (after the prep when both launch)
 
 
 def chain_counts(ins):
@@ -418,9 +426,8 @@ def gdnb():
     from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
     vf._gdn_verify_kernel = Capture(vf._gdn_verify_kernel)
     gb._gluon_b1_kernel = Capture(gb._gluon_b1_kernel)
-    H, HV, K, V, W, B = 16, 32, 128, 128, 4, 1
+    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 1, torch.bfloat16
     D = 2 * H * K + HV * V
-    bf = torch.bfloat16
     for L in (4, 16):
         T = B * L
         BT = 16
@@ -455,14 +462,7 @@ def gdnb():
                                           num_warps=int(form[-1]))
                     vf.gdn_verify(x, a, b, conv_w, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, max_seqlen=L,
                                   out=out, config=cfg)
-                fn, args, kwargs = captured[-1]
-                try:
-                    sass = compile_captured(name, fn, args, kwargs)
-                    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
-                except Exception as exc:  # what a Triton version rejects is the finding, not a crash
-                    print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
-                    continue
-                print(f"{name:40} ops {json.dumps(op_counts(ins))} chain {json.dumps(chain_counts(ins))}", flush=True)
+                compile_and_count(name, *captured[-1], extra=chain_counts)
 
 
 {"gdn": gdn, "gdng": gdng, "hwg": hwg, "hw": hw, "gdnb": gdnb}[WHAT]()

@@ -24,7 +24,7 @@ Every global load (q / k / v taps and weight tiles, gates, state chunks) is issu
 only for sm_90 under the checked Triton versions (`gluon_b1_plan` says why not; the caller logs it and runs the
 Triton verify). Not run under TRITON_INTERPRET.
 """
-import triton
+from .gluon_support import toolchain_refusal
 
 try:
     from triton.experimental import gluon
@@ -46,16 +46,12 @@ def gluon_b1_plan(config, num_k_heads, num_v_heads, head_k_dim, head_v_dim, widt
     """Why the Gluon b1 verify cannot run this call (a sentence), or None when it can. Pure host logic (CPU-tested);
     capability (major, minor) of the device, None off the GPU."""
     import torch
-    have_gluon = HAVE_GLUON if have_gluon is None else have_gluon
-    version = ".".join((triton_version or triton.__version__).split(".")[:2])
     if interpreting:
         return "the Triton interpreter does not run Gluon"
-    if not have_gluon:
-        return "triton.experimental.gluon (with the ampere mma_v2) is not importable"
-    if version not in CHECKED_TRITON:
-        return f"Triton {version} is not one the Gluon b1 verify was compiled on ({', '.join(CHECKED_TRITON)})"
-    if capability is None or tuple(capability) != (9, 0):
-        return f"the Gluon b1 verify is checked on sm_90 only, got {capability}"
+    why = toolchain_refusal("Gluon b1 verify", "with the ampere mma_v2", CHECKED_TRITON,
+                            HAVE_GLUON if have_gluon is None else have_gluon, triton_version, capability)
+    if why:
+        return why
     if folded:
         return "the Gluon b1 verify has no fold path"
     if config.big_dot != "tf32" or config.state_dot != "fp32":
@@ -105,15 +101,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _tap_loads(x_req, stride_x, conv_window, conv_wT, o_t, m_t, o_c, j: gl.constexpr, D: gl.constexpr,
                    W: gl.constexpr):
-        """Tap j of a depth-W conv: input rows [BT, C] in o_t / o_c's parent layout (x, or the committed window for
-        negative token indices) and the tap's weights [C] in o_c's layout, a slice of the same parent (broadcast
-        over rows in registers: no conversion, where Triton's [BT, C] weight tiles load every row again). Zeros for
-        j >= W."""
-        src = o_t + (j - (W - 1))
+        """Tap j of 4 of a depth-W conv, taps aligned to the right (tap 3 is the current token for any W <= 4, so the
+        raw rows the workspace keeps are always tap 3's inputs; taps j < 4 - W are zeros): input rows [BT, C] in
+        o_t / o_c's parent layout (x, or the committed window for negative token indices) and the tap's weights [C]
+        in o_c's layout, a slice of the same parent (broadcast over rows in registers: no conversion, where Triton's
+        [BT, C] weight tiles load every row again)."""
+        src = o_t + (j - 3)
         p_in = gl.where((src >= 0)[:, None], x_req + src[:, None] * stride_x + o_c[None, :],
                         conv_window + (src + (W - 1))[:, None] * D + o_c[None, :])
-        b_in = gl.load(p_in, mask=(m_t & (j < W))[:, None], other=0.0)
-        b_w = gl.load(conv_wT + j * D + o_c, mask=(o_c >= 0) & (j < W), other=0.0)
+        b_in = gl.load(p_in, mask=(m_t & (j >= 4 - W))[:, None], other=0.0)
+        b_w = gl.load(conv_wT + (j - (4 - W)) * D + o_c, mask=(o_c >= 0) & (j >= 4 - W), other=0.0)
         return b_in, b_w
 
     @gluon.jit
@@ -125,16 +122,6 @@ if HAVE_GLUON:
             acc += gl.load(conv_b + o_c).to(gl.float32)[None, :]
         acc = acc * (1.0 / (1.0 + gl.exp(-acc)))
         return gl.where(m_t[:, None], acc, 0.0)
-
-    @gluon.jit
-    def _current_tap(i0, i1, i2, i3, W: gl.constexpr):
-        """The input rows of tap W-1 (token t's own raw row)."""
-        if W == 4:
-            return i3
-        elif W == 3:
-            return i2
-        else:
-            return i1
 
     @gluon.jit
     def _tf32_split(v):
@@ -233,12 +220,12 @@ if HAVE_GLUON:
             ws_base = i_n.to(gl.int64) * WS_LEN
         ws_x_req = ws_x + ws_base * D
         # raw rows for the reconstruction's conv windows, stored as soon as loaded
-        gl.store(ws_x_req + t_v[:, None] * D + o_xv[None, :], _current_tap(v0_, v2_, v4_, v6_, W),
+        gl.store(ws_x_req + t_v[:, None] * D + o_xv[None, :], v6_,
                  mask=m_tv[:, None])
         m_w = t_q < gl.where(writer, seqlen, 0)
-        gl.store(ws_x_req + t_q[:, None] * D + o_xq[None, :], _current_tap(q0_, q2_, q4_, q6_, W),
+        gl.store(ws_x_req + t_q[:, None] * D + o_xq[None, :], q6_,
                  mask=m_w[:, None])
-        gl.store(ws_x_req + t_q[:, None] * D + o_xk[None, :], _current_tap(k0_, k2_, k4_, k6_, W),
+        gl.store(ws_x_req + t_q[:, None] * D + o_xk[None, :], k6_,
                  mask=m_w[:, None])
 
         # ---- q / k: conv, L2 norm (row reductions inside a warp), one trip through shared memory
