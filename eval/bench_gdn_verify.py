@@ -636,9 +636,11 @@ SWEEP_VERIFY_TMA9 = [
     VerifyConfig(block_v=64, tma_loads=True, **_PC9),
 ]
 # --sweep-set gluonb1 (session 6, PV; with --verify-margin, --batches 1): the b1 picks (incumbents: 8 warps at L4, 4 at
-# L16) and the Gluon b1 verify (gluon_b1.py; triton 3.6 sm_90, L16 fp32 states: 3,000 instructions per warp and 1 CTA
-# barrier, the 4-warp pick 3,000 and 25; eval/results/gdn_verify_gluon_b1_offline.txt)
-SWEEP_VERIFY_GLUONB1 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES), VerifyConfig(gluon_b1=True)]
+# L16) and the Gluon b1 verify at 4 and 8 warps (gluon_b1.py; triton 3.6 sm_90, L16 fp32 states: 3,000 / 2,472
+# instructions per warp and 1 CTA barrier, the Triton picks 3,000 / 2,088 and 25 / 27;
+# eval/results/gdn_verify_gluon_b1_offline.txt)
+SWEEP_VERIFY_GLUONB1 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES), VerifyConfig(gluon_b1=True),
+                        VerifyConfig(gluon_b1=True, num_warps=8)]
 SWEEP_INCUMBENTS = {"tma9": 5, "gluonb1": 2}  # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,

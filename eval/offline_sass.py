@@ -444,19 +444,19 @@ def gdnb():
         for state_dtype in (torch.float32, bf):
             ssm = torch.empty(B + 1, HV, V, K, dtype=state_dtype)
             sd = "fp32" if state_dtype == torch.float32 else "bf16"
-            for form in ("triton_w4", "triton_w8", "gluon"):
+            for form in ("triton_w4", "triton_w8", "gluon_w4", "gluon_w8"):
                 name = f"gdnb_L{L}_b{B}_{sd}_{form}"
                 if ONLY and name not in ONLY:
                     continue
                 del captured[:]
-                if form == "gluon":
-                    cfg = vf.VerifyConfig(gluon_b1=True)
+                if form.startswith("gluon"):
+                    cfg = vf.VerifyConfig(gluon_b1=True, num_warps=int(form[-1]))
                     why = gb.gluon_b1_plan(cfg, H, HV, K, V, W, BT, state_dtype, False, (9, 0))
                     if why:
                         print(f"{name:40} NOT PLANNED: {why}", flush=True)
                         continue
                     gb.launch_gluon_b1(x, a, b, vf.transposed_conv_weight(conv_w), None, A_log, dt_bias, conv_state,
-                                       ssm, idx, cu, ws, out, K ** -0.5, idx, False, H, BT, steps)
+                                       ssm, idx, cu, ws, out, K ** -0.5, idx, False, H, BT, steps, cfg.num_warps)
                 else:
                     cfg = vf.VerifyConfig(hoist=True, weight_tiles=True, early_stores=True,
                                           num_warps=int(form[-1]))

@@ -36,8 +36,8 @@ except ImportError:  # a Triton without Gluon or without its ampere mma_v2: gluo
 
 # Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
 CHECKED_TRITON = ("3.6", "3.9")
-BLOCK_V = 32  # value columns per program: 8 per warp (one n8 mma tile each)
-NUM_WARPS = 4
+BLOCK_V = 32  # value columns per program: 8 per warp (one n8 mma tile each; at 8 warps warps 4..7 repeat 0..3)
+WARPS = (4, 8)  # 8: the q / k conv and norms split twice as fine (the [L, L] chain is per warp either way)
 K_CHUNK = 32  # state / Z products walk K in chunks (registers: a chunk of S^T is 8 per thread)
 
 
@@ -57,8 +57,8 @@ def gluon_b1_plan(config, num_k_heads, num_v_heads, head_k_dim, head_v_dim, widt
     if config.big_dot != "tf32" or config.state_dot != "fp32":
         return f"the Gluon b1 verify has tf32 state products only (big_dot {config.big_dot}, state_dot " \
                f"{config.state_dot})"
-    if config.block_v != BLOCK_V or config.num_warps != NUM_WARPS:
-        return f"the Gluon b1 verify is built for block_v {BLOCK_V}, {NUM_WARPS} warps (got {config.block_v}, " \
+    if config.block_v != BLOCK_V or config.num_warps not in WARPS:
+        return f"the Gluon b1 verify is built for block_v {BLOCK_V} at 4 or 8 warps (got {config.block_v}, " \
                f"{config.num_warps})"
     if block_t != 16:  # L <= 16: the [BT, BT] tiles are one m16 row of mma tiles, replicated per warp
         return f"the Gluon b1 verify is built for verify lengths <= 16 (BT 16), got BT {block_t}"
@@ -80,7 +80,8 @@ def gluon_b1_fallback(config):
 
 
 def launch_gluon_b1(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
-                    cu_seqlens, workspace, out, scale, ws_rows, has_ws_rows, num_k_heads, block_t, neumann_steps):
+                    cu_seqlens, workspace, out, scale, ws_rows, has_ws_rows, num_k_heads, block_t, neumann_steps,
+                    num_warps=4):
     """Grid (V / BV, HV, B); shapes checked by gdn_verify and gluon_b1_plan."""
     num_requests = cu_seqlens.shape[0] - 1
     _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
@@ -91,7 +92,7 @@ def launch_gluon_b1(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_st
         b.stride(0), conv_state.stride(0), ssm_state.stride(0), workspace.max_len,
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width, BT=block_t, BV=BLOCK_V,
         KC=K_CHUNK, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, HAS_WS_ROWS=has_ws_rows,
-        num_warps=NUM_WARPS,
+        num_warps=num_warps,
     )
     return out
 

@@ -929,7 +929,7 @@ def gdn_verify(
         from .gluon_b1 import launch_gluon_b1
         return launch_gluon_b1(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                                state_indices, cu_seqlens, workspace, out, scale, rows_and_fold["pointers"][0],
-                               workspace_rows is not None, num_k_heads, block_t, neumann_steps)
+                               workspace_rows is not None, num_k_heads, block_t, neumann_steps, config.num_warps)
     if config.stacked:
         if fold is not None:
             raise ValueError("VerifyConfig(stacked=True) has no fold path")
