@@ -1573,7 +1573,8 @@ def test_gluon_b1_falls_back_to_the_triton_verify(lens, width, caplog):
 @pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
 @pytest.mark.parametrize("L", [4, 16])
-def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, caplog):
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, num_warps, caplog):
     """The Gluon b1 verify at the Qwen3-Next shape (bf16 inputs) against the Triton b1 pick (hoist, weight_tiles,
     early_stores: outputs and every workspace tensor equal to tf32 / fp32 rounding; the small products are tf32x3
     there vs fp32 FMA here) and the float64 reference: L + 1 requests of L tokens (one a null slot), request n
@@ -1586,7 +1587,8 @@ def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, caplog):
     results = []
     stacked_mod._warn_once.cache_clear()
     with caplog.at_level("WARNING"):
-        for cfg in (VerifyConfig(gluon_b1=True), VerifyConfig(hoist=True, weight_tiles=True, early_stores=True)):
+        for cfg in (VerifyConfig(gluon_b1=True, num_warps=num_warps),
+                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, num_warps=num_warps)):
             ws = workspace_for(p, max_len=L)
             for name in ("u", "k", "g", "x"):
                 getattr(ws, name).fill_(0)
