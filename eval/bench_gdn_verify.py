@@ -635,11 +635,17 @@ SWEEP_VERIFY_TMA9 = [
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC9),
     VerifyConfig(block_v=64, tma_loads=True, **_PC9),
 ]
-SWEEP_INCUMBENTS = {"tma9": 5}  # the first this many configs of the set: the picks a new form must beat by the margin
+# --sweep-set gluonb1 (session 6, PV; with --verify-margin, --batches 1): the b1 picks (incumbents: 8 warps at L4, 4 at
+# L16) and the Gluon b1 verify at 4 and 8 warps (gluon_b1.py; triton 3.6 sm_90, L16 fp32 states: 3,000 / 2,472
+# instructions per warp and 1 CTA barrier, the Triton picks 3,000 / 2,088 and 25 / 27;
+# eval/results/gdn_verify_gluon_b1_offline.txt)
+SWEEP_VERIFY_GLUONB1 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES), VerifyConfig(gluon_b1=True),
+                        VerifyConfig(gluon_b1=True, num_warps=8)]
+SWEEP_INCUMBENTS = {"tma9": 5, "gluonb1": 2}  # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
-              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9}
+              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "gluonb1": SWEEP_VERIFY_GLUONB1}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length

@@ -45,6 +45,9 @@
 #               (L16 b8 / b32 / b64: the tuned picks and the Gluon forms, prep / state pass alone and both, every graph
 #               replay vs the b32 pick's eager outputs), then ncu on the Gluon and the per-block state pass (--ncu-target
 #               pg) -> $OUT/diag/
+#   MODE=gb1    (session 6, PV; not yet run) the Gluon b1 verify's GPU tests (-k gluon_b1), then bench_gdn_verify.py
+#               --sweep-set gluonb1 at batch 1, L 4 / 16, fp32 then bf16 states (the b1 picks and gluon_b1, a new
+#               pick only when 2 % faster; no tuned file written) -> $OUT/gb1/; a "gluon_b1:" line = it fell back
 #   MODE=final9 (session 6, GB6) as final8 with --sweep-set tma9 (final8's picks as incumbents; the stacked picks with
 #               TMA loads, picked only when 2 % faster: --verify-margin 0.02; the run at 901b3f2 also timed the tf32x3
 #               prep products, since removed) and the GPU tests of those forms through pytest-xdist
@@ -128,6 +131,27 @@ if [ "$MODE" = gdiag ]; then
     # a fallback line = the Gluon pass did not run
     grep -E "gluon_state:" "$OUT/diag/diag.log" | sort | uniq -c | head -5
     state_diag_ncu_and_summary "stacked_state|gluon_state" pg 60
+fi
+
+if [ "$MODE" = gb1 ]; then
+    mkdir -p "$OUT/gb1"
+    # FLA from the carried wheel (.whl): the grid's second baseline; vLLM's kernels from .vendor/extracted (carry both)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        && export PYTHONPATH=/tmp/pk:/tmp/site
+    timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k gluon_b1 \
+        tests/ops/test_gdn_verify.py > "$OUT/gb1/pytest.log" 2>&1
+    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gb1/pytest.log"
+    tail -5 "$OUT/gb1/pytest.log"
+    for SSM in float32 bfloat16; do
+        ARGS="--sweep --sweep-set gluonb1 --sweep-lens 4,16 --lens 4,16 --batches 1 --no-fold --no-plot --verify-margin 0.02 --ssm-dtype $SSM --precompile"
+        timeout ${BENCH_S:-150} python3 eval/bench_gdn_verify.py --out "$OUT/gb1/$SSM" $ARGS \
+            --command "python eval/bench_gdn_verify.py $ARGS (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+            > "$OUT/gb1/bench_$SSM.log" 2>&1
+        echo "== bench $SSM rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "gluon_b1:" "$OUT/gb1/bench_$SSM.log" | sort | uniq -c | head -5
+        grep -E "^precompile|compile failed|^correctness|^config errors|time budget|^sweep " "$OUT/gb1/bench_$SSM.log" | cut -c1-700
+        sed -n '/^  L   B /,$p' "$OUT/gb1/bench_$SSM.log"
+    done
 fi
 
 if [ "$MODE" = pdiag ]; then

@@ -5,6 +5,7 @@ Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16)
 Qwen3-Next GDN shape in bf16.
 """
 import dataclasses
+import math
 import importlib
 import os
 import sys
@@ -1497,3 +1498,163 @@ def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config
         (o_g, u_g, x_g), (o_t, u_t, x_t) = results
         assert rel_err(u_g, u_t) < 1e-5 and rel_err(o_g, o_t) < 4e-3 and torch.equal(x_g, x_t)
         assert ("verify lengths <= 16" in caplog.text) == (max(lens) > 16), caplog.text
+
+
+# Session 6, PV: the Gluon b1 verify (gluon_b1; gluon_b1.py). Gluon does not run in the interpreter: on the CPU only
+# its selection / fallback logic is tested; the kernel itself in the GPU test below.
+@pytest.mark.parametrize("change,reason", [
+    (dict(), None),
+    (dict(triton_version="3.9.1", state_dtype=torch.bfloat16, width=3), None),
+    (dict(interpreting=True), "interpreter"),
+    (dict(have_gluon=False), "not importable"),
+    (dict(triton_version="3.5.1"), "Triton 3.5 is not one"),
+    (dict(triton_version="3.10.0"), "Triton 3.10 is not one"),
+    (dict(capability=None), "needs sm_90"),
+    (dict(capability=(10, 0)), "needs sm_90"),
+    (dict(folded=True), "no fold path"),
+    (dict(config=VerifyConfig(gluon_b1=True, big_dot="tf32x3")), "tf32 state products"),
+    (dict(config=VerifyConfig(gluon_b1=True, state_dot="bf16")), "tf32 state products"),
+    (dict(config=VerifyConfig(gluon_b1=True, block_v=64)), "block_v 32 at 4 or 8 warps"),
+    (dict(config=VerifyConfig(gluon_b1=True, num_warps=2)), "block_v 32 at 4 or 8 warps"),
+    (dict(config=VerifyConfig(gluon_b1=True, num_warps=8)), None),
+    (dict(block_t=32), "lengths <= 16"),
+    (dict(head_k_dim=64), "K = V = 128"),
+    (dict(head_v_dim=256), "K = V = 128"),
+    (dict(width=5), "widths 2..4"),
+    (dict(num_v_heads=24, num_k_heads=16), "not a multiple"),
+    (dict(state_dtype=torch.float16), "fp32 or bf16"),
+])
+def test_gluon_b1_plan_says_why_not(change, reason):
+    """gluon_b1_plan is the one place that decides whether the Gluon b1 verify runs: None only on sm_90 with a
+    checked Triton, no fold, tf32 state products, block_v 32 at 4 warps, L <= 16, K = V = 128, W <= 4."""
+    from hybridspec_kernels.gdn_verify import gluon_b1 as gb
+    args = dict(config=VerifyConfig(gluon_b1=True), num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                width=4, block_t=16, state_dtype=torch.float32, folded=False, capability=(9, 0),
+                triton_version="3.6.0", have_gluon=True)
+    args.update(change)
+    why = gb.gluon_b1_plan(**args)
+    assert (why is None) if reason is None else (reason in why), why
+
+
+def test_gluon_b1_config_refusals_and_fallback_form():
+    for other in (dict(whole_v=True), dict(group_heads=True), dict(two_pass=True), dict(loop_stages=2),
+                  dict(skip_stages=4)):
+        with pytest.raises(ValueError, match="gluon_b1 is its own"):
+            VerifyConfig(gluon_b1=True, **other)
+    from hybridspec_kernels.gdn_verify import gluon_b1 as gb
+    fallback = gb.gluon_b1_fallback(VerifyConfig(gluon_b1=True))
+    assert fallback == VerifyConfig(hoist=True, weight_tiles=True, early_stores=True)  # the Triton b1 pick's form
+
+
+@needs_kernels
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's fallback")
+@pytest.mark.parametrize("lens,width", [([5, 1, 12], 4), ([3, 7], 3)])
+def test_gluon_b1_falls_back_to_the_triton_verify(lens, width, caplog):
+    """Under the interpreter (and wherever gluon_b1_plan says no) gluon_b1 runs the Triton b1 form, with one log
+    line, and the same outputs and workspace as the naive reference."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    p = make_problem(lens, width=width, head_v_dim=32, seed=41, null_requests=(1,) if len(lens) > 2 else ())
+    stacked_mod._warn_once.cache_clear()
+    ws, ref_ws = workspace_for(p), workspace_for(p)
+    for name in ("u", "k", "g", "x"):  # rows past a request's length are not written
+        getattr(ws, name).fill_(0)
+        getattr(ref_ws, name).fill_(0)
+    with caplog.at_level("WARNING"):
+        out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=VerifyConfig(gluon_b1=True))
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert "gluon_b1: the Triton interpreter does not run Gluon; running the Triton verify" in caplog.text
+    gdn_verify(**p, workspace=ref_ws.layer(0), max_seqlen=max(lens),
+               config=VerifyConfig(hoist=True, weight_tiles=True, early_stores=True))
+    for name in ("u", "k", "g", "x"):
+        assert torch.equal(getattr(ws, name), getattr(ref_ws, name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("L", [4, 16])
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, num_warps, caplog):
+    """The Gluon b1 verify at the Qwen3-Next shape (bf16 inputs) against the Triton b1 pick (hoist, weight_tiles,
+    early_stores: outputs and every workspace tensor equal to tf32 / fp32 rounding; the small products are tf32x3
+    there vs fp32 FMA here) and the float64 reference: L + 1 requests of L tokens (one a null slot), request n
+    accepting n tokens, so every accept position 0..L is reconstructed and compared."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    lens = [L] * (L + 2)
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     state_dtype=state_dtype, bias=False, device="cuda", null_requests=(1,), seed=11 + L)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    results = []
+    stacked_mod._warn_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        for cfg in (VerifyConfig(gluon_b1=True, num_warps=num_warps),
+                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, num_warps=num_warps)):
+            ws = workspace_for(p, max_len=L)
+            for name in ("u", "k", "g", "x"):
+                getattr(ws, name).fill_(0)
+            out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=L, out=out, config=cfg)
+            results.append((out, ws))
+    assert "gluon_b1:" not in caplog.text, caplog.text  # the Gluon kernel ran (no fallback)
+    (o_g, ws_g), (o_t, ws_t) = results
+    assert rel_err(o_g, o_t) < 4e-3 and rel_err(ws_g.u, ws_t.u) < 1e-4
+    assert rel_err(ws_g.k, ws_t.k) < 1e-6 and rel_err(ws_g.g, ws_t.g) < 1e-6 and torch.equal(ws_g.x, ws_t.x)
+    assert rel_err(o_g, naive_gdn_verify(**cpu(p))) < 1e-2
+    num_accepted = torch.tensor([min(n, L) for n in range(L + 2)], dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    gdn_reconstruct(table, ws_g, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"])
+    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+
+
+def _tf32(x):
+    """x rounded toward zero to tf32 (what an mma.sync tf32 operand keeps of an fp32 value, up to the rounding mode)."""
+    return (x.view(torch.int32) & -8192).view(torch.float32)
+
+
+def _dot_x3_twin(a, b):
+    """gluon_b1._dot_x3 in torch: lo x hi + hi x lo + hi x hi of tf32 operands."""
+    a_hi, b_hi = _tf32(a), _tf32(b)
+    a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
+@pytest.mark.parametrize("seqlen", [1, 3, 4, 9, 16])
+def test_gluon_b1_factor_math_matches_the_recurrence(seqlen):
+    """The Gluon b1 verify's factor math as written there (G by row and by column token as masked sums, the decay /
+    A / attn tiles, Neumann squarings and the two value-side products as tf32x3 twins, column blocks finished apart)
+    against the token-by-token delta rule in float64: what the CPU can check of a kernel it cannot run."""
+    gen = torch.Generator().manual_seed(seqlen)
+    BT, K, V, BV = 16, 32, 16, 8
+    t = torch.arange(BT)
+    live = t < seqlen
+    k = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    q = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    v = torch.randn(BT, V, generator=gen) * live[:, None]
+    g = torch.where(live, -torch.rand(BT, generator=gen) * 0.5, 0.0)
+    beta = torch.where(live, torch.rand(BT, generator=gen), 0.0)
+    S0 = torch.randn(V, K, generator=gen) * 0.3
+    causal = t[:, None] >= t[None, :]
+    G_r = torch.where(causal, g[None, :], 0.0).sum(1)
+    G_c = torch.where(t[:, None] <= t[None, :], g[:, None], 0.0).sum(0)
+    decay = torch.where(causal, torch.exp(torch.where(causal, G_r[:, None] - G_c[None, :], 0.0)), 0.0)
+    A = torch.where(t[:, None] > t[None, :], beta[:, None] * decay * (k @ k.T), 0.0)
+    eye = torch.eye(BT)
+    inv, power = eye - A, A
+    for _ in range(max(0, math.ceil(math.log2(max(seqlen, 1))) - 1)):
+        power = _dot_x3_twin(power, power)
+        inv = _dot_x3_twin(inv, eye + power)
+    attn = decay * (q @ k.T)
+    out = torch.empty(BT, V)
+    for v0 in range(0, V, BV):  # each warp's columns, finished without the others
+        cols = slice(v0, v0 + BV)
+        ks, qs = k @ S0[cols].T, q @ S0[cols].T
+        u = _dot_x3_twin(inv, beta[:, None] * (v[:, cols] - torch.exp(G_r)[:, None] * ks))
+        out[:, cols] = torch.exp(G_r)[:, None] * qs + _dot_x3_twin(attn, u)
+    S = S0.double()
+    for i in range(seqlen):
+        S = torch.exp(g[i].double()) * S
+        S = S + beta[i].double() * torch.outer(v[i].double() - S @ k[i].double(), k[i].double())
+        assert rel_err(out[i], S @ q[i].double()) < 2e-5, i

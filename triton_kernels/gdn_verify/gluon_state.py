@@ -26,8 +26,9 @@ pass lost on exactly this; here each tail has its next state block already in sh
 Compiles only for sm_90 (wgmma, TMA); `gluon_state_plan` decides, and says why not (the launcher logs it once and runs
 the Triton state pass). Not run under TRITON_INTERPRET.
 """
-import triton
 import triton.language as tl
+
+from .gluon_support import toolchain_refusal
 
 try:
     from triton.experimental import gluon
@@ -55,15 +56,11 @@ def gluon_state_plan(ssm_state, config, num_k_heads, block_t, capability, triton
     """Why the Gluon state pass cannot run this call (a sentence), or None when it can. Pure host logic (CPU-tested):
     ssm_state [slots, HV, V, K] (only its shape, dtype, strides and alignment are read); capability (major, minor)
     of the device, None off the GPU."""
-    have_gluon = HAVE_GLUON if have_gluon is None else have_gluon
-    version = ".".join((triton_version or triton.__version__).split(".")[:2])
     num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
-    if not have_gluon:
-        return "triton.experimental.gluon (hopper TMA / wgmma / warp_specialize) is not importable"
-    if version not in CHECKED_TRITON:
-        return f"Triton {version} is not one the Gluon state pass was compiled on ({', '.join(CHECKED_TRITON)})"
-    if capability is None or tuple(capability) != (9, 0):
-        return f"the Gluon state pass needs sm_90 (wgmma), got {capability}"
+    why = toolchain_refusal("Gluon state pass", "hopper TMA / wgmma / warp_specialize", CHECKED_TRITON,
+                            HAVE_GLUON if have_gluon is None else have_gluon, triton_version, capability)
+    if why:
+        return why
     if config.stacked_dot not in ("tf32x3", "tf32") or config.big_dot != "tf32":
         return f"the Gluon state pass has tf32 / tf32x3 products only (big_dot {config.big_dot}, stacked_dot " \
                f"{config.stacked_dot})"
