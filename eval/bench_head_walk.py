@@ -273,13 +273,15 @@ def run_gpu(args) -> dict:
             p = Problem(torch, rows, 15, 64 * sms, RANK, False, device, torch.bfloat16)
             fn = ours_fn(head_walk, p, **floor_kw)
             errors_before = barrier_errors(device)
-            fn()
+            gluon_ran = _walks_gluon(walk, fn)
             torch.cuda.synchronize()
             if barrier_errors(device) != errors_before:
                 raise RuntimeError("grid barrier gave up")
             us, _ = time_graph(torch, fn)
             checks.append(dict(check=name, steps=15, programs=sms, batch=rows, us=round(us, 1),
                                us_per_step=round(us / 15, 2)))
+            if floor_kw.get("gluon"):
+                checks[-1]["gluon_ran"] = gluon_ran
         except Exception as exc:
             checks.append(dict(check=name, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
@@ -298,11 +300,13 @@ def run_gpu(args) -> dict:
             errors_before = barrier_errors(device)
             fn = ours_fn(head_walk, p, **kw)
             p.draft_tokens.fill_(-1)
-            fn()
+            gluon_ran = _walks_gluon(walk, fn)
             torch.cuda.synchronize()
             row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15,
                        equal_step=bool(torch.equal(step_tokens, p.draft_tokens)),
                        barrier_errors=barrier_errors(device) - errors_before)
+            if kw.get("gluon"):
+                row["gluon_ran"] = gluon_ran
             if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / 15, 2))
@@ -685,6 +689,49 @@ TUNE_CASES_V17 = [
     ("amax4096_v32k_b32", 32000, 32, AMAX_SPREAD["amax4096"]), ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
     ("amax512_v32k_b8", 32000, 8, AMAX_SPREAD["amax512"]), ("amax512_v32k_b64", 32000, 64, AMAX_SPREAD["amax512"])]
 FLOORS_V17 = [("probe", 32), ("amax", 32)] + [(name, 32, kw) for name, kw in AMAX_SPREAD.items()]
+# Session 6 (PH, v18; not run yet): the Gluon b1 prototype (kernel gluon_b1.py: each warp spins on its own 16
+# programs' keys and loads its candidate's W1 row into its column of the wgmma B operand, guessed early from the
+# slots already there (3 reads; "ss_once": 1); "rs": 128 W2 rows a program in registers; "ss_late": no guess) beside
+# the default Triton b1 walk (tagged), same run; rows with gluon_ran False fell back to the Triton walk.
+TUNE_CASES_V18 = [
+    ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")), ("gluon_v32k_b1", 32000, 1, dict(gluon=True)),
+    ("gluon_rs_v32k_b1", 32000, 1, dict(gluon="rs")), ("gluon_once_v32k_b1", 32000, 1, dict(gluon="ss_once")),
+    ("gluon_late_v32k_b1", 32000, 1, dict(gluon="ss_late")),
+    ("tagged_v30011_b1", 30011, 1, dict(exchange="tagged")),
+    ("gluon_v30011_b1", 30011, 1, dict(gluon=True)), ("tagged_again_v32k_b1", 32000, 1, dict(exchange="tagged"))]
+FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("gluon_once", 1, dict(gluon="ss_once")),
+              ("gluon_late", 1, dict(gluon="ss_late"))]
+# Session 6 (PS, v19; not run yet): gluon_b1's streamed walk at 152k b1 (W2 through a TMA ring whose mbarrier phases
+# run across the steps: the next step's first tiles are copied during the exchange; W1[x] stored once a step; 8
+# candidate columns at 4 warps) in its forms and two more ring geometries, beside the default Triton b1 walk (4-stage
+# ring set up inside every step, 128 resident rows, 4 warps), same run; 150001: U rows not 16-byte aligned (the Triton
+# walk takes its register path, the Gluon walk keeps its ring). Rows with gluon_ran False fell back.
+GLUON_RES192_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=3)
+GLUON_RES192_S4 = dict(stream_tma=4, tile_rows=64, resident_tiles=3)
+GLUON_RES256_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
+TUNE_CASES_V19 = [
+    ("default_v152k_b1", 151936, 1, {}), ("gluon_v152k_b1", 151936, 1, dict(gluon=True)),
+    ("gluon_rs_v152k_b1", 151936, 1, dict(gluon="rs")), ("gluon_once_v152k_b1", 151936, 1, dict(gluon="ss_once")),
+    ("gluon_late_v152k_b1", 151936, 1, dict(gluon="ss_late")),
+    ("gluon_res192s3_v152k_b1", 151936, 1, dict(gluon=True, **GLUON_RES192_S3)),
+    ("gluon_rs_res192s4_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES192_S4)),
+    ("gluon_rs_res256s3_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES256_S3)),
+    ("default_v150001_b1", 150001, 1, {}), ("gluon_v150001_b1", 150001, 1, dict(gluon=True)),
+    ("default_again_v152k_b1", 151936, 1, {})]
+# Session 6 (PB, v20; not run yet): gluon_rows' walk of several greedy rows (each warp polls its 16 programs' [B] keys
+# in one PTX loop, one CTA sync, the W1 rows gathered by the warps that own the rows, 3 CTA syncs a step) beside each
+# batch's default Triton walk (b8 poll, b32 probe), same run; 30011: 118 programs, a short last shard; b5: padded
+# rows. Floors (132 programs of 64 rows) of the Gluon walk beside local / poll / probe. Rows with gluon_ran False fell
+# back to the Triton walk.
+TUNE_CASES_V20 = [
+    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")), ("gluon_v32k_b32", 32000, 32, dict(gluon=True)),
+    ("poll_v32k_b8", 32000, 8, dict(exchange="poll")), ("gluon_v32k_b8", 32000, 8, dict(gluon=True)),
+    ("probe_v32k_b16", 32000, 16, dict(exchange="probe")), ("gluon_v32k_b16", 32000, 16, dict(gluon=True)),
+    ("poll_v32k_b5", 32000, 5, dict(exchange="poll")), ("gluon_v32k_b5", 32000, 5, dict(gluon=True)),
+    ("probe_v30011_b32", 30011, 32, dict(exchange="probe")), ("gluon_v30011_b32", 30011, 32, dict(gluon=True)),
+    ("probe_again_v32k_b32", 32000, 32, dict(exchange="probe"))]
+FLOORS_V20 = [("local", 8), ("poll", 8), ("gluon", 8, dict(gluon=True)), ("local", 32), ("probe", 32),
+              ("gluon", 32, dict(gluon=True))]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -695,6 +742,18 @@ def _allow_local_exchange(walk) -> None:
     if name not in walk.EXCHANGES:
         walk.EXCHANGES = walk.EXCHANGES + (name,)
         walk.EXCHANGE_CODES[name] = code
+
+
+def _walks_gluon(walk, fn) -> bool:
+    """Runs fn once; True unless the walk fell back to the Triton kernel (head_walk(gluon=...) then launches it)."""
+    fell_back = []
+    triton_launch = walk._launch
+    walk._launch = lambda *args, **kwargs: (fell_back.append(1), triton_launch(*args, **kwargs))[1]
+    try:
+        fn()
+    finally:
+        walk._launch = triton_launch
+    return not fell_back
 
 
 def _floor_kw(floor) -> tuple[str, int, dict]:
@@ -738,6 +797,9 @@ LADDERS = {
     "v16": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")},
                 cases=TUNE_CASES_V16, floors=FLOORS_V16),
     "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
+    "v18": dict(rule={}, cases=TUNE_CASES_V18, floors=FLOORS_V18),
+    "v19": dict(rule={}, cases=TUNE_CASES_V19, floors=[]),
+    "v20": dict(rule={}, cases=TUNE_CASES_V20, floors=FLOORS_V20),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -825,6 +887,9 @@ def _compile_job(job) -> str:
         if not isinstance(walk.head_walk_kernel, _CompileOnly):  # workers run several jobs
             walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
             _allow_local_exchange(walk)
+        if walk.gluon_b1.HAVE_GLUON and not isinstance(walk.gluon_b1.head_walk_b1_kernel, _CompileOnly):
+            walk.gluon_b1.head_walk_b1_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_kernel)
+            walk.gluon_b1.head_walk_b1_stream_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_stream_kernel)
         device = torch.device("cuda")
         kind = job["kind"]
         if kind == "heads":

@@ -6,8 +6,14 @@ Each build the library would launch on an H200 (gdn_verify: every config the shi
 stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
 
-    PYTHONPATH=<triton 3.6 site>:<folder with hybridspec_kernels> python eval/offline_sass.py compile OUT gdn|hw [BUILD...]
+    PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
+
+WHAT: gdn, hw, hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts)
+hwr (the Gluon B > 1 prototype, gluon_rows, beside the Triton default builds at the same batch)
+or gdng (gdn_verify's Gluon state pass prototype beside the Triton stacked state pass it replaces, at the
+Qwen3-Next shape, with per-opcode-family instruction counts) or gdnb (gdn_verify's Gluon b1 verify prototype beside
+the Triton b1 pick, batch 1, L 4 / 16, with per-opcode counts, CTA barriers and the global loads before the first).
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
 
@@ -40,7 +46,8 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in ("gdn", "hw"):
+WHATS = ("gdn", "hw", "hwg", "hwr", "gdng", "gdnb")
+if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -105,8 +112,10 @@ def compile_captured(name, fn, args, kwargs):
             sig[a] = "fp32"
         else:
             raise TypeError((a, v))
-    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=options)
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    k = triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=options)
     path = f"{OUT}/{name}.cubin"
     open(path, "wb").write(k.asm["cubin"])
     bindir = os.path.dirname(triton.__file__) + "/backends/nvidia/bin"
@@ -128,11 +137,42 @@ def compile_captured(name, fn, args, kwargs):
     if os.environ.get("SASS_IR"):
         # SASS_IR=1: the TTIR / TTGIR too (where the pipeliner put a loop's copies, waits and shared-memory stores)
         for stage in ("ttir", "ttgir"):
-            open(f"{OUT}/{name}.{stage}", "w").write(k.asm[stage])
+            if stage in k.asm:  # a Gluon build starts at TTGIR
+                open(f"{OUT}/{name}.{stage}", "w").write(k.asm[stage])
     h += " norm " + hashlib.sha256("\n".join(norm).encode()).hexdigest()[:12]
     h += " ptx " + hashlib.sha256("\n".join(ptx).encode()).hexdigest()[:12]
     print(f"{name:40} {h} instr {len(ins):5} regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared}",
           flush=True)
+    return sass
+
+
+STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "WARPSYNC", "FENCE", "CCTL", "ATOM",
+                 "RED", "WARPGROUP")
+
+
+def step_loop_counts(sass, narrowest=False):
+    """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
+    what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
+    streamed walk's streamed-tile iteration)."""
+    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
+             re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    best = None
+    for addr, ins in lines:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        lo = int(m.group(1), 16)
+        body = [i for a, i in lines if lo <= a <= addr]
+        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
+                                                                  else len(body) > len(best))):
+            best = body
+    if best is None:
+        return {}
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in best]
+    counts = {"instr": len(ops)}
+    for fam in STEP_LOOP_OPS:
+        counts[fam] = sum(op.split(".")[0] == fam for op in ops)
+    return counts
 
 
 def gdn():
@@ -206,6 +246,14 @@ def gdn():
 HW_OPTS = json.loads(os.environ.get("HW_OPTS", "{}"))
 
 
+def _walk_operands(rows, steps, vocab, rank):
+    """Empty bf16 walk operands of a shape (only their dtypes and strides reach the compile): U [B, N, V], W1
+    [V, r], W2 rows [V, r], anchors [B], tokens [B, N]."""
+    return (torch.empty(rows, steps, vocab, dtype=torch.bfloat16), torch.empty(vocab, rank, dtype=torch.bfloat16),
+            torch.empty(vocab, rank, dtype=torch.bfloat16), torch.zeros(rows, dtype=torch.long),
+            torch.empty(rows, steps, dtype=torch.long))
+
+
 def hw():
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
@@ -218,11 +266,7 @@ def hw():
                 name = f"hw_v{vocab}_b{rows}_{'sampled' if sampled else 'greedy'}"
                 if ONLY and name not in ONLY:
                     continue
-                u = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
-                w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)  # [V, r] rows
-                first = torch.zeros(rows, dtype=torch.long)
-                tokens = torch.empty(rows, steps, dtype=torch.long)
+                u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
                 cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled, **HW_OPTS)
                 temp = seeds = pos = dl = None
                 if sampled:
@@ -237,4 +281,228 @@ def hw():
                 compile_captured(name, fn, args, kwargs)
 
 
-gdn() if WHAT == "gdn" else hw()
+def _compile_counted(name, cfg):
+    """Compiles the one captured launch and prints its step loop's counts; the SASS text, or None where this Triton
+    rejects the build (printed: what a Triton version rejects is the finding, not a crash)."""
+    (fn, args, kwargs), = captured
+    print(name, cfg, flush=True)
+    try:
+        sass = compile_captured(name, fn, args, kwargs)
+    except Exception as exc:
+        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        return None
+    print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
+    return sass
+
+
+def hwg():
+    """head_walk(gluon=...) at one greedy row (32k and an odd vocabulary) beside the Triton walk's default b1 build:
+    registers, stack, shared memory and the step loop's instructions (step_loop_counts) of each."""
+    import hybridspec_kernels.head_walk.gluon_b1 as gb
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
+    gb.head_walk_b1_stream_kernel = Capture(gb.head_walk_b1_stream_kernel)
+    steps, rank = 15, 256
+    # 9001: one half-shard of 128 rows, no "rs"; 151936 / 150001: partly streamed shards (the TMA ring kept across
+    # the steps, head_walk_b1_stream_kernel).
+    # Streamed geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages.
+    geometry = {"res192_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
+                "res192_s4": dict(stream_tma=4, tile_rows=64, resident_tiles=3),
+                "res256_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=4)}
+    streamed_extra = ("ss_res192_s3", "rs_res192_s4", "rs_res256_s3")
+    for vocab in (32000, 30011, 9001, 151936, 150001):
+        forms = ("triton", "ss", "rs", "ss_once", "ss_late") if vocab != 9001 else ("triton", "ss", "ss_late")
+        for form_name in forms + (streamed_extra if vocab == 151936 else ()):
+            form, _, geo = form_name.partition("_res")
+            form = form_name if not geo else form
+            name = f"hwg_v{vocab}_b1_{form_name}"
+            if ONLY and name not in ONLY:
+                continue
+            u, w1, w2, first, tokens = _walk_operands(1, steps, vocab, rank)
+            # As head_walk: no Triton ring where U's rows are not 16-byte aligned (the Gluon walk keeps its own).
+            opts = geometry["res" + geo] if geo else dict(stream_tma=None if vocab % 8 == 0 else 0)
+            cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **opts)
+            del captured[:]
+            if form == "triton":
+                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                             None, None, None, None, None, None, 0, 1.0)
+            else:
+                why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
+                                            dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
+                                            rs=form == "rs")
+                assert why is None, why
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs",
+                                      guess_rounds=walk.GUESS_ROUNDS[form])
+            sass = _compile_counted(name, cfg)
+            if sass and vocab > 65536:  # partly streamed: one streamed tile's iteration (the step loop counts it once)
+                print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
+
+
+
+
+def hwr():
+    """head_walk(gluon=True) at several greedy rows (gluon_rows) beside the Triton walk's default build of the same
+    batch (probe / poll): registers, stack, shared memory and the step loop's instructions."""
+    import hybridspec_kernels.head_walk.gluon_rows as gr
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
+    steps, rank = 15, 256
+    # 8448 = 132 programs x 64 rows: the bench's sync floors (32 poll slots a thread at b32).
+    for vocab, rows in ((32000, 8), (32000, 32), (32000, 5), (32000, 16), (30011, 32), (9001, 32), (8448, 32)):
+        for form in ("triton", "gluon"):
+            name = f"hwr_v{vocab}_b{rows}_{form}"
+            if ONLY and name not in ONLY:
+                continue
+            u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
+            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), **(dict(tile_rows=64) if vocab == 8448
+                                                                                 else {}))
+            del captured[:]
+            if form == "triton":
+                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                             None, None, None, None, None, None, 0, 1.0)
+            else:
+                why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
+                                              dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
+                assert why is None, why
+                walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
+            _compile_counted(name, cfg)
+
+
+OP_FAMILIES = ("HGMMA", "HMMA", "LDG", "STG", "LDS", "STS", "LDSM", "UTMALDG", "SYNCS", "BAR", "SHFL", "F2FP", "FFMA",
+               "LOP3", "IMAD", "IADD3", "MUFU", "WARPGROUP", "USETMAXREG")
+
+
+def op_counts(ins):
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0] for i in ins]
+    return {fam: sum(op == fam for op in ops) for fam in OP_FAMILIES}
+
+
+QWEN3_NEXT_GDN = (16, 32, 128, 128, 4)  # k-heads H, v-heads HV, K, V, conv width W
+
+
+def compile_and_count(name, fn, args, kwargs, extra=None):
+    """compile_captured, then the build's per-opcode-family counts (+ extra(ins)'s, named "chain"); a build a Triton
+    version rejects is printed as FAILED (the finding, not a crash)."""
+    try:
+        sass = compile_captured(name, fn, args, kwargs)
+    except Exception as exc:
+        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
+        return
+    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
+    chain = f" chain {json.dumps(extra(ins))}" if extra else ""
+    print(f"{name:40} ops {json.dumps(op_counts(ins))}{chain}", flush=True)
+
+
+def gdng():
+    """The Gluon state pass (stacked + gluon_state) beside the Triton stacked state pass with the same inputs
+    (per-block BV64, pointer and TMA loads, with and without PDL) at the Qwen3-Next shape, L 16 and 17 (BT 32), b32,
+    fp32 and bf16 states, padded slots (vLLM's page stride)."""
+    from hybridspec_kernels.gdn_verify import stacked as sk, gluon_state as gs, verify as vf
+    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
+    sk._stacked_state_kernel = Capture(sk._stacked_state_kernel)
+    sk._stacked_prep_kernel = Capture(sk._stacked_prep_kernel)
+    gs._gluon_state_kernel = Capture(gs._gluon_state_kernel)
+    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 32, torch.bfloat16
+    D = 2 * H * K + HV * V
+    for L in (16, 17):
+        BT = 16 if L <= 16 else 32
+        T = B * L
+        x = torch.empty(T, D, dtype=bf)
+        conv_wT = torch.empty(W, D, dtype=bf)
+        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
+        idx = torch.arange(1, B + 1, dtype=torch.int32)
+        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
+        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu").layer(0)
+        out = torch.empty(T, HV, V, dtype=bf)
+        z_kq, fac = sk.stacked_scratch("cpu", B, H, HV, BT, K)
+        rows = {"pointers": (None,), "constexprs": {"HAS_WS_ROWS": False}}
+        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
+        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
+        for state_dtype in (torch.float32, bf):
+            pages = torch.empty(B + 1, HV * V * K + 64 * K, dtype=state_dtype)  # a padded slot stride
+            ssm = pages[:, :HV * V * K].view(B + 1, HV, V, K)
+            sd = "fp32" if state_dtype == torch.float32 else "bf16"
+            for form in ("triton", "triton_tma", "triton_pdl", "triton_pdl_tma", "gluon", "gluon_pdl",
+                         "gluon_s2", "gluon_tf32"):
+                name = f"gdng_L{L}_b{B}_{sd}_{form}"
+                if ONLY and name not in ONLY:
+                    continue
+                cfg = vf.VerifyConfig(two_pass=True, stacked=True, block_v=64, pdl="pdl" in form,
+                                      tma_loads="tma" in form, gluon_state=form.startswith("gluon"),
+                                      gluon_stages=2 if form.endswith("s2") else 1,
+                                      stacked_dot="tf32" if form.endswith("tf32") else "tf32x3")
+                del captured[:]
+                if form.startswith("gluon"):
+                    why = gs.gluon_state_plan(ssm, cfg, H, BT, (9, 0))
+                    if why:
+                        print(f"{name:40} NOT PLANNED: {why}", flush=True)
+                        continue
+                    gs.launch_gluon_state(x, conv_wT, None, conv_state, ssm, idx, cu, out, ws, None, False, z_kq,
+                                          fac, cfg, H, BT, "pdl" in form)
+                else:
+                    sk._interpreting = lambda: False
+                    sk.launch_stacked(x, a, b, conv_wT, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, out,
+                                      1.0, cfg, H, BT, 3, "tf32", "ieee", rows, scratch=(z_kq, fac))
+                compile_and_count(name, *captured[-1])  # the state pass (after the prep when both launch)
+
+
+def chain_counts(ins):
+    """The b1 chain's shape in SASS: CTA barriers, global loads issued before the first barrier, all global loads."""
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0] for i in ins]
+    first_bar = ops.index("BAR") if "BAR" in ops else len(ops)
+    return {"BAR": ops.count("BAR"), "LDG_before_first_BAR": ops[:first_bar].count("LDG"), "LDG": ops.count("LDG")}
+
+
+def gdnb():
+    """The Gluon b1 verify (gluon_b1) beside the Triton b1 pick (hoist, weight_tiles, early_stores; 4 and 8 warps) at
+    the Qwen3-Next shape, batch 1, L 4 and 16, fp32 and bf16 states."""
+    from hybridspec_kernels.gdn_verify import verify as vf, gluon_b1 as gb
+    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
+    vf._gdn_verify_kernel = Capture(vf._gdn_verify_kernel)
+    gb._gluon_b1_kernel = Capture(gb._gluon_b1_kernel)
+    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 1, torch.bfloat16
+    D = 2 * H * K + HV * V
+    for L in (4, 16):
+        T = B * L
+        BT = 16
+        x = torch.empty(T, D, dtype=bf)
+        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
+        conv_w = torch.empty(D, W, dtype=bf)
+        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
+        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
+        idx = torch.arange(1, B + 1, dtype=torch.int32)
+        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
+        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu").layer(0)
+        out = torch.empty(T, HV, V, dtype=bf)
+        steps = max(0, (max(L, 1) - 1).bit_length() - 1)
+        for state_dtype in (torch.float32, bf):
+            ssm = torch.empty(B + 1, HV, V, K, dtype=state_dtype)
+            sd = "fp32" if state_dtype == torch.float32 else "bf16"
+            for form in ("triton_w4", "triton_w8", "gluon_w4", "gluon_w8"):
+                name = f"gdnb_L{L}_b{B}_{sd}_{form}"
+                if ONLY and name not in ONLY:
+                    continue
+                del captured[:]
+                if form.startswith("gluon"):
+                    cfg = vf.VerifyConfig(gluon_b1=True, num_warps=int(form[-1]))
+                    why = gb.gluon_b1_plan(cfg, H, HV, K, V, W, BT, state_dtype, False, (9, 0))
+                    if why:
+                        print(f"{name:40} NOT PLANNED: {why}", flush=True)
+                        continue
+                    gb.launch_gluon_b1(x, a, b, vf.transposed_conv_weight(conv_w), None, A_log, dt_bias, conv_state,
+                                       ssm, idx, cu, ws, out, K ** -0.5, idx, False, H, BT, steps, cfg.num_warps)
+                else:
+                    cfg = vf.VerifyConfig(hoist=True, weight_tiles=True, early_stores=True,
+                                          num_warps=int(form[-1]))
+                    vf.gdn_verify(x, a, b, conv_w, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, max_seqlen=L,
+                                  out=out, config=cfg)
+                compile_and_count(name, *captured[-1], extra=chain_counts)
+
+
+{"gdn": gdn, "gdng": gdng, "gdnb": gdnb, "hwg": hwg, "hwr": hwr, "hw": hw}[WHAT]()

@@ -5,6 +5,7 @@ Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16)
 Qwen3-Next GDN shape in bf16.
 """
 import dataclasses
+import math
 import importlib
 import os
 import sys
@@ -1033,18 +1034,22 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
 
 
-def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0):
+def _padded_slots(ssm, pad):
+    """The same states as a view whose slots are `pad` elements (NaN) apart beyond their size (vLLM's pages)."""
+    slots, per_slot = ssm.shape[0], ssm[0].numel()
+    padded = torch.full((slots, per_slot + pad), float("nan"), dtype=ssm.dtype, device=ssm.device)
+    padded[:, :per_slot] = ssm.reshape(slots, per_slot)
+    return padded.as_strided(ssm.shape, (per_slot + pad, *ssm.stride()[1:]))
+
+
+def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0, lens=(17, 4, 1, 16, 9)):
     """Verify + reconstruct at the Qwen3-Next shape (bf16 inputs, L 1..17, a null slot) vs the float64 reference;
     slot_padding > 0: the ssm states are a view whose slots are that many elements (NaN) apart beyond their size."""
-    lens = [17, 4, 1, 16, 9]
+    lens = list(lens)
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                      state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
     if slot_padding:
-        slots, per_slot = p["ssm_state"].shape[0], p["ssm_state"][0].numel()
-        padded = torch.full((slots, per_slot + slot_padding), float("nan"), dtype=state_dtype, device="cuda")
-        padded[:, :per_slot] = p["ssm_state"].reshape(slots, per_slot)
-        p["ssm_state"] = padded.as_strided(p["ssm_state"].shape,
-                                           (per_slot + slot_padding, *p["ssm_state"].stride()[1:]))
+        p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
     ws = workspace_for(p, max_len=32)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -1365,3 +1370,291 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
                num_warps=num_warps)
         wrong += int((p["conv_state"] != expected).flatten(1).any(1).sum())
     assert wrong == 0, f"{wrong} conv windows wrong over 60 launches"
+
+
+# Session 6, PG: the Gluon state pass (stacked + gluon_state; gluon_state.py). Gluon does not run in the interpreter:
+# on the CPU only its selection / fallback logic is tested; the kernel itself in the GPU test below.
+def _qwen3_next_states(state_dtype=torch.float32, pad=0, heads=(16, 32), dims=(128, 128), slots=3):
+    num_v_heads, (v, k) = heads[1], dims
+    per_slot = num_v_heads * v * k
+    pages = torch.zeros(slots, per_slot + pad, dtype=state_dtype)
+    return pages.as_strided((slots, num_v_heads, v, k), (per_slot + pad, v * k, k, 1))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(), None),
+    (dict(have_gluon=False), "not importable"),
+    (dict(triton_version="3.5.1"), "Triton 3.5 is not one"),
+    (dict(triton_version="3.10.0"), "Triton 3.10 is not one"),
+    (dict(capability=None), "needs sm_90"),
+    (dict(capability=(10, 0)), "needs sm_90"),
+    (dict(capability=(8, 0)), "needs sm_90"),
+    (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, stacked_dot="ieee")), "tf32 / tf32x3"),
+    (dict(config=VerifyConfig(block_v=64, two_pass=True, stacked=True, big_dot="tf32x3")), "tf32 / tf32x3"),
+    (dict(num_k_heads=8), "(2), got 4"),
+    (dict(num_k_heads=32), "(2), got 1"),
+    (dict(block_t=32), "lengths <= 16"),
+    (dict(state=_qwen3_next_states(torch.float16)), "fp32 or bf16"),
+    (dict(state=_qwen3_next_states(pad=64)), "not TMA-addressable"),  # a slot stride that is not whole K rows
+    (dict(state=_qwen3_next_states(pad=12288)), None),  # vLLM's fp32 page: ssm + conv state, whole K rows
+    (dict(state=_qwen3_next_states(torch.bfloat16, pad=24576)), None),
+    (dict(state=_qwen3_next_states(dims=(64, 128))), "K = V = 128"),
+])
+def test_gluon_state_plan_says_why_not(change, reason):
+    """gluon_state_plan is the one place that decides whether the Gluon state pass runs: None only on sm_90 with a
+    checked Triton, tf32 products, 2 v-heads per k-head, L <= 16 and slots one 2-D descriptor can address."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs
+    args = dict(state=_qwen3_next_states(), config=VerifyConfig(block_v=64, two_pass=True, stacked=True,
+                                                                 gluon_state=True),
+                num_k_heads=16, block_t=16, capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    args.update(change)
+    why = gs.gluon_state_plan(args.pop("state"), args.pop("config"), args.pop("num_k_heads"), args.pop("block_t"),
+                              **args)
+    assert (why is None) if reason is None else (reason in why), why
+    assert gs.gluon_state_plan(_qwen3_next_states(), VerifyConfig(), 16, 16, (9, 0), "3.9.0", True) is None
+
+
+def test_gluon_state_rows_view_addresses_every_slot():
+    """The 2-D [rows, K] view the state descriptor reads: row slot * stride(0) / K + hv * V + v is S[slot, hv, v]."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs
+    ssm = _qwen3_next_states(pad=3 * 16, heads=(2, 4), dims=(32, 16), slots=4)
+    ssm.copy_(torch.randn(ssm.shape))
+    rows, slot_rows = gs._state_rows_view(ssm)
+    assert slot_rows == ssm.stride(0) // 16 and rows.shape == ((4 - 1) * slot_rows + 4 * 32, 16)
+    for slot, hv, v in [(0, 0, 0), (3, 3, 31), (2, 1, 17)]:
+        assert torch.equal(rows[slot * slot_rows + hv * 32 + v], ssm[slot, hv, v])
+
+
+def test_gluon_state_config_refusals():
+    with pytest.raises(ValueError, match="gluon_state needs stacked"):
+        VerifyConfig(two_pass=True, gluon_state=True)
+    with pytest.raises(ValueError, match="gluon_state needs stacked"):
+        VerifyConfig(two_pass=True, stacked=True, whole_v=True, gluon_state=True)
+    with pytest.raises(ValueError, match="gluon_stages"):
+        VerifyConfig(two_pass=True, stacked=True, gluon_state=True, gluon_stages=3)
+
+
+@needs_kernels
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's fallback")
+def test_gluon_state_falls_back_to_the_triton_state_pass(caplog):
+    """Under the interpreter (and wherever gluon_state_plan says no) gluon_state runs the Triton state pass, with one
+    log line, and the same outputs."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    lens = [5, 1, 12]
+    p = make_problem(lens, head_v_dim=32, seed=37, null_requests=(1,))
+    stacked_mod._warn_once.cache_clear()
+    config = VerifyConfig(block_v=16, two_pass=True, stacked=True, gluon_state=True)
+    with caplog.at_level("WARNING"):
+        out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert "gluon_state: the Triton interpreter does not run Gluon; running the Triton state pass" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("config,slot_padding", [
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, gluon_state=True), 0,
+                 id="bv64"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128, gluon_state=True),
+                 24576, id="pdl-vllm-page"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, gluon_state=True,
+                              gluon_stages=2, stacked_dot="tf32"), 0, id="stages2-tf32"),
+])
+@pytest.mark.parametrize("ctas", [0, 7], ids=["one-cta-per-sm", "7-ctas"])
+def test_gpu_gluon_state_matches_naive_and_triton_state_pass(state_dtype, config, slot_padding, ctas, caplog,
+                                                             monkeypatch):
+    """The Gluon state pass at the Qwen3-Next shape (bf16 inputs, L 1..16 with a null slot, padded slots like vLLM's
+    pages) against the Triton stacked state pass with the same products (u, O, raw v: equal to tf32 rounding), and in
+    one case against the float64 reference (outputs and reconstructed states; ~1 min of CPU). ctas 7: the persistent
+    grid cut to 7 CTAs, so that each walks ~11 of the 80 (k-head, request) items (ring and Z-buffer phases wrapping,
+    a null item between live ones); one per SM gives each CTA at most one item here. L 17 (BT 32) runs the Triton
+    state pass, with one log line."""
+    from hybridspec_kernels.gdn_verify import gluon_state as gs, stacked as stacked_mod
+    if ctas:
+        monkeypatch.setattr(gs, "num_sms", lambda device: ctas)
+    lens = [16, 4, 1, 13, 9]  # L <= 16: the lengths the Gluon pass is built for
+    if ctas == 0 and not slot_padding and not config.pdl and config.stacked_dot == "tf32x3":
+        stacked_mod._warn_once.cache_clear()
+        with caplog.at_level("WARNING"):
+            _check_real_shape(state_dtype, config, False, lens=lens)
+        assert "gluon_state:" not in caplog.text, caplog.text  # the Gluon pass ran (no fallback)
+    for lens in (lens, [17, 4, 1, 16, 9]):
+        p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                         state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,), seed=5)
+        if slot_padding:
+            p["ssm_state"] = _padded_slots(p["ssm_state"], slot_padding)
+        results = []
+        stacked_mod._warn_once.cache_clear()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            for cfg in (config, dataclasses.replace(config, gluon_state=False)):
+                ws = workspace_for(p, max_len=32)
+                for t in (ws.u, ws.x):
+                    t.fill_(0)
+                out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+                gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=cfg)
+                results.append((out.float(), ws.u.clone(), ws.x.float()))
+        (o_g, u_g, x_g), (o_t, u_t, x_t) = results
+        assert rel_err(u_g, u_t) < 1e-5 and rel_err(o_g, o_t) < 4e-3 and torch.equal(x_g, x_t)
+        assert ("verify lengths <= 16" in caplog.text) == (max(lens) > 16), caplog.text
+
+
+# Session 6, PV: the Gluon b1 verify (gluon_b1; gluon_b1.py). Gluon does not run in the interpreter: on the CPU only
+# its selection / fallback logic is tested; the kernel itself in the GPU test below.
+@pytest.mark.parametrize("change,reason", [
+    (dict(), None),
+    (dict(triton_version="3.9.1", state_dtype=torch.bfloat16, width=3), None),
+    (dict(interpreting=True), "interpreter"),
+    (dict(have_gluon=False), "not importable"),
+    (dict(triton_version="3.5.1"), "Triton 3.5 is not one"),
+    (dict(triton_version="3.10.0"), "Triton 3.10 is not one"),
+    (dict(capability=None), "needs sm_90"),
+    (dict(capability=(10, 0)), "needs sm_90"),
+    (dict(folded=True), "no fold path"),
+    (dict(config=VerifyConfig(gluon_b1=True, big_dot="tf32x3")), "tf32 state products"),
+    (dict(config=VerifyConfig(gluon_b1=True, state_dot="bf16")), "tf32 state products"),
+    (dict(config=VerifyConfig(gluon_b1=True, block_v=64)), "block_v 32 at 4 or 8 warps"),
+    (dict(config=VerifyConfig(gluon_b1=True, num_warps=2)), "block_v 32 at 4 or 8 warps"),
+    (dict(config=VerifyConfig(gluon_b1=True, num_warps=8)), None),
+    (dict(block_t=32), "lengths <= 16"),
+    (dict(head_k_dim=64), "K = V = 128"),
+    (dict(head_v_dim=256), "K = V = 128"),
+    (dict(width=5), "widths 2..4"),
+    (dict(num_v_heads=24, num_k_heads=16), "not a multiple"),
+    (dict(state_dtype=torch.float16), "fp32 or bf16"),
+])
+def test_gluon_b1_plan_says_why_not(change, reason):
+    """gluon_b1_plan is the one place that decides whether the Gluon b1 verify runs: None only on sm_90 with a
+    checked Triton, no fold, tf32 state products, block_v 32 at 4 warps, L <= 16, K = V = 128, W <= 4."""
+    from hybridspec_kernels.gdn_verify import gluon_b1 as gb
+    args = dict(config=VerifyConfig(gluon_b1=True), num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                width=4, block_t=16, state_dtype=torch.float32, folded=False, capability=(9, 0),
+                triton_version="3.6.0", have_gluon=True)
+    args.update(change)
+    why = gb.gluon_b1_plan(**args)
+    assert (why is None) if reason is None else (reason in why), why
+
+
+def test_gluon_b1_config_refusals_and_fallback_form():
+    for other in (dict(whole_v=True), dict(group_heads=True), dict(two_pass=True), dict(loop_stages=2),
+                  dict(skip_stages=4)):
+        with pytest.raises(ValueError, match="gluon_b1 is its own"):
+            VerifyConfig(gluon_b1=True, **other)
+    from hybridspec_kernels.gdn_verify import gluon_b1 as gb
+    fallback = gb.gluon_b1_fallback(VerifyConfig(gluon_b1=True))
+    assert fallback == VerifyConfig(hoist=True, weight_tiles=True, early_stores=True)  # the Triton b1 pick's form
+
+
+@needs_kernels
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's fallback")
+@pytest.mark.parametrize("lens,width", [([5, 1, 12], 4), ([3, 7], 3)])
+def test_gluon_b1_falls_back_to_the_triton_verify(lens, width, caplog):
+    """Under the interpreter (and wherever gluon_b1_plan says no) gluon_b1 runs the Triton b1 form, with one log
+    line, and the same outputs and workspace as the naive reference."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    p = make_problem(lens, width=width, head_v_dim=32, seed=41, null_requests=(1,) if len(lens) > 2 else ())
+    stacked_mod._warn_once.cache_clear()
+    ws, ref_ws = workspace_for(p), workspace_for(p)
+    for name in ("u", "k", "g", "x"):  # rows past a request's length are not written
+        getattr(ws, name).fill_(0)
+        getattr(ref_ws, name).fill_(0)
+    with caplog.at_level("WARNING"):
+        out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=VerifyConfig(gluon_b1=True))
+    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert "gluon_b1: the Triton interpreter does not run Gluon; running the Triton verify" in caplog.text
+    gdn_verify(**p, workspace=ref_ws.layer(0), max_seqlen=max(lens),
+               config=VerifyConfig(hoist=True, weight_tiles=True, early_stores=True))
+    for name in ("u", "k", "g", "x"):
+        assert torch.equal(getattr(ws, name), getattr(ref_ws, name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("L", [4, 16])
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_gpu_gluon_b1_matches_naive_and_triton_pick(state_dtype, L, num_warps, caplog):
+    """The Gluon b1 verify at the Qwen3-Next shape (bf16 inputs) against the Triton b1 pick (hoist, weight_tiles,
+    early_stores: outputs and every workspace tensor equal to tf32 / fp32 rounding; the small products are tf32x3
+    there vs fp32 FMA here) and the float64 reference: L + 1 requests of L tokens (one a null slot), request n
+    accepting n tokens, so every accept position 0..L is reconstructed and compared."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    lens = [L] * (L + 2)
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     state_dtype=state_dtype, bias=False, device="cuda", null_requests=(1,), seed=11 + L)
+    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
+    results = []
+    stacked_mod._warn_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        for cfg in (VerifyConfig(gluon_b1=True, num_warps=num_warps),
+                    VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, num_warps=num_warps)):
+            ws = workspace_for(p, max_len=L)
+            for name in ("u", "k", "g", "x"):
+                getattr(ws, name).fill_(0)
+            out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=L, out=out, config=cfg)
+            results.append((out, ws))
+    assert "gluon_b1:" not in caplog.text, caplog.text  # the Gluon kernel ran (no fallback)
+    (o_g, ws_g), (o_t, ws_t) = results
+    assert rel_err(o_g, o_t) < 4e-3 and rel_err(ws_g.u, ws_t.u) < 1e-4
+    assert rel_err(ws_g.k, ws_t.k) < 1e-6 and rel_err(ws_g.g, ws_t.g) < 1e-6 and torch.equal(ws_g.x, ws_t.x)
+    assert rel_err(o_g, naive_gdn_verify(**cpu(p))) < 1e-2
+    num_accepted = torch.tensor([min(n, L) for n in range(L + 2)], dtype=torch.int32)
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    gdn_reconstruct(table, ws_g, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"])
+    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
+    assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+
+
+def _tf32(x):
+    """x rounded toward zero to tf32 (what an mma.sync tf32 operand keeps of an fp32 value, up to the rounding mode)."""
+    return (x.view(torch.int32) & -8192).view(torch.float32)
+
+
+def _dot_x3_twin(a, b):
+    """gluon_b1._dot_x3 in torch: lo x hi + hi x lo + hi x hi of tf32 operands."""
+    a_hi, b_hi = _tf32(a), _tf32(b)
+    a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
+@pytest.mark.parametrize("seqlen", [1, 3, 4, 9, 16])
+def test_gluon_b1_factor_math_matches_the_recurrence(seqlen):
+    """The Gluon b1 verify's factor math as written there (G by row and by column token as masked sums, the decay /
+    A / attn tiles, Neumann squarings and the two value-side products as tf32x3 twins, column blocks finished apart)
+    against the token-by-token delta rule in float64: what the CPU can check of a kernel it cannot run."""
+    gen = torch.Generator().manual_seed(seqlen)
+    BT, K, V, BV = 16, 32, 16, 8
+    t = torch.arange(BT)
+    live = t < seqlen
+    k = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    q = F.normalize(torch.randn(BT, K, generator=gen), dim=-1) * live[:, None]
+    v = torch.randn(BT, V, generator=gen) * live[:, None]
+    g = torch.where(live, -torch.rand(BT, generator=gen) * 0.5, 0.0)
+    beta = torch.where(live, torch.rand(BT, generator=gen), 0.0)
+    S0 = torch.randn(V, K, generator=gen) * 0.3
+    causal = t[:, None] >= t[None, :]
+    G_r = torch.where(causal, g[None, :], 0.0).sum(1)
+    G_c = torch.where(t[:, None] <= t[None, :], g[:, None], 0.0).sum(0)
+    decay = torch.where(causal, torch.exp(torch.where(causal, G_r[:, None] - G_c[None, :], 0.0)), 0.0)
+    A = torch.where(t[:, None] > t[None, :], beta[:, None] * decay * (k @ k.T), 0.0)
+    eye = torch.eye(BT)
+    inv, power = eye - A, A
+    for _ in range(max(0, math.ceil(math.log2(max(seqlen, 1))) - 1)):
+        power = _dot_x3_twin(power, power)
+        inv = _dot_x3_twin(inv, eye + power)
+    attn = decay * (q @ k.T)
+    out = torch.empty(BT, V)
+    for v0 in range(0, V, BV):  # each warp's columns, finished without the others
+        cols = slice(v0, v0 + BV)
+        ks, qs = k @ S0[cols].T, q @ S0[cols].T
+        u = _dot_x3_twin(inv, beta[:, None] * (v[:, cols] - torch.exp(G_r)[:, None] * ks))
+        out[:, cols] = torch.exp(G_r)[:, None] * qs + _dot_x3_twin(attn, u)
+    S = S0.double()
+    for i in range(seqlen):
+        S = torch.exp(g[i].double()) * S
+        S = S + beta[i].double() * torch.outer(v[i].double() - S @ k[i].double(), k[i].double())
+        assert rel_err(out[i], S @ q[i].double()) < 2e-5, i

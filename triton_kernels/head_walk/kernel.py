@@ -29,6 +29,50 @@ U_BOX_BYTES = 128
 U_BOX_BITS = tl.constexpr(8 * U_BOX_BYTES)
 # vLLM's gumbel.py: draft noise is salted away from the target's.
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
+# One thread's spin on one tagged slot (_spin_tagged; gluon_b1 spins with it too): relaxed loads until the key's
+# tag bits (18-31) equal $2, at most $3 polls (then the int32 flag at $4 is set and the stale key returned).
+SPIN_TAGGED_PTX = tl.constexpr("""{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.u32 %hwn, 0;
+        HW_SPIN:
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        add.u32 %hwn, %hwn, 1;
+        setp.lt.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_SPIN;
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""")
+# SPIN_TAGGED_PTX for a slot read once already ($5, the first read: _wait_tagged).
+WAIT_TAGGED_PTX = tl.constexpr("""{
+        .reg .pred %hwp;
+        .reg .b64 %hwt;
+        .reg .b32 %hwg, %hwn;
+        mov.b64 $0, $5;
+        mov.u32 %hwn, 0;
+        HW_CHECK:
+        shr.u64 %hwt, $0, 18;
+        cvt.u32.u64 %hwg, %hwt;
+        and.b32 %hwg, %hwg, 16383;
+        setp.eq.u32 %hwp, %hwg, $2;
+        @%hwp bra HW_DONE;
+        setp.ge.u32 %hwp, %hwn, $3;
+        @%hwp bra HW_FAIL;
+        add.u32 %hwn, %hwn, 1;
+        ld.relaxed.gpu.global.b64 $0, [$1];
+        bra HW_CHECK;
+        HW_FAIL:
+        mov.u32 %hwg, 1;
+        st.relaxed.gpu.global.b32 [$4], %hwg;
+        HW_DONE:
+        }""")
 
 
 @triton.jit
@@ -164,25 +208,7 @@ def _spin_tagged(ptrs, tag, err_addr, SPIN_LIMIT: tl.constexpr):
     broadcast together, and Triton 3.6 refuses to combine pointers of two element types) and returns the stale
     key."""
     return tl.inline_asm_elementwise(
-        """{
-        .reg .pred %hwp;
-        .reg .b64 %hwt;
-        .reg .b32 %hwg, %hwn;
-        mov.u32 %hwn, 0;
-        HW_SPIN:
-        ld.relaxed.gpu.global.b64 $0, [$1];
-        shr.u64 %hwt, $0, 18;
-        cvt.u32.u64 %hwg, %hwt;
-        and.b32 %hwg, %hwg, 16383;
-        setp.eq.u32 %hwp, %hwg, $2;
-        @%hwp bra HW_DONE;
-        add.u32 %hwn, %hwn, 1;
-        setp.lt.u32 %hwp, %hwn, $3;
-        @%hwp bra HW_SPIN;
-        mov.u32 %hwg, 1;
-        st.relaxed.gpu.global.b32 [$4], %hwg;
-        HW_DONE:
-        }""",
+        SPIN_TAGGED_PTX,
         "=l,l,r,r,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr], dtype=tl.int64,
         is_pure=False, pack=1)
 
@@ -199,28 +225,7 @@ def _wait_tagged(ptrs, first, tag, err_addr, SPIN_LIMIT: tl.constexpr):
     issues all their first reads before it waits on any, so slots that have arrived cost one round trip
     together, not one each (_spin_tagged's loop reads its slots one after another)."""
     return tl.inline_asm_elementwise(
-        """{
-        .reg .pred %hwp;
-        .reg .b64 %hwt;
-        .reg .b32 %hwg, %hwn;
-        mov.b64 $0, $5;
-        mov.u32 %hwn, 0;
-        HW_CHECK:
-        shr.u64 %hwt, $0, 18;
-        cvt.u32.u64 %hwg, %hwt;
-        and.b32 %hwg, %hwg, 16383;
-        setp.eq.u32 %hwp, %hwg, $2;
-        @%hwp bra HW_DONE;
-        setp.ge.u32 %hwp, %hwn, $3;
-        @%hwp bra HW_FAIL;
-        add.u32 %hwn, %hwn, 1;
-        ld.relaxed.gpu.global.b64 $0, [$1];
-        bra HW_CHECK;
-        HW_FAIL:
-        mov.u32 %hwg, 1;
-        st.relaxed.gpu.global.b32 [$4], %hwg;
-        HW_DONE:
-        }""",
+        WAIT_TAGGED_PTX,
         "=l,l,r,r,l,l", [ptrs, tag, tl.full(ptrs.shape, SPIN_LIMIT, tl.int32), err_addr, first], dtype=tl.int64,
         is_pure=False, pack=1)
 

@@ -15,6 +15,7 @@ Design (kernel.py has the kernel):
   -> one int64 key per row -> grid barrier.
 - Without CUDA (TRITON_INTERPRET=1) one program walks everything, no barrier.
 """
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,7 +23,10 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import gluon_b1, gluon_rows
 from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
+
+logger = logging.getLogger(__name__)
 
 HEADS = {"markov": 0, "gated_markov": 1, "rnn": 2}
 RESIDENCIES = ("auto", "full", "partial", "off")
@@ -383,6 +387,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
+    gluon: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -429,6 +434,14 @@ def head_walk(
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
+        gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
+            (per-warp candidates guessed early, W2 from shared memory), "rs" with part of the W2 shard in registers,
+            "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); partly streamed shards (V = 152k)
+            take its streamed kernel (W2 TMA ring across the steps; geometry _gluon_stream_form). 2..32 greedy
+            Markov rows (True / "ss") take gluon_rows' kernel (per-warp poll of the tagged keys, one CTA sync, W1
+            rows gathered into the wgmma operand by the warps that own the rows; why_not_gluon_rows). Where none
+            applies (why_not_gluon_b1 / why_not_gluon_rows) or the build fails, the Triton walk runs and a log line
+            says why.
 
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -472,6 +485,7 @@ def head_walk(
     if head != "markov":
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
+    _check(gluon in GLUON_FORMS, f"gluon must be one of {GLUON_FORMS}, got {gluon!r}")
     _check(l2_prefetch is None or l2_prefetch >= 0, f"l2_prefetch must be >= 0, got {l2_prefetch}")
     _check(stream_tma is None or 0 <= stream_tma <= MAX_STREAM_STAGES,
            f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
@@ -532,6 +546,30 @@ def head_walk(
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
+    if gluon and num_rows > 1:
+        reason = why_not_gluon_rows(
+            cfg, num_rows=num_rows, head=head, sampled=sampled,
+            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
+                    or req_indices is not None or tokens.stride(-1) != 1),
+            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, form=gluon)
+        if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale):
+            return tokens, draft_logits, confidence
+        if reason is not None:
+            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+    elif gluon:
+        reason = why_not_gluon_b1(
+            cfg, num_rows=num_rows, head=head, sampled=sampled,
+            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
+                    or req_indices is not None or tokens.stride(-1) != 1),
+            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, rs=gluon == "rs",
+            w2_tma=_tma_ok(w2_rows))
+        if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
+                                               rs=gluon == "rs", guess_rounds=GUESS_ROUNDS[gluon]):
+            return tokens, draft_logits, confidence
+        if reason is not None:
+            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
         rows_req = req_indices[g] if req_indices is not None else (
@@ -542,6 +580,231 @@ def head_walk(
                 gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
                 HEADS[head], logit_scale)
     return tokens, draft_logits, confidence
+
+
+# head_walk(gluon=...): False, True (= "ss": W2 read from shared memory every step), "rs" (its first 128 rows held in
+# registers as the wgmma A operand), "ss_once" (one early guess of each warp's candidate instead of GUESS_ROUNDS) or
+# "ss_late" (no guess: each warp loads its candidate's W1 row once all its slots have arrived).
+GLUON_FORMS = (False, True, "ss", "rs", "ss_once", "ss_late")
+GUESS_ROUNDS = {True: 3, "ss": 3, "rs": 3, "ss_once": 1, "ss_late": 0}
+
+
+def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
+    """Why no Gluon kernel can run here (no Gluon, a Triton version the kernels were not checked on, no sm_90)."""
+    version = ".".join(triton_version.split(".")[:2])
+    if not have_gluon:
+        return f"triton {triton_version} has no triton.experimental.gluon"
+    if version not in gluon_b1.CHECKED_TRITON:
+        return f"triton {triton_version}: the Gluon kernel was checked on {', '.join(gluon_b1.CHECKED_TRITON)} only"
+    if capability is None:
+        return "no CUDA device (Gluon does not run in the interpreter)"
+    if tuple(capability) != (9, 0):
+        return f"compute capability {capability[0]}.{capability[1]}: the kernel's wgmma needs sm_90"
+    return None
+
+
+def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int) -> str | None:
+    """Why the Gluon walks cannot take these operands ((W1, W2 rows, base logits) dtypes, rank r)."""
+    w1_dtype, w2_dtype, u_dtype = dtypes
+    if w1_dtype != w2_dtype or w2_dtype not in (torch.bfloat16, torch.float16):
+        return f"W1 / W2 must share a 2-byte dtype (bf16 / fp16), got {w1_dtype} / {w2_dtype}"
+    if u_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"base logits dtype {u_dtype}"
+    if rank != 256:
+        return f"rank {rank}: the kernel was compiled and checked at r = 256 only"
+    return None
+
+
+def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                     dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
+                     triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
+    """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
+    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
+    a token buffer not contiguous along the steps. w2_tma: W2's rows can be read by TMA (partly streamed shards)."""
+    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+    if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
+        reason = "only one greedy Markov row without d2t / draft logits / confidence / req_indices"
+    if reason is not None:
+        return reason
+    reason = _why_not_gluon_operands(dtypes, rank)
+    if reason is not None:
+        return reason
+    if not cfg.multi or cfg.exchange != "tagged":
+        return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
+    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
+        return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
+    if cfg.programs > gluon_b1.NUM_WARPS * 32:
+        return (f"{cfg.programs} programs of {cfg.chunk_rows} rows: at most {gluon_b1.NUM_WARPS * 32} programs of "
+                f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
+    if rs and cfg.chunk_rows <= gluon_b1.HALF_ROWS:
+        return f"gluon='rs' needs shards over {gluon_b1.HALF_ROWS} rows (the register half), got {cfg.chunk_rows}"
+    return None
+
+
+def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                       dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                       capability: tuple[int, int] | None, form: bool | str = True,
+                       triton_version: str = triton.__version__,
+                       have_gluon: bool = gluon_rows.HAVE_GLUON) -> str | None:
+    """None where gluon_rows' kernel walks these B > 1 rows exactly as the Triton walk would, else why not (the log
+    line of the fallback). Arguments as why_not_gluon_b1; form: the gluon= value (one form here: True / "ss")."""
+    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+    if reason is not None:
+        return reason
+    if form not in (True, "ss"):
+        return f"gluon={form!r} is a batch-1 form; {num_rows} rows walk gluon_rows' one form (True / 'ss')"
+    if not 2 <= num_rows <= gluon_rows.MAX_ROWS:
+        return f"{num_rows} rows: the Gluon rows walk takes 2..{gluon_rows.MAX_ROWS}"
+    if head != "markov" or sampled or extras:
+        return "only greedy Markov rows without d2t / draft logits / confidence / req_indices"
+    reason = _why_not_gluon_operands(dtypes, rank)
+    if reason is not None:
+        return reason
+    if not cfg.multi:
+        return f"plan lockstep={cfg.lockstep} / multi={cfg.multi}: only the persistent walk has a Gluon form"
+    if cfg.chunk_rows > gluon_rows.MAX_SHARD_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk keeps at most {gluon_rows.MAX_SHARD_ROWS} "
+                f"rows a program resident (no streamed form)")
+    _, _, slots, _ = gluon_rows.poll_geometry(cfg.programs, num_rows)
+    if slots > gluon_rows.MAX_SLOTS_PER_THREAD or slots < 2:
+        return (f"{cfg.programs} programs x {num_rows} rows: {slots} slots a thread (the poll is built for 2.."
+                f"{gluon_rows.MAX_SLOTS_PER_THREAD})")
+    return None
+
+
+# The streamed Gluon walk's shared memory: resident rows + ring of 32 KB slots (+ ~12 KB of operand / keys / base
+# logits) must stay under the H200's 227 KiB: 128 resident rows with 4 stages is the Triton default's geometry.
+GLUON_STREAM_SMEM = 215 * 1024
+
+
+def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
+    """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk: the plan's TMA ring where it has
+    one, else the measured b1 ring form (choose_streamed_tma(1)): the Gluon walk loads base logits by pointer, so a
+    vocabulary whose U rows are not 16-byte aligned (no Triton ring) still streams W2 through its ring."""
+    if cfg.stream_tma >= 2:
+        resident, stages = cfg.tile_rows * cfg.resident_tiles, cfg.stream_tma
+    else:
+        stages, tile_rows, tiles, _ = choose_streamed_tma(1)
+        resident = min(tile_rows * tiles, cfg.chunk_rows - cfg.stream_rows)
+    return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, stages
+
+
+def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | None:
+    """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel (_gluon_stream_form's geometry,
+    64-row streamed tiles); None where it can walk, else why not."""
+    if not w2_tma:
+        return (f"shards of {cfg.chunk_rows} rows are partly streamed and W2's rows cannot be read by TMA (16-byte "
+                f"aligned start and rows needed)")
+    if cfg.stream_tma == 1:
+        return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
+    resident, tiles, stages = _gluon_stream_form(cfg)
+    if cfg.stream_rows != gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
+        return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
+                f"for {gluon_b1.STREAM_TILE_ROWS}-row tiles and resident rows in whole tiles")
+    # 'rs' holds the first resident tile in registers, not in shared memory.
+    smem = (resident - (cfg.stream_rows if rs else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    if smem > GLUON_STREAM_SMEM:
+        return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
+    if cfg.programs > gluon_b1.STREAM_CANDS * 32:
+        return f"{cfg.programs} programs: the streamed walk polls at most {gluon_b1.STREAM_CANDS * 32}"
+    if rs and resident < cfg.stream_rows:
+        return f"gluon='rs' needs a resident tile of {cfg.stream_rows} rows to hold in registers, got {resident}"
+    return None
+
+
+_logged: set = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
+
+
+_gluon_failed: dict = {}
+
+
+def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
+                     guess_rounds: int = 3) -> bool:
+    """One launch of gluon_b1's kernel (why_not_gluon_b1 said yes); False (logged, remembered per build) where it does
+    not compile, so the caller walks the Triton kernel."""
+    rank = w1.shape[1]
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
+        return _launch_gluon_b1_stream(cfg, u, w1, w2_rows, first, tokens, logit_scale, rs, guess_rounds, wsp)
+    rows = max(gluon_b1.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
+    slots_per_warp = max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.NUM_WARPS)))
+    key = (cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        gluon_b1.head_walk_b1_kernel[(cfg.programs,)](
+            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first, tokens,
+            wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
+            R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            SLOTS_PER_WARP=slots_per_warp, RS_ROWS=gluon_b1.HALF_ROWS if rs else 0,
+            SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT, GUESS_ROUNDS=guess_rounds,
+            num_warps=gluon_b1.NUM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
+
+
+def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
+    """One launch of gluon_rows' kernel (why_not_gluon_rows said yes); False (logged, remembered per build) where it
+    does not compile, so the caller walks the Triton kernel."""
+    rank = w1.shape[1]
+    num_rows = u.shape[0]
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    bn, pp, slots, lanes_b = gluon_rows.poll_geometry(cfg.programs, num_rows)
+    rows = max(gluon_rows.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
+    key = ("rows", cfg, bn, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
+            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first,
+            tokens, tokens.stride(0), wsp["keys"], wsp["gen"], wsp["err"], num_rows, u.shape[1], u.shape[2],
+            float(logit_scale), R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs,
+            KEY_STRIDE=cfg.block_rows, BN=bn, PP=pp, K=slots, LANES_B=lanes_b, SCALED=float(logit_scale) != 1.0,
+            SPIN_LIMIT=SPIN_LIMIT, num_warps=gluon_rows.NUM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon rows build failed ({_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
+
+
+def _launch_gluon_b1_stream(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
+                            guess_rounds: int, wsp: dict) -> bool:
+    """One launch of gluon_b1's streamed walk (partly resident shards, TMA ring kept across the steps); False
+    (logged, remembered per build) where it does not compile."""
+    rank = w1.shape[1]
+    resident, tiles, stages = _gluon_stream_form(cfg)
+    st = cfg.stream_rows
+    key = ("stream", cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
+        gluon_b1.head_walk_b1_stream_kernel[(cfg.programs,)](
+            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
+            wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
+            R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
+            TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
+            CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
+            RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
+            GUESS_ROUNDS=guess_rounds, num_warps=gluon_b1.STREAM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log_once(f"head_walk(gluon): the Gluon build failed (streamed walk: {_gluon_failed[key]}); walking the "
+                  f"Triton kernel")
+        return False
+    return True
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
