@@ -142,7 +142,7 @@ if [ "$MODE" = gb1 ]; then
         tests/ops/test_gdn_verify.py > "$OUT/gb1/pytest.log" 2>&1
     echo "pytest rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gb1/pytest.log"
     tail -5 "$OUT/gb1/pytest.log"
-    for SSM in float32 bfloat16; do
+    for SSM in ${SSM_DTYPES:-float32 bfloat16}; do
         ARGS="--sweep --sweep-set gluonb1 --sweep-lens 4,16 --lens 4,16 --batches 1 --no-fold --no-plot --verify-margin 0.02 --ssm-dtype $SSM --precompile"
         timeout ${BENCH_S:-150} python3 eval/bench_gdn_verify.py --out "$OUT/gb1/$SSM" $ARGS \
             --command "python eval/bench_gdn_verify.py $ARGS (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
