@@ -4,7 +4,7 @@
 # Here:    cp <wheels of pytest-xdist and execnet> .whl/      (carry .whl)
 # Device:  TESTS_S=600 PART=gdn bash eval/run_gpu_tests.sh    (log in $OUT/gpu_tests/pytest.log)
 #          PART=gdn: test_gdn_verify.py + test_gdn_checkpoint.py; PART=hw: test_head_walk.py; unset: all three (118
-#          tests did not finish in 545 s on 15 workers in session 6: one call per part).
+#          tests did not finish in 545 s on 15 workers in session 6: one call per part); TEST_K: a pytest -k filter.
 set +e
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 mkdir -p /tmp/pk "$OUT/gpu_tests" && ln -sfn "$PWD/triton_kernels" /tmp/pk/hybridspec_kernels
@@ -20,7 +20,7 @@ esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 timeout "${TESTS_S:-150}" python3 -m pytest -v -W ignore -p no:cacheprovider --noconftest -m gpu -n "${WORKERS:-14}" \
-    --durations=5 $FILES \
+    ${TEST_K:+-k "$TEST_K"} --durations=5 $FILES \
     > "$OUT/gpu_tests/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/gpu_tests/pytest.log"
 # -v: a run cut by its timeout still names every test that finished
