@@ -635,17 +635,11 @@ SWEEP_VERIFY_TMA9 = [
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC9),
     VerifyConfig(block_v=64, tma_loads=True, **_PC9),
 ]
-# --sweep-set gluonb1 (session 6, PV; with --verify-margin, --batches 1): the b1 picks (incumbents: 8 warps at L4, 4 at
-# L16) and the Gluon b1 verify at 4 and 8 warps (gluon_b1.py; triton 3.6 sm_90, L16 fp32 states: 3,000 / 2,472
-# instructions per warp and 1 CTA barrier, the Triton picks 3,000 / 2,088 and 25 / 27;
-# eval/results/gdn_verify_gluon_b1_offline.txt)
-SWEEP_VERIFY_GLUONB1 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES), VerifyConfig(gluon_b1=True),
-                        VerifyConfig(gluon_b1=True, num_warps=8)]
-SWEEP_INCUMBENTS = {"tma9": 5, "gluonb1": 2}  # the first this many configs of the set: the picks a new form must beat by the margin
+SWEEP_INCUMBENTS = {"tma9": 5}  # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
-              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "gluonb1": SWEEP_VERIFY_GLUONB1}
+              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1042,19 +1036,7 @@ STATE_DIAG_GB6 = [
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC),
     VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PC),  # final9's b64 pick
 ]
-# Session 6, PG (not yet run): the Gluon warp-specialised state pass (gluon_state.py) beside the tuned picks of b32
-# (the reference), b8 and b64, timed at L16 b8 / b32 / b64 (--state-diag pg)
-STATE_DIAG_PG = [
-    VerifyConfig(block_v=64, pdl=True, **_PC),  # L16 b32 pick: the reference
-    VerifyConfig(block_v=128, num_warps=8, pdl=True, **_PC),  # L16 b8 pick
-    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PC),  # L16 b64 pick
-    VerifyConfig(block_v=64, gluon_state=True, **_PC),
-    VerifyConfig(block_v=64, pdl=True, gluon_state=True, **_PC),
-    VerifyConfig(block_v=64, gluon_state=True, gluon_stages=2, **_PC),
-    VerifyConfig(block_v=64, gluon_state=True, stacked_dot="tf32", **_PC),
-]
-STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6, "pg": STATE_DIAG_PG}
-STATE_DIAG_BATCHES = {"pg": (8, 32, 64)}
+STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6}
 
 
 def split_step(s, config, part, scratches):
@@ -1132,7 +1114,7 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
             parts = ["prep", "state", "both"]
             if config in STATE_DIAG_PREP and config not in STATE_DIAG_STATE:
                 parts = ["prep", "both"]  # the same state pass as STATE_DIAG_STATE[0]
-            if diag_set in ("gb6", "pg") and not config.pdl:
+            if diag_set == "gb6" and not config.pdl:
                 parts = ["prep", "state", "both"]
             if config.pdl:
                 parts = ["both"]
@@ -1193,8 +1175,6 @@ NCU_TARGETS = {
            (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))),
     # session 6 (GB6): final8's b32 pick without PDL (ncu serialises launches), the same with TMA loads
     "gb6": ((32, STATE_DIAG_GB6[1]), (32, STATE_DIAG_GB6[2])),
-    # session 6 (PG): the Gluon state pass without PDL beside final8's non-PDL per-block pass
-    "pg": ((32, STATE_DIAG_GB6[1]), (32, STATE_DIAG_PG[3])),
 }
 
 
@@ -1235,8 +1215,7 @@ def main():
                         help="a few eager launches to profile with ncu (default set v4)")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
                         help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
-                             "default), gb6 (session 6: TMA loads), pg (session 6: the Gluon state pass at b8 / b32 / "
-                             "b64)")
+                             "default), gb6 (session 6: TMA loads)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")
@@ -1280,8 +1259,7 @@ def main():
         return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.state_diag:
         return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
-                          batches=batches if args.quick else STATE_DIAG_BATCHES.get(args.state_diag, (32, 64)),
-                          seqlen=16 if not args.quick else 4,
+                          batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4,
                           diag_set=args.state_diag)
     vk = load_vllm_kernels(args.extracted)
     fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")

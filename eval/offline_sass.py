@@ -10,10 +10,8 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
 WHAT: gdn, hw, hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts)
-hwr (the Gluon B > 1 prototype, gluon_rows, beside the Triton default builds at the same batch)
-or gdng (gdn_verify's Gluon state pass prototype beside the Triton stacked state pass it replaces, at the
-Qwen3-Next shape, with per-opcode-family instruction counts) or gdnb (gdn_verify's Gluon b1 verify prototype beside
-the Triton b1 pick, batch 1, L 4 / 16, with per-opcode counts, CTA barriers and the global loads before the first).
+or hwr (the Gluon B > 1 prototype, gluon_rows, beside the Triton default builds at the same batch).
+(gdn_verify's Gluon prototypes' targets gdng / gdnb: at eee43d2, removed with the prototypes.)
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
 
@@ -46,7 +44,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg", "hwr", "gdng", "gdnb")
+WHATS = ("gdn", "hw", "hwg", "hwr")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -374,135 +372,4 @@ def hwr():
             _compile_counted(name, cfg)
 
 
-OP_FAMILIES = ("HGMMA", "HMMA", "LDG", "STG", "LDS", "STS", "LDSM", "UTMALDG", "SYNCS", "BAR", "SHFL", "F2FP", "FFMA",
-               "LOP3", "IMAD", "IADD3", "MUFU", "WARPGROUP", "USETMAXREG")
-
-
-def op_counts(ins):
-    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0] for i in ins]
-    return {fam: sum(op == fam for op in ops) for fam in OP_FAMILIES}
-
-
-QWEN3_NEXT_GDN = (16, 32, 128, 128, 4)  # k-heads H, v-heads HV, K, V, conv width W
-
-
-def compile_and_count(name, fn, args, kwargs, extra=None):
-    """compile_captured, then the build's per-opcode-family counts (+ extra(ins)'s, named "chain"); a build a Triton
-    version rejects is printed as FAILED (the finding, not a crash)."""
-    try:
-        sass = compile_captured(name, fn, args, kwargs)
-    except Exception as exc:
-        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
-        return
-    ins = [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", sass, re.M)]
-    chain = f" chain {json.dumps(extra(ins))}" if extra else ""
-    print(f"{name:40} ops {json.dumps(op_counts(ins))}{chain}", flush=True)
-
-
-def gdng():
-    """The Gluon state pass (stacked + gluon_state) beside the Triton stacked state pass with the same inputs
-    (per-block BV64, pointer and TMA loads, with and without PDL) at the Qwen3-Next shape, L 16 and 17 (BT 32), b32,
-    fp32 and bf16 states, padded slots (vLLM's page stride)."""
-    from hybridspec_kernels.gdn_verify import stacked as sk, gluon_state as gs, verify as vf
-    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
-    sk._stacked_state_kernel = Capture(sk._stacked_state_kernel)
-    sk._stacked_prep_kernel = Capture(sk._stacked_prep_kernel)
-    gs._gluon_state_kernel = Capture(gs._gluon_state_kernel)
-    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 32, torch.bfloat16
-    D = 2 * H * K + HV * V
-    for L in (16, 17):
-        BT = 16 if L <= 16 else 32
-        T = B * L
-        x = torch.empty(T, D, dtype=bf)
-        conv_wT = torch.empty(W, D, dtype=bf)
-        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
-        idx = torch.arange(1, B + 1, dtype=torch.int32)
-        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
-        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu").layer(0)
-        out = torch.empty(T, HV, V, dtype=bf)
-        z_kq, fac = sk.stacked_scratch("cpu", B, H, HV, BT, K)
-        rows = {"pointers": (None,), "constexprs": {"HAS_WS_ROWS": False}}
-        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
-        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
-        for state_dtype in (torch.float32, bf):
-            pages = torch.empty(B + 1, HV * V * K + 64 * K, dtype=state_dtype)  # a padded slot stride
-            ssm = pages[:, :HV * V * K].view(B + 1, HV, V, K)
-            sd = "fp32" if state_dtype == torch.float32 else "bf16"
-            for form in ("triton", "triton_tma", "triton_pdl", "triton_pdl_tma", "gluon", "gluon_pdl",
-                         "gluon_s2", "gluon_tf32"):
-                name = f"gdng_L{L}_b{B}_{sd}_{form}"
-                if ONLY and name not in ONLY:
-                    continue
-                cfg = vf.VerifyConfig(two_pass=True, stacked=True, block_v=64, pdl="pdl" in form,
-                                      tma_loads="tma" in form, gluon_state=form.startswith("gluon"),
-                                      gluon_stages=2 if form.endswith("s2") else 1,
-                                      stacked_dot="tf32" if form.endswith("tf32") else "tf32x3")
-                del captured[:]
-                if form.startswith("gluon"):
-                    why = gs.gluon_state_plan(ssm, cfg, H, BT, (9, 0))
-                    if why:
-                        print(f"{name:40} NOT PLANNED: {why}", flush=True)
-                        continue
-                    gs.launch_gluon_state(x, conv_wT, None, conv_state, ssm, idx, cu, out, ws, None, False, z_kq,
-                                          fac, cfg, H, BT, "pdl" in form)
-                else:
-                    sk._interpreting = lambda: False
-                    sk.launch_stacked(x, a, b, conv_wT, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, out,
-                                      1.0, cfg, H, BT, 3, "tf32", "ieee", rows, scratch=(z_kq, fac))
-                compile_and_count(name, *captured[-1])  # the state pass (after the prep when both launch)
-
-
-def chain_counts(ins):
-    """The b1 chain's shape in SASS: CTA barriers, global loads issued before the first barrier, all global loads."""
-    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0] for i in ins]
-    first_bar = ops.index("BAR") if "BAR" in ops else len(ops)
-    return {"BAR": ops.count("BAR"), "LDG_before_first_BAR": ops[:first_bar].count("LDG"), "LDG": ops.count("LDG")}
-
-
-def gdnb():
-    """The Gluon b1 verify (gluon_b1) beside the Triton b1 pick (hoist, weight_tiles, early_stores; 4 and 8 warps) at
-    the Qwen3-Next shape, batch 1, L 4 and 16, fp32 and bf16 states."""
-    from hybridspec_kernels.gdn_verify import verify as vf, gluon_b1 as gb
-    from hybridspec_kernels.gdn_verify.workspace import GDNVerifyWorkspace
-    vf._gdn_verify_kernel = Capture(vf._gdn_verify_kernel)
-    gb._gluon_b1_kernel = Capture(gb._gluon_b1_kernel)
-    (H, HV, K, V, W), B, bf = QWEN3_NEXT_GDN, 1, torch.bfloat16
-    D = 2 * H * K + HV * V
-    for L in (4, 16):
-        T = B * L
-        BT = 16
-        x = torch.empty(T, D, dtype=bf)
-        a = torch.empty(T, HV, dtype=bf); b = torch.empty(T, HV, dtype=bf)
-        conv_w = torch.empty(D, W, dtype=bf)
-        A_log = torch.empty(HV); dt_bias = torch.empty(HV)
-        conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
-        idx = torch.arange(1, B + 1, dtype=torch.int32)
-        cu = torch.arange(0, T + 1, L, dtype=torch.int32)
-        ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu").layer(0)
-        out = torch.empty(T, HV, V, dtype=bf)
-        steps = max(0, (max(L, 1) - 1).bit_length() - 1)
-        for state_dtype in (torch.float32, bf):
-            ssm = torch.empty(B + 1, HV, V, K, dtype=state_dtype)
-            sd = "fp32" if state_dtype == torch.float32 else "bf16"
-            for form in ("triton_w4", "triton_w8", "gluon_w4", "gluon_w8"):
-                name = f"gdnb_L{L}_b{B}_{sd}_{form}"
-                if ONLY and name not in ONLY:
-                    continue
-                del captured[:]
-                if form.startswith("gluon"):
-                    cfg = vf.VerifyConfig(gluon_b1=True, num_warps=int(form[-1]))
-                    why = gb.gluon_b1_plan(cfg, H, HV, K, V, W, BT, state_dtype, False, (9, 0))
-                    if why:
-                        print(f"{name:40} NOT PLANNED: {why}", flush=True)
-                        continue
-                    gb.launch_gluon_b1(x, a, b, vf.transposed_conv_weight(conv_w), None, A_log, dt_bias, conv_state,
-                                       ssm, idx, cu, ws, out, K ** -0.5, idx, False, H, BT, steps, cfg.num_warps)
-                else:
-                    cfg = vf.VerifyConfig(hoist=True, weight_tiles=True, early_stores=True,
-                                          num_warps=int(form[-1]))
-                    vf.gdn_verify(x, a, b, conv_w, None, A_log, dt_bias, conv_state, ssm, idx, cu, ws, max_seqlen=L,
-                                  out=out, config=cfg)
-                compile_and_count(name, *captured[-1], extra=chain_counts)
-
-
-{"gdn": gdn, "gdng": gdng, "gdnb": gdnb, "hwg": hwg, "hwr": hwr, "hw": hw}[WHAT]()
+{"gdn": gdn, "hwg": hwg, "hwr": hwr, "hw": hw}[WHAT]()

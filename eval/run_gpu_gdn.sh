@@ -40,14 +40,6 @@
 #               the floors, the reconstruction with its conv barrier at all / random accept), then ncu (stall reasons,
 #               occupancy) on the --ncu-target gb6 launches -> $OUT/diag/ (call 1 timed persistent state passes,
 #               since removed; the set now holds the TMA-load forms)
-#   MODE=gdiag  (session 6, PG; not yet run) the Gluon state pass's GPU tests (xdist, carry .whl), then
-#               bench_gdn_verify.py --state-diag pg
-#               (L16 b8 / b32 / b64: the tuned picks and the Gluon forms, prep / state pass alone and both, every graph
-#               replay vs the b32 pick's eager outputs), then ncu on the Gluon and the per-block state pass (--ncu-target
-#               pg) -> $OUT/diag/
-#   MODE=gb1    (session 6, PV; not yet run) the Gluon b1 verify's GPU tests (-k gluon_b1), then bench_gdn_verify.py
-#               --sweep-set gluonb1 at batch 1, L 4 / 16, fp32 then bf16 states (the b1 picks and gluon_b1, a new
-#               pick only when 2 % faster; no tuned file written) -> $OUT/gb1/; a "gluon_b1:" line = it fell back
 #   MODE=final9 (session 6, GB6) as final8 with --sweep-set tma9 (final8's picks as incumbents; the stacked picks with
 #               TMA loads, picked only when 2 % faster: --verify-margin 0.02; the run at 901b3f2 also timed the tf32x3
 #               prep products, since removed) and the GPU tests of those forms through pytest-xdist
@@ -65,26 +57,6 @@ ln -sfn "$PWD/triton_kernels" /tmp/pk/hybridspec_kernels
 export PYTHONPATH=/tmp/pk
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-
-# ncu (stall reasons, occupancy) on bench_gdn_verify.py --ncu-target $2's launches of kernels matching $1 ($3 = the
-# default NCU_S), then the state diag's summary ($OUT/diag: pytest.log, diag.log)
-state_diag_ncu_and_summary() {
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-    if [ -n "$NCU" ]; then
-        timeout ${NCU_S:-$3} "$NCU" --clock-control none -k regex:"$1" -c 6 --section SpeedOfLight \
-            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-            python3 eval/bench_gdn_verify.py --ncu-target $2 > "$OUT/diag/ncu.txt" 2>&1
-        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
-        grep -E -e "$1|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput" \
-            -e "DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
-    else
-        echo "== no ncu"
-    fi
-    tail -3 "$OUT/diag/pytest.log"
-    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
-    sed -n '/^part /,$p' "$OUT/diag/diag.log"
-    tail -2 "$OUT/diag/diag.log"
-}
 
 if [ "$MODE" = diag ]; then
     mkdir -p "$OUT/diag"
@@ -117,43 +89,6 @@ if [ "$MODE" = sdiag ]; then
     tail -2 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = gdiag ]; then
-    mkdir -p "$OUT/diag"
-    # tests first, not beside the timing (12 tests, 2 of them with the float64 CPU reference: ~70 s each per worker)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
-    timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
-        -k gluon_state tests/ops/test_gdn_verify.py > "$OUT/diag/pytest.log" 2>&1
-    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/diag/pytest.log"
-    timeout ${DIAG_S:-200} python3 eval/bench_gdn_verify.py --state-diag pg --rep-ms 20 --out "$OUT/diag" \
-        --budget-s ${DIAG_BUDGET_S:-170} > "$OUT/diag/diag.log" 2>&1
-    echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
-    # a fallback line = the Gluon pass did not run
-    grep -E "gluon_state:" "$OUT/diag/diag.log" | sort | uniq -c | head -5
-    state_diag_ncu_and_summary "stacked_state|gluon_state" pg 60
-fi
-
-if [ "$MODE" = gb1 ]; then
-    mkdir -p "$OUT/gb1"
-    # FLA from the carried wheel (.whl): the grid's second baseline; vLLM's kernels from .vendor/extracted (carry both)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
-        && export PYTHONPATH=/tmp/pk:/tmp/site
-    timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k gluon_b1 \
-        tests/ops/test_gdn_verify.py > "$OUT/gb1/pytest.log" 2>&1
-    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gb1/pytest.log"
-    tail -5 "$OUT/gb1/pytest.log"
-    for SSM in ${SSM_DTYPES:-float32 bfloat16}; do
-        ARGS="--sweep --sweep-set gluonb1 --sweep-lens 4,16 --lens 4,16 --batches 1 --no-fold --no-plot --verify-margin 0.02 --ssm-dtype $SSM --precompile"
-        timeout ${BENCH_S:-150} python3 eval/bench_gdn_verify.py --out "$OUT/gb1/$SSM" $ARGS \
-            --command "python eval/bench_gdn_verify.py $ARGS (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
-            > "$OUT/gb1/bench_$SSM.log" 2>&1
-        echo "== bench $SSM rc=$? at $(( $(date +%s) - T0 )) s"
-        grep -E "gluon_b1:" "$OUT/gb1/bench_$SSM.log" | sort | uniq -c | head -5
-        grep -E "^precompile|compile failed|^correctness|^config errors|time budget|^sweep " "$OUT/gb1/bench_$SSM.log" | cut -c1-700
-        sed -n '/^  L   B /,$p' "$OUT/gb1/bench_$SSM.log"
-    done
-fi
-
 if [ "$MODE" = pdiag ]; then
     mkdir -p "$OUT/diag"
     ( timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -k tma \
@@ -162,7 +97,21 @@ if [ "$MODE" = pdiag ]; then
         --budget-s ${DIAG_BUDGET_S:-110} > "$OUT/diag/diag.log" 2>&1
     echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
     wait
-    state_diag_ncu_and_summary stacked_state gb6 45
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        timeout ${NCU_S:-45} "$NCU" --clock-control none -k regex:stacked_state -c 6 --section SpeedOfLight \
+            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 eval/bench_gdn_verify.py --ncu-target gb6 > "$OUT/diag/ncu.txt" 2>&1
+        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "stacked_state|Duration|Registers Per|Shared Memory Config|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|==ERROR==" \
+            "$OUT/diag/ncu.txt" | cut -c1-150 | head -60
+    else
+        echo "== no ncu"
+    fi
+    tail -3 "$OUT/diag/pytest.log"
+    grep -E "^error|^precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-200
+    sed -n '/^part /,$p' "$OUT/diag/diag.log"
+    tail -2 "$OUT/diag/diag.log"
 fi
 
 if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then

@@ -267,11 +267,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
             num_warps=config.prep_warps, **prep_opts,
         )
-    if "state" in parts and _gluon_state_runs(ssm_state, config, num_k_heads, block_t, out.device):
-        from .gluon_state import launch_gluon_state
-        launch_gluon_state(mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out,
-                           workspace, ws_rows, has_rows, z_kq, fac, config, num_k_heads, block_t, pdl)
-    elif "state" in parts:
+    if "state" in parts:
         block_v = min(config.block_v, head_v_dim)
         v_per_program = head_v_dim if config.whole_v else block_v
         descs = _tma_descriptors(ssm_state, z_kq, block_v, block_t) if config.tma_loads else (None, None)
@@ -285,22 +281,6 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
-
-
-def _gluon_state_runs(ssm_state, config, num_k_heads, block_t, device):
-    """VerifyConfig(gluon_state=True) and the Gluon state pass can run this call; else (one log line per reason) the
-    Triton state pass runs. The interpreter never runs Gluon."""
-    if not config.gluon_state:
-        return False
-    if _interpreting():
-        why = "the Triton interpreter does not run Gluon"
-    else:
-        from .gluon_state import gluon_state_plan
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        why = gluon_state_plan(ssm_state, config, num_k_heads, block_t, capability)
-    if why:
-        _warn_once(f"gluon_state: {why}; running the Triton state pass instead")
-    return why is None
 
 
 def _tma_descriptors(ssm_state, z_kq, block_v, block_t):

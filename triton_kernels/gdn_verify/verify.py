@@ -656,17 +656,6 @@ class VerifyConfig:
     # into shared memory, where the first product reads them) instead of per-thread loads staged in registers. H200
     # (final9, 901b3f2): with PDL 3.5-3.8 % faster at batch 64, ~1 % at 8 / 32, slower without PDL
     tma_loads: bool = False
-    # session 6, PG (stacked; prototype, compile-checked, not yet timed): the state pass as a warp-specialised Gluon
-    # kernel, one CTA per (k-head, request): a TMA warp streams state blocks into a per-v-head ring of gluon_stages
-    # slots, one warpgroup per v-head runs the products and stores (gluon_state.py). Falls back to the Triton state
-    # pass, with one log line, where gluon_state_plan says it cannot run
-    gluon_state: bool = False
-    gluon_stages: int = 1
-    # session 6, PV (prototype, compile-checked, not yet timed): the small-batch verify as a Gluon kernel with explicit
-    # layouts (one program per (value block 32, v-head, request), 4 warps; gluon_b1.py): one CTA barrier on the chain,
-    # the [L, L] chain replicated per warp. Falls back, with one log line, to the Triton b1 form (hoist, weight_tiles,
-    # early_stores) where gluon_b1_plan says it cannot run
-    gluon_b1: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -703,14 +692,6 @@ class VerifyConfig:
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if self.tma_loads and not self.stacked:
             raise ValueError("tma_loads needs stacked")
-        if self.gluon_state and (not self.stacked or self.whole_v):
-            raise ValueError("gluon_state needs stacked (one value block per program: no whole_v)")
-        if self.gluon_b1 and (self.whole_v or self.group_heads or self.two_pass or self.loads_first
-                              or self.skip_stages or self.loop_stages):
-            raise ValueError("gluon_b1 is its own one-block-per-program form (no whole_v, group_heads, two_pass, "
-                             "loads_first, loop_stages or skip_stages)")
-        if not 1 <= self.gluon_stages <= 2:
-            raise ValueError(f"gluon_stages must be 1 or 2, got {self.gluon_stages}")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -919,17 +900,9 @@ def gdn_verify(
     block_v = min(config.block_v, head_v_dim)
     v_per_program = head_v_dim if config.whole_v else block_v
     neumann_steps = max(0, math.ceil(math.log2(max(max_seqlen, 1))) - 1)
-    if config.gluon_b1:
-        config = _gluon_b1_or_fallback(config, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, block_t,
-                                       ssm_state.dtype, fold is not None, mixed_qkv.device)
     conv_w = transposed_conv_weight(conv_weight) if config.loads_first or config.weight_tiles or config.stacked \
-        or config.gluon_b1 else conv_weight
+        else conv_weight
     rows_and_fold = _rows_and_fold_args(workspace, workspace_rows, fold, state_indices)
-    if config.gluon_b1:
-        from .gluon_b1 import launch_gluon_b1
-        return launch_gluon_b1(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_state, ssm_state,
-                               state_indices, cu_seqlens, workspace, out, scale, rows_and_fold["pointers"][0],
-                               workspace_rows is not None, num_k_heads, block_t, neumann_steps, config.num_warps)
     if config.stacked:
         if fold is not None:
             raise ValueError("VerifyConfig(stacked=True) has no fold path")
@@ -957,20 +930,6 @@ def gdn_verify(
         **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
-
-
-def _gluon_b1_or_fallback(config, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, block_t, state_dtype,
-                          folded, device):
-    """config when the Gluon b1 verify can run this call, else (one log line per reason) the Triton b1 form."""
-    from .gluon_b1 import gluon_b1_fallback, gluon_b1_plan
-    from .stacked import _interpreting, _warn_once
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    why = gluon_b1_plan(config, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, block_t, state_dtype,
-                        folded, capability, interpreting=_interpreting())
-    if why is None:
-        return config
-    _warn_once(f"gluon_b1: {why}; running the Triton verify (hoist, weight_tiles, early_stores) instead")
-    return gluon_b1_fallback(config)
 
 
 def _rows_and_fold_args(workspace, workspace_rows, fold, state_indices):
