@@ -294,7 +294,8 @@ def run_gpu(args) -> dict:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
-            p = Problem(torch, rows, 15, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
+            steps = kw.pop("steps", 15)
+            p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
             errors_before = barrier_errors(device)
@@ -302,14 +303,14 @@ def run_gpu(args) -> dict:
             p.draft_tokens.fill_(-1)
             gluon_ran = _walks_gluon(walk, fn)
             torch.cuda.synchronize()
-            row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=15,
+            row = dict(check=f"tune_{name}", vocab=vocab, batch=rows, steps=steps,
                        equal_step=bool(torch.equal(step_tokens, p.draft_tokens)),
                        barrier_errors=barrier_errors(device) - errors_before)
-            if kw.get("gluon"):
+            if kw.get("gluon", "auto") is not False:  # the default ("auto") may walk either kernel
                 row["gluon_ran"] = gluon_ran
             if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
-                row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / 15, 2))
+                row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         checks.append(row)
@@ -358,7 +359,10 @@ def run_gpu(args) -> dict:
                         try:
                             p.draft_tokens.fill_(-1)
                             errors_before = barrier_errors(device)
-                            fn()
+                            if name == "ours":  # head_walk's default may walk the Gluon or the Triton kernel
+                                row["ours_gluon"] = _walks_gluon(walk, fn)
+                            else:
+                                fn()
                             torch.cuda.synchronize()
                             if barrier_errors(device) != errors_before:
                                 # A wait that gives up takes ~0.3 s a step: never time such a walk.
@@ -689,49 +693,24 @@ TUNE_CASES_V17 = [
     ("amax4096_v32k_b32", 32000, 32, AMAX_SPREAD["amax4096"]), ("poll_v32k_b8", 32000, 8, dict(exchange="poll")),
     ("amax512_v32k_b8", 32000, 8, AMAX_SPREAD["amax512"]), ("amax512_v32k_b64", 32000, 64, AMAX_SPREAD["amax512"])]
 FLOORS_V17 = [("probe", 32), ("amax", 32)] + [(name, 32, kw) for name, kw in AMAX_SPREAD.items()]
-# Session 6 (PH, v18; not run yet): the Gluon b1 prototype (kernel gluon_b1.py: each warp spins on its own 16
-# programs' keys and loads its candidate's W1 row into its column of the wgmma B operand, guessed early from the
-# slots already there (3 reads; "ss_once": 1); "rs": 128 W2 rows a program in registers; "ss_late": no guess) beside
-# the default Triton b1 walk (tagged), same run; rows with gluon_ran False fell back to the Triton walk.
-TUNE_CASES_V18 = [
-    ("tagged_v32k_b1", 32000, 1, dict(exchange="tagged")), ("gluon_v32k_b1", 32000, 1, dict(gluon=True)),
-    ("gluon_rs_v32k_b1", 32000, 1, dict(gluon="rs")), ("gluon_once_v32k_b1", 32000, 1, dict(gluon="ss_once")),
-    ("gluon_late_v32k_b1", 32000, 1, dict(gluon="ss_late")),
-    ("tagged_v30011_b1", 30011, 1, dict(exchange="tagged")),
-    ("gluon_v30011_b1", 30011, 1, dict(gluon=True)), ("tagged_again_v32k_b1", 32000, 1, dict(exchange="tagged"))]
-FLOORS_V18 = [("local", 1), ("tagged", 1), ("gluon", 1, dict(gluon=True)), ("gluon_once", 1, dict(gluon="ss_once")),
-              ("gluon_late", 1, dict(gluon="ss_late"))]
-# Session 6 (PS, v19; not run yet): gluon_b1's streamed walk at 152k b1 (W2 through a TMA ring whose mbarrier phases
-# run across the steps: the next step's first tiles are copied during the exchange; W1[x] stored once a step; 8
-# candidate columns at 4 warps) in its forms and two more ring geometries, beside the default Triton b1 walk (4-stage
-# ring set up inside every step, 128 resident rows, 4 warps), same run; 150001: U rows not 16-byte aligned (the Triton
-# walk takes its register path, the Gluon walk keeps its ring). Rows with gluon_ran False fell back.
-GLUON_RES192_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=3)
-GLUON_RES192_S4 = dict(stream_tma=4, tile_rows=64, resident_tiles=3)
-GLUON_RES256_S3 = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
-TUNE_CASES_V19 = [
-    ("default_v152k_b1", 151936, 1, {}), ("gluon_v152k_b1", 151936, 1, dict(gluon=True)),
-    ("gluon_rs_v152k_b1", 151936, 1, dict(gluon="rs")), ("gluon_once_v152k_b1", 151936, 1, dict(gluon="ss_once")),
-    ("gluon_late_v152k_b1", 151936, 1, dict(gluon="ss_late")),
-    ("gluon_res192s3_v152k_b1", 151936, 1, dict(gluon=True, **GLUON_RES192_S3)),
-    ("gluon_rs_res192s4_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES192_S4)),
-    ("gluon_rs_res256s3_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_RES256_S3)),
-    ("default_v150001_b1", 150001, 1, {}), ("gluon_v150001_b1", 150001, 1, dict(gluon=True)),
-    ("default_again_v152k_b1", 151936, 1, {})]
-# Session 6 (PB, v20; not run yet): gluon_rows' walk of several greedy rows (each warp polls its 16 programs' [B] keys
-# in one PTX loop, one CTA sync, the W1 rows gathered by the warps that own the rows, 3 CTA syncs a step) beside each
-# batch's default Triton walk (b8 poll, b32 probe), same run; 30011: 118 programs, a short last shard; b5: padded
-# rows. Floors (132 programs of 64 rows) of the Gluon walk beside local / poll / probe. Rows with gluon_ran False fell
-# back to the Triton walk.
-TUNE_CASES_V20 = [
-    ("probe_v32k_b32", 32000, 32, dict(exchange="probe")), ("gluon_v32k_b32", 32000, 32, dict(gluon=True)),
-    ("poll_v32k_b8", 32000, 8, dict(exchange="poll")), ("gluon_v32k_b8", 32000, 8, dict(gluon=True)),
-    ("probe_v32k_b16", 32000, 16, dict(exchange="probe")), ("gluon_v32k_b16", 32000, 16, dict(gluon=True)),
-    ("poll_v32k_b5", 32000, 5, dict(exchange="poll")), ("gluon_v32k_b5", 32000, 5, dict(gluon=True)),
-    ("probe_v30011_b32", 30011, 32, dict(exchange="probe")), ("gluon_v30011_b32", 30011, 32, dict(gluon=True)),
-    ("probe_again_v32k_b32", 32000, 32, dict(exchange="probe"))]
-FLOORS_V20 = [("local", 8), ("poll", 8), ("gluon", 8, dict(gluon=True)), ("local", 32), ("probe", 32),
-              ("gluon", 32, dict(gluon=True))]
+# Session 6's Gluon ladders v18 (PH: the resident 32k b1 walk), v19 (PS: the 152k b1 streamed walk in its forms and
+# geometries) and v20 (PB: 2..32 rows) were run once (session 7, call 1; eval/notes/head_walk.md); their cases named
+# forms since removed: code at eee43d2.
+# Session 7 (v21): head_walk's default at 152k b1 (gluon="auto": the Gluon streamed walk, form rs, 256 resident rows
+# of which 64 in registers, 3 ring stages) beside the Triton walk (gluon=False) at blocks 15 and 7 and at 150,001
+# (U rows not 16-byte aligned: the default stays on the Triton register path; the Gluon walk in the default's exact
+# form beside it), plus the one other ring geometry the plan and the shared memory admit at 256 resident rows (2
+# stages; 320 rows: plan_walk keeps at most 256 resident; 4 stages: over the shared memory).
+GLUON_AUTO_KW = dict(gluon="rs", stream_tma=3, tile_rows=64, resident_tiles=4)
+GLUON_PROBES = {"rs_res256s2": dict(gluon="rs", stream_tma=2, tile_rows=64, resident_tiles=4)}
+TUNE_CASES_V21 = [
+    ("default_v152k_b1", 151936, 1, {}), ("triton_v152k_b1", 151936, 1, dict(gluon=False)),
+    ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
+    ("triton_blk7_v152k_b1", 151936, 1, dict(gluon=False, steps=7)),
+    ("triton_v150001_b1", 150001, 1, dict(gluon=False)),
+    ("gluon_rs_res256s3_v150001_b1", 150001, 1, GLUON_AUTO_KW),
+    *[(f"gluon_{name}_v152k_b1", 151936, 1, kw) for name, kw in GLUON_PROBES.items()],
+    ("default_again_v152k_b1", 151936, 1, {}), ("triton_again_v152k_b1", 151936, 1, dict(gluon=False))]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -797,9 +776,7 @@ LADDERS = {
     "v16": dict(rule={ex: dict(exchange=ex) for ex in ("tagged", "probe", "poll", "amax")},
                 cases=TUNE_CASES_V16, floors=FLOORS_V16),
     "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
-    "v18": dict(rule={}, cases=TUNE_CASES_V18, floors=FLOORS_V18),
-    "v19": dict(rule={}, cases=TUNE_CASES_V19, floors=[]),
-    "v20": dict(rule={}, cases=TUNE_CASES_V20, floors=FLOORS_V20),
+    "v21": dict(rule={}, cases=TUNE_CASES_V21, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -887,8 +864,7 @@ def _compile_job(job) -> str:
         if not isinstance(walk.head_walk_kernel, _CompileOnly):  # workers run several jobs
             walk.head_walk_kernel = _CompileOnly(walk.head_walk_kernel)
             _allow_local_exchange(walk)
-        if walk.gluon_b1.HAVE_GLUON and not isinstance(walk.gluon_b1.head_walk_b1_kernel, _CompileOnly):
-            walk.gluon_b1.head_walk_b1_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_kernel)
+        if walk.gluon_b1.HAVE_GLUON and not isinstance(walk.gluon_b1.head_walk_b1_stream_kernel, _CompileOnly):
             walk.gluon_b1.head_walk_b1_stream_kernel = _CompileOnly(walk.gluon_b1.head_walk_b1_stream_kernel)
         device = torch.device("cuda")
         kind = job["kind"]

@@ -9,8 +9,9 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw, hwg (head_walk's Gluon b1 prototype beside the Triton b1 build, with step-loop instruction counts)
-or hwr (the Gluon B > 1 prototype, gluon_rows, beside the Triton default builds at the same batch).
+WHAT: gdn, hw or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
+the Triton b1 build, with step-loop instruction counts). (head_walk's removed Gluon prototypes' targets: the
+resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
 (gdn_verify's Gluon prototypes' targets gdng / gdnb: at eee43d2, removed with the prototypes.)
 
 SASS_IR=1 also writes each build's TTIR / TTGIR (OUT/<build>.ttir, .ttgir).
@@ -44,7 +45,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg", "hwr")
+WHATS = ("gdn", "hw", "hwg")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -294,82 +295,49 @@ def _compile_counted(name, cfg):
 
 
 def hwg():
-    """head_walk(gluon=...) at one greedy row (32k and an odd vocabulary) beside the Triton walk's default b1 build:
-    registers, stack, shared memory and the step loop's instructions (step_loop_counts) of each."""
+    """head_walk(gluon=...) at one greedy row of partly streamed shards (151936; 150001: U rows not 16-byte aligned,
+    the Triton walk's register path) beside the Triton walk's default b1 build: registers, stack, shared memory, the
+    step loop's and one streamed iteration's instructions (step_loop_counts) of each form and ring geometry."""
     import hybridspec_kernels.head_walk.gluon_b1 as gb
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
     walk._interpreting = lambda: False
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
-    gb.head_walk_b1_kernel = Capture(gb.head_walk_b1_kernel)
     gb.head_walk_b1_stream_kernel = Capture(gb.head_walk_b1_stream_kernel)
     steps, rank = 15, 256
-    # 9001: one half-shard of 128 rows, no "rs"; 151936 / 150001: partly streamed shards (the TMA ring kept across
-    # the steps, head_walk_b1_stream_kernel).
-    # Streamed geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages.
+    # Ring geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages. res256_s3 is
+    # gluon="auto"'s (walk.GLUON_AUTO_GEOMETRY).
     geometry = {"res192_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
                 "res192_s4": dict(stream_tma=4, tile_rows=64, resident_tiles=3),
-                "res256_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=4)}
-    streamed_extra = ("ss_res192_s3", "rs_res192_s4", "rs_res256_s3")
-    for vocab in (32000, 30011, 9001, 151936, 150001):
-        forms = ("triton", "ss", "rs", "ss_once", "ss_late") if vocab != 9001 else ("triton", "ss", "ss_late")
-        for form_name in forms + (streamed_extra if vocab == 151936 else ()):
+                "res256_s3": walk.GLUON_AUTO_GEOMETRY,
+                "res256_s2": dict(stream_tma=2, tile_rows=64, resident_tiles=4)}
+    forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2"),
+             150001: ("triton", "ss", "rs_res256_s3")}
+    for vocab, names in forms.items():
+        for form_name in names:
             form, _, geo = form_name.partition("_res")
-            form = form_name if not geo else form
             name = f"hwg_v{vocab}_b1_{form_name}"
             if ONLY and name not in ONLY:
                 continue
             u, w1, w2, first, tokens = _walk_operands(1, steps, vocab, rank)
-            # As head_walk: no Triton ring where U's rows are not 16-byte aligned (the Gluon walk keeps its own).
-            opts = geometry["res" + geo] if geo else dict(stream_tma=None if vocab % 8 == 0 else 0)
-            cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **opts)
             del captured[:]
             if form == "triton":
+                # As head_walk: no Triton ring where U's rows are not 16-byte aligned.
+                cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"),
+                                     stream_tma=None if vocab % 8 == 0 else 0)
                 walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
                              None, None, None, None, None, None, 0, 1.0)
             else:
+                # The Gluon walk's ring reads only W2: its plan keeps the ring whatever U's alignment.
+                cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **(geometry["res" + geo] if geo else {}))
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=form == "rs")
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs",
-                                      guess_rounds=walk.GUESS_ROUNDS[form])
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs")
             sass = _compile_counted(name, cfg)
-            if sass and vocab > 65536:  # partly streamed: one streamed tile's iteration (the step loop counts it once)
+            if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
 
 
-
-
-def hwr():
-    """head_walk(gluon=True) at several greedy rows (gluon_rows) beside the Triton walk's default build of the same
-    batch (probe / poll): registers, stack, shared memory and the step loop's instructions."""
-    import hybridspec_kernels.head_walk.gluon_rows as gr
-    import hybridspec_kernels.head_walk.walk as walk
-    walk._num_sms = lambda d: 132
-    walk._interpreting = lambda: False
-    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
-    gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
-    steps, rank = 15, 256
-    # 8448 = 132 programs x 64 rows: the bench's sync floors (32 poll slots a thread at b32).
-    for vocab, rows in ((32000, 8), (32000, 32), (32000, 5), (32000, 16), (30011, 32), (9001, 32), (8448, 32)):
-        for form in ("triton", "gluon"):
-            name = f"hwr_v{vocab}_b{rows}_{form}"
-            if ONLY and name not in ONLY:
-                continue
-            u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
-            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), **(dict(tile_rows=64) if vocab == 8448
-                                                                                 else {}))
-            del captured[:]
-            if form == "triton":
-                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
-                             None, None, None, None, None, None, 0, 1.0)
-            else:
-                why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
-                                              dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
-                assert why is None, why
-                walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
-            _compile_counted(name, cfg)
-
-
-{"gdn": gdn, "hwg": hwg, "hwr": hwr, "hw": hw}[WHAT]()
+{"gdn": gdn, "hwg": hwg, "hw": hw}[WHAT]()

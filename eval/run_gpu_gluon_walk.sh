@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The three Gluon head-walk prototypes on the lent H200 in one call: their GPU tests (pytest -m gpu -k gluon, xdist from
-# the carried .whl), then bench_head_walk.py's ladders v18 (PH: 32k b1), v20 (PB: 32k b8 / b32) and v19 (PS: 152k b1
-# partly resident), each beside the Triton default and vLLM's graph loop in the same process.
+# The Gluon head walk on the lent H200 in one call: its GPU tests (pytest -m gpu -k "$TEST_K", xdist from the carried
+# .whl), then bench_head_walk.py's ladder(s) in LADDER_SPECS, each beside the Triton walk and vLLM's graph loop in the
+# same process. Default (session 7): ladder v21 (head_walk's default, the Gluon streamed walk at 152k b1, vs
+# gluon=False) + the 152k b1 block-15 sweep row. Session 7's first call ran ladders v18 / v20 / v19 (code at eee43d2).
 # Here:    python eval/bench_head_walk.py --prepare      (carry .whl and .vendor/extracted_head_walk)
 # Device:  HYBRIDSPEC_COMMIT=<sha> bash eval/run_gpu_gluon_walk.sh     (logs under $OUT/gluon)
 set +e
@@ -13,18 +14,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
     .whl/execnet-*.whl .whl/pytest_xdist-*.whl > /dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PYTHONPATH=/tmp/pk:/tmp/site timeout "${TEST_S:-150}" python3 -m pytest -v -W ignore -p no:cacheprovider --noconftest \
-    -m gpu -n "${WORKERS:-8}" -k "${TEST_K:-gluon}" tests/ops/test_head_walk.py > "$OUT/gluon/walk_tests.log" 2>&1
+    -m gpu -n "${WORKERS:-8}" -k "${TEST_K:-gluon_b1_stream or one_row_streamed or gluon_auto or (stream_tma_agrees and greedy)}" tests/ops/test_head_walk.py > "$OUT/gluon/walk_tests.log" 2>&1
 echo "== tests rc=$? at $(( $(date +%s) - T0 )) s; passed $(grep -c ' PASSED ' "$OUT/gluon/walk_tests.log")"
 grep -E " (FAILED|ERROR) " "$OUT/gluon/walk_tests.log" | cut -c1-200 | head -20
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gluon/walk_tests.log" | cut -c1-300 | head -20
 export PYTHONPATH=/tmp/pk
-# ladder  vocab   batches  per-ladder timeout  sweep budget  ladder budget
-for SPEC in "v18 32000 1 ${V18_S:-120} 40 80" "v20 32000 8,32 ${V20_S:-140} 50 95" "v19 151936 1 ${V19_S:-140} 50 95"; do
+# ladder  vocab   batches  per-ladder timeout  sweep budget  ladder budget (LADDER_SPECS: ';'-separated specs)
+IFS=';' read -ra SPECS <<< "${LADDER_SPECS:-v21 151936 1 ${V21_S:-170} 60 110}"
+for SPEC in "${SPECS[@]}"; do
     set -- $SPEC
     timeout "$4" python3 eval/bench_head_walk.py --ladder "$1" --vocabs "$2" --batches ${3//,/ } --modes greedy \
         --steps 15 --budget-s "$5" --heads-budget-s 0 --compile-workers 0 --ladder-budget-s "$6" \
         --out "$OUT/gluon/$1" > "$OUT/gluon/bench_$1.log" 2>&1
     echo "== ladder $1 rc=$? at $(( $(date +%s) - T0 )) s"
-    grep -iE "gluon.*(fall|fell)|fallback" "$OUT/gluon/bench_$1.log" | sort | uniq -c | head -5
+    grep -iE "gluon.*(fall|fell)|fallback|Triton walk|Triton kernel" "$OUT/gluon/bench_$1.log" | sort | uniq -c | head -5
     grep -E "tune_|floor|graph_loop|speedup" "$OUT/gluon/bench_$1.log" | cut -c1-260 | head -40
 done

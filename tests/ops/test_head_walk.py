@@ -670,8 +670,9 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_one_row_streamed_options_agree(sampled):
     """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch at several distances picks the
-    one-launch-per-step walk's tokens."""
-    _assert_streamed_forms_agree(1, sampled, 21, (dict(), dict(l2_prefetch=2), dict(l2_prefetch=4),
+    one-launch-per-step walk's tokens; so do the default (greedy: the Gluon streamed walk) and the Triton walk's
+    default (gluon=False)."""
+    _assert_streamed_forms_agree(1, sampled, 21, (dict(), dict(gluon=False), dict(l2_prefetch=2), dict(l2_prefetch=4),
                                                   dict(l2_prefetch=16, stream_rows=32)))
 
 @gpu
@@ -681,9 +682,9 @@ def test_gpu_one_row_streamed_options_agree(sampled):
 def test_gpu_stream_tma_agrees(rows, sampled):
     """V = 151,936 (14 streamed tiles a program): the streamed tiles through the TMA ring (the plan's measured form,
     stages and tile shapes of the bench's ladder v12, with and without the L2 prefetch) pick the tokens of the
-    one-launch-per-step walk on the register path."""
+    one-launch-per-step walk on the register path (dict(): head_walk's default, at one greedy row the Gluon walk)."""
     _assert_streamed_forms_agree(rows, sampled, 23 + rows, (
-        dict(), dict(stream_tma=2), dict(stream_tma=5, stream_rows=32),
+        dict(), dict(gluon=False), dict(stream_tma=2), dict(stream_tma=5, stream_rows=32),
         dict(stream_tma=5, stream_rows=32, l2_prefetch=8), dict(stream_tma=3, tile_rows=64, resident_tiles=3)))
 
 
@@ -766,49 +767,12 @@ def _gpu_plan(monkeypatch, vocab, rows=1, **kw):
     return walk.plan_walk(vocab, 256, rows, 2, torch.device("cuda"), **kw)
 
 
-def test_gluon_b1_selection(monkeypatch):
-    """Which walks gluon_b1's kernel takes (no GPU needed): one greedy Markov row of 2-byte weights on sm_90 with
-    Triton 3.6 / 3.9 and the persistent tagged plan of at most 256 resident rows a program; anything else says why."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    bf = torch.bfloat16
-    cfg = _gpu_plan(monkeypatch, 32000)
-    odd = _gpu_plan(monkeypatch, 9001)
-    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
-                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
-    assert walk.why_not_gluon_b1(cfg, **base) is None
-    assert walk.why_not_gluon_b1(cfg, **base, rs=True) is None
-    assert walk.why_not_gluon_b1(cfg, **dict(base, triton_version="3.9.0",
-                                             dtypes=(torch.float16, torch.float16, torch.float32))) is None
-    assert walk.why_not_gluon_b1(odd, **base) is None
-    rejected = {
-        "no gluon": (cfg, dict(base, have_gluon=False)),
-        "triton 3.5": (cfg, dict(base, triton_version="3.5.1")),
-        "triton 3.10": (cfg, dict(base, triton_version="3.10.0")),
-        "interpreter / cpu": (cfg, dict(base, capability=None)),
-        "blackwell": (cfg, dict(base, capability=(10, 0))),
-        "ampere": (cfg, dict(base, capability=(8, 0))),
-        "two rows": (cfg, dict(base, num_rows=2)),
-        "gated head": (cfg, dict(base, head="gated_markov")),
-        "sampled": (cfg, dict(base, sampled=True)),
-        "d2t / cache / confidence": (cfg, dict(base, extras=True)),
-        "fp32 weights": (cfg, dict(base, dtypes=(torch.float32, torch.float32, bf))),
-        "mixed weights": (cfg, dict(base, dtypes=(bf, torch.float16, bf))),
-        "fp64 logits": (cfg, dict(base, dtypes=(bf, bf, torch.float64))),
-        "rank 512": (cfg, dict(base, rank=512)),
-        "rank 128 (not compiled)": (cfg, dict(base, rank=128)),
-        "poll exchange": (_gpu_plan(monkeypatch, 32000, exchange="poll"), base),
-        "lockstep": (_gpu_plan(monkeypatch, 32000, lockstep=True), base),
-        "rs on 128-row shards": (odd, dict(base, rs=True)),
-    }
-    for case, (plan, kw) in rejected.items():
-        assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
-
-
-def test_gluon_b1_stream_selection(monkeypatch):
-    """Partly streamed shards (V = 152k) take gluon_b1's streamed walk: the plan's TMA ring geometry, or the measured
-    b1 form (4 stages, 128 resident rows) where the plan has no ring (U rows not 16-byte aligned); W2 rows TMA cannot
-    read, one stage, other tile sizes, geometries over the shared memory and too many programs say why."""
+def test_gluon_stream_selection(monkeypatch):
+    """Which walks gluon_b1's streamed kernel takes (no GPU needed): one greedy Markov row of 2-byte weights on sm_90
+    with Triton 3.6 / 3.9 and partly streamed shards (V = 152k) in the persistent tagged plan: the plan's TMA ring
+    geometry, or the measured b1 form (4 stages, 128 resident rows) where the plan has no ring; fully resident shards
+    (the removed resident Gluon walk), W2 rows TMA cannot read, one stage, other tile sizes, geometries over the
+    shared memory, too many programs and anything else say why."""
     import hybridspec_kernels.head_walk.walk as walk
 
     bf = torch.bfloat16
@@ -817,12 +781,13 @@ def test_gluon_b1_stream_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert (v152k.chunk_rows, v152k.stream_tma) == (1152, 4)
     assert walk._gluon_stream_form(v152k) == (128, 16, 4)
-    no_ring = _gpu_plan(monkeypatch, 150001, stream_tma=0)  # what head_walk plans where U rows are unaligned
+    no_ring = _gpu_plan(monkeypatch, 150001, stream_tma=0)
     assert no_ring.stream_tma == 0 and walk._gluon_stream_form(no_ring) == (128, 16, 4)
     res192_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=3)
     assert walk._gluon_stream_form(res192_s3) == (192, 15, 3)
     res192_s4 = _gpu_plan(monkeypatch, 151936, stream_tma=4, tile_rows=64, resident_tiles=3)
     res256_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4)
+    assert walk._gluon_stream_form(res256_s3) == (256, 14, 3)
     nothing_resident = _gpu_plan(monkeypatch, 151936, stream_tma=4, residency="off")
     assert walk._gluon_stream_form(nothing_resident) == (0, 18, 4)
     for plan, kw in ((v152k, base), (v152k, dict(base, rs=True)), (no_ring, base),
@@ -832,6 +797,8 @@ def test_gluon_b1_stream_selection(monkeypatch):
                      (nothing_resident, base)):
         assert walk.why_not_gluon_b1(plan, **kw) is None, (plan, kw)
     rejected = {
+        "32k: resident shards": (_gpu_plan(monkeypatch, 32000), base),
+        "9001: resident shards": (_gpu_plan(monkeypatch, 9001), base),
         "W2 rows not TMA-readable": (v152k, dict(base, w2_tma=False)),
         "one-stage ring": (_gpu_plan(monkeypatch, 151936, stream_tma=1), base),
         "32-row tiles": (_gpu_plan(monkeypatch, 151936, stream_tma=4, stream_rows=32), base),
@@ -839,12 +806,67 @@ def test_gluon_b1_stream_selection(monkeypatch):
         "256 resident rows + 3 stages in shared memory": (res256_s3, base),
         "rs with nothing resident": (nothing_resident, dict(base, rs=True)),
         "over 256 programs (a larger GPU)": (dataclasses.replace(v152k, programs=257), base),
-        "sampled": (v152k, dict(base, sampled=True)),
-        "two rows": (v152k, dict(base, num_rows=2)),
+        "no gluon": (v152k, dict(base, have_gluon=False)),
+        "triton 3.5": (v152k, dict(base, triton_version="3.5.1")),
+        "triton 3.10": (v152k, dict(base, triton_version="3.10.0")),
         "interpreter / cpu": (v152k, dict(base, capability=None)),
+        "blackwell": (v152k, dict(base, capability=(10, 0))),
+        "ampere": (v152k, dict(base, capability=(8, 0))),
+        "two rows": (v152k, dict(base, num_rows=2)),
+        "gated head": (v152k, dict(base, head="gated_markov")),
+        "sampled": (v152k, dict(base, sampled=True)),
+        "d2t / cache / confidence": (v152k, dict(base, extras=True)),
+        "fp32 weights": (v152k, dict(base, dtypes=(torch.float32, torch.float32, bf))),
+        "mixed weights": (v152k, dict(base, dtypes=(bf, torch.float16, bf))),
+        "fp64 logits": (v152k, dict(base, dtypes=(bf, bf, torch.float64))),
+        "rank 512": (v152k, dict(base, rank=512)),
+        "poll exchange": (_gpu_plan(monkeypatch, 151936, exchange="poll"), base),
+        "lockstep": (_gpu_plan(monkeypatch, 151936, lockstep=True), base),
     }
     for case, (plan, kw) in rejected.items():
         assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
+    assert "eee43d2" in walk.why_not_gluon_b1(_gpu_plan(monkeypatch, 32000), **base)
+
+
+def test_gluon_auto_selection(monkeypatch):
+    """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
+    Markov row, the 152k shard size (1,152 rows on 132 SMs), U rows TMA can read (GLUON_AUTO_UNALIGNED_U), triton
+    3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows, 3 ring
+    stages). Everything else keeps the Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
+    import inspect
+
+    import hybridspec_kernels.head_walk.walk as walk
+
+    signature = inspect.signature(walk.plan_walk).parameters
+    assert {name: signature[name].default for name in walk.PLAN_DEFAULTS} == walk.PLAN_DEFAULTS
+    assert inspect.signature(walk.head_walk).parameters["gluon"].default == "auto"
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[], u_aligned=True)
+    v152k = _gpu_plan(monkeypatch, 151936)
+    assert walk.why_not_gluon_auto(v152k, **base) is None
+    auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
+    assert walk.GLUON_AUTO_FORM == "rs" and walk._gluon_stream_form(auto_plan) == (256, 14, 3)
+    assert walk.why_not_gluon_b1(auto_plan, rs=True, **{k: v for k, v in base.items()
+                                                         if k not in ("overrides", "u_aligned")}) is None
+    v150001 = _gpu_plan(monkeypatch, 150001, stream_tma=0)  # head_walk's Triton plan there (U rows unaligned)
+    unaligned = walk.why_not_gluon_auto(v150001, **dict(base, u_aligned=False))
+    assert (unaligned is None) == walk.GLUON_AUTO_UNALIGNED_U
+    rejected = {
+        "launch options given": (v152k, dict(base, overrides=["stream_tma"])),
+        "triton 3.9 (checked offline, not measured)": (v152k, dict(base, triton_version="3.9.0")),
+        "triton 3.10": (v152k, dict(base, triton_version="3.10.0")),
+        "32k (resident shards)": (_gpu_plan(monkeypatch, 32000), base),
+        "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 262144), base),
+        "8 rows": (_gpu_plan(monkeypatch, 151936, 8), dict(base, num_rows=8)),
+        "sampled": (v152k, dict(base, sampled=True)),
+        "d2t / cache / confidence": (v152k, dict(base, extras=True)),
+        "interpreter / cpu": (v152k, dict(base, capability=None)),
+        "ampere": (v152k, dict(base, capability=(8, 0))),
+        "W2 rows not TMA-readable": (v152k, dict(base, w2_tma=False)),
+    }
+    for case, (plan, kw) in rejected.items():
+        assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
 
 
 class _FailingBuild:
@@ -857,60 +879,42 @@ class _FailingBuild:
 
 
 @needs_kernels
-def test_gluon_b1_falls_back_to_the_triton_walk(monkeypatch, caplog):
-    """head_walk(gluon=...) where the Gluon kernel cannot walk (here: the interpreter / CPU) or its build fails walks
-    the Triton kernel, with the same tokens, and says so once in a log line; a bad value raises."""
+def test_gluon_falls_back_to_the_triton_walk(monkeypatch, caplog):
+    """head_walk(gluon=...) where the Gluon walk cannot run (here: the interpreter / CPU) or its build fails walks
+    the Triton kernel, with the same tokens, and says so once in a log line (an explicit form: a warning; the
+    default "auto": info); a bad value raises."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_logged", set())
     p = make_problem(1, 5, 1031, seed=41)
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in (True, "rs", "ss_late", True):
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    with caplog.at_level("INFO", logger=walk.__name__):
+        for form in (True, "rs", "auto", True, "auto"):
             tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
             assert torch.equal(tokens, ref), form
-    said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
-    assert len(said) == 3 and all("Gluon does not run in the interpreter" in m or "no CUDA" in m for m in said), said
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(said) == 3 and all("no CUDA device" in m for _, m in said), said
+    assert [level for level, _ in said] == ["WARNING", "WARNING", "INFO"], said
 
     caplog.clear()
     monkeypatch.setattr(walk, "why_not_gluon_b1", lambda *a, **k: None)
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_kernel", _FailingBuild())
+    monkeypatch.setattr(walk, "why_not_gluon_auto", lambda *a, **k: None)
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
     monkeypatch.setattr(walk, "_gluon_failed", {})
-    # One program on the CPU: 250 rows take the resident kernel, 1031 the streamed one (2-byte, row-contiguous W2
-    # rows, as its TMA descriptor needs).
-    small = make_problem(1, 5, 250, seed=42)
-    small_ref, _, _ = head_walk(small.U, small.w1, small.w2, small.x0)
+    # One program on the CPU: 1031 rows are a partly streamed shard (2-byte, row-contiguous W2 rows, as the
+    # kernel's TMA descriptor needs).
     big = make_problem(1, 5, 1031, dtype=torch.float16, seed=43)
     big.w2 = big.w2.t().contiguous().t()
-    big_ref, _, _ = head_walk(big.U, big.w1, big.w2, big.x0)
+    big_ref, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for _ in range(2):
-            tokens, _, _ = head_walk(small.U, small.w1, small.w2, small.x0, gluon=True)
-            assert torch.equal(tokens, small_ref)
-            tokens, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=True)
-            assert torch.equal(tokens, big_ref)
+        for form in (True, "auto", True, "auto"):
+            tokens, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=form)
+            assert torch.equal(tokens, big_ref), form
     said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
     assert len(said) == 2 and all("PassManager::run failed" in m for m in said), said
-    assert sum("streamed walk" in m for m in said) == 1, said
-    assert len(walk._gluon_failed) == 2
+    assert len(walk._gluon_failed) == 2  # ss in the plan's geometry, rs in the auto geometry
     with pytest.raises(ValueError, match="gluon must be one of"):
-        head_walk(p.U, p.w1, p.w2, p.x0, gluon="tma")
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("vocab", [32000, 30011, 9001], ids=["v32k", "v30011", "v9001"])
-@pytest.mark.parametrize("steps", [15, 7])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gpu_gluon_b1_agrees(monkeypatch, vocab, steps, seed):
-    """gluon_b1's walk (per-warp candidates, guessed early or not; 'rs': 128 W2 rows in registers) proposes exactly
-    the tokens of the Triton walk and is tolerated by the naive reference, walk after walk on the shared tagged
-    workspace, with no wait giving up; odd vocabularies: short last shard (30011: 118 programs) and one half-shard
-    of 128 rows (9001). The Triton walk must not stand in: a fallback fails the test."""
-    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
-    forms = [True, "ss_once", "ss_late", "rs"] if vocab > 16896 else [True, "ss_once", "ss_late"]
-    _assert_gluon_walks_agree(monkeypatch, p, {form: dict(gluon=form) for form in forms})
+        head_walk(p.U, p.w1, p.w2, p.x0, gluon="ss_late")
 
 
 def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
@@ -920,7 +924,7 @@ def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     errors = barrier_errors(DEVICE)
 
     def no_fallback(*args, **kwargs):
@@ -932,12 +936,12 @@ def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         monkeypatch.setattr(walk, "_launch", triton_launch)
-        between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+        between, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref) and torch.equal(again, ref) and torch.equal(between, ref), form
     assert barrier_errors(DEVICE) == errors
     assert_walk_tolerated(p, ref, {}, False)
-    scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5)
+    scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=False)
     monkeypatch.setattr(walk, "_launch", no_fallback)
     gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
     monkeypatch.setattr(walk, "_launch", triton_launch)
@@ -946,7 +950,7 @@ def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
 
 # gluon_b1's streamed walk (partly resident shards): form -> head_walk options beyond gluon= (the plan's geometry).
 GLUON_STREAM_FORMS = {
-    "ss": dict(gluon=True), "ss_once": dict(gluon="ss_once"), "ss_late": dict(gluon="ss_late"), "rs": dict(gluon="rs"),
+    "ss": dict(gluon=True), "rs": dict(gluon="rs"),
     "ss_res192_s3": dict(gluon=True, stream_tma=3, tile_rows=64, resident_tiles=3),
     "rs_res192_s4": dict(gluon="rs", stream_tma=4, tile_rows=64, resident_tiles=3),
     "rs_res256_s3": dict(gluon="rs", stream_tma=3, tile_rows=64, resident_tiles=4),
@@ -961,129 +965,48 @@ GLUON_STREAM_FORMS = {
 def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
-    shared tagged workspace, no wait giving up, in every form and ring geometry; the Triton walk is tolerated by the
-    naive reference. A fallback to the Triton walk fails the test."""
+    shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default where
+    gluon="auto" takes it; the Triton walk is tolerated by the naive reference. A fallback to the Triton walk fails
+    the test."""
+    import hybridspec_kernels.head_walk.walk as walk
+
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
-    _assert_gluon_walks_agree(monkeypatch, p, GLUON_STREAM_FORMS)
-
-
-def test_gluon_rows_selection(monkeypatch):
-    """Which walks gluon_rows' kernel takes (no GPU needed): 2..32 greedy Markov rows of 2-byte weights on sm_90 with
-    Triton 3.6 / 3.9, a persistent plan of at most 256 resident rows a program and 2..16 poll slots a thread; the
-    poll tile's geometry (lane = batch row) and its PTX (one load per slot before the loop, one predicated re-read
-    per slot inside it); anything else says why."""
-    import hybridspec_kernels.head_walk.gluon_rows as gr
-    import hybridspec_kernels.head_walk.walk as walk
-
-    assert gr.poll_geometry(125, 32) == (32, 128, 16, 32)
-    assert gr.poll_geometry(125, 8) == (8, 128, 4, 8)
-    assert gr.poll_geometry(125, 5) == (8, 128, 4, 8)
-    assert gr.poll_geometry(125, 16) == (16, 128, 8, 16)
-    assert gr.poll_geometry(71, 2) == (8, 128, 4, 8)
-    assert gr.poll_geometry(132, 32) == (32, 256, 32, 32)
-    for slots in (2, 4, 8, 16, 32):
-        ptx = gr.poll_ptx(slots)
-        assert ptx.count("ld.relaxed.gpu.global.b64") == 2 * slots and f"${5 * slots}" not in ptx
-        assert f"${4 * slots}]" in ptx and gr.poll_constraints(slots).count(",") == 5 * slots - 1
-    bf = torch.bfloat16
-    base = dict(num_rows=32, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
-                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
-    for vocab, rows in ((32000, 32), (32000, 8), (32000, 5), (32000, 2), (30011, 32), (9001, 32)):
-        plan = _gpu_plan(monkeypatch, vocab, rows)
-        assert walk.why_not_gluon_rows(plan, **dict(base, num_rows=rows)) is None, (vocab, rows)
-    b32 = _gpu_plan(monkeypatch, 32000, 32)
-    assert walk.why_not_gluon_rows(b32, **dict(base, triton_version="3.9.0", form="ss",
-                                               dtypes=(torch.float16, torch.float16, torch.float32))) is None
-    assert walk.why_not_gluon_rows(_gpu_plan(monkeypatch, 32000, 32, exchange="poll"), **base) is None
-    rejected = {
-        "no gluon": (b32, dict(base, have_gluon=False)),
-        "triton 3.5": (b32, dict(base, triton_version="3.5.1")),
-        "triton 3.10": (b32, dict(base, triton_version="3.10.0")),
-        "interpreter / cpu": (b32, dict(base, capability=None)),
-        "blackwell": (b32, dict(base, capability=(10, 0))),
-        "a batch-1 form": (b32, dict(base, form="rs")),
-        "one row": (_gpu_plan(monkeypatch, 32000, 1), dict(base, num_rows=1)),
-        "33 rows": (_gpu_plan(monkeypatch, 32000, 33), dict(base, num_rows=33)),
-        "64 rows": (_gpu_plan(monkeypatch, 32000, 64), dict(base, num_rows=64)),
-        "gated head": (b32, dict(base, head="gated_markov")),
-        "sampled": (b32, dict(base, sampled=True)),
-        "d2t / cache / confidence": (b32, dict(base, extras=True)),
-        "fp32 weights": (b32, dict(base, dtypes=(torch.float32, torch.float32, bf))),
-        "rank 128": (b32, dict(base, rank=128)),
-        "lockstep": (_gpu_plan(monkeypatch, 32000, 32, lockstep=True), base),
-        "152k (streamed shards)": (_gpu_plan(monkeypatch, 151936, 32), base),
-        "over 256 programs (a larger GPU)": (dataclasses.replace(b32, programs=257), base),
-    }
-    for case, (plan, kw) in rejected.items():
-        assert isinstance(walk.why_not_gluon_rows(plan, **kw), str), case
-    assert walk.why_not_gluon_rows(dataclasses.replace(b32, programs=256), **base) is None
-
-
-@needs_kernels
-def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
-    """head_walk(gluon=True) with several rows where gluon_rows cannot walk (the interpreter / CPU) or its build fails
-    walks the Triton kernel, with the same tokens, and says so once in a log line."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    monkeypatch.setattr(walk, "_logged", set())
-    p = make_problem(3, 5, 250, seed=44)
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in (True, "rs", True):
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
-            assert torch.equal(tokens, ref), form
-    said = [r.getMessage() for r in caplog.records if "walking the Triton kernel" in r.getMessage()]
-    assert len(said) == 2 and all("Gluon does not run in the interpreter" in m for m in said), said
-
-    caplog.clear()
-    monkeypatch.setattr(walk, "why_not_gluon_rows", lambda *a, **k: None)
-    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", _FailingBuild())
-    monkeypatch.setattr(walk, "_gluon_failed", {})
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for _ in range(2):
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=True)
-            assert torch.equal(tokens, ref)
-    said = [r.getMessage() for r in caplog.records if "Gluon rows build failed" in r.getMessage()]
-    assert len(said) == 1 and "PassManager::run failed" in said[0], said
-    assert len(walk._gluon_failed) == 1
+    forms = dict(GLUON_STREAM_FORMS)
+    if vocab == 151936 or walk.GLUON_AUTO_UNALIGNED_U:
+        forms["auto"] = {}
+    _assert_gluon_walks_agree(monkeypatch, p, forms)
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("vocab", [32000, 30011], ids=["v32k", "v30011"])
-@pytest.mark.parametrize("rows", [8, 32, 5])
-@pytest.mark.parametrize("steps", [15, 7])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps, seed):
-    """gluon_rows' walk (per-warp poll of [P / 8, B] slots in one PTX loop, one CTA sync, W1 rows gathered by the
-    warps that own the rows) proposes exactly the tokens of the Triton walk: twice, interleaved with the Triton walk
-    on the same workspace, then in CUDA-graph replays on new base logits; no wait gives up, and a fallback to the
-    Triton walk fails the test."""
+def test_gpu_gluon_auto_graph_replays(monkeypatch):
+    """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
+    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
-    p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
-    _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon=True)})
+    p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=5, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
     errors = barrier_errors(DEVICE)
     U = p.U.clone()
-    tokens = torch.empty(rows, steps, dtype=torch.long, device=DEVICE)
+    tokens = torch.empty(1, 15, dtype=torch.long, device=DEVICE)
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
 
     triton_launch = walk._launch
     monkeypatch.setattr(walk, "_launch", no_fallback)
-    head_walk(U, p.w1, p.w2, p.x0, out=tokens, gluon=True)
+    head_walk(U, p.w1, p.w2, p.x0, out=tokens)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        head_walk(U, p.w1, p.w2, p.x0, out=tokens, gluon=True)
+        head_walk(U, p.w1, p.w2, p.x0, out=tokens)
     monkeypatch.setattr(walk, "_launch", triton_launch)
     for replay in range(4):
         U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
         graph.replay()
-        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0)
+        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, gluon=False)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), replay
     assert barrier_errors(DEVICE) == errors

@@ -1,35 +1,31 @@
-"""Gluon prototype of the persistent head walk for ONE batch row, greedy, Markov head (walk.py: `gluon=True`).
+"""Gluon walk of ONE batch row, greedy, Markov head, for shards too large to keep on chip (V = 152k: 1,152 rows a
+program on 132 SMs): `head_walk_b1_stream_kernel` (walk.py: `gluon="auto"`, the default, takes it where it was
+measured faster; `gluon=True` / "rs" ask for it).
 
 Same walk, keys and tie-break as kernel.py's batch-1 path (tagged exchange, `_ordered_keys`, first of equal maxima),
 so the tokens are identical; what Gluon changes is who waits for what inside a program:
 
-1. Per-warp candidates (the notes' "cut 1"). Warp w polls only its own SLOTS_PER_WARP programs' tagged keys, takes
-   its warp-best key with shuffles (no CTA sync) and loads that candidate's W1 row into column w of the wgmma B
-   operand in shared memory. The CTA then needs one sync to agree on the winner, whose row is already on chip.
-   GUESS_ROUNDS > 0: the warp guesses from the slots already there (re-guessing on each of GUESS_ROUNDS reads of
-   the missing ones) and loads the guess's row while it still waits, so the W1 round trip leaves the step chain
-   unless the warp's last-arriving slot is its best (for the grid's last arriver the same 1 in ~SLOTS_PER_WARP
-   chance in every program, as all programs poll the same keys).
-   B holds NUM_WARPS candidate columns (N = 8 at 8 warps, the smallest wgmma N); the winner's column is picked from
-   the accumulator by a select + quad shuffle (the Triton walk folds its 16 padded columns the same way).
-2. RS_ROWS (the notes' "cut 2", opt-in): the first RS_ROWS rows of the W2 shard are loaded once into registers as
-   the wgmma A operand (DotOperandLayout), so each step reads only the other rows from shared memory.
+1. The W2 rows a program does not keep on chip stream through a TMA ring whose mbarrier phases run across the steps:
+   W2 does not depend on the token, so the next step's first tiles are copied while the programs exchange keys (the
+   Triton ring is set up and drained inside every step).
+2. Per-warp candidates. Each warp polls its own programs' tagged keys, takes its best with shuffles (no CTA sync)
+   and loads that candidate's W1 row into its column of the wgmma B operand in shared memory, guessed from the slots
+   already there (GUESS_ROUNDS reads) while it still waits, so the W1 round trip leaves the step chain unless the
+   last-arriving slot is the best. B holds 8 candidate columns (the smallest wgmma N); one CTA sync agrees on the
+   winner, whose column is picked from the accumulator by a select + quad shuffle.
+3. "rs": the first resident tile's W2 rows are held in registers as the wgmma A operand (no shared memory), which
+   pays for another ring stage or resident tile.
 
-The base logits of step k + 1 are loaded in the accumulator's row layout right after step k's publish, so their
-latency hides behind the exchange and no layout conversion sits on the step chain.
+Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
+session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
 
-3. head_walk_b1_stream_kernel: the same step for shards too large to keep on chip (V = 152k: 1,152 rows a program,
-   128 resident): the other rows stream through a TMA ring whose mbarrier phases run across the steps, so the next
-   step's first tiles are copied during the exchange (the Triton ring is set up and drained inside every step).
-   8 candidate columns at 4 warps (one warpgroup, the Triton walk's measured b1 form).
-
-Compiles only for sm_90 (wgmma); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
+Compiles only for sm_90 (wgmma, TMA); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
 version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTERPRET.
 """
 import triton.language as tl
 
 # The Triton helpers called here create no tensor (no layout to give): Gluon compiles them as they are.
-from .kernel import ID_MASK, SPIN_TAGGED_PTX, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys
+from .kernel import ID_MASK, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys
 
 try:
     from triton.experimental import gluon
@@ -48,11 +44,10 @@ except ImportError:  # a Triton without Gluon: walk.py never selects this path
 
 # Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
 CHECKED_TRITON = ("3.6", "3.9")
-# wgmma M per warp: 8 warps cover 128 rows in one wgmma, so the shard is walked in halves of 128 rows.
-HALF_ROWS = 128
-HALF = tl.constexpr(HALF_ROWS)
+# ... and the ones it was measured faster on (H200, session 7): where gluon="auto" takes it.
+MEASURED_TRITON = ("3.6",)
+# Shards of more rows than this are partly streamed (the only shards the Gluon walk takes).
 MAX_SHARD_ROWS = 256
-NUM_WARPS = 8
 # Partly streamed shards (head_walk_b1_stream_kernel): wgmma N = the candidate columns (8 is the smallest N), one
 # warpgroup (the Triton walk's measured b1 ring form is 4 warps), streamed tiles of 64 rows (M of one warpgroup).
 STREAM_CANDS = 8
@@ -72,44 +67,9 @@ def stream_descriptor(w2_rows, stream_rows: int):
 if HAVE_GLUON:
 
     @gluon.jit
-    def _resident_shard(w2_ptr, stride_w2r, stride_w2v, shard_begin, shard_end, ROWS: gl.constexpr, R: gl.constexpr,
-                        W_SMEM: gl.constexpr, LOAD: gl.constexpr):
-        """The shard's W2 rows [ROWS, R] (zero past shard_end) in shared memory for the whole walk, loaded in
-        [64, R] tiles."""
-        w2_smem = gl.allocate_shared_memory(w2_ptr.dtype.element_ty, [ROWS, R], W_SMEM)
-        o_lr = gl.arange(0, 64, gl.SliceLayout(1, LOAD))
-        o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
-        for c in gl.static_range(ROWS // 64):
-            rows_c = shard_begin + c * 64 + o_lr
-            tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
-                           mask=(rows_c < shard_end)[:, None], other=0.0)
-            w2_smem.slice(c * 64, 64, dim=0).store(tile)
-        return w2_smem
-
-    @gluon.jit
-    def _wgmma_halves(a_first, w2_smem, b_view, zero_acc, HALVES: gl.constexpr):
-        """[HALF, N] products of the shard's first half (a_first: its shared-memory rows or register fragments) and,
-        with HALVES == 2, of rows [HALF, 2 HALF) of w2_smem with the B operand: both in flight, one wait (acc1 is
-        acc0 with one half)."""
-        acc0 = warpgroup_mma(a_first, b_view, zero_acc, use_acc=False, is_async=True)
-        if HALVES == 2:
-            acc1 = warpgroup_mma(w2_smem.slice(HALF, HALF, dim=0), b_view, zero_acc, use_acc=False, is_async=True)
-            acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-        else:
-            acc0 = warpgroup_mma_wait(0, deps=[acc0])
-            acc1 = acc0
-        return acc0, acc1
-
-    @gluon.jit
-    def _spin_slots(ptrs, tag, err_addr, SPIN_LIMIT: gl.constexpr):
-        """Per-thread spin inside PTX until each slot carries `tag` (kernel.py's _spin_tagged)."""
-        return gl.inline_asm_elementwise(SPIN_TAGGED_PTX, "=l,l,r,r,l",
-                                         [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
-                                          err_addr], dtype=gl.int64, is_pure=False, pack=1)
-
-    @gluon.jit
     def _wait_slots(ptrs, first, tag, err_addr, SPIN_LIMIT: gl.constexpr):
-        """_spin_slots for slots read once already (`first`; kernel.py's _wait_tagged)."""
+        """Per-thread spin inside PTX until each slot read once already (`first`) carries `tag` (kernel.py's
+        _wait_tagged)."""
         return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
                                          [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
                                           err_addr, first], dtype=gl.int64, is_pure=False, pack=1)
@@ -166,34 +126,29 @@ if HAVE_GLUON:
         """(candidate keys [C], their W1 rows [C, R] in CAND) from the [C, slots] tagged slots, row c polled by one
         warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
 
-        GUESS_ROUNDS > 0: the row of the warp's best among the slots already there travels while the warp waits for
-        the rest: GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the guess
-        changed), then the spin; the row is fetched after the spin only if a later slot won."""
+        The row of the warp's best among the slots already there travels while the warp waits for the rest:
+        GUESS_ROUNDS (>= 1) reads of the missing slots, each re-guessing (a new row load only where the guess
+        changed), then the spin; the row is fetched after the spin only if a later slot won. (One early guess, or
+        none, measured slower at 152k: 311.7 / 301.0 vs 296.6 us a walk, session 7.)"""
         num_cands: gl.constexpr = tags.shape[0]
-        if GUESS_ROUNDS > 0:
-            seen = _load_relaxed(slot_ptrs)
-            guess_key = gl.full([num_cands], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
-            guess = gl.zeros([num_cands, o_cr.shape[0]], w1_ptr.dtype.element_ty, CAND)
-            for r in gl.static_range(GUESS_ROUNDS):
-                if r > 0:
-                    seen = _reload_missing(slot_ptrs, seen, tags)
-                arrived = ((seen >> 18) & 0x3FFF) == tags
-                seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
-                                              gl.SliceLayout(1, CAND))
-                guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
-                                mask=(seen_best != guess_key)[:, None], other=guess)
-                guess_key = seen_best
-            slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
-        else:
-            slots = _spin_slots(slot_ptrs, tags, err_addr, SPIN_LIMIT)
+        seen = _load_relaxed(slot_ptrs)
+        guess_key = gl.full([num_cands], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
+        guess = gl.zeros([num_cands, o_cr.shape[0]], w1_ptr.dtype.element_ty, CAND)
+        for r in gl.static_range(GUESS_ROUNDS):
+            if r > 0:
+                seen = _reload_missing(slot_ptrs, seen, tags)
+            arrived = ((seen >> 18) & 0x3FFF) == tags
+            seen_best = gl.convert_layout(gl.max(gl.where(arrived, seen, -9223372036854775807 - 1), axis=1),
+                                          gl.SliceLayout(1, CAND))
+            guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
+                            mask=(seen_best != guess_key)[:, None], other=guess)
+            guess_key = seen_best
+        slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
         cand_key = gl.max(slots, axis=1)
         cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
         cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
-        if GUESS_ROUNDS > 0:
-            # `other=guess`: a warp whose last guess held loads nothing here.
-            cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
-        else:
-            cand = gl.load(cand_ptrs)
+        # `other=guess`: a warp whose last guess held loads nothing here.
+        cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
         return cand_key, cand
 
     @gluon.jit
@@ -223,18 +178,22 @@ if HAVE_GLUON:
     @gluon.jit
     def _cta_max(keys, best_smem, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
         """max(keys) of the whole CTA with one sync: each warp reduces its own rows with shuffles (warp w holds rows
-        [w * HALF / NW, (w + 1) * HALF / NW) of the accumulator), the NW warp maxima meet in shared memory, and
+        [w * M / NW, (w + 1) * M / NW) of the [M] keys, the accumulator's row layout), the NW warp maxima meet in shared memory, and
         every thread reduces those NW itself (gl.max over the CTA costs two syncs: it broadcasts its result)."""
         per_warp = gl.max(gl.reshape(keys, [NW, keys.shape[0] // NW]), axis=1)
         best_smem.store(per_warp)
         return gl.max(best_smem.load(KEYS_LAYOUT), axis=0)
 
     @gluon.jit
-    def _score_half(acc, col, u, rows, shard_end, logit_scale, SCALED: gl.constexpr, NW: gl.constexpr,
-                    ACC_LAYOUT: gl.constexpr):
-        """[HALF_ROWS] keys of one half-shard from the accumulator's winning column, rounded as vLLM (kernel.py's
-        _score_row): bias to U's dtype, (scale, round), + U, round."""
-        cols = gl.arange(0, NW, gl.SliceLayout(0, ACC_LAYOUT))
+    def _score_tile(acc, col, u_smem, tile, row0, shard_end, logit_scale, SCALED: gl.constexpr,
+                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr):
+        """Keys of one [ST] tile of the shard from the accumulator's winning column, rounded as vLLM (kernel.py's
+        _score_row): bias to U's dtype, (scale, round), + U, round; its base logits are row `tile` of this step's
+        u_smem."""
+        st: gl.constexpr = acc.shape[0]
+        rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
+        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
+        cols = gl.arange(0, CANDS, gl.SliceLayout(0, ACC_LAYOUT))
         acc = gl.sum(gl.where(cols[None, :] == col, acc, 0.0), axis=1)
         out_ty = u.dtype
         bias = acc.to(out_ty).to(gl.float32)
@@ -243,100 +202,6 @@ if HAVE_GLUON:
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
         scored = gl.where(rows < shard_end, logits, float("-inf"))
         return _ordered_keys(scored, rows)
-
-    @gluon.jit
-    def head_walk_b1_kernel(
-        u_ptr, stride_uk,
-        w1_ptr, stride_w1,
-        w2_ptr, stride_w2r, stride_w2v,
-        first_ptr, tok_ptr,
-        keys_ptr, gen_ptr, err_ptr,
-        num_steps, vocab, logit_scale,
-        R: gl.constexpr, ROWS: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
-        KEY_STRIDE: gl.constexpr, SLOTS_PER_WARP: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
-    ):
-        # Program p owns vocabulary rows [p * CHUNK_ROWS, ...), all resident (ROWS >= CHUNK_ROWS, padded rows zero).
-        # keys_ptr: walk.py's [2, NUM_PROGS, KEY_STRIDE] int64 tagged keys (column 0 used); gen_ptr: per-program tag
-        # generation; err_ptr: set when a spin gives up.
-        NW: gl.constexpr = gl.num_warps()
-        HALVES: gl.constexpr = ROWS // HALF
-        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, NW, 16])
-        ROW_OF_ACC: gl.constexpr = gl.SliceLayout(1, ACC)
-        # [NW, SLOTS_PER_WARP] slots: warp w polls row w (lanes past SLOTS_PER_WARP repeat a slot).
-        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
-        # [NW, R] candidate W1 rows: warp w loads row w, 16 bytes a lane at R = 256 bf16.
-        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
-        # [64, R] loads of the W2 shard into shared memory (once).
-        LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
-        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, R], w2_ptr.dtype.element_ty)
-        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NW, R], w1_ptr.dtype.element_ty)
-
-        pid = gl.program_id(0)
-        shard_begin = pid * CHUNK_ROWS
-        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
-
-        w2_smem = _resident_shard(w2_ptr, stride_w2r, stride_w2v, shard_begin, shard_end, ROWS, R, W_SMEM, LOAD)
-        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [NW, R], B_SMEM)
-        key_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        best_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        fence_async_shared()
-        if RS_ROWS > 0:
-            # Cut 2: these rows' A fragments stay in registers for the whole walk.
-            a_regs = w2_smem.slice(0, RS_ROWS, dim=0).load(gl.DotOperandLayout(operand_index=0, parent=ACC,
-                                                                                   k_width=2))
-
-        o_half = gl.arange(0, HALF, ROW_OF_ACC)
-        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
-        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, NW,
-                                                     SLOTS_PER_WARP, NUM_PROGS, SPIN, CAND)
-        gen = gl.load(gen_ptr + pid)
-        u_half0 = gl.load(u_ptr + shard_begin + o_half, mask=shard_begin + o_half < shard_end, other=0.0)
-        if HALVES == 2:
-            u_half1 = gl.load(u_ptr + shard_begin + HALF + o_half, mask=shard_begin + HALF + o_half < shard_end,
-                              other=0.0)
-        zero_acc = gl.zeros([HALF, NW], gl.float32, ACC)
-        for k in range(num_steps):
-            # Each warp's candidate row into its B column (warps arrive here one by one, after their own spins).
-            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS, NW)
-            b_view = b_smem.permute((1, 0))
-            if RS_ROWS > 0:
-                acc0, acc1 = _wgmma_halves(a_regs, w2_smem, b_view, zero_acc, HALVES)
-            else:
-                acc0, acc1 = _wgmma_halves(w2_smem.slice(0, HALF, dim=0), w2_smem, b_view, zero_acc, HALVES)
-            rows0 = shard_begin + o_half
-            keys = _score_half(acc0, col, u_half0, rows0, shard_end, logit_scale, SCALED, NW, ACC)
-            if HALVES == 2:
-                keys = gl.maximum(keys, _score_half(acc1, col, u_half1, rows0 + HALF, shard_end, logit_scale,
-                                                    SCALED, NW, ACC))
-            best = _cta_max(keys, best_smem, KEYS, NW)
-            tag = ((gen + k) % 16383) + 1
-            slot = k % 2
-            _publish_key(keys_ptr + (slot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
-            # The next step's base logits travel while the programs meet.
-            k_next = gl.minimum(k + 1, num_steps - 1)
-            u_half0 = gl.load(u_ptr + k_next * stride_uk + shard_begin + o_half, mask=rows0 < shard_end, other=0.0)
-            if HALVES == 2:
-                u_half1 = gl.load(u_ptr + k_next * stride_uk + shard_begin + HALF + o_half,
-                                  mask=rows0 + HALF < shard_end, other=0.0)
-            slot_ptrs = keys_ptr + (slot * NUM_PROGS + prog) * KEY_STRIDE
-            tags = gl.full([NW, SLOTS_PER_WARP], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND, SPIN_LIMIT,
-                                              GUESS_ROUNDS)
-        winner, col = _agree(key_smem, cand_key, KEYS, NW)
-        if pid == 0:
-            gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
-        gl.store(gen_ptr + pid, gen + num_steps)
-
-    @gluon.jit
-    def _score_tile(acc, col, u_smem, tile, row0, shard_end, logit_scale, SCALED: gl.constexpr,
-                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr):
-        """Keys of one [ST] tile of the shard (its base logits are row `tile` of this step's u_smem)."""
-        st: gl.constexpr = acc.shape[0]
-        rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
-        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
-        return _score_half(acc, col, u, rows, shard_end, logit_scale, SCALED, CANDS, ACC_LAYOUT)
 
     @gluon.jit
     def _load_u_tiles(u_ptr, step, stride_uk, shard_begin, shard_end, TILES_P2: gl.constexpr, ST: gl.constexpr,

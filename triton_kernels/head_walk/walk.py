@@ -23,7 +23,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import gluon_b1, gluon_rows
+from . import gluon_b1
 from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
 
 logger = logging.getLogger(__name__)
@@ -387,7 +387,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
-    gluon: bool | str = False,
+    gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
 
@@ -434,15 +434,13 @@ def head_walk(
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
-        gluon: opt-in prototype (not measured yet): True / "ss" walks one greedy Markov row with gluon_b1's kernel
-            (per-warp candidates guessed early, W2 from shared memory), "rs" with part of the W2 shard in registers,
-            "ss_once" / "ss_late" with one early guess / none (GLUON_FORMS); partly streamed shards (V = 152k)
-            take its streamed kernel (W2 TMA ring across the steps; geometry _gluon_stream_form). 2..32 greedy
-            Markov rows (True / "ss") take gluon_rows' kernel (per-warp poll of the tagged keys, one CTA sync, W1
-            rows gathered into the wgmma operand by the warps that own the rows; why_not_gluon_rows). Where none
-            applies (why_not_gluon_b1 / why_not_gluon_rows) or the build fails, the Triton walk runs and a log line
-            says why.
-
+        gluon: "auto" (default): gluon_b1's streamed walk where it was measured faster than the Triton walk
+            (why_not_gluon_auto: one greedy Markov row, partly streamed shards of the measured size (V = 152k on
+            132 SMs), sm_90, a measured Triton version, no launch option given), in form GLUON_AUTO_FORM with ring
+            geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
+            Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
+            shared memory; "rs": its first resident tile in registers), where why_not_gluon_b1 allows it, else the
+            Triton walk with a warning. A Gluon build that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -534,42 +532,53 @@ def head_walk(
     w2_rows = w2.t()  # [V, r] view
     if w2_dtype is not None:
         w2_rows, w2_scale = _cached("fp8", (w2,), lambda: quantize_w2_fp8(w2))
-    cfg = plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, residency=residency, programs=programs,
-                    lockstep=lockstep, tile_rows=tile_rows, resident_tiles=resident_tiles, exchange=exchange,
-                    num_warps=num_warps, num_stages=num_stages, stream_rows=stream_rows, keys_once=keys_once,
-                    prefetch=prefetch, l1_prefetch=l1_prefetch, split_keys=split_keys,
-                    pair_reduce=pair_reduce, split_streamed=split_streamed, noise_ahead=noise_ahead,
-                    l2_prefetch=l2_prefetch if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
-                    stream_tma=stream_tma if w2_scale is None and _tma_ok(w2_rows) and _tma_ok(base_logits) else 0,
-                    u_ring=u_ring, winner_stride=winner_stride, sampled=sampled)
+    plan_kw = dict(residency=residency, programs=programs, lockstep=lockstep, tile_rows=tile_rows,
+                   resident_tiles=resident_tiles, exchange=exchange, num_warps=num_warps, num_stages=num_stages,
+                   stream_rows=stream_rows, keys_once=keys_once, prefetch=prefetch, l1_prefetch=l1_prefetch,
+                   split_keys=split_keys, pair_reduce=pair_reduce, split_streamed=split_streamed,
+                   noise_ahead=noise_ahead, l2_prefetch=l2_prefetch, stream_tma=stream_tma, u_ring=u_ring,
+                   winner_stride=winner_stride)
+    # Launch options the caller changed from their defaults: gluon="auto" then leaves the walk to the Triton plan.
+    overrides = sorted(name for name, value in plan_kw.items() if value != PLAN_DEFAULTS[name])
+    if w2_dtype is not None:
+        overrides.append("w2_dtype")
+
+    def plan(ring_reads_u: bool = True, **geometry) -> WalkConfig:
+        # The Triton ring also reads U by TMA; the Gluon walk's ring reads only W2 (ring_reads_u=False).
+        kw = dict(plan_kw, **geometry)
+        stream_ok = w2_scale is None and _tma_ok(w2_rows) and (_tma_ok(base_logits) or not ring_reads_u)
+        kw.update(l2_prefetch=kw["l2_prefetch"] if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
+                  stream_tma=kw["stream_tma"] if stream_ok else 0)
+        return plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, sampled=sampled, **kw)
+
+    cfg = plan()
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
-    if gluon and num_rows > 1:
-        reason = why_not_gluon_rows(
-            cfg, num_rows=num_rows, head=head, sampled=sampled,
-            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
-                    or req_indices is not None or tokens.stride(-1) != 1),
+    if gluon is not False:
+        gluon_case = dict(
+            num_rows=num_rows, head=head, sampled=sampled,
+            extras=draft_to_target is not None or draft_logits is not None or conf_h is not None
+            or tokens.stride(-1) != 1,
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None, form=gluon)
-        if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale):
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
+        form = gluon
+        if gluon == "auto":
+            reason = why_not_gluon_auto(cfg, overrides=overrides, u_aligned=_tma_ok(base_logits), **gluon_case)
+            if reason is None:
+                gluon_cfg, form = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY), GLUON_AUTO_FORM
+                reason = why_not_gluon_b1(gluon_cfg, rs=form == "rs", **gluon_case)
+            if reason is not None:
+                _log_once(f"head_walk(gluon='auto'): the Triton walk: {reason}", logging.INFO)
+        else:
+            gluon_cfg = plan(ring_reads_u=False)
+            reason = why_not_gluon_b1(gluon_cfg, rs=gluon == "rs", **gluon_case)
+            if reason is not None:
+                _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+        if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
+                                               logit_scale, rs=form == "rs"):
             return tokens, draft_logits, confidence
-        if reason is not None:
-            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-    elif gluon:
-        reason = why_not_gluon_b1(
-            cfg, num_rows=num_rows, head=head, sampled=sampled,
-            extras=(draft_to_target is not None or draft_logits is not None or conf_h is not None
-                    or req_indices is not None or tokens.stride(-1) != 1),
-            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None, rs=gluon == "rs",
-            w2_tma=_tma_ok(w2_rows))
-        if reason is None and _launch_gluon_b1(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
-                                               rs=gluon == "rs", guess_rounds=GUESS_ROUNDS[gluon]):
-            return tokens, draft_logits, confidence
-        if reason is not None:
-            _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
         rows_req = req_indices[g] if req_indices is not None else (
@@ -582,11 +591,29 @@ def head_walk(
     return tokens, draft_logits, confidence
 
 
-# head_walk(gluon=...): False, True (= "ss": W2 read from shared memory every step), "rs" (its first 128 rows held in
-# registers as the wgmma A operand), "ss_once" (one early guess of each warp's candidate instead of GUESS_ROUNDS) or
-# "ss_late" (no guess: each warp loads its candidate's W1 row once all its slots have arrived).
-GLUON_FORMS = (False, True, "ss", "rs", "ss_once", "ss_late")
-GUESS_ROUNDS = {True: 3, "ss": 3, "rs": 3, "ss_once": 1, "ss_late": 0}
+# head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
+# walk, resident W2 rows in shared memory) or "rs" (its first resident tile in registers as the wgmma A operand).
+# Session 6's "ss_once" / "ss_late" (one early candidate guess / none) measured slower (session 7, ladder v19, 152k
+# b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2.
+GLUON_FORMS = ("auto", False, True, "ss", "rs")
+# Candidate guesses per step (gluon_b1._next_candidates).
+GUESS_ROUNDS = 3
+# gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
+# Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
+# and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
+# rs 298.3, ss res192 s3 289.4, rs res192 s4 285.2).
+GLUON_AUTO_FORM = "rs"
+GLUON_AUTO_GEOMETRY = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
+# Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program).
+GLUON_AUTO_CHUNK_ROWS = (1152,)
+# U rows that TMA cannot read (150,001 bf16: the Triton walk has no ring there; the Gluon walk loads U by pointer):
+# auto takes the Gluon walk there only after a measured row of that exact form (ladder v21).
+GLUON_AUTO_UNALIGNED_U = False
+# plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
+PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
+                     exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
+                     prefetch=True, l1_prefetch=False, split_keys=None, pair_reduce=True, split_streamed=None,
+                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE)
 
 
 def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
@@ -619,12 +646,13 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
                      capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
-    """None where gluon_b1's kernel walks this case exactly as the Triton walk would, else why not (the log line of
-    the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence, req_indices or
-    a token buffer not contiguous along the steps. w2_tma: W2's rows can be read by TMA (partly streamed shards)."""
+    """None where gluon_b1's streamed walk walks this case exactly as the Triton walk would, else why not (the log
+    line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or a
+    token buffer not contiguous along the steps (req_indices do not change a greedy row's tokens). w2_tma: W2's rows
+    can be read by TMA."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
     if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
-        reason = "only one greedy Markov row without d2t / draft logits / confidence / req_indices"
+        reason = "only one greedy Markov row without d2t / draft logits / confidence has a Gluon walk"
     if reason is not None:
         return reason
     reason = _why_not_gluon_operands(dtypes, rank)
@@ -632,44 +660,32 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return reason
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
-    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
-        return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
-    if cfg.programs > gluon_b1.NUM_WARPS * 32:
-        return (f"{cfg.programs} programs of {cfg.chunk_rows} rows: at most {gluon_b1.NUM_WARPS * 32} programs of "
-                f"{gluon_b1.MAX_SHARD_ROWS} resident rows")
-    if rs and cfg.chunk_rows <= gluon_b1.HALF_ROWS:
-        return f"gluon='rs' needs shards over {gluon_b1.HALF_ROWS} rows (the register half), got {cfg.chunk_rows}"
-    return None
+    if cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows stay on chip: the Gluon walk of resident shards measured no faster "
+                f"(32k b1 45.8 vs 45.1 us, session 7) and was removed (code at eee43d2)")
+    return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
 
 
-def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
-                       dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                       capability: tuple[int, int] | None, form: bool | str = True,
-                       triton_version: str = triton.__version__,
-                       have_gluon: bool = gluon_rows.HAVE_GLUON) -> str | None:
-    """None where gluon_rows' kernel walks these B > 1 rows exactly as the Triton walk would, else why not (the log
-    line of the fallback). Arguments as why_not_gluon_b1; form: the gluon= value (one form here: True / "ss")."""
-    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], u_aligned: bool,
+                       triton_version: str = triton.__version__, **case) -> str | None:
+    """None where head_walk(gluon="auto") takes the Gluon streamed walk (GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY): the
+    case it was measured faster in; else why the Triton walk runs. cfg: the Triton walk's default plan; overrides:
+    the launch options the caller set (any: the Triton walk they name); u_aligned: TMA can read the base logits'
+    rows; case: why_not_gluon_b1's other arguments."""
+    if overrides:
+        return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
+    reason = why_not_gluon_b1(cfg, triton_version=triton_version, **case)
     if reason is not None:
         return reason
-    if form not in (True, "ss"):
-        return f"gluon={form!r} is a batch-1 form; {num_rows} rows walk gluon_rows' one form (True / 'ss')"
-    if not 2 <= num_rows <= gluon_rows.MAX_ROWS:
-        return f"{num_rows} rows: the Gluon rows walk takes 2..{gluon_rows.MAX_ROWS}"
-    if head != "markov" or sampled or extras:
-        return "only greedy Markov rows without d2t / draft logits / confidence / req_indices"
-    reason = _why_not_gluon_operands(dtypes, rank)
-    if reason is not None:
-        return reason
-    if not cfg.multi:
-        return f"plan lockstep={cfg.lockstep} / multi={cfg.multi}: only the persistent walk has a Gluon form"
-    if cfg.chunk_rows > gluon_rows.MAX_SHARD_ROWS:
-        return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk keeps at most {gluon_rows.MAX_SHARD_ROWS} "
-                f"rows a program resident (no streamed form)")
-    _, _, slots, _ = gluon_rows.poll_geometry(cfg.programs, num_rows)
-    if slots > gluon_rows.MAX_SLOTS_PER_THREAD or slots < 2:
-        return (f"{cfg.programs} programs x {num_rows} rows: {slots} slots a thread (the poll is built for 2.."
-                f"{gluon_rows.MAX_SLOTS_PER_THREAD})")
+    version = ".".join(triton_version.split(".")[:2])
+    if version not in gluon_b1.MEASURED_TRITON:
+        return (f"triton {triton_version}: the Gluon walk was measured faster on triton "
+                f"{', '.join(gluon_b1.MEASURED_TRITON)} only (gluon=True asks for it)")
+    if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
+                f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS))} rows a program only (gluon=True asks for it)")
+    if not u_aligned and not GLUON_AUTO_UNALIGNED_U:
+        return "base logits rows not 16-byte aligned: the Gluon walk was not measured faster there"
     return None
 
 
@@ -716,76 +732,24 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | N
 _logged: set = set()
 
 
-def _log_once(message: str) -> None:
+def _log_once(message: str, level: int = logging.WARNING) -> None:
     if message not in _logged:
         _logged.add(message)
-        logger.warning(message)
+        logger.log(level, message)
 
 
 _gluon_failed: dict = {}
 
 
-def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     guess_rounds: int = 3) -> bool:
-    """One launch of gluon_b1's kernel (why_not_gluon_b1 said yes); False (logged, remembered per build) where it does
-    not compile, so the caller walks the Triton kernel."""
+def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool) -> bool:
+    """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
+    across the steps); False (logged, remembered per build) where it does not compile, so the caller walks the
+    Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
-    if cfg.chunk_rows > gluon_b1.MAX_SHARD_ROWS:
-        return _launch_gluon_b1_stream(cfg, u, w1, w2_rows, first, tokens, logit_scale, rs, guess_rounds, wsp)
-    rows = max(gluon_b1.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
-    slots_per_warp = max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.NUM_WARPS)))
-    key = (cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
-    if key in _gluon_failed:
-        return False
-    try:
-        gluon_b1.head_walk_b1_kernel[(cfg.programs,)](
-            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first, tokens,
-            wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
-            R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
-            SLOTS_PER_WARP=slots_per_warp, RS_ROWS=gluon_b1.HALF_ROWS if rs else 0,
-            SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT, GUESS_ROUNDS=guess_rounds,
-            num_warps=gluon_b1.NUM_WARPS)
-    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
-        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log_once(f"head_walk(gluon): the Gluon build failed ({_gluon_failed[key]}); walking the Triton kernel")
-        return False
-    return True
-
-
-def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
-    """One launch of gluon_rows' kernel (why_not_gluon_rows said yes); False (logged, remembered per build) where it
-    does not compile, so the caller walks the Triton kernel."""
-    rank = w1.shape[1]
-    num_rows = u.shape[0]
-    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
-    bn, pp, slots, lanes_b = gluon_rows.poll_geometry(cfg.programs, num_rows)
-    rows = max(gluon_rows.HALF_ROWS, triton.next_power_of_2(cfg.chunk_rows))
-    key = ("rows", cfg, bn, u.dtype, w1.dtype, rank)
-    if key in _gluon_failed:
-        return False
-    try:
-        gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
-            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), first,
-            tokens, tokens.stride(0), wsp["keys"], wsp["gen"], wsp["err"], num_rows, u.shape[1], u.shape[2],
-            float(logit_scale), R=rank, ROWS=rows, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs,
-            KEY_STRIDE=cfg.block_rows, BN=bn, PP=pp, K=slots, LANES_B=lanes_b, SCALED=float(logit_scale) != 1.0,
-            SPIN_LIMIT=SPIN_LIMIT, num_warps=gluon_rows.NUM_WARPS)
-    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
-        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log_once(f"head_walk(gluon): the Gluon rows build failed ({_gluon_failed[key]}); walking the Triton kernel")
-        return False
-    return True
-
-
-def _launch_gluon_b1_stream(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                            guess_rounds: int, wsp: dict) -> bool:
-    """One launch of gluon_b1's streamed walk (partly resident shards, TMA ring kept across the steps); False
-    (logged, remembered per build) where it does not compile."""
-    rank = w1.shape[1]
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
-    key = ("stream", cfg, rs, guess_rounds, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -798,11 +762,11 @@ def _launch_gluon_b1_stream(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logi
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=guess_rounds, num_warps=gluon_b1.STREAM_WARPS)
+            GUESS_ROUNDS=GUESS_ROUNDS, num_warps=gluon_b1.STREAM_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log_once(f"head_walk(gluon): the Gluon build failed (streamed walk: {_gluon_failed[key]}); walking the "
-                  f"Triton kernel")
+        _log_once(f"head_walk(gluon): the Gluon build failed ({'rs' if rs else 'ss'}, {resident} resident rows, "
+                  f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
 
