@@ -57,6 +57,9 @@ ROWS = {
         ("gain_from_routing_correction_c1", "SIMULATED, c1: with / without routing correction, on the device-decided policy (not wired)", ">= 1.0"),
         ("device_cut_speedup_vs_fixed_c1", "SIMULATED, c1: with the opt-in `device_verify_length` (never run on a GPU) / fixed K=15", "(not a goal)"),
     ],
+    "simulate_bounds": [
+        ("lossless_optimum_speedup_vs_fixed_c1", "DERIVED from simulate (same inputs, no new run): the c1 speedup over fixed K=15 of the best lossless length choice, told the true acceptance probabilities; a clairvoyant oracle that knows the accepted count gets `oracle_speedup_vs_fixed_c1` in the table", "(bound; the 1.4 goal needs more)"),
+    ],
 }
 
 
