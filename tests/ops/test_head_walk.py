@@ -830,8 +830,8 @@ def test_gluon_stream_selection(monkeypatch):
 
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
-    Markov row, the 152k shard size (1,152 rows on 132 SMs), U rows TMA can read (GLUON_AUTO_UNALIGNED_U), triton
-    3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows, 3 ring
+    Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
+    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows, 3 ring
     stages). Everything else keeps the Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
 
@@ -842,16 +842,14 @@ def test_gluon_auto_selection(monkeypatch):
     assert inspect.signature(walk.head_walk).parameters["gluon"].default == "auto"
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
-                capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[], u_aligned=True)
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[])
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.GLUON_AUTO_FORM == "rs" and walk._gluon_stream_form(auto_plan) == (256, 14, 3)
-    assert walk.why_not_gluon_b1(auto_plan, rs=True, **{k: v for k, v in base.items()
-                                                         if k not in ("overrides", "u_aligned")}) is None
+    assert walk.why_not_gluon_b1(auto_plan, rs=True, **{k: v for k, v in base.items() if k != "overrides"}) is None
     v150001 = _gpu_plan(monkeypatch, 150001, stream_tma=0)  # head_walk's Triton plan there (U rows unaligned)
-    unaligned = walk.why_not_gluon_auto(v150001, **dict(base, u_aligned=False))
-    assert (unaligned is None) == walk.GLUON_AUTO_UNALIGNED_U
+    assert walk.why_not_gluon_auto(v150001, **base) is None
     rejected = {
         "launch options given": (v152k, dict(base, overrides=["stream_tma"])),
         "triton 3.9 (checked offline, not measured)": (v152k, dict(base, triton_version="3.9.0")),
@@ -965,17 +963,12 @@ GLUON_STREAM_FORMS = {
 def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
-    shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default where
-    gluon="auto" takes it; the Triton walk is tolerated by the naive reference. A fallback to the Triton walk fails
-    the test."""
-    import hybridspec_kernels.head_walk.walk as walk
-
+    shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
+    rs_res256_s3 form); the Triton walk is tolerated by the naive reference. A fallback to the Triton walk fails the
+    test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
-    forms = dict(GLUON_STREAM_FORMS)
-    if vocab == 151936 or walk.GLUON_AUTO_UNALIGNED_U:
-        forms["auto"] = {}
-    _assert_gluon_walks_agree(monkeypatch, p, forms)
+    _assert_gluon_walks_agree(monkeypatch, p, dict(GLUON_STREAM_FORMS, auto={}))
 
 
 @gpu

@@ -436,7 +436,8 @@ def head_walk(
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
         gluon: "auto" (default): gluon_b1's streamed walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, partly streamed shards of the measured size (V = 152k on
-            132 SMs), sm_90, a measured Triton version, no launch option given), in form GLUON_AUTO_FORM with ring
+            132 SMs, U rows aligned or not), sm_90, a measured Triton version, no launch option given), in form
+            GLUON_AUTO_FORM with ring
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers), where why_not_gluon_b1 allows it, else the
@@ -565,7 +566,7 @@ def head_walk(
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form = gluon
         if gluon == "auto":
-            reason = why_not_gluon_auto(cfg, overrides=overrides, u_aligned=_tma_ok(base_logits), **gluon_case)
+            reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
                 gluon_cfg, form = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY), GLUON_AUTO_FORM
                 reason = why_not_gluon_b1(gluon_cfg, rs=form == "rs", **gluon_case)
@@ -601,14 +602,15 @@ GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
 # and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
-# rs 298.3, ss res192 s3 289.4, rs res192 s4 285.2).
+# rs 298.3, ss res192 s3 289.4, rs res192 s4 285.2); ladder v21 (as the default): 276.4 / 281.6 vs 306.0 / 307.0, the
+# same form with a 2-stage ring 292.2.
 GLUON_AUTO_FORM = "rs"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program).
 GLUON_AUTO_CHUNK_ROWS = (1152,)
-# U rows that TMA cannot read (150,001 bf16: the Triton walk has no ring there; the Gluon walk loads U by pointer):
-# auto takes the Gluon walk there only after a measured row of that exact form (ladder v21).
-GLUON_AUTO_UNALIGNED_U = False
+# U rows TMA cannot read (150,001 bf16: no Triton ring there; the Gluon walk loads U by pointer and keeps its W2
+# ring) take it too, measured in that exact form (session 7, ladder v21, same run): 273.1 vs the Triton register path
+# 372.7 us (152k in the same run: default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4).
 # plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
@@ -666,12 +668,11 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
     return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
 
 
-def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], u_aligned: bool,
-                       triton_version: str = triton.__version__, **case) -> str | None:
+def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__, **case) -> str | None:
     """None where head_walk(gluon="auto") takes the Gluon streamed walk (GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY): the
     case it was measured faster in; else why the Triton walk runs. cfg: the Triton walk's default plan; overrides:
-    the launch options the caller set (any: the Triton walk they name); u_aligned: TMA can read the base logits'
-    rows; case: why_not_gluon_b1's other arguments."""
+    the launch options the caller set (any: the Triton walk they name); case: why_not_gluon_b1's other
+    arguments."""
     if overrides:
         return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
     reason = why_not_gluon_b1(cfg, triton_version=triton_version, **case)
@@ -684,8 +685,6 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], u_aligned: bool
     if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
                 f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS))} rows a program only (gluon=True asks for it)")
-    if not u_aligned and not GLUON_AUTO_UNALIGNED_U:
-        return "base logits rows not 16-byte aligned: the Gluon walk was not measured faster there"
     return None
 
 
