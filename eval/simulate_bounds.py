@@ -230,6 +230,7 @@ def run_cells(args, profiles, drafter, concurrency, tasks):
             if c == 1:
                 outcomes[("oracle_rc", "ours")] = oracle_with_routing_correction(cell, "ours")
             outcomes[("fixed_dflash", "gdn_free")] = free.run("fixed_dflash@ours")
+            outcomes[(sim.WIRED[0], "gdn_free")] = free.run(f"{sim.WIRED[0]}@ours")
             outcomes[("oracle_best_count", "gdn_free")] = oracle_outcome(free, "ours", best_count=True)
             if not recorded:
                 outcomes[("lossless_optimum", "gdn_free")] = lossless_optimum_outcome(free, "ours")
@@ -282,6 +283,7 @@ def summarize(tputs, tasks, concurrency, simulate_doc, reproduced):
                                                            BASELINE_FIXED, 1)),
         "gdn_free_kernels_fixed_vs_baseline_c1": r4(ratio("fixed_dflash@gdn_free", BASELINE_FIXED, 1)),
         "oracle_gdn_free_speedup_vs_fixed_c1": r4(ratio("oracle_best_count@gdn_free", BASELINE_FIXED, 1)),
+        "wired_policy_gdn_free_speedup_vs_fixed_c1": r4(ratio(f"{sim.WIRED[0]}@gdn_free", BASELINE_FIXED, 1)),
         # The best LOSSLESS choice, told the true acceptance probabilities (no lossless policy knows more here).
         "lossless_optimum_speedup_vs_fixed_c1": r4(ratio("lossless_optimum@ours", BASELINE_FIXED, 1)),
         "goal_reachable_by_a_lossless_length_policy": ratio("lossless_optimum@ours", BASELINE_FIXED, 1)
