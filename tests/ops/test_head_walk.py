@@ -831,8 +831,8 @@ def test_gluon_stream_selection(monkeypatch):
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
-    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows, 3 ring
-    stages). Everything else keeps the Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
+    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows,
+    3 ring stages). Everything else keeps the Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
 
     import hybridspec_kernels.head_walk.walk as walk
@@ -1003,3 +1003,30 @@ def test_gpu_gluon_auto_graph_replays(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), replay
     assert barrier_errors(DEVICE) == errors
+
+
+@needs_kernels
+def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
+    """vLLM's DSpark walk patch (vllm_hybridspec/head_walk/walk.py, as it calls the kernel for a greedy row) passes
+    head_walk no launch option and no extra that would keep gluon="auto" off the Gluon walk: residency / exchange at
+    their defaults, no gluon argument, req_indices (which a greedy row's tokens do not depend on) allowed."""
+    pytest.importorskip("vllm")
+    import hybridspec_kernels.head_walk.walk as walk
+    from vllm_hybridspec.head_walk import walk as vllm_walk
+
+    seen = {}
+    rule = walk.why_not_gluon_auto
+
+    def spy(cfg, **kw):
+        seen.update(kw)
+        return rule(cfg, **kw)
+
+    monkeypatch.setattr(walk, "why_not_gluon_auto", spy)
+    p = make_problem(1, 3, 300, seed=3)
+    tokens = torch.empty(1, 3, dtype=torch.long)
+    megakernel = vllm_walk._backend(vllm_walk.WalkPlan(backend="megakernel"))
+    megakernel(p.U, p.w1, p.w2, p.x0, positions=None, draft_logits=None, out=tokens, req_indices=torch.tensor([2]),
+               draft_to_target=None, logit_scale=1.0)
+    assert seen["overrides"] == [] and seen["extras"] is False, seen
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    assert torch.equal(tokens, ref)

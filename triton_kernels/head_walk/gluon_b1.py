@@ -178,8 +178,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _cta_max(keys, best_smem, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
         """max(keys) of the whole CTA with one sync: each warp reduces its own rows with shuffles (warp w holds rows
-        [w * M / NW, (w + 1) * M / NW) of the [M] keys, the accumulator's row layout), the NW warp maxima meet in shared memory, and
-        every thread reduces those NW itself (gl.max over the CTA costs two syncs: it broadcasts its result)."""
+        [w * M / NW, (w + 1) * M / NW) of the [M] keys in the accumulator's row layout), the NW warp maxima meet in
+        shared memory, and every thread reduces those NW itself (gl.max over the CTA costs two syncs: it broadcasts
+        its result)."""
         per_warp = gl.max(gl.reshape(keys, [NW, keys.shape[0] // NW]), axis=1)
         best_smem.store(per_warp)
         return gl.max(best_smem.load(KEYS_LAYOUT), axis=0)

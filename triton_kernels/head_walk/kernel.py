@@ -29,8 +29,8 @@ U_BOX_BYTES = 128
 U_BOX_BITS = tl.constexpr(8 * U_BOX_BYTES)
 # vLLM's gumbel.py: draft noise is salted away from the target's.
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
-# One thread's spin on one tagged slot (_spin_tagged; gluon_b1 spins with it too): relaxed loads until the key's
-# tag bits (18-31) equal $2, at most $3 polls (then the int32 flag at $4 is set and the stale key returned).
+# One thread's spin on one tagged slot (_spin_tagged): relaxed loads until the key's tag bits (18-31) equal $2, at
+# most $3 polls (then the int32 flag at $4 is set and the stale key returned).
 SPIN_TAGGED_PTX = tl.constexpr("""{
         .reg .pred %hwp;
         .reg .b64 %hwt;
@@ -50,7 +50,7 @@ SPIN_TAGGED_PTX = tl.constexpr("""{
         st.relaxed.gpu.global.b32 [$4], %hwg;
         HW_DONE:
         }""")
-# SPIN_TAGGED_PTX for a slot read once already ($5, the first read: _wait_tagged).
+# SPIN_TAGGED_PTX for a slot read once already ($5, the first read: _wait_tagged; gluon_b1 spins with it too).
 WAIT_TAGGED_PTX = tl.constexpr("""{
         .reg .pred %hwp;
         .reg .b64 %hwt;

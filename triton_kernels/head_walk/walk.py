@@ -606,11 +606,11 @@ GUESS_ROUNDS = 3
 # same form with a 2-stage ring 292.2.
 GLUON_AUTO_FORM = "rs"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
-# Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program).
+# Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
+# TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
+# exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
+# default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4).
 GLUON_AUTO_CHUNK_ROWS = (1152,)
-# U rows TMA cannot read (150,001 bf16: no Triton ring there; the Gluon walk loads U by pointer and keeps its W2
-# ring) take it too, measured in that exact form (session 7, ladder v21, same run): 273.1 vs the Triton register path
-# 372.7 us (152k in the same run: default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4).
 # plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
@@ -668,7 +668,8 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
     return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
 
 
-def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__, **case) -> str | None:
+def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__,
+                       **case) -> str | None:
     """None where head_walk(gluon="auto") takes the Gluon streamed walk (GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY): the
     case it was measured faster in; else why the Triton walk runs. cfg: the Triton walk's default plan; overrides:
     the launch options the caller set (any: the Triton walk they name); case: why_not_gluon_b1's other
