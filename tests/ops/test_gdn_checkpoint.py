@@ -14,6 +14,8 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported (see test_gdn_verify.py)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED or not ON_GPU else "cuda"
+if DEVICE == "cuda":
+    torch.set_num_threads(1)  # as test_gdn_verify.py: one host thread per xdist worker
 
 import pytest  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -56,13 +58,9 @@ def make_layer(lens, num_slots, num_k_heads=2, num_v_heads=4, head_k_dim=16, hea
 
 
 def rel_err(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
+    x, ref = x.double(), ref.to(x.device, torch.float64)
     assert not torch.isnan(x).any(), "NaN in output"
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def as_cpu(p):
-    return {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
 
 
 def verified_layers(lens, slots, num_layers, max_len, **shape):
@@ -84,10 +82,13 @@ def verified_layers(lens, slots, num_layers, max_len, **shape):
 
 
 def reference(p, before, slots, cu, counts, ckpt_slots=None, ckpt_lens=None, parts="all"):
-    ref = {**as_cpu(p), "ssm_state": before[0].cpu().double(), "conv_state": before[1].cpu().double()}
+    """The float64 replay from the states `before`, on DEVICE (on the GPU its small float64 ops stay off the host's
+    cores, which the other xdist workers share); the index tensors it reads one element at a time on the host."""
+    ref = {**p, "ssm_state": before[0].to(torch.float64, copy=True),
+           "conv_state": before[1].to(torch.float64, copy=True)}
     naive_gdn_reconstruct(**ref, state_indices=slots.cpu(), cu_seqlens=cu.cpu(), num_accepted=counts.cpu(),
                           checkpoint_indices=None if ckpt_slots is None else ckpt_slots.cpu(),
-                          checkpoint_lens=None if ckpt_lens is None else ckpt_lens.cpu(), parts=parts)
+                          checkpoint_lens=None if ckpt_lens is None else ckpt_lens.cpu(), parts=parts, device=DEVICE)
     return ref["ssm_state"], ref["conv_state"]
 
 
@@ -122,7 +123,7 @@ def test_every_checkpoint_position_over_layers(length, outer_loop):
         assert rel_err(p["ssm_state"], ref_ssm) < 1e-5
         assert rel_err(p["conv_state"], ref_conv) < 1e-7
         # slots that no row wrote (checkpoints of rows with c = 0 or n = 0) kept their contents
-        written = (ref_ssm - state[0].cpu().double()).flatten(1).abs().amax(1) > 0
+        written = (ref_ssm - state[0].double()).flatten(1).abs().amax(1) > 0
         untouched = (~written).nonzero().flatten()
         assert torch.equal(p["ssm_state"][untouched.to(DEVICE)], state[0][untouched.to(DEVICE)])
 

@@ -5,6 +5,7 @@ Without CUDA the kernels are imported under the Triton interpreter (fp32 / fp16)
 Qwen3-Next GDN shape in bf16.
 """
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -19,6 +20,10 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED or not ON_GPU else "cuda"
+if DEVICE == "cuda":
+    # the GPU tests run as ~14 pytest-xdist workers on the device's 16 cores: a torch thread pool per core in each
+    # worker would oversubscribe them in the host-side work left (inputs are drawn on the host, then copied)
+    torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -84,13 +89,19 @@ def workspace_for(p, num_layers=1, max_len=None):
 
 
 def rel_err(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
+    x, ref = x.double(), ref.to(x.device, torch.float64)
     assert not torch.isnan(x).any(), "NaN in output"
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def cpu(p):
-    return {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in p.items()}
+def float64_states(p, ssm_state=None, conv_state=None):
+    """p with float64 copies of its states, or of ssm_state / conv_state (the states before the kernels ran): what
+    naive_gdn_reconstruct advances in place. Tensors stay where they are; the naive runs on DEVICE (device=DEVICE:
+    on the GPU its thousands of small float64 ops do not compete for the host's cores with the other xdist workers)."""
+    ssm_state = p["ssm_state"] if ssm_state is None else ssm_state
+    conv_state = p["conv_state"] if conv_state is None else conv_state
+    return {**p, "ssm_state": ssm_state.to(torch.float64, copy=True),
+            "conv_state": conv_state.to(torch.float64, copy=True)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,6 +158,27 @@ def test_naive_matches_independent_loop():
     assert rel_err(conv, ref_conv) < 1e-12
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+def test_gpu_naive_on_the_gpu_matches_the_naive_on_the_cpu():
+    """The GPU tests run the float64 reference on the GPU (device=DEVICE): the same recurrence as on the CPU up to
+    float64 rounding, conv windows exactly; odd sizes, an empty and a null request, checkpoints."""
+    lens = [3, 1, 6, 0, 5]
+    p = make_problem(lens, num_k_heads=3, num_v_heads=6, head_k_dim=24, head_v_dim=40, width=3, seed=11,
+                     null_requests=(1,), device="cuda")
+    assert rel_err(naive_gdn_verify(**p, device="cuda"), naive_gdn_verify(**p)) < 1e-12
+    num_accepted = torch.tensor([2, 1, 6, 0, 4], dtype=torch.int32)
+    free = [s for s in range(1, p["ssm_state"].shape[0]) if s not in p["state_indices"].tolist()]
+    checkpoints = dict(checkpoint_indices=torch.tensor([free[0], 0, free[1], 0, 0]),
+                       checkpoint_lens=torch.tensor([1, 1, 3, 0, 2]))
+    on_gpu, on_cpu = float64_states(p), float64_states(p)
+    for ref, device in ((on_gpu, "cuda"), (on_cpu, "cpu")):
+        naive_gdn_reconstruct(**ref, num_accepted=num_accepted, device=device, **checkpoints)
+    assert rel_err(on_gpu["ssm_state"], on_cpu["ssm_state"]) < 1e-12
+    assert torch.equal(on_gpu["conv_state"], on_cpu["conv_state"])
+    assert not torch.equal(on_gpu["ssm_state"][free[1]], p["ssm_state"][free[1]].double())  # a checkpoint written
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The fast kernels against the reference
 
@@ -182,7 +214,7 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     out = torch.full((sum(lens), p["ssm_state"].shape[1], p["ssm_state"].shape[2]), float("nan"), dtype=dtype,
                      device=DEVICE)
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
-    ref = naive_gdn_verify(**cpu(p))
+    ref = naive_gdn_verify(**p, device=DEVICE)
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert rel_err(out, ref) < tol
     assert torch.equal(p["conv_state"], conv_before) and torch.equal(p["ssm_state"], ssm_before), "verify wrote state"
@@ -191,9 +223,8 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     num_accepted = torch.tensor([int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens], dtype=torch.int32)
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], p["conv_weight"].shape[1])
     gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
-    ref_p = cpu(p)
-    ref_p["ssm_state"], ref_p["conv_state"] = ssm_before.cpu().double(), conv_before.cpu().double()
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    ref_p = float64_states(p, ssm_before, conv_before)
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
     state_tol = 1e-5 if state_dtype == torch.float32 else 3e-3
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < state_tol
     assert rel_err(p["conv_state"], ref_p["conv_state"]) < (1e-7 if dtype == torch.float32 else 1e-3)
@@ -220,8 +251,8 @@ def test_every_accept_position_over_layers(length, config):
     table = GDNStateTable([p["ssm_state"] for p in layers], [p["conv_state"] for p in layers], 4)
     gdn_reconstruct(table, ws, shared["state_indices"], num_accepted.to(DEVICE), shared["cu_seqlens"])
     for p, (ssm0, conv0) in zip(layers, before):
-        ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-        naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+        ref_p = float64_states(p, ssm0, conv0)
+        naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
         assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-5
         assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
 
@@ -278,13 +309,13 @@ def test_launch_configs_match_naive(config, outer_loop):
     ws = workspace_for(p)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=config)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert rel_err(out, naive_gdn_verify(**p, device=DEVICE)) < 1e-5
     num_accepted = torch.tensor([7, 2, 14], dtype=torch.int32)
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
     gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"], block_v=16,
                     outer_loop=outer_loop)
-    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    ref_p = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 1e-5
     assert rel_err(p["conv_state"], ref_p["conv_state"]) < 1e-7
 
@@ -306,15 +337,15 @@ def test_16bit_state_products_match_naive(config):
     out = torch.full((sum(lens), 4, 32), float("nan"), device=DEVICE)
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
     live = torch.cat([torch.arange(0, 11), torch.arange(12, 33)])
-    ref = naive_gdn_verify(**cpu(p))
+    ref = naive_gdn_verify(**p, device=DEVICE)
     assert rel_err(out[live], ref[live]) < 3e-3
     assert torch.equal(out[11:12], torch.zeros_like(out[11:12]))
     num_accepted = torch.tensor([11, 1, 7, 2], dtype=torch.int32)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     gdn_reconstruct(GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4), ws, p["state_indices"],
                     num_accepted.to(DEVICE), p["cu_seqlens"], block_v=16)
-    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    ref_p = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
     assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < 3e-3
 
 
@@ -372,12 +403,12 @@ def run_two_folded_steps(p1, lens2, order, counts1, counts2, config, seed):
 
 def sequential_reference(p1, p2, counts1, counts2, ssm0, conv0):
     """Float64, token by token: verify 1, commit counts1 tokens, verify 2, commit counts2 tokens."""
-    ref1, ref2 = {**cpu(p1), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}, cpu(p2)
-    out1 = naive_gdn_verify(**ref1)
-    naive_gdn_reconstruct(**ref1, num_accepted=counts1.cpu())
-    ref2.update(ssm_state=ref1["ssm_state"], conv_state=ref1["conv_state"])
-    out2 = naive_gdn_verify(**ref2)
-    naive_gdn_reconstruct(**ref2, num_accepted=counts2.cpu())
+    ref1 = float64_states(p1, ssm0, conv0)
+    out1 = naive_gdn_verify(**ref1, device=DEVICE)
+    naive_gdn_reconstruct(**ref1, num_accepted=counts1, device=DEVICE)
+    ref2 = {**p2, "ssm_state": ref1["ssm_state"], "conv_state": ref1["conv_state"]}
+    out2 = naive_gdn_verify(**ref2, device=DEVICE)
+    naive_gdn_reconstruct(**ref2, num_accepted=counts2, device=DEVICE)
     return out1, out2, ref2["ssm_state"], ref2["conv_state"]
 
 
@@ -449,14 +480,13 @@ def test_reconstruct_block_sizes_match_naive(block_v, num_warps):
     refs = []
     for layer, lp in enumerate(layers):
         gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=max(lens))
-        refs.append({**cpu(lp), "ssm_state": lp["ssm_state"].cpu().double(),
-                     "conv_state": lp["conv_state"].cpu().double()})
+        refs.append(float64_states(lp))
     num_accepted = torch.tensor([3, 11, 1, 7], dtype=torch.int32)
     table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], 4)
     gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"], block_v=block_v,
                     num_warps=num_warps)
     for lp, ref in zip(layers, refs):
-        naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+        naive_gdn_reconstruct(**ref, num_accepted=num_accepted, device=DEVICE)
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-5
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
 
@@ -476,8 +506,8 @@ def reconstruct_unaligned_vs_aligned(device, shape, lens, num_accepted, block_v,
     p = make_problem(lens, device=device, seed=23, null_requests=(1,), **shape)
     ws = workspace_for(p, max_len=16)
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens))
-    ref_p = {**cpu(p), "ssm_state": p["ssm_state"].cpu().double(), "conv_state": p["conv_state"].cpu().double()}
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    ref_p = float64_states(p)
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
     for aligned in (True, False):
         ssm = p["ssm_state"].clone() if aligned else unaligned_copy(p["ssm_state"])
         conv = p["conv_state"].clone() if aligned else unaligned_copy(p["conv_state"])
@@ -542,8 +572,9 @@ def test_reconstruct_short_every_accept_position(max_len, block_v, num_warps, st
     slot_null = int(shared["state_indices"][null[0]])
     assert slot_null == 0
     for lp, (ssm0, conv0) in zip(layers, before):
-        ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-        naive_gdn_reconstruct(**ref, num_accepted=torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32)))
+        ref = float64_states(lp, ssm0, conv0)
+        clamped = torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32))
+        naive_gdn_reconstruct(**ref, num_accepted=clamped, device=DEVICE)
         tol = 1e-5 if state_dtype == torch.float32 else 2e-3
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < tol
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
@@ -567,13 +598,13 @@ def test_short_reconstruction_every_accept_position_over_layers():
     config = VerifyConfig(block_v=16, hoist=True, weight_tiles=True, early_stores=True)
     for layer, lp in enumerate(layers):
         out = gdn_verify(**lp, workspace=ws.layer(layer), max_seqlen=4, config=config)
-        assert rel_err(out, naive_gdn_verify(**cpu(lp))) < 1e-5
+        assert rel_err(out, naive_gdn_verify(**lp, device=DEVICE)) < 1e-5
     num_accepted = torch.tensor([0, 1, 2, 3, 4, 3, 2], dtype=torch.int32)
     table = GDNStateTable([lp["ssm_state"] for lp in layers], [lp["conv_state"] for lp in layers], 4)
     gdn_reconstruct_short(table, ws, layers[0]["state_indices"], num_accepted.to(DEVICE), layers[0]["cu_seqlens"])
     for lp, (ssm0, conv0) in zip(layers, before):
-        ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-        naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+        ref = float64_states(lp, ssm0, conv0)
+        naive_gdn_reconstruct(**ref, num_accepted=num_accepted, device=DEVICE)
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-5
         assert rel_err(lp["conv_state"], ref["conv_state"]) < 1e-7
 
@@ -626,8 +657,8 @@ def test_reconstruct_short_claims_only_tuned_calls(tmp_path, monkeypatch):
             calls.clear()
             gdn_reconstruct(table, ws, p["state_indices"], num_accepted.to(DEVICE), p["cu_seqlens"])
             assert calls == ([dict(block_v=16, num_warps=4, early=True)] if claimed else []), (max_len, batch)
-            ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-            naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+            ref = float64_states(p, ssm0, conv0)
+            naive_gdn_reconstruct(**ref, num_accepted=num_accepted, device=DEVICE)
             assert rel_err(p["ssm_state"], ref["ssm_state"]) < 1e-5
             assert rel_err(p["conv_state"], ref["conv_state"]) < 1e-7
     finally:
@@ -664,13 +695,13 @@ def test_reconstruct_parts_compose_to_all():
     assert torch.equal(p["ssm_state"], ssm_all) and torch.equal(p["conv_state"], conv_all)
     skipped = [int(p["state_indices"][1])]
     assert torch.equal(ssm_all[skipped], ssm0[skipped]) and torch.equal(conv_all[skipped], conv0[skipped])
-    ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref, num_accepted=counts.cpu())
+    ref = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ref, num_accepted=counts, device=DEVICE)
     assert rel_err(ssm_all, ref["ssm_state"]) < 1e-5 and rel_err(conv_all, ref["conv_state"]) < 1e-7
-    ssm_only = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ssm_only, num_accepted=counts.cpu(), parts="ssm")
+    ssm_only = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ssm_only, num_accepted=counts, parts="ssm", device=DEVICE)
     assert torch.equal(ssm_only["ssm_state"], ref["ssm_state"]) and torch.equal(ssm_only["conv_state"],
-                                                                                 conv0.cpu().double())
+                                                                                 conv0.double())
 
 
 def test_fold_rejects_bad_input(small):
@@ -852,7 +883,7 @@ def test_stacked_rejects_an_explicit_fold_and_default_falls_back(small, monkeypa
         gdn_verify(**p, workspace=ws.layer(0), config=stacked, fold=fold, workspace_rows=rows)
     monkeypatch.setattr(verify_mod, "default_verify_config", lambda *a, **k: stacked)
     out = gdn_verify(**p, workspace=ws.layer(0), fold=fold, workspace_rows=rows)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert rel_err(out, naive_gdn_verify(**p, device=DEVICE)) < 1e-5
 
 
 @needs_kernels
@@ -875,7 +906,7 @@ def test_tma_loads_fall_back_to_pointers_where_tma_cannot_address(pad, caplog):
     config = VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)
     with caplog.at_level("WARNING"):
         out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-5
+    assert rel_err(out, naive_gdn_verify(**p, device=DEVICE)) < 1e-5
     assert ("through pointers instead" in caplog.text) == (pad == 1)
 
 
@@ -1033,12 +1064,50 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
 
 
+REAL_SHAPE_LENS = (17, 4, 1, 16, 9)
+REAL_SHAPE_ACCEPTED = (9, 4, 1, 0, 5)
+
+
+def real_shape_problem(state_dtype, device=DEVICE):
+    """The Qwen3-Next-shaped problem of _check_real_shape (bf16 inputs, L 1..17, a null slot); seeded: every call
+    builds the same values."""
+    return make_problem(list(REAL_SHAPE_LENS), num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                        dtype=torch.bfloat16, state_dtype=state_dtype, bias=False, device=device, null_requests=(2,))
+
+
+@functools.cache
+def real_shape_reference(state_dtype, device=DEVICE):
+    """Float64 reference of real_shape_problem: outputs [T, HV, V] and the ssm / conv states after REAL_SHAPE_ACCEPTED
+    tokens. The same for every config of a state dtype, so one xdist worker computes it once for its share of the
+    ~30 real-shape tests instead of once per test."""
+    p = real_shape_problem(state_dtype, device)
+    out = naive_gdn_verify(**p, device=device)
+    ref = float64_states(p)
+    naive_gdn_reconstruct(**ref, num_accepted=torch.tensor(REAL_SHAPE_ACCEPTED, dtype=torch.int32), device=device)
+    return out, ref["ssm_state"], ref["conv_state"]
+
+
+def test_real_shape_reference_is_the_naive_of_the_real_shape_problem():
+    """What the cache serves: the problem is rebuilt bit for bit, and its cached reference is the naive's outputs and
+    accepted states of that problem, computed once."""
+    p = real_shape_problem(torch.float32, "cpu")
+    again = real_shape_problem(torch.float32, "cpu")
+    assert all(torch.equal(p[k], again[k]) for k in p if torch.is_tensor(p[k]))
+    ref_out, ref_ssm, ref_conv = real_shape_reference(torch.float32, "cpu")
+    assert real_shape_reference(torch.float32, "cpu")[0] is ref_out
+    assert torch.equal(ref_out, naive_gdn_verify(**p))
+    ref = float64_states(p)
+    naive_gdn_reconstruct(**ref, num_accepted=torch.tensor(REAL_SHAPE_ACCEPTED))
+    assert torch.equal(ref_ssm, ref["ssm_state"]) and torch.equal(ref_conv, ref["conv_state"])
+    assert not torch.equal(ref_ssm, p["ssm_state"].double())  # the accepted tokens moved the states
+
+
 def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0):
-    """Verify + reconstruct at the Qwen3-Next shape (bf16 inputs, L 1..17, a null slot) vs the float64 reference;
-    slot_padding > 0: the ssm states are a view whose slots are that many elements (NaN) apart beyond their size."""
-    lens = [17, 4, 1, 16, 9]
-    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
-                     state_dtype=state_dtype, bias=False, device="cuda", null_requests=(2,))
+    """Verify + reconstruct at the Qwen3-Next shape (real_shape_problem) vs the float64 reference (computed once per
+    state dtype: real_shape_reference); slot_padding > 0: the ssm states are a view whose slots are that many elements
+    (NaN) apart beyond their size."""
+    lens = list(REAL_SHAPE_LENS)
+    p = real_shape_problem(state_dtype, "cuda")
     if slot_padding:
         slots, per_slot = p["ssm_state"].shape[0], p["ssm_state"][0].numel()
         padded = torch.full((slots, per_slot + slot_padding), float("nan"), dtype=state_dtype, device="cuda")
@@ -1046,17 +1115,15 @@ def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0):
         p["ssm_state"] = padded.as_strided(p["ssm_state"].shape,
                                            (per_slot + slot_padding, *p["ssm_state"].stride()[1:]))
     ws = workspace_for(p, max_len=32)
-    ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=config)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
-    num_accepted = torch.tensor([9, 4, 1, 0, 5], dtype=torch.int32)
+    ref_out, ref_ssm, ref_conv = real_shape_reference(state_dtype, "cuda")
+    assert rel_err(out, ref_out) < 1e-2
+    num_accepted = torch.tensor(REAL_SHAPE_ACCEPTED, dtype=torch.int32, device="cuda")
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
-    gdn_reconstruct(table, ws, p["state_indices"], num_accepted.cuda(), p["cu_seqlens"], outer_loop=outer_loop)
-    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
-    assert rel_err(p["ssm_state"], ref_p["ssm_state"]) < (1e-3 if state_dtype == torch.float32 else 1e-2)
-    assert rel_err(p["conv_state"], ref_p["conv_state"]) == 0
+    gdn_reconstruct(table, ws, p["state_indices"], num_accepted, p["cu_seqlens"], outer_loop=outer_loop)
+    assert rel_err(p["ssm_state"], ref_ssm) < (1e-3 if state_dtype == torch.float32 else 1e-2)
+    assert rel_err(p["conv_state"], ref_conv) == 0
 
 
 @pytest.mark.gpu
@@ -1117,10 +1184,10 @@ def test_gpu_short_forms_real_shape_bf16(state_dtype):
     out = torch.full((sum(lens), 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
     config = VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=8, early_stores=True)
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=4, out=out, config=config)
-    assert rel_err(out, naive_gdn_verify(**cpu(p))) < 1e-2
+    assert rel_err(out, naive_gdn_verify(**p, device=DEVICE)) < 1e-2
     num_accepted = torch.tensor([4, 1, 2, 0, 2, 3], dtype=torch.int32)
-    ref_p = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted)
+    ref_p = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ref_p, num_accepted=num_accepted, device=DEVICE)
     # the bf16-state sweep's short launches (MODE=bf16recon) beside the earlier picks
     for block_v, num_warps, early in ((16, 2, False), (32, 4, True), (64, 8, True), (128, 8, False), (32, 2, False),
                                       (32, 4, False), (64, 4, False)):
@@ -1169,8 +1236,8 @@ def test_gpu_reconstruct_launches_bf16_state(block_v, num_warps, rank1):
            num_warps=num_warps)
     clamped = torch.minimum(num_accepted, torch.tensor(lens, dtype=torch.int32))
     for lp, (ssm0, conv0) in zip(layers, before):
-        ref = {**cpu(lp), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-        naive_gdn_reconstruct(**ref, num_accepted=clamped)
+        ref = float64_states(lp, ssm0, conv0)
+        naive_gdn_reconstruct(**ref, num_accepted=clamped, device=DEVICE)
         assert rel_err(lp["ssm_state"], ref["ssm_state"]) < 1e-2
         assert rel_err(lp["conv_state"], ref["conv_state"]) == 0
         slot = int(lp["state_indices"][4])  # accepted 0: bit for bit the old state
@@ -1352,8 +1419,8 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
     ws = workspace_for(p, max_len=length)
     ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
     gdn_verify(**p, workspace=ws.layer(0), max_seqlen=length)
-    ref = {**cpu(p), "ssm_state": ssm0.cpu().double(), "conv_state": conv0.cpu().double()}
-    naive_gdn_reconstruct(**ref, num_accepted=num_accepted)
+    ref = float64_states(p, ssm0, conv0)
+    naive_gdn_reconstruct(**ref, num_accepted=num_accepted, device=DEVICE)
     expected = ref["conv_state"].to(conv0.dtype).cuda()
     table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
     launch = gdn_reconstruct_short if short else gdn_reconstruct

@@ -1,7 +1,9 @@
 """Sequential reference for GDN verification and accepted-state reconstruction.
 
 Written straight from Qwen3-Next's gated delta rule, one token at a time, in float64 by default. It calls
-none of the fast kernels. Shapes and argument meanings are those of `gdn_verify` / `gdn_reconstruct`.
+none of the fast kernels. Shapes and argument meanings are those of `gdn_verify` / `gdn_reconstruct`. The recurrence
+runs on the CPU unless `device` names another (the same torch ops; e.g. the GPU tests' float64 reference on the GPU,
+where pytest-xdist workers would otherwise share the host's cores for thousands of small float64 ops).
 
 Per request (slot s, tokens x_0..x_{L-1}) and value head h (k-head h // (HV // H)):
     window        = conv_state[s, :W-1]                        (oldest first)
@@ -22,6 +24,10 @@ def _head_counts(mixed_qkv, ssm_state):
     num_v_heads, head_v_dim, head_k_dim = ssm_state.shape[1:]
     num_k_heads = (mixed_qkv.shape[1] - num_v_heads * head_v_dim) // (2 * head_k_dim)
     return num_k_heads, num_v_heads, head_k_dim, head_v_dim
+
+
+def _on(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
 
 
 def _walk_request(x, a, b, conv_weight, conv_bias, A_log, dt_bias, window, state, num_k_heads, scale, dtype):
@@ -49,7 +55,7 @@ def _walk_request(x, a, b, conv_weight, conv_bias, A_log, dt_bias, window, state
         softplus = torch.where(gate_in <= SOFTPLUS_THRESHOLD, torch.log1p(torch.exp(gate_in)), gate_in)
         g = -torch.exp(A_log.to(dtype)) * softplus
         beta = torch.sigmoid(b[t].to(dtype))
-        out = torch.empty(num_v_heads, head_v_dim, dtype=dtype)
+        out = torch.empty(num_v_heads, head_v_dim, dtype=dtype, device=state.device)
         for h in range(num_v_heads):
             kh, qh = k[h // heads_per_k_head], q[h // heads_per_k_head]
             decayed = torch.exp(g[h]) * state[h]
@@ -60,24 +66,23 @@ def _walk_request(x, a, b, conv_weight, conv_bias, A_log, dt_bias, window, state
 
 def naive_gdn_verify(
     mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
-    scale=None, dtype=torch.float64,
+    scale=None, dtype=torch.float64, device="cpu",
 ):
-    """Every token's core attention output [T, HV, V] (in `dtype`); states are left untouched.
+    """Every token's core attention output [T, HV, V] (in `dtype`, on `device`); states are left untouched.
 
     A request whose slot is 0 (vLLM's null block) gets zero outputs.
     """
     num_k_heads, num_v_heads, head_k_dim, head_v_dim = _head_counts(mixed_qkv, ssm_state)
     scale = head_k_dim**-0.5 if scale is None else scale
     width = conv_weight.shape[-1]
-    out = torch.zeros(mixed_qkv.shape[0], num_v_heads, head_v_dim, dtype=dtype)
+    out = torch.zeros(mixed_qkv.shape[0], num_v_heads, head_v_dim, dtype=dtype, device=device)
     for i in range(state_indices.shape[0]):
         bos, eos, slot = int(cu_seqlens[i]), int(cu_seqlens[i + 1]), int(state_indices[i])
         if slot <= 0:
             continue
         steps = _walk_request(
-            mixed_qkv[bos:eos].cpu(), a[bos:eos].cpu(), b[bos:eos].cpu(), conv_weight.cpu(),
-            None if conv_bias is None else conv_bias.cpu(), A_log.cpu(), dt_bias.cpu(),
-            conv_state[slot, : width - 1].cpu(), ssm_state[slot].cpu(), num_k_heads, scale, dtype,
+            *_on(device, mixed_qkv[bos:eos], a[bos:eos], b[bos:eos], conv_weight, conv_bias, A_log, dt_bias,
+                 conv_state[slot, : width - 1], ssm_state[slot]), num_k_heads, scale, dtype,
         )
         for t, (o_t, _, _) in enumerate(steps):
             out[bos + t] = o_t
@@ -87,15 +92,17 @@ def naive_gdn_verify(
 def naive_gdn_reconstruct(
     mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
     num_accepted, scale=None, dtype=torch.float64, parts="all", checkpoint_indices=None, checkpoint_lens=None,
+    device="cpu",
 ):
     """Advances conv_state and ssm_state of each request by its first num_accepted[i] tokens, in place.
 
     num_accepted[i] in 0..L_i (0 leaves the request's states as they are); slot 0 requests are skipped.
     checkpoint_indices / checkpoint_lens (both or neither): a request that commits also stores the states after its
     first min(checkpoint_lens[i], n_i) tokens into slot checkpoint_indices[i], unless that slot is <= 0 or its own.
-    The states are stored back in their own dtype. parts "conv" / "ssm" store only that state; the replay always
-    starts from the conv window passed in, i.e. the window at the start of the step being committed (for the
-    fold: replay parts="ssm" before that window is advanced, or replay "all" on copies).
+    The replay runs on `device`; the states are stored back in their own dtype and device. parts "conv" / "ssm"
+    store only that state; the replay always starts from the conv window passed in, i.e. the window at the start of
+    the step being committed (for the fold: replay parts="ssm" before that window is advanced, or replay "all" on
+    copies).
 
     The fold of `gdn_verify(fold=GDNFold(...))` is, per request, this function with parts="ssm" over the previous
     step's inputs and counts, followed by `naive_gdn_verify` of the current step.
@@ -116,9 +123,8 @@ def naive_gdn_reconstruct(
         c_slot = 0 if checkpoint_indices is None else int(checkpoint_indices[i])
         c = 0 if checkpoint_lens is None else min(int(checkpoint_lens[i]), n)
         steps = _walk_request(
-            mixed_qkv[bos : bos + n].cpu(), a[bos : bos + n].cpu(), b[bos : bos + n].cpu(), conv_weight.cpu(),
-            None if conv_bias is None else conv_bias.cpu(), A_log.cpu(), dt_bias.cpu(),
-            conv_state[slot, : width - 1].cpu(), ssm_state[slot].cpu(), num_k_heads, scale, dtype,
+            *_on(device, mixed_qkv[bos : bos + n], a[bos : bos + n], b[bos : bos + n], conv_weight, conv_bias, A_log,
+                 dt_bias, conv_state[slot, : width - 1], ssm_state[slot]), num_k_heads, scale, dtype,
         )
         for t, (_, state, window) in enumerate(steps):
             if t + 1 == c and c_slot > 0 and c_slot != slot:
