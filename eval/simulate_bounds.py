@@ -22,6 +22,9 @@ policy can know more; see lossless_optimum_outcome). Beside them, simulate's own
 Kernel / policy split (as eval/notes/simulate.md): speedup over fixed K = 15 on vLLM's kernels = [policy on our
 kernels / fixed K = 15 on our kernels] x [fixed K = 15 on ours / on vLLM's]. `gdn_free` kernels: our profile with
 every GDN layer's time removed (eval/verify_profile_bounds.py's idealisation), for the kernel part's own ceiling.
+`gdn_verify_free` kernels: our profile less only the plugin's own GDN kernels (gdn_verify + reconstruction, as
+measured per layer in eval/results/gdn_verify.json, times the model's GDN layers); the projections, norms and
+gating GEMMs around them are the target's vLLM layers and stay: the most any better GDN kernel of ours could give.
 
     PYTHONSAFEPATH=1 .venv/bin/python eval/simulate_bounds.py
 writes eval/results/simulate_bounds.{json,md}.
@@ -46,6 +49,7 @@ import torch  # noqa: E402
 
 import simulate as sim  # noqa: E402
 from _results import _markdown, write_results  # noqa: E402
+from verify_model.shapes import SHAPES  # noqa: E402
 
 BENCH = "simulate_bounds"
 GOAL_SPEEDUP_VS_FIXED_C1 = 1.4
@@ -171,6 +175,50 @@ def without_gdn(profile):
                                unique_experts=None)
 
 
+def gdn_kernel_us_per_layer(gdn_verify_doc: dict, batch: int, length: float) -> float:
+    """Our GDN verify + reconstruction time of ONE layer (us) at `batch` requests x `length` tokens each.
+
+    Per measured (L, B) row the larger of the combined launch pair (`ours_us_all`) and the sum of its separately
+    timed verify and reconstruction, so the saving stays an upper bound. Linear in L between measured lengths;
+    below the first measured L its time (the kernels get no cheaper with fewer tokens in the data, so this
+    overstates the saving: still a bound); above the last, linear extrapolation from the last two. The batch
+    must be one that gdn_verify.json measured.
+    """
+    by_len = sorted((r["L"], max(r["ours_us_all"], r["ours_verify_us"] + r["ours_reconstruct_us"]))
+                    for r in gdn_verify_doc["rows"] if r["B"] == batch)
+    if not by_len:
+        raise SystemExit(f"gdn_verify.json has no rows at batch {batch}")
+    if len(by_len) == 1 or length <= by_len[0][0]:
+        return float(by_len[0][1])
+    upper = next((i for i, (measured, _) in enumerate(by_len) if measured >= length), len(by_len) - 1)
+    (l0, t0), (l1, t1) = by_len[upper - 1], by_len[upper]
+    return float(t0 + (t1 - t0) * (length - l0) / (l1 - l0))
+
+
+def gdn_layer_count(profile) -> int:
+    """GDN layers of the profiled target: its shape's layer pattern over the profile's full layer count."""
+    shape = SHAPES[profile.model]
+    return shape.with_layers(int(profile.meta.get("layers_full", shape.num_layers))).layer_types.count("gdn")
+
+
+def without_gdn_kernels(profile, gdn_verify_doc: dict):
+    """`profile` less our GDN verify + reconstruction kernels' time in every GDN layer (the rest of the layers,
+    projections, norms and gates included, stays)."""
+    shape, bench_shape = SHAPES[profile.model], gdn_verify_doc["gdn_shape"]
+    if (bench_shape["num_k_heads"], bench_shape["num_v_heads"], bench_shape["head_k_dim"], bench_shape["head_v_dim"]) \
+            != (shape.gdn_k_heads, shape.gdn_v_heads, shape.gdn_head_dim, shape.gdn_head_dim):
+        raise SystemExit(f"gdn_verify.json's GDN shape {bench_shape} is not {profile.model}'s")
+    layers = gdn_layer_count(profile)
+    removed = [[layers * gdn_kernel_us_per_layer(gdn_verify_doc, b, length) for length in profile.lengths]
+               for b in profile.batch_sizes]
+    gdn = profile.per_layer_type["gdn"]
+    if any(r > g for r_row, g_row in zip(removed, gdn) for r, g in zip(r_row, g_row)):
+        raise SystemExit("our GDN kernels would take more than the profile's whole GDN layers")
+    table = [[t - r for t, r in zip(t_row, r_row)] for t_row, r_row in zip(profile.t_us, removed)]
+    return dataclasses.replace(profile, variant=f"{profile.variant}_gdn_verify_free", t_us=table,
+                               per_layer_type=None, unique_experts=None)
+
+
 def simulate_args(simulate_doc: dict) -> argparse.Namespace:
     """simulate.py's arguments as its committed result file records them, paths resolved against the repo."""
     words = shlex.split(simulate_doc["command"])
@@ -203,10 +251,11 @@ def _row(task, c, policy, kernels, outcome, fixed_tps):
             "probed_rounds": round(outcome.probes / max(outcome.rounds, 1), 3) if policy == "oracle_rc" else ""}
 
 
-def run_cells(args, profiles, drafter, concurrency, tasks):
+def run_cells(args, profiles, drafter, concurrency, tasks, gdn_verify_doc):
     """(rows, tokens/s by (task, c, "policy@kernels")) of every oracle and reference policy on simulate's cells."""
     traces, _ = sim.build_traces(args)
-    gdn_free = {"baseline": profiles["baseline"], "ours": without_gdn(profiles["ours"])}
+    idealised = {"gdn_free": without_gdn(profiles["ours"]),
+                 "gdn_verify_free": without_gdn_kernels(profiles["ours"], gdn_verify_doc)}
     rows, tputs = [], {}
     for task, by_c in traces.items():
         recorded = task.startswith("recorded")
@@ -214,7 +263,6 @@ def run_cells(args, profiles, drafter, concurrency, tasks):
             continue
         for c in concurrency:
             cell = sim.Cell(by_c[c], c, profiles, drafter, args, seed=sim._seed(task, c))
-            free = sim.Cell(by_c[c], c, gdn_free, drafter, args, seed=sim._seed(task, c))
             outcomes = {}
             for policy, exact in REFERENCE_POLICIES:
                 if exact and recorded:  # a recording's confidences are not its true acceptance probabilities
@@ -229,11 +277,14 @@ def run_cells(args, profiles, drafter, concurrency, tasks):
                     outcomes[("lossless_optimum", kernels)] = lossless_optimum_outcome(cell, kernels)
             if c == 1:
                 outcomes[("oracle_rc", "ours")] = oracle_with_routing_correction(cell, "ours")
-            outcomes[("fixed_dflash", "gdn_free")] = free.run("fixed_dflash@ours")
-            outcomes[(sim.WIRED[0], "gdn_free")] = free.run(f"{sim.WIRED[0]}@ours")
-            outcomes[("oracle_best_count", "gdn_free")] = oracle_outcome(free, "ours", best_count=True)
-            if not recorded:
-                outcomes[("lossless_optimum", "gdn_free")] = lossless_optimum_outcome(free, "ours")
+            for name, ours in idealised.items():  # charged as "ours" on the idealised table
+                free = sim.Cell(by_c[c], c, {"baseline": profiles["baseline"], "ours": ours}, drafter, args,
+                                seed=sim._seed(task, c))
+                outcomes[("fixed_dflash", name)] = free.run("fixed_dflash@ours")
+                outcomes[(sim.WIRED[0], name)] = free.run(f"{sim.WIRED[0]}@ours")
+                outcomes[("oracle_best_count", name)] = oracle_outcome(free, "ours", best_count=True)
+                if not recorded:
+                    outcomes[("lossless_optimum", name)] = lossless_optimum_outcome(free, "ours")
             fixed_tps = _tokens_per_s(outcomes[("fixed_dflash", "baseline")])
             for (policy, kernels), outcome in outcomes.items():
                 rows.append(_row(task, c, policy, kernels, outcome, fixed_tps))
@@ -249,8 +300,10 @@ def bound_label(tputs, task, c, kernels="ours"):
                key=lambda label: tputs[(task, c, label)])
 
 
-def summarize(tputs, tasks, concurrency, simulate_doc, reproduced):
-    """Summary keys, aggregated as simulate.json's (geometric mean over the fitted tasks)."""
+def summarize(tputs, tasks, concurrency, simulate_doc, reproduced, gdn_verify_removed):
+    """Summary keys, aggregated as simulate.json's (geometric mean over the fitted tasks).
+
+    gdn_verify_removed: what the gdn_verify_free scenario takes off ours' profile (`removed_gdn_kernel_time`)."""
     def ratio(num, den, c):  # num / den may be a label or a function task -> label
         pick = lambda x, t: x(t) if callable(x) else x
         return sim.geomean([tputs[(t, c, pick(num, t))] / tputs[(t, c, pick(den, t))] for t in tasks])
@@ -291,6 +344,17 @@ def summarize(tputs, tasks, concurrency, simulate_doc, reproduced):
         "lossless_optimum_policy_vs_fixed_same_kernels_c1": r4(ratio("lossless_optimum@ours", "fixed_dflash@ours", 1)),
         "lossless_optimum_on_baseline_kernels_vs_fixed_c1": r4(ratio("lossless_optimum@baseline", BASELINE_FIXED, 1)),
         "lossless_optimum_gdn_free_speedup_vs_fixed_c1": r4(ratio("lossless_optimum@gdn_free", BASELINE_FIXED, 1)),
+        # Only our own GDN kernels free (gdn_verify + reconstruction); vLLM's projections, norms and gates stay.
+        "gdn_verify_free_removed": gdn_verify_removed,
+        "gdn_verify_free_kernels_fixed_vs_baseline_c1": r4(ratio("fixed_dflash@gdn_verify_free", BASELINE_FIXED, 1)),
+        "oracle_gdn_verify_free_speedup_vs_fixed_c1": r4(ratio("oracle_best_count@gdn_verify_free",
+                                                               BASELINE_FIXED, 1)),
+        "wired_policy_gdn_verify_free_speedup_vs_fixed_c1": r4(ratio(f"{sim.WIRED[0]}@gdn_verify_free",
+                                                                     BASELINE_FIXED, 1)),
+        "lossless_optimum_gdn_verify_free_speedup_vs_fixed_c1": r4(ratio("lossless_optimum@gdn_verify_free",
+                                                                         BASELINE_FIXED, 1)),
+        "goal_reachable_by_a_lossless_length_policy_gdn_verify_free": ratio(
+            "lossless_optimum@gdn_verify_free", BASELINE_FIXED, 1) >= GOAL_SPEEDUP_VS_FIXED_C1,
         "kernel_part_needed_with_lossless_optimum_c1": r4(GOAL_SPEEDUP_VS_FIXED_C1 / ratio(
             "lossless_optimum@ours", "fixed_dflash@ours", 1)),
         # Where the wired policy stands, from the same replay.
@@ -312,6 +376,10 @@ def summarize(tputs, tasks, concurrency, simulate_doc, reproduced):
         "oracle_policy_vs_fixed_same_kernels": {f"c{c}": r4(ratio(bound(c), "fixed_dflash@ours", c))
                                                for c in concurrency},
         "wired_vs_fixed": {f"c{c}": r4(ratio(WIRED, BASELINE_FIXED, c)) for c in concurrency},
+        "lossless_optimum_gdn_verify_free_vs_fixed": {
+            f"c{c}": r4(ratio("lossless_optimum@gdn_verify_free", BASELINE_FIXED, c)) for c in concurrency},
+        "oracle_gdn_verify_free_vs_fixed": {
+            f"c{c}": r4(ratio("oracle_best_count@gdn_verify_free", BASELINE_FIXED, c)) for c in concurrency},
     }
     later = [c for c in concurrency if c > 1]
     if later:
@@ -321,6 +389,26 @@ def summarize(tputs, tasks, concurrency, simulate_doc, reproduced):
             f"c{c}": r4(tputs[(task, c, bound_label(tputs, task, c))] / tputs[(task, c, "fixed_dflash@baseline")])
             for c in concurrency}
     return summary
+
+
+def removed_gdn_kernel_time(profile, gdn_verify_path: Path, gdn_verify_doc: dict) -> dict:
+    """Provenance and size of the gdn_verify_free saving at batch 1 (the c1 goal's batch)."""
+    idealised = without_gdn_kernels(profile, gdn_verify_doc)
+    b1 = profile.batch_sizes.index(1)
+    at = lambda table, length: table[b1][profile.lengths.index(length)]
+    lengths = [length for length in (1, 4, 16) if length in profile.lengths]
+    return {
+        "source": (f"{gdn_verify_path.relative_to(REPO) if gdn_verify_path.is_relative_to(REPO) else gdn_verify_path}"
+                   f" (commit {gdn_verify_doc['commit'][:12]}, {gdn_verify_doc['date']}): per layer max(ours_us_all, "
+                   "ours_verify_us + ours_reconstruct_us), linear in L, L below the measured grid at its first L "
+                   "(overstates the saving), above it extrapolated from the last two"),
+        "gdn_layers": gdn_layer_count(profile),
+        "removed_us_b1": {f"L{n}": round(at(profile.t_us, n) - at(idealised.t_us, n), 1) for n in lengths},
+        "share_of_gdn_layers_b1": {f"L{n}": round((at(profile.t_us, n) - at(idealised.t_us, n))
+                                                  / at(profile.per_layer_type["gdn"], n), 4) for n in lengths},
+        "share_of_verify_pass_b1": {f"L{n}": round(1 - at(idealised.t_us, n) / at(profile.t_us, n), 4)
+                                    for n in lengths},
+    }
 
 
 def reproduces(rows, simulate_doc) -> bool:
@@ -336,6 +424,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--simulate", type=Path, default=EVAL / "results" / "simulate.json",
                         help="simulate.py's result file: its command and assumptions fix the inputs")
+    parser.add_argument("--gdn-verify", type=Path, default=EVAL / "results" / "gdn_verify.json",
+                        help="bench_gdn_verify.py's result file: our GDN kernels' per-layer times (gdn_verify_free)")
     parser.add_argument("--out", type=Path, default=EVAL / "results")
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(sim.CONCURRENCY))
     args = parser.parse_args(argv)
@@ -351,8 +441,10 @@ def main(argv=None):
                               hbm_bytes_per_us=base.hbm_bytes_per_us / sim_args.drafter_scale,
                               flops_per_us=base.flops_per_us / sim_args.drafter_scale)
     tasks = [t for t in sim.am.TASKS if t in sim_args.tasks]
-    rows, tputs = run_cells(sim_args, profiles, drafter, args.concurrency, tasks)
-    summary = summarize(tputs, tasks, args.concurrency, simulate_doc, reproduces(rows, simulate_doc))
+    gdn_verify_doc = json.loads(args.gdn_verify.read_text())
+    rows, tputs = run_cells(sim_args, profiles, drafter, args.concurrency, tasks, gdn_verify_doc)
+    summary = summarize(tputs, tasks, args.concurrency, simulate_doc, reproduces(rows, simulate_doc),
+                        removed_gdn_kernel_time(profiles["ours"], args.gdn_verify.resolve(), gdn_verify_doc))
     command = "python eval/simulate_bounds.py" + "".join(f" {shlex.quote(w)}" for w in (argv or sys.argv[1:]))
     title, tables = _markdown(BENCH, rows, summary).split("\n\n", 1)
     markdown = "\n\n".join([

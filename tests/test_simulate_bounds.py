@@ -103,3 +103,56 @@ def test_bound_on_the_committed_inputs_is_consistent(bounds, committed_run):
         if policy == "oracle":
             assert row["tokens_per_s"] >= rows[(task, c, "fixed_dflash", kernels)]["tokens_per_s"]
             assert math.isclose(row["tau"], rows[(task, c, "fixed_dflash", kernels)]["tau"], abs_tol=1e-3)
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_gdn_kernel_time_interpolates_in_length_and_holds_below_the_grid(bounds, seed):
+    """Linear in L between measured lengths, the first measured L's time below the grid, linear extrapolation
+    from the last two above it; per row the larger of the combined pair and the sum of its parts."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3, 5, 9, 10]
+    combined = (torch.rand(len(lengths), generator=g, dtype=torch.float64) * 10 + 1).tolist()
+    verify = (torch.rand(len(lengths), generator=g, dtype=torch.float64) * 8).tolist()
+    reconstruct = (torch.rand(len(lengths), generator=g, dtype=torch.float64) * 3).tolist()
+    doc = {"rows": [{"L": n, "B": 2, "ours_us_all": a, "ours_verify_us": v, "ours_reconstruct_us": r}
+                    for n, a, v, r in zip(lengths, combined, verify, reconstruct)]
+           + [{"L": 4, "B": 7, "ours_us_all": 1e6, "ours_verify_us": 0.0, "ours_reconstruct_us": 0.0}]}
+    per_row = [max(a, v + r) for a, v, r in zip(combined, verify, reconstruct)]
+    at = lambda length: bounds.gdn_kernel_us_per_layer(doc, 2, length)
+    for n, t in zip(lengths, per_row):
+        assert at(n) == pytest.approx(t, rel=1e-12)
+    assert at(1) == at(2.5) == pytest.approx(per_row[0], rel=1e-12)
+    assert at(7) == pytest.approx((per_row[1] + per_row[2]) / 2, rel=1e-12)
+    assert at(12) == pytest.approx(per_row[3] + 2 * (per_row[3] - per_row[2]), rel=1e-12)
+    with pytest.raises(SystemExit):
+        bounds.gdn_kernel_us_per_layer(doc, 3, 4)  # a batch the bench did not measure
+
+
+def test_gdn_verify_free_sits_between_ours_and_gdn_free(bounds, committed_run):
+    """Our GDN kernels are part of the GDN layers: the scenario's T is never below the GDN-free table, never
+    above ours, and every replay on it lands between the two."""
+    sim = bounds.sim
+    simulate_doc = json.loads((REPO / "eval/results/simulate.json").read_text())
+    profiles = sim.load_variants(REPO / simulate_doc["assumptions"]["profile"])
+    gdn_verify_doc = json.loads((REPO / "eval/results/gdn_verify.json").read_text())
+    ours = profiles["ours"]
+    scenario, gdn_free = bounds.without_gdn_kernels(ours, gdn_verify_doc), bounds.without_gdn(ours)
+    assert bounds.gdn_layer_count(ours) == 30  # Qwen3.6-35B-A3B: 40 layers, every fourth full attention
+    for free_row, mine_row, ours_row in zip(gdn_free.t_us, scenario.t_us, ours.t_us):
+        for free, mine, full in zip(free_row, mine_row, ours_row):
+            assert free <= mine < full
+    rows = {(r["task"], r["concurrency"], r["policy"], r["kernels"]): r["tokens_per_s"] for r in committed_run["rows"]}
+    cells = {(task, c, policy) for (task, c, policy, kernels) in rows if kernels == "gdn_verify_free"}
+    assert {policy for (_, _, policy) in cells} >= {"fixed_dflash", "oracle_best_count", "lossless_optimum"}
+    for task, c, policy in cells:
+        if policy in ("fixed_dflash", "oracle_best_count", "lossless_optimum"):  # the wired one is not an optimum
+            assert rows[(task, c, policy, "ours")] <= rows[(task, c, policy, "gdn_verify_free")] \
+                <= rows[(task, c, policy, "gdn_free")], (task, c, policy)
+    s = committed_run["summary"]
+    assert s["lossless_optimum_speedup_vs_fixed_c1"] <= s["lossless_optimum_gdn_verify_free_speedup_vs_fixed_c1"] \
+        <= s["lossless_optimum_gdn_free_speedup_vs_fixed_c1"]
+    assert s["kernels_fixed_ours_vs_baseline_c1"] < s["gdn_verify_free_kernels_fixed_vs_baseline_c1"] \
+        <= s["gdn_free_kernels_fixed_vs_baseline_c1"]
+    assert s["goal_reachable_by_a_lossless_length_policy_gdn_verify_free"] == (
+        s["lossless_optimum_gdn_verify_free_speedup_vs_fixed_c1"] >= 1.4)
+    assert s["gdn_verify_free_removed"]["gdn_layers"] == 30
