@@ -2,8 +2,8 @@
 
 Written straight from Qwen3-Next's gated delta rule, one token at a time, in float64 by default. It calls
 none of the fast kernels. Shapes and argument meanings are those of `gdn_verify` / `gdn_reconstruct`. The recurrence
-runs on the CPU unless `device` names another (the same torch ops; e.g. the GPU tests' float64 reference on the GPU,
-where pytest-xdist workers would otherwise share the host's cores for thousands of small float64 ops).
+runs on the CPU unless `device` names another (the same torch ops there, e.g. float64 on a GPU: thousands of small
+ops per request that would otherwise take host cores).
 
 Per request (slot s, tokens x_0..x_{L-1}) and value head h (k-head h // (HV // H)):
     window        = conv_state[s, :W-1]                        (oldest first)
