@@ -322,6 +322,10 @@ def run_gpu(args) -> dict:
     if scoring_rule:
         checks.append(dict(check="ours_scoring_rule_v152k", value={str(k): v for k, v in scoring_rule.items()}))
         print(json.dumps(checks[-1]), flush=True)
+    if ladder.get("sweep_gluon_auto"):
+        walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY = ladder["sweep_gluon_auto"]
+        checks.append(dict(check="sweep_gluon_auto", form=walk.GLUON_AUTO_FORM, geometry=walk.GLUON_AUTO_GEOMETRY))
+        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -711,6 +715,24 @@ TUNE_CASES_V21 = [
     ("gluon_rs_res256s3_v150001_b1", 150001, 1, GLUON_AUTO_KW),
     *[(f"gluon_{name}_v152k_b1", 151936, 1, kw) for name, kw in GLUON_PROBES.items()],
     ("default_again_v152k_b1", 151936, 1, {}), ("triton_again_v152k_b1", 151936, 1, dict(gluon=False))]
+# HW7b (v22): 128-row tiles at 8 warps (two warpgroups, 128 rows of W2 in registers as the wgmma A operand): rs
+# with 256 resident rows (128 in registers + 128 in shared memory) and 2 ring stages of 128 rows (7 streamed
+# iterations a step instead of the default's 14), or 128 resident rows (registers only) and 3 stages (8), beside
+# the default (auto: rs, 64-row tiles, 256 resident, 3 stages) and the Triton walk, at 152k (blocks 15 and 7) and
+# 150,001. The sweep row's `ours` is head_walk's default with the t128 res256 s2 form as the auto geometry
+# ("sweep_gluon_auto": the row the default would give if that form were adopted).
+T128 = dict(tile_rows=128, stream_rows=128)
+GLUON_T128 = {"rs_res256s2t128": dict(gluon="rs", stream_tma=2, resident_tiles=2, **T128),
+              "rs_res128s3t128": dict(gluon="rs", stream_tma=3, resident_tiles=1, **T128)}
+TUNE_CASES_V22 = [
+    ("default_v152k_b1", 151936, 1, {}), ("triton_v152k_b1", 151936, 1, dict(gluon=False)),
+    *[(f"gluon_{name}_v152k_b1", 151936, 1, kw) for name, kw in GLUON_T128.items()],
+    ("default_v150001_b1", 150001, 1, {}), ("triton_v150001_b1", 150001, 1, dict(gluon=False)),
+    ("gluon_rs_res256s2t128_v150001_b1", 150001, 1, GLUON_T128["rs_res256s2t128"]),
+    ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
+    ("gluon_rs_res256s2t128_blk7_v152k_b1", 151936, 1, dict(GLUON_T128["rs_res256s2t128"], steps=7)),
+    ("default_again_v152k_b1", 151936, 1, {}),
+    ("gluon_rs_res256s2t128_again_v152k_b1", 151936, 1, GLUON_T128["rs_res256s2t128"])]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -777,6 +799,8 @@ LADDERS = {
                 cases=TUNE_CASES_V16, floors=FLOORS_V16),
     "v17": dict(rule={}, cases=TUNE_CASES_V17, floors=FLOORS_V17),
     "v21": dict(rule={}, cases=TUNE_CASES_V21, floors=[]),
+    "v22": dict(rule={}, cases=TUNE_CASES_V22, floors=[],
+                sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

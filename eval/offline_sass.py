@@ -310,9 +310,13 @@ def hwg():
     geometry = {"res192_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
                 "res192_s4": dict(stream_tma=4, tile_rows=64, resident_tiles=3),
                 "res256_s3": walk.GLUON_AUTO_GEOMETRY,
-                "res256_s2": dict(stream_tma=2, tile_rows=64, resident_tiles=4)}
-    forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2"),
-             150001: ("triton", "ss", "rs_res256_s3")}
+                "res256_s2": dict(stream_tma=2, tile_rows=64, resident_tiles=4),
+                # 128-row tiles (8 warps, two warpgroups: 128 rows in registers), HW7b.
+                "res256_s2_t128": dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+                "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
+    forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
+                      "rs_res256_s2_t128", "rs_res128_s3_t128"),
+             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")

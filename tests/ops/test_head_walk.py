@@ -828,6 +828,68 @@ def test_gluon_stream_selection(monkeypatch):
     assert "eee43d2" in walk.why_not_gluon_b1(_gpu_plan(monkeypatch, 32000), **base)
 
 
+class _CapturedBuild:
+    """A Gluon kernel that records its launch (grid, keyword arguments) instead of compiling."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, kwargs))
+        return launch
+
+
+def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
+    """128-row tiles (opt-in: stream_rows=tile_rows=128): gluon_b1's streamed kernel at 8 warps, two warpgroups, the
+    register tile 128 rows (64 registers a thread, as 64 rows at 4 warps). Only "rs" fits the shared memory at 152k
+    (256 resident rows with 2 stages, or 128 with 3); the 'ss' forms, 3 stages beside 256 resident rows and 256-row
+    tiles say why. The launch passes ST = 128, 8 warps and the register tile's rows (no GPU: the build is captured)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    assert [walk.gluon_b1.stream_warps(rows) for rows in walk.gluon_b1.STREAM_TILE_ROWS] == [4, 8]
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    t128 = dict(stream_rows=128, tile_rows=128)
+    res256_s2 = _gpu_plan(monkeypatch, 151936, stream_tma=2, resident_tiles=2, **t128)
+    res128_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, resident_tiles=1, **t128)
+    odd = _gpu_plan(monkeypatch, 150001, stream_tma=2, resident_tiles=2, **t128)
+    assert (res256_s2.chunk_rows, odd.chunk_rows, odd.programs) == (1152, 1152, 131)
+    assert walk._gluon_stream_form(res256_s2) == walk._gluon_stream_form(odd) == (256, 7, 2)
+    assert walk._gluon_stream_form(res128_s3) == (128, 8, 3)
+    for plan in (res256_s2, res128_s3, odd):
+        assert walk.why_not_gluon_b1(plan, rs=True, **base) is None, plan
+    rejected = {
+        "ss res256 s2: 512 rows in shared memory": (res256_s2, base),
+        "ss res128 s3: 512 rows in shared memory": (res128_s3, base),
+        "rs res256 s3": (_gpu_plan(monkeypatch, 151936, stream_tma=3, resident_tiles=2, **t128), dict(base, rs=True)),
+        "256-row tiles": (_gpu_plan(monkeypatch, 151936, stream_tma=2, resident_tiles=1, stream_rows=256,
+                                    tile_rows=256), dict(base, rs=True)),
+    }
+    for case, (plan, kw) in rejected.items():
+        assert isinstance(walk.why_not_gluon_b1(plan, **kw), str), case
+    assert "shared memory" in walk.why_not_gluon_b1(res256_s2, **base)
+    assert "128-row tiles" in walk.why_not_gluon_b1(rejected["256-row tiles"][0], rs=True, **base)
+
+    build = _CapturedBuild()
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
+    u = torch.zeros(1, 15, 151936, dtype=bf)
+    w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
+    tokens = torch.zeros(1, 15, dtype=torch.long)
+    for plan, rs, want in ((res256_s2, True, dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128,
+                                                  TILES_P2=16, num_warps=8)),
+                           (res128_s3, True, dict(ST=128, RES_ROWS=128, STREAM_TILES=8, STAGES=3, RS_ROWS=128,
+                                                  num_warps=8)),
+                           (_gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY), True,
+                            dict(ST=64, RES_ROWS=256, STREAM_TILES=14, STAGES=3, RS_ROWS=64, TILES_P2=32,
+                                 num_warps=4))):
+        assert walk._launch_gluon_b1(plan, u, w1, w2, torch.zeros(1, dtype=torch.long), tokens, 1.0, rs=rs)
+        grid, kwargs = build.launches[-1]
+        assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
+
+
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
@@ -952,6 +1014,9 @@ GLUON_STREAM_FORMS = {
     "ss_res192_s3": dict(gluon=True, stream_tma=3, tile_rows=64, resident_tiles=3),
     "rs_res192_s4": dict(gluon="rs", stream_tma=4, tile_rows=64, resident_tiles=3),
     "rs_res256_s3": dict(gluon="rs", stream_tma=3, tile_rows=64, resident_tiles=4),
+    # 128-row tiles at 8 warps (128 rows in registers), HW7b.
+    "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+    "rs_res128_s3_t128": dict(gluon="rs", stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128),
 }
 
 

@@ -48,11 +48,17 @@ CHECKED_TRITON = ("3.6", "3.9")
 MEASURED_TRITON = ("3.6",)
 # Shards of more rows than this are partly streamed (the only shards the Gluon walk takes).
 MAX_SHARD_ROWS = 256
-# Partly streamed shards (head_walk_b1_stream_kernel): wgmma N = the candidate columns (8 is the smallest N), one
-# warpgroup (the Triton walk's measured b1 ring form is 4 warps), streamed tiles of 64 rows (M of one warpgroup).
+# Partly streamed shards (head_walk_b1_stream_kernel): wgmma N = the candidate columns (8 is the smallest N). Tiles
+# (streamed, resident and the "rs" register tile alike) are the wgmma's M: 64 rows for one warpgroup (4 warps, the
+# measured default), 128 for two (8 warps: each warpgroup holds its own 64 rows of the register tile, 64 registers
+# a thread either way, and a streamed iteration covers twice the rows).
 STREAM_CANDS = 8
-STREAM_WARPS = 4
-STREAM_TILE_ROWS = 64
+STREAM_TILE_ROWS = (64, 128)
+
+
+def stream_warps(tile_rows: int) -> int:
+    """Warps of the streamed kernel for tiles of tile_rows (one warp per 16 rows of the wgmma's M)."""
+    return tile_rows // 16
 
 
 def stream_descriptor(w2_rows, stream_rows: int):
@@ -272,7 +278,7 @@ if HAVE_GLUON:
 
         if RS_ROWS > 0:
             # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
-            # registers a thread at 4 warps), loaded straight from global: its rows take no shared memory, which
+            # registers a thread, ST = 16 * NW), loaded straight from global: its rows take no shared memory, which
             # is what lets an rs plan keep one more ring stage or resident tile.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
             rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))

@@ -715,9 +715,9 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | N
     if cfg.stream_tma == 1:
         return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
     resident, tiles, stages = _gluon_stream_form(cfg)
-    if cfg.stream_rows != gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
+    if cfg.stream_rows not in gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
         return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
-                f"for {gluon_b1.STREAM_TILE_ROWS}-row tiles and resident rows in whole tiles")
+                f"for {' / '.join(map(str, gluon_b1.STREAM_TILE_ROWS))}-row tiles and resident rows in whole tiles")
     # 'rs' holds the first resident tile in registers, not in shared memory.
     smem = (resident - (cfg.stream_rows if rs else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
     if smem > GLUON_STREAM_SMEM:
@@ -762,7 +762,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, num_warps=gluon_b1.STREAM_WARPS)
+            GUESS_ROUNDS=GUESS_ROUNDS, num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         _log_once(f"head_walk(gluon): the Gluon build failed ({'rs' if rs else 'ss'}, {resident} resident rows, "
