@@ -720,7 +720,8 @@ TUNE_CASES_V21 = [
 # iterations a step instead of the default's 14), or 128 resident rows (registers only) and 3 stages (8), beside
 # the default (auto: rs, 64-row tiles, 256 resident, 3 stages) and the Triton walk, at 152k (blocks 15 and 7) and
 # 150,001. The sweep row's `ours` is head_walk's default with the t128 res256 s2 form as the auto geometry
-# ("sweep_gluon_auto": the row the default would give if that form were adopted).
+# ("sweep_gluon_auto": the row the default would give if that form were adopted). Run once (59fc260, where
+# "default" was rs res256 s3 at 64-row tiles); t128 res256 s2 won and is now the default (walk.GLUON_AUTO_GEOMETRY).
 T128 = dict(tile_rows=128, stream_rows=128)
 GLUON_T128 = {"rs_res256s2t128": dict(gluon="rs", stream_tma=2, resident_tiles=2, **T128),
               "rs_res128s3t128": dict(gluon="rs", stream_tma=3, resident_tiles=1, **T128)}

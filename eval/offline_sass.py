@@ -305,14 +305,14 @@ def hwg():
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gb.head_walk_b1_stream_kernel = Capture(gb.head_walk_b1_stream_kernel)
     steps, rank = 15, 256
-    # Ring geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages. res256_s3 is
-    # gluon="auto"'s (walk.GLUON_AUTO_GEOMETRY).
+    # Ring geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages (_t128: 128-row
+    # tiles at 8 warps, 128 rows in registers). res256_s2_t128 is gluon="auto"'s (walk.GLUON_AUTO_GEOMETRY; before
+    # HW7b res256_s3).
     geometry = {"res192_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=3),
                 "res192_s4": dict(stream_tma=4, tile_rows=64, resident_tiles=3),
-                "res256_s3": walk.GLUON_AUTO_GEOMETRY,
+                "res256_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=4),
                 "res256_s2": dict(stream_tma=2, tile_rows=64, resident_tiles=4),
-                # 128-row tiles (8 warps, two warpgroups: 128 rows in registers), HW7b.
-                "res256_s2_t128": dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+                "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
                 "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
                       "rs_res256_s2_t128", "rs_res128_s3_t128"),

@@ -882,7 +882,7 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
                                                   TILES_P2=16, num_warps=8)),
                            (res128_s3, True, dict(ST=128, RES_ROWS=128, STREAM_TILES=8, STAGES=3, RS_ROWS=128,
                                                   num_warps=8)),
-                           (_gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY), True,
+                           (_gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4), True,
                             dict(ST=64, RES_ROWS=256, STREAM_TILES=14, STAGES=3, RS_ROWS=64, TILES_P2=32,
                                  num_warps=4))):
         assert walk._launch_gluon_b1(plan, u, w1, w2, torch.zeros(1, dtype=torch.long), tokens, 1.0, rs=rs)
@@ -893,8 +893,9 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
-    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (256 resident rows,
-    3 ring stages). Everything else keeps the Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
+    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (128-row tiles at 8
+    warps: 256 resident rows of which 128 in registers, 2 ring stages, 7 streamed tiles). Everything else keeps the
+    Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
 
     import hybridspec_kernels.head_walk.walk as walk
@@ -908,7 +909,11 @@ def test_gluon_auto_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
-    assert walk.GLUON_AUTO_FORM == "rs" and walk._gluon_stream_form(auto_plan) == (256, 14, 3)
+    assert walk.GLUON_AUTO_FORM == "rs" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
+    auto_150001 = _gpu_plan(monkeypatch, 150001, **walk.GLUON_AUTO_GEOMETRY)
+    assert walk._gluon_stream_form(auto_150001) == (256, 7, 2)
+    assert walk.why_not_gluon_b1(auto_150001, rs=True, **{k: v for k, v in base.items() if k != "overrides"}) is None
     assert walk.why_not_gluon_b1(auto_plan, rs=True, **{k: v for k, v in base.items() if k != "overrides"}) is None
     v150001 = _gpu_plan(monkeypatch, 150001, stream_tma=0)  # head_walk's Triton plan there (U rows unaligned)
     assert walk.why_not_gluon_auto(v150001, **base) is None
@@ -1029,8 +1034,8 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
     shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
-    rs_res256_s3 form); the Triton walk is tolerated by the naive reference. A fallback to the Triton walk fails the
-    test."""
+    rs_res256_s2_t128 form since HW7b); the Triton walk is tolerated by the naive reference. A fallback to the Triton
+    walk fails the test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, dict(GLUON_STREAM_FORMS, auto={}))

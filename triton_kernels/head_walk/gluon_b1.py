@@ -14,7 +14,8 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    last-arriving slot is the best. B holds 8 candidate columns (the smallest wgmma N); one CTA sync agrees on the
    winner, whose column is picked from the accumulator by a select + quad shuffle.
 3. "rs": the first resident tile's W2 rows are held in registers as the wgmma A operand (no shared memory), which
-   pays for another ring stage or resident tile.
+   pays for another ring stage or resident tile. With 8 warps (two warpgroups) a tile is 128 rows: 128 rows in
+   registers, and half the streamed iterations a step (gluon="auto"'s geometry, measured session 7).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
@@ -49,9 +50,9 @@ MEASURED_TRITON = ("3.6",)
 # Shards of more rows than this are partly streamed (the only shards the Gluon walk takes).
 MAX_SHARD_ROWS = 256
 # Partly streamed shards (head_walk_b1_stream_kernel): wgmma N = the candidate columns (8 is the smallest N). Tiles
-# (streamed, resident and the "rs" register tile alike) are the wgmma's M: 64 rows for one warpgroup (4 warps, the
-# measured default), 128 for two (8 warps: each warpgroup holds its own 64 rows of the register tile, 64 registers
-# a thread either way, and a streamed iteration covers twice the rows).
+# (streamed, resident and the "rs" register tile alike) are the wgmma's M: 64 rows for one warpgroup (4 warps), 128
+# for two (8 warps, gluon="auto"'s: each warpgroup holds its own 64 rows of the register tile, 64 registers a thread
+# either way, and a streamed iteration covers twice the rows).
 STREAM_CANDS = 8
 STREAM_TILE_ROWS = (64, 128)
 

@@ -603,13 +603,16 @@ GUESS_ROUNDS = 3
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
 # and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
 # rs 298.3, ss res192 s3 289.4, rs res192 s4 285.2); ladder v21 (as the default): 276.4 / 281.6 vs 306.0 / 307.0, the
-# same form with a 2-stage ring 292.2.
+# same form with a 2-stage ring 292.2. Ladder v22 (HW7b, one run): 128-row tiles at 8 warps (two warpgroups, 128 rows
+# in registers + 128 in shared memory, 2 ring stages of 128 rows: 7 streamed iterations a step, not 14) 245.4 / 244.4
+# vs that form 273.3 / 273.2 (Triton 300.5; 128 rows in registers only + 3 stages 271.4); 150001 250.0 vs 283.6;
+# block 7 120.6 vs 137.0.
 GLUON_AUTO_FORM = "rs"
-GLUON_AUTO_GEOMETRY = dict(stream_tma=3, tile_rows=64, resident_tiles=4)
+GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
 # exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
-# default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4).
+# default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4); v22's 128-row form 250.0 vs 372.6.
 GLUON_AUTO_CHUNK_ROWS = (1152,)
 # plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
@@ -689,8 +692,9 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
     return None
 
 
-# The streamed Gluon walk's shared memory: resident rows + ring of 32 KB slots (+ ~12 KB of operand / keys / base
-# logits) must stay under the H200's 227 KiB: 128 resident rows with 4 stages is the Triton default's geometry.
+# The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
+# of operand / keys / base logits) must stay under the H200's 227 KiB: 128 resident rows with 4 stages of 64 rows is
+# the Triton default's geometry.
 GLUON_STREAM_SMEM = 215 * 1024
 
 
