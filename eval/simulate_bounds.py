@@ -167,12 +167,17 @@ def oracle_with_routing_correction(cell: sim.Cell, kernels: str) -> sim.Outcome:
                        probes=float((probed_us < plain_us).sum()), probes_kept=float((probed_us < plain_us).sum()))
 
 
+def _profile_less(profile, removed, suffix: str):
+    """`profile` with `removed` ([batch][length] us) taken off every T(batch, L); its per-layer breakdown no longer
+    applies, so it is dropped."""
+    table = [[t - r for t, r in zip(t_row, r_row)] for t_row, r_row in zip(profile.t_us, removed)]
+    return dataclasses.replace(profile, variant=f"{profile.variant}_{suffix}", t_us=table, per_layer_type=None,
+                               unique_experts=None)
+
+
 def without_gdn(profile):
     """`profile` with every GDN layer's time removed (projections, norms and gates included)."""
-    gdn = profile.per_layer_type["gdn"]
-    table = [[t - g for t, g in zip(t_row, g_row)] for t_row, g_row in zip(profile.t_us, gdn)]
-    return dataclasses.replace(profile, variant=f"{profile.variant}_gdn_free", t_us=table, per_layer_type=None,
-                               unique_experts=None)
+    return _profile_less(profile, profile.per_layer_type["gdn"], "gdn_free")
 
 
 def gdn_kernel_us_per_layer(gdn_verify_doc: dict, batch: int, length: float) -> float:
@@ -214,9 +219,7 @@ def without_gdn_kernels(profile, gdn_verify_doc: dict):
     gdn = profile.per_layer_type["gdn"]
     if any(r > g for r_row, g_row in zip(removed, gdn) for r, g in zip(r_row, g_row)):
         raise SystemExit("our GDN kernels would take more than the profile's whole GDN layers")
-    table = [[t - r for t, r in zip(t_row, r_row)] for t_row, r_row in zip(profile.t_us, removed)]
-    return dataclasses.replace(profile, variant=f"{profile.variant}_gdn_verify_free", t_us=table,
-                               per_layer_type=None, unique_experts=None)
+    return _profile_less(profile, removed, "gdn_verify_free")
 
 
 def simulate_args(simulate_doc: dict) -> argparse.Namespace:
