@@ -152,7 +152,8 @@ STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "
 def step_loop_counts(sass, narrowest=False):
     """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
     what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
-    streamed walk's streamed-tile iteration)."""
+    streamed walk's streamed-tile iteration). A warp-specialized build's partition dispatch loop (it holds the
+    register reallocation, USETMAXREG) is not a step loop."""
     lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
              re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
     best = None
@@ -162,7 +163,7 @@ def step_loop_counts(sass, narrowest=False):
             continue
         lo = int(m.group(1), 16)
         body = [i for a, i in lines if lo <= a <= addr]
-        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
+        if any("HGMMA" in i for i in body) and not any("SETMAXREG" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
                                                                   else len(body) > len(best))):
             best = body
     if best is None:
@@ -315,8 +316,8 @@ def hwg():
                 "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
                 "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
-                      "rs_res256_s2_t128", "rs_res128_s3_t128"),
-             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128")}
+                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_ws_res256_s2_t128"),
+             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_ws_res256_s2_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -336,9 +337,10 @@ def hwg():
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **(geometry["res" + geo] if geo else {}))
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
-                                            rs=form == "rs")
+                                            rs=form in ("rs", "rs_ws"))
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs")
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form in ("rs", "rs_ws"),
+                                      producer_warp=form == "rs_ws")
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

@@ -890,6 +890,49 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
         assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
 
 
+def test_gluon_stream_producer_warp(monkeypatch, caplog):
+    """gluon="rs_ws" (opt-in, HW8): form "rs" whose ring a producer warp refills (warp specialization), in any plan
+    "rs" takes (same selection rule, same shared-memory budget: the empty barriers are 8 bytes a stage); the launch
+    passes PRODUCER_WARP=True with the consumer's warps unchanged (the producer's are added by the kernel), every
+    other form PRODUCER_WARP=False; auto never picks it; in the interpreter it falls back to the Triton walk with the
+    same tokens and one warning."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    assert "rs_ws" in walk.GLUON_FORMS and walk.GLUON_AUTO_FORM == "rs"
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
+    assert walk.why_not_gluon_b1(auto_plan, rs=True, **base) is None
+
+    build = _CapturedBuild()
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    u = torch.zeros(1, 15, 151936, dtype=bf)
+    w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
+    tokens = torch.zeros(1, 15, dtype=torch.long)
+    first = torch.zeros(1, dtype=torch.long)
+    for producer_warp in (True, False):
+        assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, producer_warp=producer_warp)
+        _, kwargs = build.launches[-1]
+        want = dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128, num_warps=8,
+                    PRODUCER_WARP=producer_warp)
+        assert {k: kwargs[k] for k in want} == want, kwargs
+    assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
+    assert build.launches[-1][1]["PRODUCER_WARP"] is False
+
+    monkeypatch.undo()  # the interpreter again (_gpu_plan pretends a GPU)
+    monkeypatch.setattr(walk, "_logged", set())
+    p = make_problem(1, 5, 1031, seed=47)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rs_ws")
+    assert torch.equal(tokens, ref)
+    said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(said) == 1 and "gluon='rs_ws'" in said[0] and "no CUDA device" in said[0], said
+
+
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
@@ -1022,6 +1065,8 @@ GLUON_STREAM_FORMS = {
     # 128-row tiles at 8 warps (128 rows in registers), HW7b: auto's geometry since ladder v22 (rs res128 s3 t128
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+    # HW8 (opt-in, not yet run on a GPU): the same geometry, ring refilled by a producer warp of its own.
+    "rs_ws_res256_s2_t128": dict(gluon="rs_ws", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
 }
 
 

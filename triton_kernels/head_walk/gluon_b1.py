@@ -16,6 +16,11 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 3. "rs": the first resident tile's W2 rows are held in registers as the wgmma A operand (no shared memory), which
    pays for another ring stage or resident tile. With 8 warps (two warpgroups) a tile is 128 rows: 128 rows in
    registers, and half the streamed iterations a step (gluon="auto"'s geometry, measured session 7).
+4. "rs_ws" (opt-in, HW8, not yet timed): form "rs" whose ring a producer warp refills (gl.warp_specialize: the walk
+   runs in the default partition, `_stream_producer` in one more warp). The consumer warps then arrive on an "empty"
+   mbarrier per slot instead of issuing the refill: their streamed iteration loses the refill's instructions and one
+   of the three CTA syncs Triton's membar pass puts around the mbarrier ops (3.6: 3 -> 2 BAR, 217 -> 192
+   instructions; eval/results/head_walk_gluon_b1_offline.txt).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
@@ -55,6 +60,9 @@ MAX_SHARD_ROWS = 256
 # either way, and a streamed iteration covers twice the rows).
 STREAM_CANDS = 8
 STREAM_TILE_ROWS = (64, 128)
+# head_walk_b1_stream_kernel(PRODUCER_WARP=True): the producer warp's registers (it holds a loop counter and the
+# descriptor's coordinates only).
+PRODUCER_REGS = tl.constexpr(24)
 
 
 def stream_warps(tile_rows: int) -> int:
@@ -198,9 +206,15 @@ if HAVE_GLUON:
         """Keys of one [ST] tile of the shard from the accumulator's winning column, rounded as vLLM (kernel.py's
         _score_row): bias to U's dtype, (scale, round), + U, round; its base logits are row `tile` of this step's
         u_smem."""
+        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
+        return _score_rows(acc, col, u, row0, shard_end, logit_scale, SCALED, CANDS, ACC_LAYOUT)
+
+    @gluon.jit
+    def _score_rows(acc, col, u, row0, shard_end, logit_scale, SCALED: gl.constexpr, CANDS: gl.constexpr,
+                    ACC_LAYOUT: gl.constexpr):
+        """_score_tile with the tile's base logits u [ST] already loaded (in the accumulator's row layout)."""
         st: gl.constexpr = acc.shape[0]
         rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
-        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
         cols = gl.arange(0, CANDS, gl.SliceLayout(0, ACC_LAYOUT))
         acc = gl.sum(gl.where(cols[None, :] == col, acc, 0.0), axis=1)
         out_ty = u.dtype
@@ -221,99 +235,30 @@ if HAVE_GLUON:
         return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
 
     @gluon.jit
-    def head_walk_b1_stream_kernel(
-        u_ptr, stride_uk,
-        w1_ptr, stride_w1,
-        w2_ptr, stride_w2r, stride_w2v, w2_desc,
-        first_ptr, tok_ptr,
-        keys_ptr, gen_ptr, err_ptr,
-        num_steps, vocab, logit_scale,
-        R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
-        TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
-        KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3,
-    ):
-        # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
-        # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
-        # through a ring of STAGES shared-memory slots filled by TMA (w2_desc: W2 rows [V, R] in [ST, R] boxes).
-        # Global streamed iteration g = k * STREAM_TILES + j reads tile g % STREAM_TILES from slot g % STAGES at
-        # phase (g // STAGES) & 1, and refills that slot with iteration g + STAGES's tile: the ring never drains
-        # between steps, so the next step's first STAGES tiles are copied while the programs exchange keys (W2
-        # does not depend on the token). Keys / tags / slots as head_walk_b1_kernel (and kernel.py).
+    def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr, num_steps, logit_scale,
+                      ring, ready, empty, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles, u_smem, o_cr, prog,
+                      err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
+                      STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+                      NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
+                      TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
+                      PRODUCER_WARP: gl.constexpr):
+        """The walk's steps (head_walk_b1_stream_kernel's loop): the whole CTA's, or with PRODUCER_WARP the default
+        partition's (gl.num_warps() = the consumer warps), whose ring refills a producer warp issues
+        (_stream_producer) once `empty` says a slot was read."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
-        RES_T: gl.constexpr = RES_ROWS // ST
+        STAGES: gl.constexpr = ring.shape[0]
+        ST: gl.constexpr = ring.shape[1]
+        R: gl.constexpr = ring.shape[2]
+        TILE_BYTES: gl.constexpr = ST * R * 2
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                       instr_shape=[16, CANDS, 16])
-        # [CANDS, SLOTS_PER_CAND] slots: candidate row c is polled by warp c % NW (two rows a warp at 4 warps).
         SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
         CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
-        LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
         CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
         WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
-        # Must be the host descriptor's layout (stream_descriptor).
-        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ST, R], w2_ptr.dtype.element_ty)
-        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CANDS, R], w1_ptr.dtype.element_ty)
-        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        w_ty = w2_ptr.dtype.element_ty
-        TILE_BYTES: gl.constexpr = ST * R * 2
-
-        pid = gl.program_id(0)
-        shard_begin = pid * CHUNK_ROWS
-        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
-        stream_begin = shard_begin + RES_ROWS
-
-        # The ring first: its first STAGES copies travel while the resident rows are loaded.
-        ring = gl.allocate_shared_memory(w_ty, [STAGES, ST, R], W_SMEM)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-        fence_async_shared()
-        _cta_sync()
         total = num_steps * STREAM_TILES
-        for s in gl.static_range(STAGES):
-            mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
-            _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
-                      pred=s < total)
-
-        if RS_ROWS > 0:
-            # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
-            # registers a thread, ST = 16 * NW), loaded straight from global: its rows take no shared memory, which
-            # is what lets an rs plan keep one more ring stage or resident tile.
-            DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
-            o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
-            a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
-                             mask=(rows_a < shard_end)[:, None], other=0.0)
-        if RES_ROWS > RS_ROWS:
-            # [tiles, ST, R] like the ring: any number of tiles (a 2-D buffer's rows must be a power of two).
-            res_smem = gl.allocate_shared_memory(w_ty, [(RES_ROWS - RS_ROWS) // ST, ST, R], W_SMEM)
-            o_lr = gl.arange(0, ST, gl.SliceLayout(1, LOAD))
-            o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
-            for c in gl.static_range((RES_ROWS - RS_ROWS) // ST):
-                rows_c = shard_begin + RS_ROWS + c * ST + o_lr
-                tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
-                               mask=(rows_c < shard_end)[:, None], other=0.0)
-                res_smem.index(c).store(tile)
-        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [CANDS, R], B_SMEM)
-        key_smem = gl.allocate_shared_memory(gl.int64, [CANDS], PLAIN)
-        best_smem = gl.allocate_shared_memory(gl.int64, [NW], PLAIN)
-        # Written as one [TILES_P2, ST] tile (order of rank 2), read as TILES_P2 rows of ST (a buffer of rank-1 rows:
-        # index(t) takes a runtime t), the same bytes.
-        u_tiles = gl.allocate_shared_memory(u_ptr.dtype.element_ty, [TILES_P2, ST],
-                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        if _PUBLIC_REINTERPRET:
-            u_smem = u_tiles.reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
-        else:
-            u_smem = u_tiles._reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
-        u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
-        fence_async_shared()
-
-        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
-        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
-                                                     SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
-        gen = gl.load(gen_ptr + pid)
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
         for k in range(num_steps):
             # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
@@ -333,16 +278,28 @@ if HAVE_GLUON:
                 g = k * STREAM_TILES + j
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=[acc])
-                # Every warp's wgmma has read the slot before one thread refills it (the next step's tiles too).
-                _cta_sync()
-                g_next = g + STAGES
-                mbarrier.expect(ready.index(slot), TILE_BYTES, pred=g_next < total)
-                _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot),
-                          ring.index(slot), pred=g_next < total)
-                run = gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
-                                                  logit_scale, SCALED, CANDS, ACC))
+                if PRODUCER_WARP:
+                    # The tile's base logits before the wgmma: no shared-memory read after the arrive below (the
+                    # membar pass would put a CTA sync between them).
+                    u_row = u_smem.index(RES_T + j).load(gl.SliceLayout(1, ACC))
+                    acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+                    # Every consumer warp's wgmma has read the slot before the producer warp may refill it.
+                    _cta_sync()
+                    mbarrier.arrive(empty.index(slot))
+                    run = gl.maximum(run, _score_rows(acc, col, u_row, stream_begin + j * ST, shard_end, logit_scale,
+                                                      SCALED, CANDS, ACC))
+                else:
+                    acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+                    # Every warp's wgmma has read the slot before one thread refills it (the next step's tiles too).
+                    _cta_sync()
+                    g_next = g + STAGES
+                    mbarrier.expect(ready.index(slot), TILE_BYTES, pred=g_next < total)
+                    _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot),
+                              ring.index(slot), pred=g_next < total)
+                    run = gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
+                                                      logit_scale, SCALED, CANDS, ACC))
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
@@ -360,5 +317,137 @@ if HAVE_GLUON:
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
         gl.store(gen_ptr + pid, gen + num_steps)
+
+    @gluon.jit
+    def _stream_producer(w2_desc, ring, ready, empty, stream_begin, total, stream_tiles):
+        """The producer warp of head_walk_b1_stream_kernel(PRODUCER_WARP=True): streamed iterations STAGES.. of the
+        walk (the kernel issued the first STAGES), each refill once the consumer warps freed its slot."""
+        STAGES: gl.constexpr = ring.shape[0]
+        ST: gl.constexpr = ring.shape[1]
+        TILE_BYTES: gl.constexpr = ST * ring.shape[2] * 2
+        for g in range(STAGES, total):
+            slot = g % STAGES
+            mbarrier.wait(empty.index(slot), ((g // STAGES) - 1) & 1)
+            mbarrier.expect(ready.index(slot), TILE_BYTES)
+            _tma_load(w2_desc, [stream_begin + (g % stream_tiles) * ST, 0], ready.index(slot), ring.index(slot))
+
+    @gluon.jit
+    def head_walk_b1_stream_kernel(
+        u_ptr, stride_uk,
+        w1_ptr, stride_w1,
+        w2_ptr, stride_w2r, stride_w2v, w2_desc,
+        first_ptr, tok_ptr,
+        keys_ptr, gen_ptr, err_ptr,
+        num_steps, vocab, logit_scale,
+        R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
+        TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
+        KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, PRODUCER_WARP: gl.constexpr = False,
+    ):
+        # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
+        # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
+        # through a ring of STAGES shared-memory slots filled by TMA (w2_desc: W2 rows [V, R] in [ST, R] boxes).
+        # Global streamed iteration g = k * STREAM_TILES + j reads tile g % STREAM_TILES from slot g % STAGES at
+        # phase (g // STAGES) & 1, and refills that slot with iteration g + STAGES's tile: the ring never drains
+        # between steps, so the next step's first STAGES tiles are copied while the programs exchange keys (W2
+        # does not depend on the token). Keys / tags / slots as head_walk_b1_kernel (and kernel.py).
+        NW: gl.constexpr = gl.num_warps()
+        CANDS: gl.constexpr = 8
+        RES_T: gl.constexpr = RES_ROWS // ST
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                      instr_shape=[16, CANDS, 16])
+        # [CANDS, SLOTS_PER_CAND] slots: candidate row c is polled by warp c % NW (two rows a warp at 4 warps).
+        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        # Must be the host descriptor's layout (stream_descriptor).
+        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ST, R], w2_ptr.dtype.element_ty)
+        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CANDS, R], w1_ptr.dtype.element_ty)
+        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        w_ty = w2_ptr.dtype.element_ty
+        TILE_BYTES: gl.constexpr = ST * R * 2
+
+        pid = gl.program_id(0)
+        shard_begin = pid * CHUNK_ROWS
+        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
+        stream_begin = shard_begin + RES_ROWS
+
+        # The ring first: its first STAGES copies travel while the resident rows are loaded.
+        ring = gl.allocate_shared_memory(w_ty, [STAGES, ST, R], W_SMEM)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        if PRODUCER_WARP:
+            # empty[s]: the consumer warps have read slot s (one arrival, after their CTA-partition sync).
+            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(STAGES):
+                mbarrier.init(empty.index(s), count=1)
+        else:
+            empty = ready
+        fence_async_shared()
+        _cta_sync()
+        total = num_steps * STREAM_TILES
+        for s in gl.static_range(STAGES):
+            mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
+            _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
+                      pred=s < total)
+
+        if RS_ROWS > 0:
+            # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
+            # registers a thread, ST = 16 * NW), loaded straight from global: its rows take no shared memory, which
+            # is what lets an rs plan keep one more ring stage or resident tile.
+            DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+            rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
+            o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
+            a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
+                             mask=(rows_a < shard_end)[:, None], other=0.0)
+        else:
+            a_regs = 0  # unused
+        if RES_ROWS > RS_ROWS:
+            # [tiles, ST, R] like the ring: any number of tiles (a 2-D buffer's rows must be a power of two).
+            res_smem = gl.allocate_shared_memory(w_ty, [(RES_ROWS - RS_ROWS) // ST, ST, R], W_SMEM)
+            o_lr = gl.arange(0, ST, gl.SliceLayout(1, LOAD))
+            o_lk = gl.arange(0, R, gl.SliceLayout(0, LOAD))
+            for c in gl.static_range((RES_ROWS - RS_ROWS) // ST):
+                rows_c = shard_begin + RS_ROWS + c * ST + o_lr
+                tile = gl.load(w2_ptr + rows_c[:, None] * stride_w2v + o_lk[None, :] * stride_w2r,
+                               mask=(rows_c < shard_end)[:, None], other=0.0)
+                res_smem.index(c).store(tile)
+        else:
+            res_smem = ring  # unused
+        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [CANDS, R], B_SMEM)
+        key_smem = gl.allocate_shared_memory(gl.int64, [CANDS], PLAIN)
+        best_smem = gl.allocate_shared_memory(gl.int64, [NW], PLAIN)
+        # Written as one [TILES_P2, ST] tile (order of rank 2), read as TILES_P2 rows of ST (a buffer of rank-1 rows:
+        # index(t) takes a runtime t), the same bytes.
+        u_tiles = gl.allocate_shared_memory(u_ptr.dtype.element_ty, [TILES_P2, ST],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        if _PUBLIC_REINTERPRET:
+            u_smem = u_tiles.reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
+        else:
+            u_smem = u_tiles._reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
+        u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
+        fence_async_shared()
+
+        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
+                                                     SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
+        gen = gl.load(gen_ptr + pid)
+        steps_args = (u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr, num_steps,
+                      logit_scale, ring, ready, empty, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles, u_smem,
+                      o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin)
+        if PRODUCER_WARP:
+            gl.warp_specialize([(_stream_steps, steps_args + (STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS,
+                                                              KEY_STRIDE, SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT,
+                                                              GUESS_ROUNDS, True)),
+                                (_stream_producer, (w2_desc, ring, ready, empty, stream_begin, total,
+                                                    num_steps * 0 + STREAM_TILES))],
+                               [1], [PRODUCER_REGS])
+        else:
+            _stream_steps(*steps_args, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
+                          TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, False)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
+            if PRODUCER_WARP:
+                mbarrier.invalidate(empty.index(s))
