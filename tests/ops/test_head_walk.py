@@ -895,7 +895,7 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
     "rs" takes (same selection rule, same shared-memory budget: the empty barriers are 8 bytes a stage); the launch
     passes PRODUCER_WARP=True with the consumer's warps unchanged (the producer's are added by the kernel), every
     other form PRODUCER_WARP=False; auto never picks it; in the interpreter it falls back to the Triton walk with the
-    same tokens and one warning."""
+    same tokens and one warning; a build that fails falls back too, remembered apart from "rs"."""
     import hybridspec_kernels.head_walk.walk as walk
 
     assert "rs_ws" in walk.GLUON_FORMS and walk.GLUON_AUTO_FORM == "rs"
@@ -921,6 +921,19 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
         assert {k: kwargs[k] for k in want} == want, kwargs
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
     assert build.launches[-1][1]["PRODUCER_WARP"] is False
+    # A Triton that rejects the warp-specialized build: False (the caller walks Triton), said once, remembered
+    # apart from the plain rs build of the same plan.
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
+    monkeypatch.setattr(walk, "_logged", set())
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, producer_warp=True)
+    said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
+    assert len(said) == 1 and "(rs_ws," in said[0], said
+    assert len(walk._gluon_failed) == 1
+    assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
+    assert len(walk._gluon_failed) == 2
+    caplog.clear()
 
     monkeypatch.undo()  # the interpreter again (_gpu_plan pretends a GPU)
     monkeypatch.setattr(walk, "_logged", set())
