@@ -163,8 +163,9 @@ def step_loop_counts(sass, narrowest=False):
             continue
         lo = int(m.group(1), 16)
         body = [i for a, i in lines if lo <= a <= addr]
-        if any("HGMMA" in i for i in body) and not any("SETMAXREG" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
-                                                                  else len(body) > len(best))):
+        dispatch = any("SETMAXREG" in i for i in body)
+        if any("HGMMA" in i for i in body) and not dispatch and (best is None or (len(body) < len(best) if narrowest
+                                                                                  else len(body) > len(best))):
             best = body
     if best is None:
         return {}
