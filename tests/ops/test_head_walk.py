@@ -891,14 +891,18 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
 
 
 def test_gluon_stream_producer_warp(monkeypatch, caplog):
-    """gluon="rs_ws" (opt-in, HW8): form "rs" whose ring a producer warp refills (warp specialization), in any plan
-    "rs" takes (same selection rule, same shared-memory budget: the empty barriers are 8 bytes a stage); the launch
-    passes PRODUCER_WARP=True with the consumer's warps unchanged (the producer's are added by the kernel), every
-    other form PRODUCER_WARP=False; auto never picks it; in the interpreter it falls back to the Triton walk with the
-    same tokens and one warning; a build that fails falls back too, remembered apart from "rs"."""
+    """gluon="rs_ws" / "rs_sf" / "rs_ws_sf" (opt-in, HW8): form "rs" whose ring a producer warp refills (warp
+    specialization) / whose ring tiles waiting at a step's start are scored before the resident ones / both, in any
+    plan "rs" takes (same selection rule, same shared-memory budget: the empty barriers are 8 bytes a stage); the
+    launch passes PRODUCER_WARP / STREAM_FIRST with the consumer's warps unchanged (the producer's are added by the
+    kernel), every other form False; auto never picks them; in the interpreter they fall back to the Triton walk
+    with the same tokens and one warning; a build that fails falls back too, remembered apart from "rs"."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert "rs_ws" in walk.GLUON_FORMS and walk.GLUON_AUTO_FORM == "rs"
+    assert {"rs_ws", "rs_sf", "rs_ws_sf"} <= set(walk.GLUON_FORMS) and walk.GLUON_AUTO_FORM == "rs"
+    flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
+    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
+                     "rs_ws": (True, True, False), "rs_sf": (True, False, True), "rs_ws_sf": (True, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -914,13 +918,15 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
     tokens = torch.zeros(1, 15, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long)
     for producer_warp in (True, False):
-        assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, producer_warp=producer_warp)
-        _, kwargs = build.launches[-1]
-        want = dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128, num_warps=8,
-                    PRODUCER_WARP=producer_warp)
-        assert {k: kwargs[k] for k in want} == want, kwargs
+        for stream_first in (True, False):
+            assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True,
+                                         producer_warp=producer_warp, stream_first=stream_first)
+            _, kwargs = build.launches[-1]
+            want = dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128, num_warps=8,
+                        PRODUCER_WARP=producer_warp, STREAM_FIRST=stream_first)
+            assert {k: kwargs[k] for k in want} == want, kwargs
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
-    assert build.launches[-1][1]["PRODUCER_WARP"] is False
+    assert build.launches[-1][1]["PRODUCER_WARP"] is False and build.launches[-1][1]["STREAM_FIRST"] is False
     # A Triton that rejects the warp-specialized build: False (the caller walks Triton), said once, remembered
     # apart from the plain rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
@@ -940,10 +946,12 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
     p = make_problem(1, 5, 1031, seed=47)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rs_ws")
-    assert torch.equal(tokens, ref)
+        for form in ("rs_ws", "rs_sf", "rs_ws_sf", "rs_ws"):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
+            assert torch.equal(tokens, ref), form
     said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
-    assert len(said) == 1 and "gluon='rs_ws'" in said[0] and "no CUDA device" in said[0], said
+    assert len(said) == 3 and all("no CUDA device" in m for m in said), said
+    assert [m.split("'")[1] for m in said] == ["rs_ws", "rs_sf", "rs_ws_sf"], said
 
 
 def test_gluon_auto_selection(monkeypatch):
@@ -1078,8 +1086,10 @@ GLUON_STREAM_FORMS = {
     # 128-row tiles at 8 warps (128 rows in registers), HW7b: auto's geometry since ladder v22 (rs res128 s3 t128
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
-    # HW8 (opt-in, not yet run on a GPU): the same geometry, ring refilled by a producer warp of its own.
-    "rs_ws_res256_s2_t128": dict(gluon="rs_ws", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+    # HW8 (opt-in, not yet run on a GPU): the same geometry, ring refilled by a producer warp of its own / the ring's
+    # waiting tiles scored before the resident ones / both.
+    **{f"{form}_res256_s2_t128": dict(gluon=form, stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
+       for form in ("rs_ws", "rs_sf", "rs_ws_sf")},
 }
 
 
