@@ -954,6 +954,56 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
     assert [m.split("'")[1] for m in said] == ["rs_ws", "rs_sf", "rs_ws_sf"], said
 
 
+@pytest.mark.parametrize("stages,stream_tiles,steps", [(2, 7, 15), (2, 7, 1), (3, 8, 4), (2, 2, 3), (4, 3, 5)])
+def test_producer_warp_ring_protocol(stages, stream_tiles, steps):
+    """The mbarrier phases of head_walk_b1_stream_kernel(PRODUCER_WARP=True), modelled in Python with the kernel's
+    formulas (before any GPU run: a wrong phase there hangs the GPU): consumer iteration g waits ready[g % S] at
+    parity (g // S) & 1, reads, arrives on empty[g % S]; the kernel issues copies 0..S-1, the producer copy g >= S
+    after waiting empty[g % S] at parity (g // S - 1) & 1. An mbarrier wait at parity p passes once the phase of that
+    parity completed, i.e. (completed phases) & 1 != p; it must wait for exactly the phase it means (never one phase
+    more or less: a parity wait cannot tell them apart). Under random interleavings: no deadlock, each read sees its
+    own tile, no slot refilled before its read."""
+    import random
+
+    total = steps * stream_tiles
+    for seed in range(20):
+        rng = random.Random(seed)
+        ready_done = [0] * stages  # completed phases of ready[s] (one per landed copy)
+        empty_done = [0] * stages  # completed phases of empty[s] (one per consumer arrival)
+        slot_tile = [None] * stages
+        in_flight = []  # (slot, g) copies issued, not landed
+        for g in range(min(stages, total)):
+            in_flight.append((g % stages, g))
+        consumer, producer = 0, stages
+        while consumer < total:
+            moves = []
+            if in_flight:
+                moves.append("land")
+            slot = consumer % stages
+            if ready_done[slot] & 1 != (consumer // stages) & 1:
+                moves.append("consume")
+            if producer < total and empty_done[producer % stages] & 1 != (producer // stages - 1) & 1:
+                moves.append("produce")
+            assert moves, (seed, consumer, producer)  # a deadlock
+            move = rng.choice(moves)
+            if move == "land":
+                s_, g_ = in_flight.pop(rng.randrange(len(in_flight)))
+                slot_tile[s_] = g_
+                ready_done[s_] += 1
+            elif move == "consume":
+                assert ready_done[slot] == consumer // stages + 1, (seed, consumer)  # the phase it meant
+                assert slot_tile[slot] == consumer
+                empty_done[slot] += 1
+                consumer += 1
+            else:
+                s_ = producer % stages
+                assert empty_done[s_] == producer // stages, (seed, producer)  # its tile g - S was read
+                assert all(s != s_ for s, _ in in_flight)
+                in_flight.append((s_, producer))
+                producer += 1
+        assert producer == max(total, stages) and not in_flight
+
+
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
