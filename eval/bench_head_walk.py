@@ -734,6 +734,22 @@ TUNE_CASES_V22 = [
     ("gluon_rs_res256s2t128_blk7_v152k_b1", 151936, 1, dict(GLUON_T128["rs_res256s2t128"], steps=7)),
     ("default_again_v152k_b1", 151936, 1, {}),
     ("gluon_rs_res256s2t128_again_v152k_b1", 151936, 1, GLUON_T128["rs_res256s2t128"])]
+# HW8 (v23): the default (auto: rs, 128-row tiles, 256 resident, 2 stages) beside the same geometry in HW8's opt-in
+# forms: rs_ws (a producer warp refills the ring: warp specialization; the consumer warps' streamed iteration loses
+# the refill and 1 of its 3 CTA syncs), rs_sf (each step scores the ring's 2 waiting tiles before the resident ones,
+# so their slots' refills leave before the resident work) and rs_ws_sf (both), and the Triton walk, at 152k (blocks
+# 15 and 7) and 150,001, with again-rows for the run-to-run spread. The sweep row's `ours` is head_walk's default with
+# rs_ws_sf as the auto form ("sweep_gluon_auto").
+GLUON_AUTO_T128 = dict(stream_tma=2, resident_tiles=2, **T128)
+GLUON_HW8 = {form: dict(gluon=form, **GLUON_AUTO_T128) for form in ("rs_ws", "rs_sf", "rs_ws_sf")}
+TUNE_CASES_V23 = [
+    ("default_v152k_b1", 151936, 1, {}), ("triton_v152k_b1", 151936, 1, dict(gluon=False)),
+    *[(f"gluon_{form}_v152k_b1", 151936, 1, kw) for form, kw in GLUON_HW8.items()],
+    ("default_v150001_b1", 150001, 1, {}), ("gluon_rs_ws_sf_v150001_b1", 150001, 1, GLUON_HW8["rs_ws_sf"]),
+    ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
+    ("gluon_rs_ws_sf_blk7_v152k_b1", 151936, 1, dict(GLUON_HW8["rs_ws_sf"], steps=7)),
+    ("default_again_v152k_b1", 151936, 1, {}),
+    *[(f"gluon_{form}_again_v152k_b1", 151936, 1, GLUON_HW8[form]) for form in ("rs_sf", "rs_ws_sf")]]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -802,6 +818,7 @@ LADDERS = {
     "v21": dict(rule={}, cases=TUNE_CASES_V21, floors=[]),
     "v22": dict(rule={}, cases=TUNE_CASES_V22, floors=[],
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
+    "v23": dict(rule={}, cases=TUNE_CASES_V23, floors=[], sweep_gluon_auto=("rs_ws_sf", GLUON_AUTO_T128)),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -152,7 +152,8 @@ STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "
 def step_loop_counts(sass, narrowest=False):
     """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
     what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
-    streamed walk's streamed-tile iteration)."""
+    streamed walk's streamed-tile iteration). A warp-specialized build's partition dispatch loop (it holds the
+    register reallocation, USETMAXREG) is not a step loop."""
     lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
              re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
     best = None
@@ -162,8 +163,9 @@ def step_loop_counts(sass, narrowest=False):
             continue
         lo = int(m.group(1), 16)
         body = [i for a, i in lines if lo <= a <= addr]
-        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
-                                                                  else len(body) > len(best))):
+        dispatch = any("SETMAXREG" in i for i in body)
+        if any("HGMMA" in i for i in body) and not dispatch and (best is None or (len(body) < len(best) if narrowest
+                                                                                  else len(body) > len(best))):
             best = body
     if best is None:
         return {}
@@ -171,6 +173,29 @@ def step_loop_counts(sass, narrowest=False):
     counts = {"instr": len(ops)}
     for fam in STEP_LOOP_OPS:
         counts[fam] = sum(op.split(".")[0] == fam for op in ops)
+    return counts
+
+
+def streamed_loops(sass):
+    """Every innermost loop whose body holds an HGMMA (no such loop inside it), in address order, counted as
+    step_loop_counts counts: a form that splits the streamed tiles of a step over two loops (gluon 'rs_sf': the
+    ring's waiting tiles before the resident ones) has two, whose narrowest alone is its 'streamed loop'."""
+    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
+             re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    loops = []
+    for addr, ins in lines:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    body = lambda lo, hi: [i for a, i in lines if lo <= a <= hi]  # noqa: E731
+    # (an mbarrier wait's out-of-line retry block, ending in a try-wait, branches back after it: not a walk loop)
+    mma = [(lo, hi) for lo, hi in loops
+           if any("HGMMA" in i for i in body(lo, hi)) and not any("SYNCS.PHASECHK" in i for i in body(lo, hi)[-4:])]
+    inner = [(lo, hi) for lo, hi in mma if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in mma)]
+    counts = []
+    for lo, hi in sorted(inner):
+        ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in body(lo, hi)]
+        counts.append({"instr": len(ops), **{fam: sum(op.split(".")[0] == fam for op in ops) for fam in STEP_LOOP_OPS}})
     return counts
 
 
@@ -315,8 +340,10 @@ def hwg():
                 "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
                 "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
-                      "rs_res256_s2_t128", "rs_res128_s3_t128"),
-             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128")}
+                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_ws_res256_s2_t128",
+                      "rs_sf_res256_s2_t128", "rs_ws_sf_res256_s2_t128"),
+             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_ws_res256_s2_t128",
+                      "rs_sf_res256_s2_t128", "rs_ws_sf_res256_s2_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -336,12 +363,18 @@ def hwg():
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **(geometry["res" + geo] if geo else {}))
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
-                                            rs=form == "rs")
+                                            rs=walk.gluon_form_flags(form)[0])
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=form == "rs")
+                rs, producer_warp, stream_first = walk.gluon_form_flags(form)
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, producer_warp=producer_warp,
+                                      stream_first=stream_first)
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)
+                loops = streamed_loops(sass)
+                if len(loops) > 1:  # rs_sf: the lead loop, then the rest of the step's streamed tiles
+                    brief = [{k: c[k] for k in ("instr", "BAR")} for c in loops]
+                    print(f"{name:40} streamed loops {json.dumps(brief)}", flush=True)
 
 
 {"gdn": gdn, "hwg": hwg, "hw": hw}[WHAT]()

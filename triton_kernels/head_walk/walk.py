@@ -440,8 +440,10 @@ def head_walk(
             GLUON_AUTO_FORM with ring
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
-            shared memory; "rs": its first resident tile in registers), where why_not_gluon_b1 allows it, else the
-            Triton walk with a warning. A Gluon build that fails falls back the same way.
+            shared memory; "rs": its first resident tile in registers; "rs_ws" / "rs_sf" / "rs_ws_sf": "rs" with its
+            ring refilled by a producer warp / with the ring's waiting tiles scored before the resident ones /
+            both, opt-in, not yet timed), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A
+            Gluon build that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -569,16 +571,18 @@ def head_walk(
             reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
                 gluon_cfg, form = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY), GLUON_AUTO_FORM
-                reason = why_not_gluon_b1(gluon_cfg, rs=form == "rs", **gluon_case)
+                reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(form)[0], **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon='auto'): the Triton walk: {reason}", logging.INFO)
         else:
             gluon_cfg = plan(ring_reads_u=False)
-            reason = why_not_gluon_b1(gluon_cfg, rs=gluon == "rs", **gluon_case)
+            reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(gluon)[0], **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+        rs, producer_warp, stream_first = gluon_form_flags(form)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=form == "rs"):
+                                               logit_scale, rs=rs, producer_warp=producer_warp,
+                                               stream_first=stream_first):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -593,10 +597,20 @@ def head_walk(
 
 
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
-# walk, resident W2 rows in shared memory) or "rs" (its first resident tile in registers as the wgmma A operand).
+# walk, resident W2 rows in shared memory), "rs" (its first resident tile in registers as the wgmma A operand);
+# HW8's opt-in forms until ladder v23 times them: "rs_ws" ("rs" whose TMA ring a producer warp refills: warp
+# specialization), "rs_sf" ("rs" that scores the ring's STAGES waiting tiles before the resident ones, so their
+# refills leave before the resident work) and "rs_ws_sf" (both).
 # Session 6's "ss_once" / "ss_late" (one early candidate guess / none) measured slower (session 7, ladder v19, 152k
 # b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2.
-GLUON_FORMS = ("auto", False, True, "ss", "rs")
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_ws", "rs_sf", "rs_ws_sf")
+
+
+def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
+    """(rs, producer_warp, stream_first) of an explicit gluon= form: "rs..." the register tile, "..._ws..." the
+    producer warp, "..._sf" the ring's waiting tiles before the resident ones each step."""
+    name = "ss" if form is True else form
+    return name.startswith("rs"), "_ws" in name, name.endswith("_sf")
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
@@ -745,15 +759,16 @@ def _log_once(message: str, level: int = logging.WARNING) -> None:
 _gluon_failed: dict = {}
 
 
-def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool) -> bool:
+def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
+                     producer_warp: bool = False, stream_first: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
-    across the steps); False (logged, remembered per build) where it does not compile, so the caller walks the
-    Triton kernel."""
+    across the steps; producer_warp / stream_first: gluon_form_flags); False (logged, remembered per build) where it
+    does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
-    key = (cfg, rs, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, producer_warp, stream_first, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -766,10 +781,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, num_warps=gluon_b1.stream_warps(st))
+            GUESS_ROUNDS=GUESS_ROUNDS, PRODUCER_WARP=producer_warp, STREAM_FIRST=stream_first,
+            num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log_once(f"head_walk(gluon): the Gluon build failed ({'rs' if rs else 'ss'}, {resident} resident rows, "
+        form = ("rs" if rs else "ss") + ("_ws" if producer_warp else "") + ("_sf" if stream_first else "")
+        _log_once(f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident rows, "
                   f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
