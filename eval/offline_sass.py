@@ -152,8 +152,7 @@ STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "
 def step_loop_counts(sass, narrowest=False):
     """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
     what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
-    streamed walk's streamed-tile iteration). A warp-specialized build's partition dispatch loop (it holds the
-    register reallocation, USETMAXREG) is not a step loop."""
+    streamed walk's streamed-tile iteration)."""
     lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
              re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
     best = None
@@ -163,9 +162,8 @@ def step_loop_counts(sass, narrowest=False):
             continue
         lo = int(m.group(1), 16)
         body = [i for a, i in lines if lo <= a <= addr]
-        dispatch = any("SETMAXREG" in i for i in body)
-        if any("HGMMA" in i for i in body) and not dispatch and (best is None or (len(body) < len(best) if narrowest
-                                                                                  else len(body) > len(best))):
+        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
+                                                                  else len(body) > len(best))):
             best = body
     if best is None:
         return {}
@@ -340,10 +338,10 @@ def hwg():
                 "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
                 "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
-                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_ws_res256_s2_t128",
-                      "rs_sf_res256_s2_t128", "rs_ws_sf_res256_s2_t128"),
-             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_ws_res256_s2_t128",
-                      "rs_sf_res256_s2_t128", "rs_ws_sf_res256_s2_t128")}
+                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128",
+                      *(f"rs_sf_pf{d}_res256_s2_t128" for d in walk.GLUON_L2_AHEAD)),
+             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
+                      "rs_sf_pf2_res256_s2_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -365,9 +363,9 @@ def hwg():
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=walk.gluon_form_flags(form)[0])
                 assert why is None, why
-                rs, producer_warp, stream_first = walk.gluon_form_flags(form)
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, producer_warp=producer_warp,
-                                      stream_first=stream_first)
+                rs, stream_first, l2_ahead = walk.gluon_form_flags(form)
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
+                                      l2_ahead=l2_ahead)
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

@@ -890,54 +890,73 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
         assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
 
 
-def test_gluon_stream_producer_warp(monkeypatch, caplog):
-    """gluon="rs_ws" / "rs_sf" / "rs_ws_sf" (opt-in, HW8): form "rs" whose ring a producer warp refills (warp
-    specialization) / whose ring tiles waiting at a step's start are scored before the resident ones / both, in any
-    plan "rs" takes (same selection rule, same shared-memory budget: the empty barriers are 8 bytes a stage); the
-    launch passes PRODUCER_WARP / STREAM_FIRST with the consumer's warps unchanged (the producer's are added by the
-    kernel), every other form False; auto never picks them; in the interpreter they fall back to the Triton walk
-    with the same tokens and one warning; a build that fails falls back too, remembered apart from "rs"."""
+def test_gluon_stream_forms_and_l2_prefetch(monkeypatch, caplog):
+    """gluon="rs_sf" (auto's form since ladder v23: the ring's waiting tiles scored before the resident ones) and
+    HW9's opt-in "rs_sf_pf1".."rs_sf_pf4" ("rs_sf" whose thread 0 bulk-prefetches the next step's d streamed tiles
+    after the ring's into L2 once a step): same selection rule as "rs"; the launch passes STREAM_FIRST and L2_AHEAD
+    (clipped to the tiles a step streams beyond the ring: l2_ahead_tiles), 0 where W2's rows are not contiguous
+    (the prefetch reads a tile as one byte range; said once); auto never picks a _pf form; in the interpreter they
+    fall back to the Triton walk with the same tokens and one warning each; a build that fails falls back too,
+    remembered per L2_AHEAD."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert {"rs_ws", "rs_sf", "rs_ws_sf"} <= set(walk.GLUON_FORMS) and walk.GLUON_AUTO_FORM == "rs"
+    assert walk.GLUON_AUTO_FORM == "rs_sf" and not any(form in walk.GLUON_FORMS for form in ("rs_ws", "rs_ws_sf"))
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
-    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
-                     "rs_ws": (True, True, False), "rs_sf": (True, False, True), "rs_ws_sf": (True, True, True)}
+    assert flags == {True: (False, False, 0), "ss": (False, False, 0), "rs": (True, False, 0),
+                     "rs_sf": (True, True, 0), "rs_sf_pf1": (True, True, 1), "rs_sf_pf2": (True, True, 2),
+                     "rs_sf_pf3": (True, True, 3), "rs_sf_pf4": (True, True, 4)}
+    # (stages, streamed tiles a step, asked) -> tiles prefetched: at most those after the ring's.
+    cases = {(2, 7, 1): 1, (2, 7, 4): 4, (2, 7, 5): 5, (2, 7, 6): 5, (3, 8, 4): 4, (3, 5, 4): 2, (2, 2, 3): 0,
+             (4, 3, 1): 0, (2, 7, 0): 0}
+    assert {case: walk.gluon_b1.l2_ahead_tiles(*case) for case in cases} == cases
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.why_not_gluon_b1(auto_plan, rs=True, **base) is None
+    res128_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, resident_tiles=1, stream_rows=128, tile_rows=128)
 
     build = _CapturedBuild()
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
     monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
     monkeypatch.setattr(walk, "_gluon_failed", {})
+    monkeypatch.setattr(walk, "_logged", set())
     u = torch.zeros(1, 15, 151936, dtype=bf)
     w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
     tokens = torch.zeros(1, 15, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long)
-    for producer_warp in (True, False):
-        for stream_first in (True, False):
-            assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True,
-                                         producer_warp=producer_warp, stream_first=stream_first)
+    for form in walk.GLUON_FORMS[5:]:
+        rs, stream_first, ahead = walk.gluon_form_flags(form)
+        for plan, tiles in ((auto_plan, 7), (res128_s3, 8)):
+            assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
+                                         l2_ahead=ahead)
             _, kwargs = build.launches[-1]
-            want = dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128, num_warps=8,
-                        PRODUCER_WARP=producer_warp, STREAM_FIRST=stream_first)
-            assert {k: kwargs[k] for k in want} == want, kwargs
+            want = dict(ST=128, STREAM_TILES=tiles, RS_ROWS=128, num_warps=8, STREAM_FIRST=True, L2_AHEAD=ahead)
+            assert {k: kwargs[k] for k in want} == want, (form, kwargs)
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
-    assert build.launches[-1][1]["PRODUCER_WARP"] is False and build.launches[-1][1]["STREAM_FIRST"] is False
-    # A Triton that rejects the warp-specialized build: False (the caller walks Triton), said once, remembered
-    # apart from the plain rs build of the same plan.
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
-    monkeypatch.setattr(walk, "_logged", set())
+    assert build.launches[-1][1]["STREAM_FIRST"] is False and build.launches[-1][1]["L2_AHEAD"] == 0
+    # W2 rows with gaps between them (a [V, 264] buffer's first 256 columns): TMA reads them, the bulk prefetch
+    # would not read the tile's bytes: no prefetch, said once.
+    padded = torch.zeros(151936, 264, dtype=bf)[:, :256]
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
-            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, producer_warp=True)
+            assert walk._launch_gluon_b1(auto_plan, u, w1, padded, first, tokens, 1.0, rs=True, stream_first=True,
+                                         l2_ahead=2)
+            assert build.launches[-1][1]["L2_AHEAD"] == 0
+    said = [r.getMessage() for r in caplog.records if "no L2 prefetch" in r.getMessage()]
+    assert len(said) == 1 and "264" in said[0], said
+    # A Triton that rejects the prefetching build: False (the caller walks Triton), said once, remembered apart
+    # from the rs_sf build of the same plan.
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True,
+                                             l2_ahead=2)
     said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
-    assert len(said) == 1 and "(rs_ws," in said[0], said
+    assert len(said) == 1 and "(rs_sf_pf2," in said[0], said
     assert len(walk._gluon_failed) == 1
-    assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
+    assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
     assert len(walk._gluon_failed) == 2
     caplog.clear()
 
@@ -946,69 +965,22 @@ def test_gluon_stream_producer_warp(monkeypatch, caplog):
     p = make_problem(1, 5, 1031, seed=47)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in ("rs_ws", "rs_sf", "rs_ws_sf", "rs_ws"):
+        for form in ("rs_sf", "rs_sf_pf1", "rs_sf_pf4", "rs_sf"):
             tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
             assert torch.equal(tokens, ref), form
     said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
     assert len(said) == 3 and all("no CUDA device" in m for m in said), said
-    assert [m.split("'")[1] for m in said] == ["rs_ws", "rs_sf", "rs_ws_sf"], said
-
-
-@pytest.mark.parametrize("stages,stream_tiles,steps", [(2, 7, 15), (2, 7, 1), (3, 8, 4), (2, 2, 3), (4, 3, 5)])
-def test_producer_warp_ring_protocol(stages, stream_tiles, steps):
-    """The mbarrier phases of head_walk_b1_stream_kernel(PRODUCER_WARP=True), modelled in Python with the kernel's
-    formulas (before any GPU run: a wrong phase there hangs the GPU): consumer iteration g waits ready[g % S] at
-    parity (g // S) & 1, reads, arrives on empty[g % S]; the kernel issues copies 0..S-1, the producer copy g >= S
-    after waiting empty[g % S] at parity (g // S - 1) & 1. An mbarrier wait at parity p passes once the phase of that
-    parity completed, i.e. (completed phases) & 1 != p; it must wait for exactly the phase it means (never one phase
-    more or less: a parity wait cannot tell them apart). Under random interleavings: no deadlock, each read sees its
-    own tile, no slot refilled before its read."""
-    import random
-
-    total = steps * stream_tiles
-    for seed in range(20):
-        rng = random.Random(seed)
-        ready_done = [0] * stages  # completed phases of ready[s] (one per landed copy)
-        empty_done = [0] * stages  # completed phases of empty[s] (one per consumer arrival)
-        slot_tile = [None] * stages
-        in_flight = []  # (slot, g) copies issued, not landed
-        for g in range(min(stages, total)):
-            in_flight.append((g % stages, g))
-        consumer, producer = 0, stages
-        while consumer < total:
-            moves = []
-            if in_flight:
-                moves.append("land")
-            slot = consumer % stages
-            if ready_done[slot] & 1 != (consumer // stages) & 1:
-                moves.append("consume")
-            if producer < total and empty_done[producer % stages] & 1 != (producer // stages - 1) & 1:
-                moves.append("produce")
-            assert moves, (seed, consumer, producer)  # a deadlock
-            move = rng.choice(moves)
-            if move == "land":
-                s_, g_ = in_flight.pop(rng.randrange(len(in_flight)))
-                slot_tile[s_] = g_
-                ready_done[s_] += 1
-            elif move == "consume":
-                assert ready_done[slot] == consumer // stages + 1, (seed, consumer)  # the phase it meant
-                assert slot_tile[slot] == consumer
-                empty_done[slot] += 1
-                consumer += 1
-            else:
-                s_ = producer % stages
-                assert empty_done[s_] == producer // stages, (seed, producer)  # its tile g - S was read
-                assert all(s != s_ for s, _ in in_flight)
-                in_flight.append((s_, producer))
-                producer += 1
-        assert producer == max(total, stages) and not in_flight
+    assert [m.split("'")[1] for m in said] == ["rs_sf", "rs_sf_pf1", "rs_sf_pf4"], said
+    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf5"):
+        with pytest.raises(ValueError, match="gluon must be one of"):
+            head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
 
 
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
-    triton 3.6, sm_90, no launch option given; there it walks form "rs" in the measured geometry (128-row tiles at 8
-    warps: 256 resident rows of which 128 in registers, 2 ring stages, 7 streamed tiles). Everything else keeps the
+    triton 3.6, sm_90, no launch option given; there it walks form "rs_sf" (ladder v23) in the measured geometry
+    (128-row tiles at 8 warps: 256 resident rows of which 128 in registers, 2 ring stages, 7 streamed tiles). Everything else keeps the
     Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
 
@@ -1023,7 +995,7 @@ def test_gluon_auto_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
-    assert walk.GLUON_AUTO_FORM == "rs" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert walk.GLUON_AUTO_FORM == "rs_sf" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
     auto_150001 = _gpu_plan(monkeypatch, 150001, **walk.GLUON_AUTO_GEOMETRY)
     assert walk._gluon_stream_form(auto_150001) == (256, 7, 2)
@@ -1136,10 +1108,11 @@ GLUON_STREAM_FORMS = {
     # 128-row tiles at 8 warps (128 rows in registers), HW7b: auto's geometry since ladder v22 (rs res128 s3 t128
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
-    # HW8 (opt-in, not yet run on a GPU): the same geometry, ring refilled by a producer warp of its own / the ring's
-    # waiting tiles scored before the resident ones / both.
+    # The same geometry with the ring's waiting tiles scored first (auto's form since ladder v23; HW8's producer-warp
+    # forms passed here at 89ba734 and measured no faster: removed), and HW9's opt-in once-a-step L2 prefetch of the
+    # next step's 1..4 tiles after the ring's.
     **{f"{form}_res256_s2_t128": dict(gluon=form, stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
-       for form in ("rs_ws", "rs_sf", "rs_ws_sf")},
+       for form in ("rs_sf", "rs_sf_pf1", "rs_sf_pf2", "rs_sf_pf3", "rs_sf_pf4")},
 }
 
 
@@ -1152,7 +1125,7 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
     shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
-    rs_res256_s2_t128 form since HW7b); the Triton walk is tolerated by the naive reference. A fallback to the Triton
+    rs_sf_res256_s2_t128 form since ladder v23); the Triton walk is tolerated by the naive reference. A fallback to the Triton
     walk fails the test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads

@@ -16,13 +16,12 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 3. "rs": the first resident tile's W2 rows are held in registers as the wgmma A operand (no shared memory), which
    pays for another ring stage or resident tile. With 8 warps (two warpgroups) a tile is 128 rows: 128 rows in
    registers, and half the streamed iterations a step (gluon="auto"'s geometry, measured session 7).
-4. Opt-in, HW8, not yet timed: "rs_ws", form "rs" whose ring a producer warp refills (gl.warp_specialize: the walk
-   runs in the default partition, `_stream_producer` in one more warp). The consumer warps then arrive on an "empty"
-   mbarrier per slot instead of issuing the refill: their streamed iteration loses the refill's instructions and one
-   of the three CTA syncs Triton's membar pass puts around the mbarrier ops (3.6: 3 -> 2 BAR, 217 -> 192
-   instructions; eval/results/head_walk_gluon_b1_offline.txt). "rs_sf": each step scores the ring's STAGES tiles
-   that landed during the exchange before the resident tiles, so their slots' refills leave before the resident
-   work instead of after it. "rs_ws_sf": both.
+4. STREAM_FIRST ("rs_sf", gluon="auto"'s form since session 8): each step scores the ring's STAGES tiles that
+   landed during the exchange before the resident tiles, so their slots' refills leave before the resident work
+   instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
+5. Opt-in, HW9: L2_AHEAD = d ("rs_sf_pf<d>"): once a step, right after publishing its key, thread 0 bulk-prefetches
+   into L2 the next step's d streamed tiles after the STAGES the ring already holds, so that HBM keeps streaming
+   while the programs exchange keys and gather W1, and the ring's TMA copies of those tiles then hit L2.
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
@@ -33,7 +32,7 @@ version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTER
 import triton.language as tl
 
 # The Triton helpers called here create no tensor (no layout to give): Gluon compiles them as they are.
-from .kernel import ID_MASK, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys
+from .kernel import ID_MASK, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys, _prefetch_tile_l2
 
 try:
     from triton.experimental import gluon
@@ -62,14 +61,17 @@ MAX_SHARD_ROWS = 256
 # either way, and a streamed iteration covers twice the rows).
 STREAM_CANDS = 8
 STREAM_TILE_ROWS = (64, 128)
-# head_walk_b1_stream_kernel(PRODUCER_WARP=True): the producer warp's registers (it holds a loop counter and the
-# descriptor's coordinates only).
-PRODUCER_REGS = tl.constexpr(24)
 
 
 def stream_warps(tile_rows: int) -> int:
     """Warps of the streamed kernel for tiles of tile_rows (one warp per 16 rows of the wgmma's M)."""
     return tile_rows // 16
+
+
+def l2_ahead_tiles(stages: int, stream_tiles: int, ahead: int) -> int:
+    """head_walk_b1_stream_kernel's L2_AHEAD for gluon form "..._pf<ahead>": the next step's tiles STAGES.. that the
+    once-a-step L2 prefetch covers (its first STAGES are already in the ring), at most those the shard streams."""
+    return max(0, min(ahead, stream_tiles - stages))
 
 
 def stream_descriptor(w2_rows, stream_rows: int):
@@ -208,15 +210,9 @@ if HAVE_GLUON:
         """Keys of one [ST] tile of the shard from the accumulator's winning column, rounded as vLLM (kernel.py's
         _score_row): bias to U's dtype, (scale, round), + U, round; its base logits are row `tile` of this step's
         u_smem."""
-        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
-        return _score_rows(acc, col, u, row0, shard_end, logit_scale, SCALED, CANDS, ACC_LAYOUT)
-
-    @gluon.jit
-    def _score_rows(acc, col, u, row0, shard_end, logit_scale, SCALED: gl.constexpr, CANDS: gl.constexpr,
-                    ACC_LAYOUT: gl.constexpr):
-        """_score_tile with the tile's base logits u [ST] already loaded (in the accumulator's row layout)."""
         st: gl.constexpr = acc.shape[0]
         rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
+        u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
         cols = gl.arange(0, CANDS, gl.SliceLayout(0, ACC_LAYOUT))
         acc = gl.sum(gl.where(cols[None, :] == col, acc, 0.0), axis=1)
         out_ty = u.dtype
@@ -255,11 +251,10 @@ if HAVE_GLUON:
         return run
 
     @gluon.jit
-    def _streamed_tile(run, g, j, col, b_view, zero_acc, ring, ready, empty, u_smem, w2_desc, stream_begin, shard_end,
-                       logit_scale, total, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, SCALED: gl.constexpr,
-                       PRODUCER_WARP: gl.constexpr):
+    def _streamed_tile(run, g, j, col, b_view, zero_acc, ring, ready, u_smem, w2_desc, stream_begin, shard_end,
+                       logit_scale, total, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, SCALED: gl.constexpr):
         """run folded with the keys of streamed tile j, global streamed iteration g (slot g % STAGES); its slot
-        refilled with iteration g + STAGES's tile (by this CTA's thread 0, or by the producer warp once told)."""
+        refilled by this CTA's thread 0 with iteration g + STAGES's tile."""
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
@@ -267,41 +262,26 @@ if HAVE_GLUON:
         TILE_BYTES: gl.constexpr = ST * ring.shape[2] * 2
         slot = g % STAGES
         mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-        if PRODUCER_WARP:
-            # The tile's base logits before the wgmma: no shared-memory read after the arrive below (the membar
-            # pass would put a CTA sync between them).
-            u_row = u_smem.index(RES_T + j).load(gl.SliceLayout(1, ACC))
-            acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            # Every consumer warp's wgmma has read the slot before the producer warp may refill it.
-            _cta_sync()
-            mbarrier.arrive(empty.index(slot))
-            run = gl.maximum(run, _score_rows(acc, col, u_row, stream_begin + j * ST, shard_end, logit_scale, SCALED,
-                                              CANDS, ACC))
-        else:
-            acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            # Every warp's wgmma has read the slot before one thread refills it (the next step's tiles too).
-            _cta_sync()
-            g_next = g + STAGES
-            mbarrier.expect(ready.index(slot), TILE_BYTES, pred=g_next < total)
-            _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot), ring.index(slot),
-                      pred=g_next < total)
-            run = gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
-                                              logit_scale, SCALED, CANDS, ACC))
-        return run
+        acc = warpgroup_mma(ring.index(slot), b_view, zero_acc, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        # Every warp's wgmma has read the slot before one thread refills it (the next step's tiles too).
+        _cta_sync()
+        g_next = g + STAGES
+        mbarrier.expect(ready.index(slot), TILE_BYTES, pred=g_next < total)
+        _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot), ring.index(slot),
+                  pred=g_next < total)
+        return gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
+                                           logit_scale, SCALED, CANDS, ACC))
 
     @gluon.jit
-    def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr, num_steps, logit_scale,
-                      ring, ready, empty, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles, u_smem, o_cr, prog,
-                      err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
+    def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_ptr, stride_w2v, w2_desc, tok_ptr, keys_ptr, gen_ptr,
+                      num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
+                      u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
                       STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                       NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
                       TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
-                      PRODUCER_WARP: gl.constexpr, STREAM_FIRST: gl.constexpr):
-        """The walk's steps (head_walk_b1_stream_kernel's loop): the whole CTA's, or with PRODUCER_WARP the default
-        partition's (gl.num_warps() = the consumer warps), whose ring refills a producer warp issues
-        (_stream_producer) once `empty` says a slot was read."""
+                      STREAM_FIRST: gl.constexpr, L2_AHEAD: gl.constexpr):
+        """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         STAGES: gl.constexpr = ring.shape[0]
@@ -326,26 +306,33 @@ if HAVE_GLUON:
                 # the resident tiles' work, which then runs while those refills travel.
                 lead: gl.constexpr = STAGES if STAGES < STREAM_TILES else STREAM_TILES
                 for j in range(lead):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, empty,
-                                         u_smem, w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES,
-                                         RES_T, SCALED, PRODUCER_WARP)
+                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
+                                         SCALED)
                 run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, u_smem, shard_begin, shard_end,
                                       logit_scale, RES_T, RS_ROWS, SCALED)
                 for j in range(lead, STREAM_TILES):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, empty,
-                                         u_smem, w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES,
-                                         RES_T, SCALED, PRODUCER_WARP)
+                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
+                                         SCALED)
             else:
                 run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, u_smem, shard_begin, shard_end,
                                       logit_scale, RES_T, RS_ROWS, SCALED)
                 for j in range(STREAM_TILES):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, empty,
-                                         u_smem, w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES,
-                                         RES_T, SCALED, PRODUCER_WARP)
+                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
+                                         SCALED)
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
             _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
+            if L2_AHEAD > 0:
+                # After the key (which the exchange waits for): HBM streams the next step's tiles while the programs
+                # meet; the ring's copies of them hit L2 then. One thread, once a step (session 4: issued every
+                # iteration by the consumer, the bulk prefetch cost more than it hid).
+                if k + 1 < num_steps:
+                    for t in gl.static_range(L2_AHEAD):
+                        _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + (STAGES + t) * ST, shard_end, R, ST)
             # The next step's base logits travel while the programs meet (stored after the wait: every warp has
             # read this step's from u_smem before _cta_max's sync).
             u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
@@ -361,19 +348,6 @@ if HAVE_GLUON:
         gl.store(gen_ptr + pid, gen + num_steps)
 
     @gluon.jit
-    def _stream_producer(w2_desc, ring, ready, empty, stream_begin, total, stream_tiles):
-        """The producer warp of head_walk_b1_stream_kernel(PRODUCER_WARP=True): streamed iterations STAGES.. of the
-        walk (the kernel issued the first STAGES), each refill once the consumer warps freed its slot."""
-        STAGES: gl.constexpr = ring.shape[0]
-        ST: gl.constexpr = ring.shape[1]
-        TILE_BYTES: gl.constexpr = ST * ring.shape[2] * 2
-        for g in range(STAGES, total):
-            slot = g % STAGES
-            mbarrier.wait(empty.index(slot), ((g // STAGES) - 1) & 1)
-            mbarrier.expect(ready.index(slot), TILE_BYTES)
-            _tma_load(w2_desc, [stream_begin + (g % stream_tiles) * ST, 0], ready.index(slot), ring.index(slot))
-
-    @gluon.jit
     def head_walk_b1_stream_kernel(
         u_ptr, stride_uk,
         w1_ptr, stride_w1,
@@ -384,9 +358,11 @@ if HAVE_GLUON:
         R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, PRODUCER_WARP: gl.constexpr = False,
-        STREAM_FIRST: gl.constexpr = False,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
+        L2_AHEAD: gl.constexpr = 0,
     ):
+        # L2_AHEAD (l2_ahead_tiles; needs row-contiguous W2 rows): once a step, thread 0 bulk-prefetches the next
+        # step's streamed tiles STAGES .. STAGES + L2_AHEAD - 1 into L2.
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
         # through a ring of STAGES shared-memory slots filled by TMA (w2_desc: W2 rows [V, R] in [ST, R] boxes).
@@ -421,13 +397,6 @@ if HAVE_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-        if PRODUCER_WARP:
-            # empty[s]: the consumer warps have read slot s (one arrival, after their CTA-partition sync).
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(STAGES):
-                mbarrier.init(empty.index(s), count=1)
-        else:
-            empty = ready
         fence_async_shared()
         _cta_sync()
         total = num_steps * STREAM_TILES
@@ -477,20 +446,10 @@ if HAVE_GLUON:
         prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                      SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
-        steps_args = (u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr, num_steps,
-                      logit_scale, ring, ready, empty, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles, u_smem,
-                      o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin)
-        if PRODUCER_WARP:
-            gl.warp_specialize([(_stream_steps, steps_args + (STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS,
-                                                              KEY_STRIDE, SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT,
-                                                              GUESS_ROUNDS, True, STREAM_FIRST)),
-                                (_stream_producer, (w2_desc, ring, ready, empty, stream_begin, total,
-                                                    num_steps * 0 + STREAM_TILES))],
-                               [1], [PRODUCER_REGS])
-        else:
-            _stream_steps(*steps_args, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
-                          TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, False, STREAM_FIRST)
+        _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_ptr, stride_w2v, w2_desc, tok_ptr, keys_ptr, gen_ptr,
+                      num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
+                      u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
+                      STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND, TILES_P2,
+                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, L2_AHEAD)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
-            if PRODUCER_WARP:
-                mbarrier.invalidate(empty.index(s))

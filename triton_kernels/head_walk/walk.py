@@ -440,10 +440,11 @@ def head_walk(
             GLUON_AUTO_FORM with ring
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
-            shared memory; "rs": its first resident tile in registers; "rs_ws" / "rs_sf" / "rs_ws_sf": "rs" with its
-            ring refilled by a producer warp / with the ring's waiting tiles scored before the resident ones /
-            both, opt-in, not yet timed), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A
-            Gluon build that fails falls back the same way.
+            shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
+            tiles before the resident ones; "rs_sf_pf1".."rs_sf_pf4": "rs_sf" that also bulk-prefetches the next
+            step's 1..4 streamed tiles after the ring's into L2 once a step, opt-in, not yet timed), where
+            why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back
+            the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -579,10 +580,9 @@ def head_walk(
             reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(gluon)[0], **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        rs, producer_warp, stream_first = gluon_form_flags(form)
+        rs, stream_first, l2_ahead = gluon_form_flags(form)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=rs, producer_warp=producer_warp,
-                                               stream_first=stream_first):
+                                               logit_scale, rs=rs, stream_first=stream_first, l2_ahead=l2_ahead):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -597,20 +597,26 @@ def head_walk(
 
 
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
-# walk, resident W2 rows in shared memory), "rs" (its first resident tile in registers as the wgmma A operand);
-# HW8's opt-in forms until ladder v23 times them: "rs_ws" ("rs" whose TMA ring a producer warp refills: warp
-# specialization), "rs_sf" ("rs" that scores the ring's STAGES waiting tiles before the resident ones, so their
-# refills leave before the resident work) and "rs_ws_sf" (both).
+# walk, resident W2 rows in shared memory), "rs" (its first resident tile in registers as the wgmma A operand),
+# "rs_sf" ("rs" that scores the ring's STAGES waiting tiles before the resident ones, so their refills leave before
+# the resident work; auto's form since ladder v23), and HW9's opt-in "rs_sf_pf<d>" until ladder v24 times them
+# ("rs_sf" whose thread 0 bulk-prefetches into L2, once a step right after publishing its key, the next step's d
+# streamed tiles after the STAGES the ring holds).
 # Session 6's "ss_once" / "ss_late" (one early candidate guess / none) measured slower (session 7, ladder v19, 152k
-# b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_ws", "rs_sf", "rs_ws_sf")
+# b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2. HW8's "rs_ws" / "rs_ws_sf" (a producer warp refills the ring)
+# measured no faster than "rs" / "rs_sf" (ladder v23: 249.9 vs 247.7 / 251.9; 236.5 / 242.0 vs 235.6 / 236.2 us);
+# code at 89ba734.
+GLUON_L2_AHEAD = (1, 2, 3, 4)
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", *(f"rs_sf_pf{d}" for d in GLUON_L2_AHEAD))
 
 
-def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
-    """(rs, producer_warp, stream_first) of an explicit gluon= form: "rs..." the register tile, "..._ws..." the
-    producer warp, "..._sf" the ring's waiting tiles before the resident ones each step."""
+def gluon_form_flags(form: bool | str) -> tuple[bool, bool, int]:
+    """(rs, stream_first, l2_ahead) of an explicit gluon= form: "rs..." the register tile, "..._sf..." the ring's
+    waiting tiles before the resident ones each step, "..._pf<d>" d streamed tiles of the next step bulk-prefetched
+    into L2 once a step."""
     name = "ss" if form is True else form
-    return name.startswith("rs"), "_ws" in name, name.endswith("_sf")
+    base, _, ahead = name.partition("_pf")
+    return base.startswith("rs"), base.endswith("_sf"), int(ahead or 0)
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
@@ -620,8 +626,9 @@ GUESS_ROUNDS = 3
 # same form with a 2-stage ring 292.2. Ladder v22 (HW7b, one run): 128-row tiles at 8 warps (two warpgroups, 128 rows
 # in registers + 128 in shared memory, 2 ring stages of 128 rows: 7 streamed iterations a step, not 14) 245.4 / 244.4
 # vs that form 273.3 / 273.2 (Triton 300.5; 128 rows in registers only + 3 stages 271.4); 150001 250.0 vs 283.6;
-# block 7 120.6 vs 137.0.
-GLUON_AUTO_FORM = "rs"
+# block 7 120.6 vs 137.0. Ladder v23 (session 8, lead's call 1 at 89ba734, one run): "rs_sf" (the ring's 2 waiting
+# tiles scored before the resident ones) 235.6 / 236.2 vs "rs" 247.7 / 251.9 us (HW8's rule: > 2 % in both pairs).
+GLUON_AUTO_FORM = "rs_sf"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
@@ -760,15 +767,20 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     producer_warp: bool = False, stream_first: bool = False) -> bool:
+                     stream_first: bool = False, l2_ahead: int = 0) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
-    across the steps; producer_warp / stream_first: gluon_form_flags); False (logged, remembered per build) where it
+    across the steps; stream_first / l2_ahead: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
-    key = (cfg, rs, producer_warp, stream_first, u.dtype, w1.dtype, rank)
+    if l2_ahead and w2_rows.stride(0) != rank:
+        # The bulk prefetch reads tiles as contiguous bytes: rows with gaps walk without it (same tokens).
+        _log_once(f"head_walk(gluon): W2 rows {w2_rows.stride(0)} elements apart (not {rank}): no L2 prefetch")
+        l2_ahead = 0
+    l2_ahead = gluon_b1.l2_ahead_tiles(stages, tiles, l2_ahead)
+    key = (cfg, rs, stream_first, l2_ahead, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -781,11 +793,11 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, PRODUCER_WARP=producer_warp, STREAM_FIRST=stream_first,
+            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, L2_AHEAD=l2_ahead,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = ("rs" if rs else "ss") + ("_ws" if producer_warp else "") + ("_sf" if stream_first else "")
+        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "") + (f"_pf{l2_ahead}" if l2_ahead else "")
         _log_once(f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident rows, "
                   f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
