@@ -43,6 +43,10 @@
 #   MODE=final9 (session 6, GB6) as final8 with --sweep-set tma9 (final8's picks as incumbents; the stacked picks with
 #               TMA loads, picked only when 2 % faster: --verify-margin 0.02; the run at 901b3f2 also timed the tf32x3
 #               prep products, since removed) and the GPU tests of those forms through pytest-xdist
+#   MODE=final10 (session 8, GD9) as final9 with --sweep-set l2pf10 (final9's picks as incumbents; the stacked picks
+#               with the L2 bulk prefetch of the states, picked only when faster by 3 % of the step's total:
+#               --total-margin 0.03; reconstruction incumbents kept unless 2 % faster) and the l2_prefetch tests
+#               (GPU real shape + the CPU ones) through pytest-xdist
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -144,7 +148,7 @@ if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -169,6 +173,10 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=tma9 TEST_K="tma" SWEEP_CUT=170 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-230} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-6}"
         EXTRA="--sweep-lens 4,16 --no-fold --verify-margin 0.02 --stop-at-s ${STOP_AT_S:-200}"
+    elif [ "$MODE" = final10 ]; then
+        SWEEP_SET=l2pf10 TEST_K="l2_prefetch" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-300} \
+            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
+        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.03 --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-250}"
     elif [ "$MODE" = final8 ]; then
         SWEEP_SET=stacked7 TEST_K="stacked or maxnreg or two-pass or two_pass" SWEEP_CUT=140 TEST_S=${TEST_S:-100} \
             BENCH_S=${BENCH_S:-230} GRID_S=${GRID_S:-1000} CUT=1500
@@ -198,7 +206,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -867,6 +867,14 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, stacked=True, pdl=True, whole_v=True)
     with pytest.raises(ValueError, match="tma_loads needs stacked"):
         VerifyConfig(two_pass=True, tma_loads=True)
+    with pytest.raises(ValueError, match="l2_prefetch_mib and l2_prefetch_ahead need stacked"):
+        VerifyConfig(two_pass=True, l2_prefetch_mib=16)
+    with pytest.raises(ValueError, match="l2_prefetch_mib and l2_prefetch_ahead need stacked"):
+        VerifyConfig(hoist=True, l2_prefetch_ahead=1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        VerifyConfig(two_pass=True, stacked=True, l2_prefetch_mib=-1)
+    with pytest.raises(ValueError, match="l2_prefetch_ahead needs one value block"):
+        VerifyConfig(two_pass=True, stacked=True, whole_v=True, l2_prefetch_ahead=1)
 
 
 @needs_kernels
@@ -908,6 +916,52 @@ def test_tma_loads_fall_back_to_pointers_where_tma_cannot_address(pad, caplog):
         out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
     assert rel_err(out, naive_gdn_verify(**p, device=DEVICE)) < 1e-5
     assert ("through pointers instead" in caplog.text) == (pad == 1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("config", [
+    pytest.param(VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, l2_prefetch_mib=1,
+                              l2_prefetch_ahead=1), id="pdl-prep-and-ahead"),
+    pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True, tma_loads=True,
+                              l2_prefetch_mib=64), id="rolled-tma-prep"),
+])
+def test_l2_prefetch_leaves_results_unchanged(config):
+    """The L2 bulk prefetch is a cache hint: outputs and workspace are bit for bit those of the same config without
+    it. Under the interpreter (inline PTX cannot run there) the flags are ignored: the launch plan issues none."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    lens = [9, 3, 14, 1]
+    p = make_problem(lens, head_v_dim=32, seed=41, null_requests=(1,))
+    results = []
+    for c in (config, dataclasses.replace(config, l2_prefetch_mib=0, l2_prefetch_ahead=0)):
+        ws = workspace_for(p)
+        for t in (ws.u, ws.k, ws.g, ws.x):  # rows past a request's length are never written
+            t.zero_()
+        out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=c)
+        results.append((out, ws.u, ws.k, ws.g, ws.x))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert rel_err(results[0][0], naive_gdn_verify(**p, device=DEVICE)) < 1e-5
+    assert (stacked_mod.l2_prefetch_plan(config, p["ssm_state"], len(lens)) == (0, 0)) == INTERPRETED
+
+
+@pytest.mark.parametrize("pad", [0, 1, 4], ids=["contiguous", "slot-stride-4-bytes-off", "slot-stride-16-bytes"])
+def test_l2_prefetch_plan(pad, monkeypatch, caplog):
+    """What the launcher asks of the kernels where they compile: the prep prefetches whole requests whose states fit
+    in l2_prefetch_mib (at most all of them), the state pass l2_prefetch_ahead programs per SM ahead; nothing where a
+    slot's start is not 16-byte aligned (the bulk prefetch's rule), with one log line; nothing asked, nothing."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    monkeypatch.setattr(stacked_mod, "_interpreting", lambda: False)
+    monkeypatch.setattr(stacked_mod, "_sm_count", lambda device: 10)
+    per_slot = 4 * 32 * 16  # [HV, V, K] fp32: 8 KiB a request
+    states = torch.zeros(6, per_slot + pad).as_strided((6, 4, 32, 16), (per_slot + pad, 32 * 16, 16, 1))
+    stacked_mod._warn_once.cache_clear()
+    plan = functools.partial(stacked_mod.l2_prefetch_plan, ssm_state=states)
+    with caplog.at_level("WARNING"):
+        got = [plan(VerifyConfig(block_v=16, two_pass=True, stacked=True, l2_prefetch_mib=mib, l2_prefetch_ahead=ahead),
+                    num_requests=B) for mib, ahead, B in ((1, 0, 500), (1, 2, 5), (0, 3, 5), (0, 0, 5))]
+    if pad == 1:
+        assert got == [(0, 0)] * 4 and "not 16-byte aligned; no L2 prefetch" in caplog.text
+    else:
+        assert got == [(128, 0), (5, 20), (0, 30), (0, 0)] and not caplog.text
 
 
 def test_accepts_strided_slot_dimension(small):
@@ -1143,6 +1197,38 @@ def test_gpu_tma_loads_on_padded_slots(state_dtype, config):
     z_kq, _ = stacked_mod.stacked_scratch("cuda", 2, 16, 32, 32, 128)
     assert len(stacked_mod._tma_descriptors(padded, z_kq, 64, 32)[0].block_shape) == 3
     _check_real_shape(state_dtype, config, False, slot_padding=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype,config,slot_padding", [
+    # session 8 (GD9): the tuned stacked picks with the L2 bulk prefetch (prep: 2 of the 4 live requests / all;
+    # state pass: one program per SM ahead, i.e. within the 320-program grid)
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                             l2_prefetch_mib=4, l2_prefetch_ahead=1), 0, id="fp32-state-bv64-pdl"),
+    pytest.param(torch.float32, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                             prep_maxnreg=128, l2_prefetch_mib=64), 0, id="fp32-state-bv128-pdl"),
+    pytest.param(torch.float32, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                             prep_maxnreg=128, tma_loads=True, l2_prefetch_mib=4,
+                                             l2_prefetch_ahead=1), 64, id="fp32-state-bv128-pdl-tma-padded-slots"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
+                                              l2_prefetch_mib=64, l2_prefetch_ahead=1), 0, id="bf16-state-bv64"),
+])
+def test_gpu_l2_prefetch_real_shape(state_dtype, config, slot_padding):
+    """The L2 bulk prefetch at the Qwen3-Next shape: the launch issues it (the plan is not empty), the outputs and
+    workspace are bit for bit those without it, and verify + reconstruction meet the real-shape tolerances."""
+    from hybridspec_kernels.gdn_verify import stacked as stacked_mod
+    p = real_shape_problem(state_dtype, "cuda")
+    assert stacked_mod.l2_prefetch_plan(config, p["ssm_state"], len(REAL_SHAPE_LENS)) != (0, 0)
+    results = []
+    for c in (config, dataclasses.replace(config, l2_prefetch_mib=0, l2_prefetch_ahead=0)):
+        ws = workspace_for(p, max_len=32)
+        for t in (ws.u, ws.k, ws.g, ws.x):  # rows past a request's length are never written
+            t.zero_()
+        out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(REAL_SHAPE_LENS), config=c)
+        results.append((out, ws.u, ws.k, ws.g, ws.x))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    _check_real_shape(state_dtype, config, False, slot_padding=slot_padding)
 
 
 @pytest.mark.gpu

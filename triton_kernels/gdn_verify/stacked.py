@@ -33,13 +33,14 @@ from .verify import _causal_conv_silu
 logger = logging.getLogger(__name__)
 
 
-@triton.jit(do_not_specialize=["WS_LEN", "scale"])
+@triton.jit(do_not_specialize=["WS_LEN", "scale", "prefetch_requests"])
 def _stacked_prep_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, state_indices, cu_seqlens, ws_k, ws_g, ws_x, ws_rows, z_kq,
-    fac, scale, stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN,
+    fac, scale, stride_x, stride_a, stride_b, stride_conv_slot, WS_LEN, ssm_state, stride_ssm_slot, prefetch_requests,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
-    SMALL_DOT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    SMALL_DOT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, V: tl.constexpr = 0,
+    L2_PREFETCH: tl.constexpr = False,
 ):
     """Program (k-head, request): its k, raw q/k and Z, and G and the factors of its HPG v-heads.
 
@@ -48,7 +49,9 @@ def _stacked_prep_kernel(
     beta_t exp(G_t - G_s) k_s.k_t (s < t), (I + A)^-T = (I + A^T)^-1 by the same Neumann product, Mb^T = (I + A)^-T
     scaled by beta per row, attn^T[s, t] = exp(G_t - G_s) k_s.q_t (s <= t), (attn Mb)^T = Mb^T attn^T.
     LAUNCH_DEPENDENTS: let a state pass launched with programmatic dependent launch start as soon as every prep
-    program runs."""
+    program runs. L2_PREFETCH: requests i_n < prefetch_requests bulk-prefetch their k-head's HPG v-heads' states
+    (HPG * V * K contiguous elements) into L2 once their own input loads have returned, so the HBM, idle while the
+    prep's chain runs, fills L2 with what the state pass reads first."""
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     i_h, i_n = tl.program_id(0), tl.program_id(1)
@@ -81,6 +84,9 @@ def _stacked_prep_kernel(
 
     b_q, b_k, ws_row = _norm_qk_and_store(b_q, b_k, b_xq, b_xk, ws_k, ws_x, ws_rows, i_n, i_h, o_t, o_k, m_t, WS_LEN,
                                           H, K, D, HAS_WS_ROWS)
+    if L2_PREFETCH:  # after the inputs are in: the prefetch stream would queue ahead of the prep's own loads
+        _bulk_prefetch_l2(ssm_state + slot * stride_ssm_slot + i_h * HPG * V * K, i_n < prefetch_requests,
+                          HPG * V * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8))
     tl.store(ws_g + ws_row[None, :] * HV + i_hv[:, None], b_Gs, mask=m_t[None, :])
     p_z = z_kq + ((i_n * H + i_h) * 2 * BT + o_t[:, None]) * K + o_k[None, :]
     tl.store(p_z, b_k)  # padded rows are zeros
@@ -131,21 +137,23 @@ def _conv_silu_t(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, 
     return tl.where(m_t[None, :], acc, 0.0)
 
 
-@triton.jit(do_not_specialize=["WS_LEN"])
+@triton.jit(do_not_specialize=["WS_LEN", "prefetch_ahead"])
 def _stacked_state_kernel(
     x, conv_w, conv_b, conv_state, ssm_state, state_indices, cu_seqlens, o, ws_u, ws_x, ws_rows, z_kq, fac,
-    stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, state_desc, z_desc,
+    stride_x, stride_conv_slot, stride_ssm_slot, WS_LEN, state_desc, z_desc, prefetch_ahead,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
-    WAIT_PREP: tl.constexpr, TMA_LOADS: tl.constexpr = 0,
+    WAIT_PREP: tl.constexpr, TMA_LOADS: tl.constexpr = 0, L2_AHEAD: tl.constexpr = False,
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. WAIT_PREP (one block
     per program, launched with programmatic dependent launch after the prep): the program loads its state block
     and v inputs, then waits for the prep grid (griddepcontrol.wait) before reading Z and the factors. TMA_LOADS
     (2 or 3, the rank of the state descriptor's box; `_tma_descriptors`): the state block and Z, the first product's
     shared-memory operands, come through host tensor descriptors, one TMA copy each instead of per-thread loads staged
-    through registers; the factors stay pointer loads (their tf32x3 split needs them in registers)."""
+    through registers; the factors stay pointer loads (their tf32x3 split needs them in registers). L2_AHEAD: the
+    program bulk-prefetches into L2 the state span of the program `prefetch_ahead` launch positions after it (about
+    one wave later), after issuing its own loads, so the next wave's state reads hit L2."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -184,6 +192,9 @@ def _stacked_state_kernel(
         b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
         b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
         tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+        if L2_AHEAD:
+            _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead, HV, V,
+                                    K, V_PER_PROGRAM)
         if TMA_LOADS:  # after the v loads are issued: a descriptor load waits for its copy right away
             b_h = _state_block_load(p_state, state_desc, slot, i_hv * V + i_vs * BV, o_v, o_k, HV, V, K, BV,
                                     TMA_LOADS)
@@ -197,6 +208,9 @@ def _stacked_state_kernel(
             _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col, o_v,
                            o_c, m_c, BT, BIG_DOT, SMALL_DOT)
     else:
+        if L2_AHEAD:
+            _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead, HV, V,
+                                    K, V_PER_PROGRAM)
         if TMA_LOADS:
             b_ft = tl.load(p_fac)
             b_et = tl.load(p_et)
@@ -231,6 +245,43 @@ def _state_block_load(p_state, state_desc, slot, row, o_v, o_k, HV: tl.constexpr
 
 
 @triton.jit
+def _bulk_prefetch_l2(ptr, enabled, NBYTES: tl.constexpr):
+    """Start bringing NBYTES contiguous bytes at ptr (16-byte aligned; NBYTES a power of two >= 16) into L2:
+    threads 0 .. n-1 each issue one cp.async.bulk.prefetch.L2 of a <= 16 KiB chunk (the TMA unit fetches it; no
+    register, barrier or later instruction waits for it); nothing when `enabled` is false."""
+    NCHUNKS: tl.constexpr = (NBYTES + 16383) // 16384
+    num_chunks = tl.where(enabled, NCHUNKS, 0).to(tl.int32)
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred %pf_on;
+        .reg .u32 %pf_tid;
+        .reg .u64 %pf_at;
+        mov.u32 %pf_tid, %tid.x;
+        setp.lt.u32 %pf_on, %pf_tid, $2;
+        mul.wide.u32 %pf_at, %pf_tid, $3;
+        add.u64 %pf_at, %pf_at, $1;
+        @%pf_on cp.async.bulk.prefetch.L2.global [%pf_at], $3;
+        mov.u32 $0, 0;
+        }""", "=r,l,r,r", [ptr.to(tl.int64, bitcast=True), num_chunks, num_chunks * 0 + NBYTES // NCHUNKS],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, ahead, HV: tl.constexpr,
+                            V: tl.constexpr, K: tl.constexpr, V_PER_PROGRAM: tl.constexpr):
+    """The state span (V_PER_PROGRAM rows of K) of the program `ahead` launch positions after (i_vs, i_hv, i_n) in
+    the grid's linear order, into L2 (`_bulk_prefetch_l2`); none past the grid or for a null slot."""
+    NVS: tl.constexpr = V // V_PER_PROGRAM
+    target = (i_vs + NVS * (i_hv + HV * i_n)).to(tl.int64) + ahead
+    t_n = target // (NVS * HV)
+    in_grid = t_n < tl.num_programs(2)
+    t_slot = tl.load(state_indices + tl.where(in_grid, t_n, 0)).to(tl.int64)
+    t_row = (target % (NVS * HV)) // NVS * V + (target % NVS) * V_PER_PROGRAM
+    _bulk_prefetch_l2(ssm_state + t_slot * stride_ssm_slot + t_row * K, in_grid & (t_slot > 0),
+                      V_PER_PROGRAM * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8))
+
+
+@triton.jit
 def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT: tl.constexpr,
                    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr):
     """One value block: P^T = S Z^T, Y^T = P^T F^T + Vc^T E^T; stores u (columns < BT) and O (the rest)."""
@@ -258,13 +309,15 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
     pdl = config.pdl and "prep" in parts and "state" in parts and not _interpreting()
     prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
+    prefetch_requests, prefetch_ahead = l2_prefetch_plan(config, ssm_state, num_requests)
     if "prep" in parts:
         _stacked_prep_kernel[(num_k_heads, num_requests)](
             mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
             workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
-            conv_state.stride(0), workspace.max_len, H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim,
-            W=width, BT=block_t, HPG=heads_per_group, NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None,
-            BIG_DOT=big_dot, SMALL_DOT=small_dot, HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl,
+            conv_state.stride(0), workspace.max_len, ssm_state, ssm_state.stride(0), prefetch_requests,
+            H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t, HPG=heads_per_group,
+            NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
+            HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl, V=head_v_dim, L2_PREFETCH=prefetch_requests > 0,
             num_warps=config.prep_warps, **prep_opts,
         )
     if "state" in parts:
@@ -274,13 +327,35 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
         _stacked_state_kernel[(head_v_dim // v_per_program, num_v_heads, num_requests)](
             mixed_qkv, conv_wT, conv_bias, conv_state, ssm_state, state_indices, cu_seqlens, out, workspace.u,
             workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0), ssm_state.stride(0),
-            workspace.max_len, *descs, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim,
-            W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
+            workspace.max_len, *descs, prefetch_ahead, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
+            D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
             BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
             HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0,
-            num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
+            L2_AHEAD=prefetch_ahead > 0, num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
+
+
+def l2_prefetch_plan(config, ssm_state, num_requests):
+    """(requests whose states the prep prefetches into L2, launch positions the state pass prefetches ahead) for
+    `VerifyConfig.l2_prefetch_mib` / `l2_prefetch_ahead`: whole requests, the first in the state pass's visiting
+    order, whose states fit in l2_prefetch_mib MiB; ahead = l2_prefetch_ahead programs per SM, i.e. about that many
+    waves' worth of programs later when that many state-pass programs share an SM. (0, 0) under the interpreter (the
+    bulk prefetch is inline PTX: results are the same without it) and where the states are not 16-byte aligned."""
+    if not (config.l2_prefetch_mib or config.l2_prefetch_ahead) or _interpreting():
+        return 0, 0
+    if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
+        _warn_once("l2_prefetch: ssm state slots are not 16-byte aligned; no L2 prefetch")
+        return 0, 0
+    request_bytes = ssm_state[0].numel() * ssm_state.element_size()
+    requests = min(num_requests, (config.l2_prefetch_mib << 20) // request_bytes)
+    return requests, config.l2_prefetch_ahead * _sm_count(ssm_state.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    # offline compiles (eval/offline_sass.py) capture launches with CPU tensors: the H200's count
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def _tma_descriptors(ssm_state, z_kq, block_v, block_t):

@@ -656,6 +656,12 @@ class VerifyConfig:
     # into shared memory, where the first product reads them) instead of per-thread loads staged in registers. H200
     # (final9, 901b3f2): with PDL 3.5-3.8 % faster at batch 64, ~1 % at 8 / 32, slower without PDL
     tma_loads: bool = False
+    # session 8, GD9 (stacked): L2 bulk prefetch of the states. l2_prefetch_mib: the prep brings the first requests'
+    # states (whole requests, in the state pass's order, up to this many MiB) into L2 while its chain runs (HBM
+    # idles then); l2_prefetch_ahead: each state-pass program prefetches the state block of the program this many
+    # programs per SM after it (one wave ahead at that many programs per SM). Inline PTX: ignored by the interpreter
+    l2_prefetch_mib: int = 0
+    l2_prefetch_ahead: int = 0
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -692,6 +698,12 @@ class VerifyConfig:
             raise ValueError(f"stacked_dot must be tf32, tf32x3 or ieee, got {self.stacked_dot}")
         if self.tma_loads and not self.stacked:
             raise ValueError("tma_loads needs stacked")
+        if (self.l2_prefetch_mib or self.l2_prefetch_ahead) and not self.stacked:
+            raise ValueError("l2_prefetch_mib and l2_prefetch_ahead need stacked")
+        if self.l2_prefetch_mib < 0 or self.l2_prefetch_ahead < 0:
+            raise ValueError("l2_prefetch_mib and l2_prefetch_ahead must be >= 0")
+        if self.l2_prefetch_ahead and self.whole_v:
+            raise ValueError("l2_prefetch_ahead needs one value block per program (no whole_v)")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
