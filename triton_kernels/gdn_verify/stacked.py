@@ -153,7 +153,7 @@ def _stacked_state_kernel(
     shared-memory operands, come through host tensor descriptors, one TMA copy each instead of per-thread loads staged
     through registers; the factors stay pointer loads (their tf32x3 split needs them in registers). L2_AHEAD: the
     program bulk-prefetches into L2 the state span of the program `prefetch_ahead` launch positions after it (about
-    one wave later), after issuing its own loads, so the next wave's state reads hit L2."""
+    one wave later), after issuing its own state-block load, so the next wave's state reads hit L2."""
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -184,6 +184,10 @@ def _stacked_state_kernel(
     p_fac = fac + ((i_n * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :]  # F^T [2BT, 2BT]
     p_et = fac + ((i_n * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :]  # E^T [BT, 2BT]
     z_row = ((i_n * H + i_h) * 2 * BT).to(tl.int32)  # the k-head's rows of Z in the descriptor's 2-D view
+    AHEAD_BYTES: tl.constexpr = V_PER_PROGRAM * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8)
+    if L2_AHEAD:  # the target's slot is read now: a prefetch that waited for it would hold back the program's loads
+        p_ahead, ahead_on = _program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead,
+                                           HV, V, K, V_PER_PROGRAM)
     if WAIT_PREP:  # one block: state and v loads issued before waiting for the prep grid (its results come after)
         o_v = i_vs * BV + tl.arange(0, BV)
         if not TMA_LOADS:
@@ -192,12 +196,11 @@ def _stacked_state_kernel(
         b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
         b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
         tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
-        if L2_AHEAD:
-            _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead, HV, V,
-                                    K, V_PER_PROGRAM)
         if TMA_LOADS:  # after the v loads are issued: a descriptor load waits for its copy right away
             b_h = _state_block_load(p_state, state_desc, slot, i_hv * V + i_vs * BV, o_v, o_k, HV, V, K, BV,
                                     TMA_LOADS)
+        if L2_AHEAD:  # after the program's own state block is on its way
+            _bulk_prefetch_l2(p_ahead, ahead_on, AHEAD_BYTES)
         tl.extra.cuda.gdc_wait()
         if TMA_LOADS:  # the factors' loads first: a descriptor load waits for its copy right after issuing it
             b_ft = tl.load(p_fac)
@@ -209,8 +212,7 @@ def _stacked_state_kernel(
                            o_c, m_c, BT, BIG_DOT, SMALL_DOT)
     else:
         if L2_AHEAD:
-            _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead, HV, V,
-                                    K, V_PER_PROGRAM)
+            _bulk_prefetch_l2(p_ahead, ahead_on, AHEAD_BYTES)
         if TMA_LOADS:
             b_ft = tl.load(p_fac)
             b_et = tl.load(p_et)
@@ -267,18 +269,17 @@ def _bulk_prefetch_l2(ptr, enabled, NBYTES: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, ahead, HV: tl.constexpr,
-                            V: tl.constexpr, K: tl.constexpr, V_PER_PROGRAM: tl.constexpr):
-    """The state span (V_PER_PROGRAM rows of K) of the program `ahead` launch positions after (i_vs, i_hv, i_n) in
-    the grid's linear order, into L2 (`_bulk_prefetch_l2`); none past the grid or for a null slot."""
+def _program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, ahead, HV: tl.constexpr,
+                   V: tl.constexpr, K: tl.constexpr, V_PER_PROGRAM: tl.constexpr):
+    """(start of the state span, whether to prefetch it) of the program `ahead` launch positions after (i_vs, i_hv,
+    i_n) in the grid's linear order: V_PER_PROGRAM rows of K; not past the grid, not for a null slot."""
     NVS: tl.constexpr = V // V_PER_PROGRAM
     target = (i_vs + NVS * (i_hv + HV * i_n)).to(tl.int64) + ahead
     t_n = target // (NVS * HV)
     in_grid = t_n < tl.num_programs(2)
     t_slot = tl.load(state_indices + tl.where(in_grid, t_n, 0)).to(tl.int64)
     t_row = (target % (NVS * HV)) // NVS * V + (target % NVS) * V_PER_PROGRAM
-    _bulk_prefetch_l2(ssm_state + t_slot * stride_ssm_slot + t_row * K, in_grid & (t_slot > 0),
-                      V_PER_PROGRAM * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8))
+    return ssm_state + t_slot * stride_ssm_slot + t_row * K, in_grid & (t_slot > 0)
 
 
 @triton.jit
