@@ -736,21 +736,21 @@ TUNE_CASES_V22 = [
     ("gluon_rs_res256s2t128_again_v152k_b1", 151936, 1, GLUON_T128["rs_res256s2t128"])]
 # HW8's ladder v23 (rs_ws / rs_sf / rs_ws_sf beside the then default rs) was run once (session 8, lead's call 1 at
 # 89ba734): rs_sf won and is auto's form; its cases named the producer-warp forms since removed (code at 89ba734).
-# HW9 (v24): the default (auto: rs_sf, 128-row tiles, 256 resident, 2 stages) beside the same form with the
-# once-a-step L2 bulk prefetch of the next step's d = 1..4 tiles after the ring's (rs_sf_pf<d>), each with an
-# again-row (adoption needs > 1.5 % in both pairs), the pf2 guess at 150,001 and block 7, and the old default rs
-# once. The sweep row's `ours` is head_walk's default (rs_sf as auto: "sweep_gluon_auto").
+# HW9's ladder v24 (rs_sf beside its once-a-step L2 prefetch of the next step's 1..4 tiles, rs_sf_pf1..4) was run
+# once (session 8, HW9's call A at bff8a73): every prefetch depth slower; its cases named those forms, since removed.
+# HW9 (v25): the default (auto: rs_sf, 128-row tiles, 256 resident, 2 stages) beside rs_sf_w1 (each program's best
+# token's W1 row bulk-prefetched into L2 as its key is published), in three interleaved pairs at 152k block 15
+# (adoption needs > 1.5 % in each), and at 150,001 and block 7. The sweep row's `ours` is head_walk's default with
+# rs_sf_w1 as the auto form ("sweep_gluon_auto"; call A's sweep row was rs_sf's).
 GLUON_AUTO_T128 = dict(stream_tma=2, resident_tiles=2, **T128)
-GLUON_PF = {f"rs_sf_pf{d}": dict(gluon=f"rs_sf_pf{d}", **GLUON_AUTO_T128) for d in (1, 2, 3, 4)}
-TUNE_CASES_V24 = [
-    ("default_v152k_b1", 151936, 1, {}),
-    *[(f"gluon_{form}_v152k_b1", 151936, 1, kw) for form, kw in GLUON_PF.items()],
-    ("gluon_rs_v152k_b1", 151936, 1, dict(gluon="rs", **GLUON_AUTO_T128)),
-    ("default_v150001_b1", 150001, 1, {}), ("gluon_rs_sf_pf2_v150001_b1", 150001, 1, GLUON_PF["rs_sf_pf2"]),
+GLUON_W1 = dict(gluon="rs_sf_w1", **GLUON_AUTO_T128)
+TUNE_CASES_V25 = [
+    ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_v152k_b1", 151936, 1, GLUON_W1),
+    ("default_v150001_b1", 150001, 1, {}), ("gluon_rs_sf_w1_v150001_b1", 150001, 1, GLUON_W1),
     ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
-    ("gluon_rs_sf_pf2_blk7_v152k_b1", 151936, 1, dict(GLUON_PF["rs_sf_pf2"], steps=7)),
-    ("default_again_v152k_b1", 151936, 1, {}),
-    *[(f"gluon_{form}_again_v152k_b1", 151936, 1, kw) for form, kw in GLUON_PF.items()]]
+    ("gluon_rs_sf_w1_blk7_v152k_b1", 151936, 1, dict(GLUON_W1, steps=7)),
+    ("default_again_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_again_v152k_b1", 151936, 1, GLUON_W1),
+    ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_third_v152k_b1", 151936, 1, GLUON_W1)]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -819,7 +819,7 @@ LADDERS = {
     "v21": dict(rule={}, cases=TUNE_CASES_V21, floors=[]),
     "v22": dict(rule={}, cases=TUNE_CASES_V22, floors=[],
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
-    "v24": dict(rule={}, cases=TUNE_CASES_V24, floors=[], sweep_gluon_auto=("rs_sf", GLUON_AUTO_T128)),
+    "v25": dict(rule={}, cases=TUNE_CASES_V25, floors=[], sweep_gluon_auto=("rs_sf_w1", GLUON_AUTO_T128)),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

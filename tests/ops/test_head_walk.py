@@ -890,31 +890,24 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
         assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
 
 
-def test_gluon_stream_forms_and_l2_prefetch(monkeypatch, caplog):
+def test_gluon_stream_forms_and_w1_prefetch(monkeypatch, caplog):
     """gluon="rs_sf" (auto's form since ladder v23: the ring's waiting tiles scored before the resident ones) and
-    HW9's opt-in "rs_sf_pf1".."rs_sf_pf4" ("rs_sf" whose thread 0 bulk-prefetches the next step's d streamed tiles
-    after the ring's into L2 once a step): same selection rule as "rs"; the launch passes STREAM_FIRST and L2_AHEAD
-    (clipped to the tiles a step streams beyond the ring: l2_ahead_tiles), 0 where W2's rows are not contiguous
-    (the prefetch reads a tile as one byte range; said once); auto never picks a _pf form; in the interpreter they
-    fall back to the Triton walk with the same tokens and one warning each; a build that fails falls back too,
-    remembered per L2_AHEAD."""
+    HW9's opt-in "rs_sf_w1" ("rs_sf" whose programs bulk-prefetch their best token's W1 row into L2 as they publish
+    it): same selection rule as "rs"; the launch passes STREAM_FIRST and W1_L2, W1_L2 off where W1's rows are not
+    16-byte aligned byte ranges (a misaligned bulk prefetch faults; said once); auto never picks "rs_sf_w1"; in the
+    interpreter both fall back to the Triton walk with the same tokens and one warning each; a build that fails
+    falls back too, remembered apart from rs_sf."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert walk.GLUON_AUTO_FORM == "rs_sf" and not any(form in walk.GLUON_FORMS for form in ("rs_ws", "rs_ws_sf"))
+    assert walk.GLUON_AUTO_FORM == "rs_sf"
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
-    assert flags == {True: (False, False, 0), "ss": (False, False, 0), "rs": (True, False, 0),
-                     "rs_sf": (True, True, 0), "rs_sf_pf1": (True, True, 1), "rs_sf_pf2": (True, True, 2),
-                     "rs_sf_pf3": (True, True, 3), "rs_sf_pf4": (True, True, 4)}
-    # (stages, streamed tiles a step, asked) -> tiles prefetched: at most those after the ring's.
-    cases = {(2, 7, 1): 1, (2, 7, 4): 4, (2, 7, 5): 5, (2, 7, 6): 5, (3, 8, 4): 4, (3, 5, 4): 2, (2, 2, 3): 0,
-             (4, 3, 1): 0, (2, 7, 0): 0}
-    assert {case: walk.gluon_b1.l2_ahead_tiles(*case) for case in cases} == cases
+    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
+                     "rs_sf": (True, True, False), "rs_sf_w1": (True, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.why_not_gluon_b1(auto_plan, rs=True, **base) is None
-    res128_s3 = _gpu_plan(monkeypatch, 151936, stream_tma=3, resident_tiles=1, stream_rows=128, tile_rows=128)
 
     build = _CapturedBuild()
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
@@ -925,26 +918,26 @@ def test_gluon_stream_forms_and_l2_prefetch(monkeypatch, caplog):
     w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
     tokens = torch.zeros(1, 15, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long)
-    for form in walk.GLUON_FORMS[5:]:
-        rs, stream_first, ahead = walk.gluon_form_flags(form)
-        for plan, tiles in ((auto_plan, 7), (res128_s3, 8)):
-            assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                         l2_ahead=ahead)
-            _, kwargs = build.launches[-1]
-            want = dict(ST=128, STREAM_TILES=tiles, RS_ROWS=128, num_warps=8, STREAM_FIRST=True, L2_AHEAD=ahead)
-            assert {k: kwargs[k] for k in want} == want, (form, kwargs)
-    assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
-    assert build.launches[-1][1]["STREAM_FIRST"] is False and build.launches[-1][1]["L2_AHEAD"] == 0
-    # W2 rows with gaps between them (a [V, 264] buffer's first 256 columns): TMA reads them, the bulk prefetch
-    # would not read the tile's bytes: no prefetch, said once.
-    padded = torch.zeros(151936, 264, dtype=bf)[:, :256]
+    for form in ("rs", "rs_sf", "rs_sf_w1"):
+        rs, stream_first, w1_l2 = walk.gluon_form_flags(form)
+        assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
+                                     w1_l2=w1_l2)
+        _, kwargs = build.launches[-1]
+        want = dict(ST=128, STREAM_TILES=7, RS_ROWS=128, num_warps=8, STREAM_FIRST=form != "rs", W1_L2=w1_l2)
+        assert {k: kwargs[k] for k in want} == want, (form, kwargs)
+    # W1 rows that are not 16-byte aligned byte ranges (an odd row stride; a start 2 bytes off): no prefetch, said
+    # once per layout; aligned rows with gaps between them keep it.
+    assert walk._bulk_rows_ok(w1) and walk._bulk_rows_ok(torch.zeros(64, 264, dtype=bf)[:, :256])
+    odd_stride = torch.zeros(64, 257, dtype=bf)[:, :256]
+    off_start = torch.zeros(64 * 256 + 1, dtype=bf)[1:].view(64, 256)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for _ in range(2):
-            assert walk._launch_gluon_b1(auto_plan, u, w1, padded, first, tokens, 1.0, rs=True, stream_first=True,
-                                         l2_ahead=2)
-            assert build.launches[-1][1]["L2_AHEAD"] == 0
-    said = [r.getMessage() for r in caplog.records if "no L2 prefetch" in r.getMessage()]
-    assert len(said) == 1 and "264" in said[0], said
+        for w1_bad in (odd_stride, odd_stride, off_start):
+            assert not walk._bulk_rows_ok(w1_bad)
+            assert walk._launch_gluon_b1(auto_plan, u, w1_bad, w2, first, tokens, 1.0, rs=True, stream_first=True,
+                                         w1_l2=True)
+            assert build.launches[-1][1]["W1_L2"] is False
+    said = [r.getMessage() for r in caplog.records if "no W1 L2 prefetch" in r.getMessage()]
+    assert len(said) == 2 and "257" in said[0], said
     # A Triton that rejects the prefetching build: False (the caller walks Triton), said once, remembered apart
     # from the rs_sf build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
@@ -952,9 +945,9 @@ def test_gluon_stream_forms_and_l2_prefetch(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
             assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True,
-                                             l2_ahead=2)
+                                             w1_l2=True)
     said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
-    assert len(said) == 1 and "(rs_sf_pf2," in said[0], said
+    assert len(said) == 1 and "(rs_sf_w1," in said[0], said
     assert len(walk._gluon_failed) == 1
     assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
     assert len(walk._gluon_failed) == 2
@@ -965,13 +958,13 @@ def test_gluon_stream_forms_and_l2_prefetch(monkeypatch, caplog):
     p = make_problem(1, 5, 1031, seed=47)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in ("rs_sf", "rs_sf_pf1", "rs_sf_pf4", "rs_sf"):
+        for form in ("rs_sf", "rs_sf_w1", "rs_sf"):
             tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
             assert torch.equal(tokens, ref), form
     said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
-    assert len(said) == 3 and all("no CUDA device" in m for m in said), said
-    assert [m.split("'")[1] for m in said] == ["rs_sf", "rs_sf_pf1", "rs_sf_pf4"], said
-    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf5"):
+    assert len(said) == 2 and all("no CUDA device" in m for m in said), said
+    assert [m.split("'")[1] for m in said] == ["rs_sf", "rs_sf_w1"], said
+    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf2"):  # measured slower, removed
         with pytest.raises(ValueError, match="gluon must be one of"):
             head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
 
@@ -1109,10 +1102,10 @@ GLUON_STREAM_FORMS = {
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
     # The same geometry with the ring's waiting tiles scored first (auto's form since ladder v23; HW8's producer-warp
-    # forms passed here at 89ba734 and measured no faster: removed), and HW9's opt-in once-a-step L2 prefetch of the
-    # next step's 1..4 tiles after the ring's.
+    # forms passed here at 89ba734, HW9's next-step tile prefetch rs_sf_pf1..4 at bff8a73, both measured slower:
+    # removed), and HW9's opt-in W1-row prefetch of each program's best token.
     **{f"{form}_res256_s2_t128": dict(gluon=form, stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
-       for form in ("rs_sf", "rs_sf_pf1", "rs_sf_pf2", "rs_sf_pf3", "rs_sf_pf4")},
+       for form in ("rs_sf", "rs_sf_w1")},
 }
 
 
@@ -1134,11 +1127,16 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-def test_gpu_gluon_auto_graph_replays(monkeypatch):
+@pytest.mark.parametrize("auto_form", [None, "rs_sf_w1"], ids=["shipped", "rs_sf_w1"])
+def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
-    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up."""
+    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up. auto_form:
+    the shipped GLUON_AUTO_FORM, or a candidate for it walked as the default."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
+
+    if auto_form is not None:
+        monkeypatch.setattr(walk, "GLUON_AUTO_FORM", auto_form)
 
     p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=5, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()

@@ -19,9 +19,10 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 4. STREAM_FIRST ("rs_sf", gluon="auto"'s form since session 8): each step scores the ring's STAGES tiles that
    landed during the exchange before the resident tiles, so their slots' refills leave before the resident work
    instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
-5. Opt-in, HW9: L2_AHEAD = d ("rs_sf_pf<d>"): once a step, right after publishing its key, thread 0 bulk-prefetches
-   into L2 the next step's d streamed tiles after the STAGES the ring already holds, so that HBM keeps streaming
-   while the programs exchange keys and gather W1, and the ring's TMA copies of those tiles then hit L2.
+5. Opt-in, HW9: W1_L2 ("rs_sf_w1"): right after publishing its key, thread 0 bulk-prefetches its own best token's
+   W1 row into L2, so that if it wins, every program's gather of it (the guesses during the poll, the load after the
+   spin) hits L2 instead of HBM. (A once-a-step L2 prefetch of the next step's W2 tiles beyond the ring measured
+   slower, +0.3 .. 9 % for 1 .. 4 tiles, ladder v24: code at bff8a73.)
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
@@ -32,7 +33,7 @@ version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTER
 import triton.language as tl
 
 # The Triton helpers called here create no tensor (no layout to give): Gluon compiles them as they are.
-from .kernel import ID_MASK, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys, _prefetch_tile_l2
+from .kernel import ID_MASK, WAIT_TAGGED_PTX, _load_relaxed, _ordered_keys
 
 try:
     from triton.experimental import gluon
@@ -66,12 +67,6 @@ STREAM_TILE_ROWS = (64, 128)
 def stream_warps(tile_rows: int) -> int:
     """Warps of the streamed kernel for tiles of tile_rows (one warp per 16 rows of the wgmma's M)."""
     return tile_rows // 16
-
-
-def l2_ahead_tiles(stages: int, stream_tiles: int, ahead: int) -> int:
-    """head_walk_b1_stream_kernel's L2_AHEAD for gluon form "..._pf<ahead>": the next step's tiles STAGES.. that the
-    once-a-step L2 prefetch covers (its first STAGES are already in the ring), at most those the shard streams."""
-    return max(0, min(ahead, stream_tiles - stages))
 
 
 def stream_descriptor(w2_rows, stream_rows: int):
@@ -122,6 +117,22 @@ if HAVE_GLUON:
             @%pkp st.relaxed.gpu.global.b64 [$1], $2;
             mov.u32 $0, 0;
             }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _publish_key_w1_l2(ptr, key, w1_row_ptr, ROW_BYTES: gl.constexpr):
+        """_publish_key, then (same thread, same asm block: ptxas sinks a lone bulk prefetch past the poll's loads)
+        one bulk prefetch of the ROW_BYTES at w1_row_ptr into L2."""
+        gl.inline_asm_elementwise(
+            """{
+            .reg .pred %pkp;
+            .reg .u32 %pkt;
+            mov.u32 %pkt, %tid.x;
+            setp.eq.u32 %pkp, %pkt, 0;
+            @%pkp st.relaxed.gpu.global.b64 [$1], $2;
+            @%pkp cp.async.bulk.prefetch.L2.global [$3], $4;
+            mov.u32 $0, 0;
+            }""", "=r,l,l,l,r", [ptr, key, w1_row_ptr.to(gl.int64, bitcast=True), ROW_BYTES], dtype=gl.int32,
+            is_pure=False, pack=1)
 
     @gluon.jit
     def _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, C: gl.constexpr, SLOTS: gl.constexpr,
@@ -274,13 +285,13 @@ if HAVE_GLUON:
                                            logit_scale, SCALED, CANDS, ACC))
 
     @gluon.jit
-    def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_ptr, stride_w2v, w2_desc, tok_ptr, keys_ptr, gen_ptr,
+    def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
                       num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
                       u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
                       STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                       NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
                       TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
-                      STREAM_FIRST: gl.constexpr, L2_AHEAD: gl.constexpr):
+                      STREAM_FIRST: gl.constexpr, W1_L2: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -325,14 +336,13 @@ if HAVE_GLUON:
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
-            _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
-            if L2_AHEAD > 0:
-                # After the key (which the exchange waits for): HBM streams the next step's tiles while the programs
-                # meet; the ring's copies of them hit L2 then. One thread, once a step (session 4: issued every
-                # iteration by the consumer, the bulk prefetch cost more than it hid).
-                if k + 1 < num_steps:
-                    for t in gl.static_range(L2_AHEAD):
-                        _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + (STAGES + t) * ST, shard_end, R, ST)
+            if W1_L2:
+                # After the key (the exchange waits for it, not for this): should it win, its W1 row is on its way
+                # from HBM one poll round trip before any program gathers it.
+                _publish_key_w1_l2(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18),
+                                   w1_ptr + (ID_MASK - (best & ID_MASK)) * stride_w1, R * 2)
+            else:
+                _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
             # The next step's base logits travel while the programs meet (stored after the wait: every warp has
             # read this step's from u_smem before _cta_max's sync).
             u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
@@ -359,10 +369,8 @@ if HAVE_GLUON:
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
-        L2_AHEAD: gl.constexpr = 0,
+        W1_L2: gl.constexpr = False,
     ):
-        # L2_AHEAD (l2_ahead_tiles; needs row-contiguous W2 rows): once a step, thread 0 bulk-prefetches the next
-        # step's streamed tiles STAGES .. STAGES + L2_AHEAD - 1 into L2.
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
         # through a ring of STAGES shared-memory slots filled by TMA (w2_desc: W2 rows [V, R] in [ST, R] boxes).
@@ -446,10 +454,10 @@ if HAVE_GLUON:
         prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                      SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
-        _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_ptr, stride_w2v, w2_desc, tok_ptr, keys_ptr, gen_ptr,
+        _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
                       num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
                       u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
                       STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND, TILES_P2,
-                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, L2_AHEAD)
+                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, W1_L2)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
