@@ -736,21 +736,15 @@ TUNE_CASES_V22 = [
     ("gluon_rs_res256s2t128_again_v152k_b1", 151936, 1, GLUON_T128["rs_res256s2t128"])]
 # HW8's ladder v23 (rs_ws / rs_sf / rs_ws_sf beside the then default rs) was run once (session 8, lead's call 1 at
 # 89ba734): rs_sf won and is auto's form; its cases named the producer-warp forms since removed (code at 89ba734).
-# HW9's ladder v24 (rs_sf beside its once-a-step L2 prefetch of the next step's 1..4 tiles, rs_sf_pf1..4) was run
-# once (session 8, HW9's call A at bff8a73): every prefetch depth slower; its cases named those forms, since removed.
-# HW9 (v25): the default (auto: rs_sf, 128-row tiles, 256 resident, 2 stages) beside rs_sf_w1 (each program's best
-# token's W1 row bulk-prefetched into L2 as its key is published), in three interleaved pairs at 152k block 15
-# (adoption needs > 1.5 % in each), and at 150,001 and block 7. The sweep row's `ours` is head_walk's default with
-# rs_sf_w1 as the auto form ("sweep_gluon_auto"; call A's sweep row was rs_sf's).
-GLUON_AUTO_T128 = dict(stream_tma=2, resident_tiles=2, **T128)
-GLUON_W1 = dict(gluon="rs_sf_w1", **GLUON_AUTO_T128)
-TUNE_CASES_V25 = [
-    ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_v152k_b1", 151936, 1, GLUON_W1),
-    ("default_v150001_b1", 150001, 1, {}), ("gluon_rs_sf_w1_v150001_b1", 150001, 1, GLUON_W1),
-    ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
-    ("gluon_rs_sf_w1_blk7_v152k_b1", 151936, 1, dict(GLUON_W1, steps=7)),
-    ("default_again_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_again_v152k_b1", 151936, 1, GLUON_W1),
-    ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_w1_third_v152k_b1", 151936, 1, GLUON_W1)]
+# HW9's ladders v24 (rs_sf beside its once-a-step L2 prefetch of the next step's 1..4 tiles, rs_sf_pf1..4; call A at
+# bff8a73) and v25 (beside rs_sf_w1, each program's best token's W1 row prefetched into L2 as it publishes; call B at
+# b4da3f0) were run once (session 8): no prefetch form gained; their cases named those forms, since removed.
+# v26: the shipped default (auto: rs_sf, 128-row tiles, 256 resident, 2 stages) beside the Triton walk at 152k (blocks
+# 15 and 7, an again-row) and 150,001; the sweep row walks the shipped default as it is. Not yet run.
+TUNE_CASES_V26 = [
+    ("default_v152k_b1", 151936, 1, {}), ("triton_v152k_b1", 151936, 1, dict(gluon=False)),
+    ("default_v150001_b1", 150001, 1, {}), ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
+    ("default_again_v152k_b1", 151936, 1, {})]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -819,7 +813,7 @@ LADDERS = {
     "v21": dict(rule={}, cases=TUNE_CASES_V21, floors=[]),
     "v22": dict(rule={}, cases=TUNE_CASES_V22, floors=[],
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
-    "v25": dict(rule={}, cases=TUNE_CASES_V25, floors=[], sweep_gluon_auto=("rs_sf_w1", GLUON_AUTO_T128)),
+    "v26": dict(rule={}, cases=TUNE_CASES_V26, floors=[]),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

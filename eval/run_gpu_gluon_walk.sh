@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Gluon head walk on the lent H200 in one call: its GPU tests (pytest -m gpu -k "$TEST_K", xdist from the carried
 # .whl), then bench_head_walk.py's ladder(s) in LADDER_SPECS, each beside the Triton walk and vLLM's graph loop in the
-# same process. Default (session 8, HW9): ladder v25 (head_walk's default, the Gluon streamed walk at 152k b1 in form
-# rs_sf, vs rs_sf_w1: each program's best token's W1 row prefetched into L2 as it publishes) + the 152k b1 block-15
-# sweep row (ours: rs_sf_w1 as auto). Earlier calls: v24 (HW9's call A, LADDER_SPECS="v24 151936 1 120 30 75", code
-# at bff8a73), v23 (session 8, LADDER_SPECS="v23 151936 1 80 30 45", code at 89ba734), v22 (HW7b), v21 (HW7,
+# same process. Default (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
+# rs_sf, beside the Triton walk) + the 152k b1 block-15 sweep row (ours: the shipped default). Earlier calls: v25 (HW9's
+# call B, LADDER_SPECS="v25 151936 1 100 30 60", code at b4da3f0), v24 (HW9's call A, LADDER_SPECS="v24 151936 1 120
+# 30 75", code at bff8a73), v23 (session 8, LADDER_SPECS="v23 151936 1 80 30 45", code at 89ba734), v22 (HW7b), v21 (HW7,
 # LADDER_SPECS="v21 151936 1 170 60 110"); session 7's first call v18 / v20 / v19 (code at eee43d2).
 # Here:    python eval/bench_head_walk.py --prepare      (carry .whl and .vendor/extracted_head_walk)
 # Device:  HYBRIDSPEC_COMMIT=<sha> bash eval/run_gpu_gluon_walk.sh     (logs under $OUT/gluon)
@@ -23,7 +23,7 @@ grep -E " (FAILED|ERROR) " "$OUT/gluon/walk_tests.log" | cut -c1-200 | head -20
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gluon/walk_tests.log" | cut -c1-300 | head -20
 export PYTHONPATH=/tmp/pk
 # ladder  vocab   batches  per-ladder timeout  sweep budget  ladder budget (LADDER_SPECS: ';'-separated specs)
-IFS=';' read -ra SPECS <<< "${LADDER_SPECS:-v25 151936 1 ${V25_S:-100} 30 60}"
+IFS=';' read -ra SPECS <<< "${LADDER_SPECS:-v26 151936 1 ${V26_S:-100} 30 60}"
 for SPEC in "${SPECS[@]}"; do
     set -- $SPEC
     timeout "$4" python3 eval/bench_head_walk.py --ladder "$1" --vocabs "$2" --batches ${3//,/ } --modes greedy \

@@ -890,19 +890,17 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
         assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
 
 
-def test_gluon_stream_forms_and_w1_prefetch(monkeypatch, caplog):
-    """gluon="rs_sf" (auto's form since ladder v23: the ring's waiting tiles scored before the resident ones) and
-    HW9's opt-in "rs_sf_w1" ("rs_sf" whose programs bulk-prefetch their best token's W1 row into L2 as they publish
-    it): same selection rule as "rs"; the launch passes STREAM_FIRST and W1_L2, W1_L2 off where W1's rows are not
-    16-byte aligned byte ranges (a misaligned bulk prefetch faults; said once); auto never picks "rs_sf_w1"; in the
-    interpreter both fall back to the Triton walk with the same tokens and one warning each; a build that fails
-    falls back too, remembered apart from rs_sf."""
+def test_gluon_stream_forms(monkeypatch, caplog):
+    """gluon="rs_sf" (auto's form since ladder v23: each step scores the ring's waiting tiles before the resident
+    ones): same selection rule as "rs"; the launch passes STREAM_FIRST (every other form False); in the interpreter
+    it falls back to the Triton walk with the same tokens and one warning; a build that fails falls back too,
+    remembered apart from "rs"; the forms measured slower and removed (HW8's producer warp, HW9's L2 prefetches)
+    are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
     assert walk.GLUON_AUTO_FORM == "rs_sf"
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
-    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
-                     "rs_sf": (True, True, False), "rs_sf_w1": (True, True, True)}
+    assert flags == {True: (False, False), "ss": (False, False), "rs": (True, False), "rs_sf": (True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -913,43 +911,29 @@ def test_gluon_stream_forms_and_w1_prefetch(monkeypatch, caplog):
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
     monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
     monkeypatch.setattr(walk, "_gluon_failed", {})
-    monkeypatch.setattr(walk, "_logged", set())
     u = torch.zeros(1, 15, 151936, dtype=bf)
     w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
     tokens = torch.zeros(1, 15, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long)
-    for form in ("rs", "rs_sf", "rs_sf_w1"):
-        rs, stream_first, w1_l2 = walk.gluon_form_flags(form)
-        assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                     w1_l2=w1_l2)
+    for stream_first in (True, False):
+        assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=stream_first)
         _, kwargs = build.launches[-1]
-        want = dict(ST=128, STREAM_TILES=7, RS_ROWS=128, num_warps=8, STREAM_FIRST=form != "rs", W1_L2=w1_l2)
-        assert {k: kwargs[k] for k in want} == want, (form, kwargs)
-    # W1 rows that are not 16-byte aligned byte ranges (an odd row stride; a start 2 bytes off): no prefetch, said
-    # once per layout; aligned rows with gaps between them keep it.
-    assert walk._bulk_rows_ok(w1) and walk._bulk_rows_ok(torch.zeros(64, 264, dtype=bf)[:, :256])
-    odd_stride = torch.zeros(64, 257, dtype=bf)[:, :256]
-    off_start = torch.zeros(64 * 256 + 1, dtype=bf)[1:].view(64, 256)
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for w1_bad in (odd_stride, odd_stride, off_start):
-            assert not walk._bulk_rows_ok(w1_bad)
-            assert walk._launch_gluon_b1(auto_plan, u, w1_bad, w2, first, tokens, 1.0, rs=True, stream_first=True,
-                                         w1_l2=True)
-            assert build.launches[-1][1]["W1_L2"] is False
-    said = [r.getMessage() for r in caplog.records if "no W1 L2 prefetch" in r.getMessage()]
-    assert len(said) == 2 and "257" in said[0], said
-    # A Triton that rejects the prefetching build: False (the caller walks Triton), said once, remembered apart
-    # from the rs_sf build of the same plan.
+        want = dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128, num_warps=8,
+                    STREAM_FIRST=stream_first)
+        assert {k: kwargs[k] for k in want} == want, kwargs
+    assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
+    assert build.launches[-1][1]["STREAM_FIRST"] is False
+    # A Triton that rejects the rs_sf build: False (the caller walks Triton), said once, remembered apart from the
+    # rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
-    caplog.clear()
+    monkeypatch.setattr(walk, "_logged", set())
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
-            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True,
-                                             w1_l2=True)
+            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
     said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
-    assert len(said) == 1 and "(rs_sf_w1," in said[0], said
+    assert len(said) == 1 and "(rs_sf," in said[0], said
     assert len(walk._gluon_failed) == 1
-    assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
+    assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
     assert len(walk._gluon_failed) == 2
     caplog.clear()
 
@@ -958,13 +942,12 @@ def test_gluon_stream_forms_and_w1_prefetch(monkeypatch, caplog):
     p = make_problem(1, 5, 1031, seed=47)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
-        for form in ("rs_sf", "rs_sf_w1", "rs_sf"):
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
-            assert torch.equal(tokens, ref), form
+        for _ in range(2):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rs_sf")
+            assert torch.equal(tokens, ref)
     said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
-    assert len(said) == 2 and all("no CUDA device" in m for m in said), said
-    assert [m.split("'")[1] for m in said] == ["rs_sf", "rs_sf_w1"], said
-    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf2"):  # measured slower, removed
+    assert len(said) == 1 and "no CUDA device" in said[0] and said[0].split("'")[1] == "rs_sf", said
+    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf2", "rs_sf_w1"):  # measured slower, removed
         with pytest.raises(ValueError, match="gluon must be one of"):
             head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
 
@@ -1101,11 +1084,10 @@ GLUON_STREAM_FORMS = {
     # 128-row tiles at 8 warps (128 rows in registers), HW7b: auto's geometry since ladder v22 (rs res128 s3 t128
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
-    # The same geometry with the ring's waiting tiles scored first (auto's form since ladder v23; HW8's producer-warp
-    # forms passed here at 89ba734, HW9's next-step tile prefetch rs_sf_pf1..4 at bff8a73, both measured slower:
-    # removed), and HW9's opt-in W1-row prefetch of each program's best token.
-    **{f"{form}_res256_s2_t128": dict(gluon=form, stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
-       for form in ("rs_sf", "rs_sf_w1")},
+    # The same geometry with the ring's waiting tiles scored first: auto's form since ladder v23 (HW8's producer-warp
+    # forms passed here at 89ba734, HW9's L2 prefetch forms rs_sf_pf1..4 at bff8a73 and rs_sf_w1 at b4da3f0; all
+    # measured no faster: removed).
+    "rs_sf_res256_s2_t128": dict(gluon="rs_sf", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
 }
 
 
@@ -1127,16 +1109,11 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf_w1"], ids=["shipped", "rs_sf_w1"])
-def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
+def test_gpu_gluon_auto_graph_replays(monkeypatch):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
-    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up. auto_form:
-    the shipped GLUON_AUTO_FORM, or a candidate for it walked as the default."""
+    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
-
-    if auto_form is not None:
-        monkeypatch.setattr(walk, "GLUON_AUTO_FORM", auto_form)
 
     p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=5, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()

@@ -19,10 +19,9 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 4. STREAM_FIRST ("rs_sf", gluon="auto"'s form since session 8): each step scores the ring's STAGES tiles that
    landed during the exchange before the resident tiles, so their slots' refills leave before the resident work
    instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
-5. Opt-in, HW9: W1_L2 ("rs_sf_w1"): right after publishing its key, thread 0 bulk-prefetches its own best token's
-   W1 row into L2, so that if it wins, every program's gather of it (the guesses during the poll, the load after the
-   spin) hits L2 instead of HBM. (A once-a-step L2 prefetch of the next step's W2 tiles beyond the ring measured
-   slower, +0.3 .. 9 % for 1 .. 4 tiles, ladder v24: code at bff8a73.)
+   Measured no faster and removed (session 8): a producer warp refilling the ring (code at 89ba734), a once-a-step
+   L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
+   of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
@@ -117,22 +116,6 @@ if HAVE_GLUON:
             @%pkp st.relaxed.gpu.global.b64 [$1], $2;
             mov.u32 $0, 0;
             }""", "=r,l,l", [ptr, key], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _publish_key_w1_l2(ptr, key, w1_row_ptr, ROW_BYTES: gl.constexpr):
-        """_publish_key, then (same thread, same asm block: ptxas sinks a lone bulk prefetch past the poll's loads)
-        one bulk prefetch of the ROW_BYTES at w1_row_ptr into L2."""
-        gl.inline_asm_elementwise(
-            """{
-            .reg .pred %pkp;
-            .reg .u32 %pkt;
-            mov.u32 %pkt, %tid.x;
-            setp.eq.u32 %pkp, %pkt, 0;
-            @%pkp st.relaxed.gpu.global.b64 [$1], $2;
-            @%pkp cp.async.bulk.prefetch.L2.global [$3], $4;
-            mov.u32 $0, 0;
-            }""", "=r,l,l,l,r", [ptr, key, w1_row_ptr.to(gl.int64, bitcast=True), ROW_BYTES], dtype=gl.int32,
-            is_pure=False, pack=1)
 
     @gluon.jit
     def _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, C: gl.constexpr, SLOTS: gl.constexpr,
@@ -291,7 +274,7 @@ if HAVE_GLUON:
                       STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                       NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
                       TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
-                      STREAM_FIRST: gl.constexpr, W1_L2: gl.constexpr):
+                      STREAM_FIRST: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -336,13 +319,7 @@ if HAVE_GLUON:
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
-            if W1_L2:
-                # After the key (the exchange waits for it, not for this): should it win, its W1 row is on its way
-                # from HBM one poll round trip before any program gathers it.
-                _publish_key_w1_l2(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18),
-                                   w1_ptr + (ID_MASK - (best & ID_MASK)) * stride_w1, R * 2)
-            else:
-                _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
+            _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
             # The next step's base logits travel while the programs meet (stored after the wait: every warp has
             # read this step's from u_smem before _cta_max's sync).
             u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
@@ -369,7 +346,6 @@ if HAVE_GLUON:
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
-        W1_L2: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -458,6 +434,6 @@ if HAVE_GLUON:
                       num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
                       u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
                       STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND, TILES_P2,
-                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, W1_L2)
+                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))

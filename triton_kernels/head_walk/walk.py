@@ -441,8 +441,7 @@ def head_walk(
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
-            tiles before the resident ones; "rs_sf_w1": "rs_sf" whose programs each bulk-prefetch their best
-            token's W1 row into L2 as they publish it, opt-in, not yet timed), where
+            tiles before the resident ones, auto's form), where
             why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back
             the same way.
     Returns:
@@ -580,9 +579,9 @@ def head_walk(
             reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(gluon)[0], **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        rs, stream_first, w1_l2 = gluon_form_flags(form)
+        rs, stream_first = gluon_form_flags(form)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=rs, stream_first=stream_first, w1_l2=w1_l2):
+                                               logit_scale, rs=rs, stream_first=stream_first):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -599,24 +598,23 @@ def head_walk(
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
 # walk, resident W2 rows in shared memory), "rs" (its first resident tile in registers as the wgmma A operand),
 # "rs_sf" ("rs" that scores the ring's STAGES waiting tiles before the resident ones, so their refills leave before
-# the resident work; auto's form since ladder v23), and HW9's opt-in "rs_sf_w1" until ladder v25 times it ("rs_sf"
-# whose thread 0 bulk-prefetches its best token's W1 row into L2 right after publishing the key).
+# the resident work; auto's form since ladder v23).
 # Session 6's "ss_once" / "ss_late" (one early candidate guess / none) measured slower (session 7, ladder v19, 152k
 # b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2. HW8's "rs_ws" / "rs_ws_sf" (a producer warp refills the ring)
 # measured no faster than "rs" / "rs_sf" (ladder v23: 249.9 vs 247.7 / 251.9; 236.5 / 242.0 vs 235.6 / 236.2 us);
 # code at 89ba734. HW9's "rs_sf_pf1".."rs_sf_pf4" (the next step's 1..4 streamed tiles after the ring's bulk-
 # prefetched into L2 once a step) measured slower than "rs_sf" (ladder v24: 235.4 / 237.8 .. 255.3 / 256.2 vs
-# 234.6 / 234.4 us); code at bff8a73.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_w1")
+# 234.6 / 234.4 us); code at bff8a73. HW9's "rs_sf_w1" (each program's best token's W1 row bulk-prefetched into L2
+# as it publishes its key) measured no faster (ladder v25, three pairs: 239.9 / 239.2 / 240.7 vs 239.0 / 236.9 /
+# 237.5 us); code at b4da3f0.
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf")
 
 
-def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
-    """(rs, stream_first, w1_l2) of an explicit gluon= form: "rs..." the register tile, "..._sf..." the ring's
-    waiting tiles before the resident ones each step, "..._w1" each program's best token's W1 row bulk-prefetched
-    into L2 as its key is published."""
+def gluon_form_flags(form: bool | str) -> tuple[bool, bool]:
+    """(rs, stream_first) of an explicit gluon= form: "rs..." the register tile, "..._sf" the ring's waiting tiles
+    before the resident ones each step."""
     name = "ss" if form is True else form
-    base = name.removesuffix("_w1")
-    return base.startswith("rs"), base.endswith("_sf"), base != name
+    return name.startswith("rs"), name.endswith("_sf")
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
@@ -767,19 +765,15 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     stream_first: bool = False, w1_l2: bool = False) -> bool:
+                     stream_first: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
-    across the steps; stream_first / w1_l2: gluon_form_flags); False (logged, remembered per build) where it
-    does not compile, so the caller walks the Triton kernel."""
+    across the steps; stream_first: gluon_form_flags); False (logged, remembered per build) where it does not
+    compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
-    if w1_l2 and not _bulk_rows_ok(w1):
-        # The bulk prefetch needs 16-byte aligned rows (a misaligned one faults): walk without it (same tokens).
-        _log_once(f"head_walk(gluon): W1 rows not 16-byte aligned (strides {tuple(w1.stride())}): no W1 L2 prefetch")
-        w1_l2 = False
-    key = (cfg, rs, stream_first, w1_l2, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -792,22 +786,15 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, W1_L2=w1_l2,
+            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_w1" if w1_l2 else "")
+        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "")
         _log_once(f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident rows, "
                   f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
-
-
-def _bulk_rows_ok(t: torch.Tensor) -> bool:
-    """Each row of t [n, r] (contiguous along r) is one 16-byte aligned byte range a bulk copy / prefetch takes."""
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) * size % 16 == 0
-            and t.shape[-1] * size % 16 == 0)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
