@@ -274,14 +274,14 @@ class L2Persist:
         self.rt.cudaDeviceGetLimit(self.ct.byref(got), CUDA_LIMIT_PERSISTING_L2)
         return rc, got.value
 
-    def window(self, ptr: int = 0, nbytes: int = 0, hit_ratio: float = 0.0):
+    def window(self, ptr: int = 0, nbytes: int = 0, hit_ratio: float = 0.0, miss: int = CUDA_ACCESS_STREAMING):
         """An access policy window value: [ptr, ptr + nbytes) with hit_ratio of its lines persisting, the rest
-        streaming; nbytes = 0 switches a stream's window off."""
+        `miss` (streaming or normal); nbytes = 0 switches a stream's window off."""
         value = self.AttrValue()
         value.window.base_ptr, value.window.num_bytes = ptr, nbytes
         value.window.hit_ratio = hit_ratio
         value.window.hit_prop = CUDA_ACCESS_PERSISTING if nbytes else CUDA_ACCESS_NORMAL
-        value.window.miss_prop = CUDA_ACCESS_STREAMING if nbytes else CUDA_ACCESS_NORMAL
+        value.window.miss_prop = miss if nbytes else CUDA_ACCESS_NORMAL
         return value
 
     def set_stream_window(self, stream: int, value) -> int:
@@ -334,27 +334,37 @@ class L2Persist:
         self.set_aside(0)
 
 
-def time_graph_l2(torch, l2: L2Persist, fn, w2, persist_mib, via: str, hit_ratio=None, between=None,
-                  trials=5, replays=10) -> tuple[float, float, dict]:
-    """time_graph of fn with a persisting window over all of w2 (persist_mib of set-aside, 0 = none; "max" = the
-    device's maximum), attached as `via` says:
-        node     after the capture, on every captured kernel node (keep_graph; the bench's reference form)
-        stream   the current stream's attribute set around the launch, inside the capture (does capture carry it?)
-        capture  inside the capture, on the kernel node(s) the launch just added (cudaStreamGetCaptureInfo)
-        eager    the stream attribute, fn timed without a graph
+def time_graph_l2(torch, l2: L2Persist, fn, w2, opts: dict, between=None, trials=5,
+                  replays=10) -> tuple[float, float, dict]:
+    """time_graph of fn with a persisting window over w2, as opts say:
+        mib         set-aside (0: none, no window; "max": the device's maximum)
+        window      False: the set-aside alone, no window (does reserving it cost by itself?)
+        window_mib  the window covers only w2's first window_mib MiB (default: all of w2)
+        hit_ratio   default set-aside / window bytes; miss: "streaming" (default) or "normal"
+        via         how the window reaches the walk:
+            node     after the capture, on every captured kernel node (keep_graph; the bench's reference form)
+            stream   the current stream's attribute set around the launch, inside the capture (does capture carry it?)
+            capture  inside the capture, on the kernel node(s) the launch just added (cudaStreamGetCaptureInfo)
+            eager    the stream attribute, fn timed without a graph
+        probe_copy  after the timing (set-aside and persisting lines still in place) time a graph of a 256 MiB copy
     between: a callable run before each walk (in the graph), e.g. a copy that evicts normal L2 lines.
     Returns (median us, spread, info: set-aside granted, hit ratio, what each captured kernel node carries)."""
     info = {}
     window = None
-    if persist_mib:
+    via = opts.get("via", "node")
+    if opts.get("mib", 0):
         most = l2.limits()["max_set_aside"]
-        want = most if persist_mib == "max" else min(most, int(float(persist_mib) * 2**20))
+        want = most if opts["mib"] == "max" else min(most, int(float(opts["mib"]) * 2**20))
         rc, granted = l2.set_aside(want)
-        w2_bytes = w2.numel() * w2.element_size()
-        ratio = hit_ratio if hit_ratio is not None else min(1.0, granted / w2_bytes)
-        window = l2.window(w2.data_ptr(), w2_bytes, ratio)
-        info.update(set_aside_rc=rc, set_aside_mib=round(granted / 2**20, 2), hit_ratio=round(ratio, 4),
-                    window_mib=round(w2_bytes / 2**20, 2))
+        info.update(set_aside_rc=rc, set_aside_mib=round(granted / 2**20, 2))
+        if opts.get("window", True):
+            w2_bytes = w2.numel() * w2.element_size()
+            if opts.get("window_mib"):
+                w2_bytes = min(w2_bytes, int(float(opts["window_mib"]) * 2**20))
+            ratio = opts["hit_ratio"] if opts.get("hit_ratio") is not None else min(1.0, granted / w2_bytes)
+            miss = CUDA_ACCESS_NORMAL if opts.get("miss") == "normal" else CUDA_ACCESS_STREAMING
+            window = l2.window(w2.data_ptr(), w2_bytes, ratio, miss)
+            info.update(hit_ratio=round(ratio, 4), window_mib=round(w2_bytes / 2**20, 2))
     walk = (lambda: (between(), fn())) if between is not None else fn
     if via == "eager":
         stream = torch.cuda.current_stream().cuda_stream
@@ -384,7 +394,31 @@ def time_graph_l2(torch, l2: L2Persist, fn, w2, persist_mib, via: str, hit_ratio
     info.update(via_rcs=sorted(set(rcs)), kernel_nodes=len(nodes),
                 node_windows_mib=[round(l2.node_window(node)[1] / 2**20, 2) for node in nodes])
     graph.instantiate()
-    return (*_time_calls(torch, graph.replay, trials, replays), info)
+    us, spread = _time_calls(torch, graph.replay, trials, replays)
+    if opts.get("probe_copy"):
+        info["copy_us_after"] = round(time_graph(torch, _l2_flush(torch))[0], 1)
+    return us, spread, info
+
+
+def l2_sum_probes(torch, l2: L2Persist, probes) -> list:
+    """The window without the walk: graphs of 4 back-to-back sums over one bf16 tensor (a cyclic re-read, as the
+    walk's steps re-read W2), per (name, MiB, opts): us per sum, and GB/s of the bytes each sum reads."""
+    out = []
+    for name, mib, opts in probes:
+        x = torch.randn((int(mib * 2**20) // 2,), device="cuda").to(torch.bfloat16)
+        fn = lambda: [x.sum() for _ in range(4)]  # noqa: E731
+        fn()
+        try:
+            us, spread, info = time_graph_l2(torch, l2, fn, x, opts)
+            out.append(dict(check=f"l2probe_{name}", mib=mib, us_per_sum=round(us / 4, 2), spread=round(spread, 3),
+                            gbps=round(x.numel() * 2 / (us / 4) / 1e3), **info))
+        except Exception as exc:
+            out.append(dict(check=f"l2probe_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+        finally:
+            l2.reset()
+        print(json.dumps(out[-1]), flush=True)
+        del x
+    return out
 
 
 def _l2_start(torch, checks) -> L2Persist:
@@ -516,8 +550,7 @@ def run_gpu(args) -> dict:
                 p.draft_tokens.fill_(-1)
                 between = _l2_flush(torch) if l2_opts.get("flush") else None
                 try:
-                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, l2_opts.get("mib", 0),
-                                                     l2_opts.get("via", "node"), l2_opts.get("hit_ratio"), between)
+                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, l2_opts, between)
                 finally:
                     l2.reset()
                 row.update(info, us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2),
@@ -529,6 +562,9 @@ def run_gpu(args) -> dict:
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         checks.append(row)
         print(json.dumps(row), flush=True)
+    if ladder.get("l2_probes"):
+        l2 = l2 or _l2_start(torch, checks)
+        checks += l2_sum_probes(torch, l2, ladder["l2_probes"])
     rule = launch_rule(checks, ladder["rule"])
     checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
     print(json.dumps(checks[-1]), flush=True)
@@ -594,8 +630,7 @@ def run_gpu(args) -> dict:
                                 l2 = l2 or _l2_start(torch, checks)
                                 p.draft_tokens.fill_(-1)
                                 try:
-                                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, sweep_l2.get("mib", 0),
-                                                                     sweep_l2.get("via", "node"))
+                                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, sweep_l2)
                                 finally:
                                     l2.reset()
                                 row.update({f"ours_l2_{k}": v for k, v in info.items()})
@@ -1007,6 +1042,30 @@ TUNE_CASES_V27 = [
     ("persistmax_capture_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="capture"))),
     ("persistmax_stream_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="stream"))),
     ("persistmax_capture_again_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="capture")))]
+# v28 (HW10's call 2, after v27 measured every window slower, more so with more set-aside): why. The walk with the
+# set-aside alone (no window), the max window with misses "normal" instead of "streaming", with hitRatio 0 (every
+# line streaming, none persisting), a window over W2's first 37.5 MiB only at hitRatio 1 (a fixed persisting set: no
+# line competes for the set-aside); the 256 MiB copy timed after the walk's rows (set-aside and persisting lines in
+# place); and the window without the walk: 4 sums a graph over a 74.2 MiB bf16 tensor (W2's size: a cyclic re-read
+# larger than the normal L2) and over 30 MiB (fits either way).
+TUNE_CASES_V28 = [
+    ("default_v152k_b1", 151936, 1, {}),
+    ("kept_v152k_b1", 151936, 1, dict(l2=dict(mib=0, probe_copy=True))),
+    ("setaside_max_v152k_b1", 151936, 1, dict(l2=dict(mib="max", window=False, probe_copy=True))),
+    ("persistmax_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, probe_copy=True))),
+    ("persistmax_missnormal_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, miss="normal"))),
+    ("persistmax_hr0_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, hit_ratio=0.0))),
+    ("persistfirst_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, window_mib=37.5, hit_ratio=1.0))),
+    ("default_again_v152k_b1", 151936, 1, {}),
+    ("setaside_max_again_v152k_b1", 151936, 1, dict(l2=dict(mib="max", window=False))),
+    ("persistmax_again_v152k_b1", 151936, 1, dict(l2=L2_MAX))]
+W2_MIB = 151936 * RANK * 2 / 2**20
+L2_PROBES_V28 = [
+    ("w2size_plain", W2_MIB, dict(mib=0)), ("w2size_setaside", W2_MIB, dict(mib="max", window=False)),
+    ("w2size_persist", W2_MIB, L2_MAX), ("w2size_persist_missnormal", W2_MIB, dict(L2_MAX, miss="normal")),
+    ("w2size_hr0", W2_MIB, dict(L2_MAX, hit_ratio=0.0)),
+    ("30mib_plain", 30, dict(mib=0)), ("30mib_persist", 30, dict(L2_MAX, hit_ratio=1.0)),
+    ("w2size_plain_again", W2_MIB, dict(mib=0)), ("w2size_persist_again", W2_MIB, L2_MAX)]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1077,6 +1136,7 @@ LADDERS = {
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
     "v26": dict(rule={}, cases=TUNE_CASES_V26, floors=[]),
     "v27": dict(rule={}, cases=TUNE_CASES_V27, floors=[], sweep_l2=dict(mib="max", via="node")),
+    "v28": dict(rule={}, cases=TUNE_CASES_V28, floors=[], l2_probes=L2_PROBES_V28),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -37,7 +37,8 @@ for SPEC in "${SPECS[@]}"; do
     python3 -c 'import json,sys
 keys = ("us", "equal_step", "equal_step_timed", "gluon_ran", "set_aside_rc", "set_aside_mib", "hit_ratio", "via_rcs",
         "kernel_nodes", "node_windows_mib", "capture_tail_kernels", "error", "ours_us", "ours_l2_us", "graph_loop_us",
-        "speedup_graph_loop", "speedup_graph_loop_l2", "ours_l2_eq_ours", "ours_l2_node_windows_mib", "agree_graph_loop")
+        "speedup_graph_loop", "speedup_graph_loop_l2", "ours_l2_eq_ours", "ours_l2_node_windows_mib", "agree_graph_loop",
+        "window_mib", "copy_us_after", "us_per_sum", "gbps")
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
