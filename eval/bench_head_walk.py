@@ -187,255 +187,20 @@ def ours_fn(head_walk, p: Problem, **kw):
 
 def time_graph(torch, fn, trials=5, replays=10):
     """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled)."""
-    return _time_calls(torch, capture_graph(fn).replay, trials, replays)
-
-
-def _time_calls(torch, call, trials, replays):
-    """(median us per call, spread) of `replays` back-to-back calls, `trials` times, after 3 warm calls."""
+    graph = capture_graph(fn)
     for _ in range(3):
-        call()
+        graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(replays):
-            call()
+            graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / replays)
     return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
-
-
-def _capture_kept(torch, fn):
-    """capture_graph's warm-up and capture, but the graph kept un-instantiated (torch's keep_graph), so its kernel
-    nodes can be read and changed before graph.instantiate()."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-# ------------------------------------------------------------------------------ persisting L2 (ladder v27)
-# HW10: the 152k b1 walk re-reads the same ~60 MB of streamed W2 every step, and the L2 is 60 MiB; CUDA's access
-# policy window marks a fraction (hitRatio) of a byte range "persisting", kept in a device-wide set-aside of the L2
-# (cudaLimitPersistingL2CacheSize) that normal and streaming lines cannot evict. Reached through ctypes on the CUDA
-# runtime torch already loaded (no new dependency). Enum values and struct layouts: CUDA 12 / 13 driver_types.h.
-CUDA_LIMIT_PERSISTING_L2 = 0x06
-CUDA_ATTR_MAX_PERSISTING_L2 = 108
-CUDA_ATTR_MAX_WINDOW_BYTES = 109
-CUDA_LAUNCH_ATTR_WINDOW = 1  # cudaStreamAttributeAccessPolicyWindow == cudaKernelNodeAttributeAccessPolicyWindow
-CUDA_ACCESS_NORMAL, CUDA_ACCESS_STREAMING, CUDA_ACCESS_PERSISTING = 0, 1, 2
-CUDA_GRAPH_NODE_KERNEL = 0
-
-
-class L2Persist:
-    """The persisting-L2 set-aside and access policy windows (streams, captured kernel nodes) of device 0."""
-
-    def __init__(self, torch):
-        import ctypes
-
-        class Window(ctypes.Structure):
-            _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hit_ratio", ctypes.c_float),
-                        ("hit_prop", ctypes.c_int), ("miss_prop", ctypes.c_int)]
-
-        class AttrValue(ctypes.Union):
-            _fields_ = [("pad", ctypes.c_char * 64), ("window", Window)]
-
-        self.ct, self.torch, self.AttrValue = ctypes, torch, AttrValue
-        path = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
-        for name in ([path] if path else []) + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
-            try:
-                self.rt, self.rt_path = ctypes.CDLL(name), name
-                break
-            except OSError:
-                continue
-        self.streams: set[int] = set()
-
-    def _attr(self, code: int) -> int:
-        value = self.ct.c_int(0)
-        self.rt.cudaDeviceGetAttribute(self.ct.byref(value), code, 0)
-        return value.value
-
-    def limits(self) -> dict:
-        return dict(max_set_aside=self._attr(CUDA_ATTR_MAX_PERSISTING_L2),
-                    max_window=self._attr(CUDA_ATTR_MAX_WINDOW_BYTES), cudart=self.rt_path)
-
-    def set_aside(self, nbytes: int) -> tuple[int, int]:
-        """(rc, bytes granted) of cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, nbytes)."""
-        self.torch.cuda.synchronize()
-        rc = self.rt.cudaDeviceSetLimit(CUDA_LIMIT_PERSISTING_L2, self.ct.c_size_t(int(nbytes)))
-        got = self.ct.c_size_t(0)
-        self.rt.cudaDeviceGetLimit(self.ct.byref(got), CUDA_LIMIT_PERSISTING_L2)
-        return rc, got.value
-
-    def window(self, ptr: int = 0, nbytes: int = 0, hit_ratio: float = 0.0, miss: int = CUDA_ACCESS_STREAMING):
-        """An access policy window value: [ptr, ptr + nbytes) with hit_ratio of its lines persisting, the rest
-        `miss` (streaming or normal); nbytes = 0 switches a stream's window off."""
-        value = self.AttrValue()
-        value.window.base_ptr, value.window.num_bytes = ptr, nbytes
-        value.window.hit_ratio = hit_ratio
-        value.window.hit_prop = CUDA_ACCESS_PERSISTING if nbytes else CUDA_ACCESS_NORMAL
-        value.window.miss_prop = miss if nbytes else CUDA_ACCESS_NORMAL
-        return value
-
-    def set_stream_window(self, stream: int, value) -> int:
-        self.streams.add(stream)
-        return self.rt.cudaStreamSetAttribute(self.ct.c_void_p(stream), CUDA_LAUNCH_ATTR_WINDOW, self.ct.byref(value))
-
-    def kernel_nodes(self, graph: int) -> list:
-        n = self.ct.c_size_t(0)
-        self.rt.cudaGraphGetNodes(self.ct.c_void_p(graph), None, self.ct.byref(n))
-        nodes = (self.ct.c_void_p * n.value)()
-        self.rt.cudaGraphGetNodes(self.ct.c_void_p(graph), nodes, self.ct.byref(n))
-        return [node for node in nodes if self._is_kernel(node)]
-
-    def _is_kernel(self, node) -> bool:
-        kind = self.ct.c_int(-1)
-        self.rt.cudaGraphNodeGetType(self.ct.c_void_p(node), self.ct.byref(kind))
-        return kind.value == CUDA_GRAPH_NODE_KERNEL
-
-    def node_window(self, node) -> tuple[int, int, float]:
-        """(rc, window bytes, hit ratio) a kernel node carries."""
-        value = self.AttrValue()
-        rc = self.rt.cudaGraphKernelNodeGetAttribute(self.ct.c_void_p(node), CUDA_LAUNCH_ATTR_WINDOW,
-                                                     self.ct.byref(value))
-        return rc, value.window.num_bytes, round(value.window.hit_ratio, 4)
-
-    def set_node_window(self, node, value) -> int:
-        return self.rt.cudaGraphKernelNodeSetAttribute(self.ct.c_void_p(node), CUDA_LAUNCH_ATTR_WINDOW,
-                                                       self.ct.byref(value))
-
-    def capture_tail_kernel_nodes(self, stream: int) -> tuple[int, list]:
-        """(rc, kernel nodes the capture on stream currently ends in): what the last launch added, inside the
-        capture (CUDA 13's cudaStreamGetCaptureInfo, the 12.3+ v3 form)."""
-        get = getattr(self.rt, "cudaStreamGetCaptureInfo_v3", None) or self.rt.cudaStreamGetCaptureInfo
-        status, cid, graph = self.ct.c_int(0), self.ct.c_ulonglong(0), self.ct.c_void_p(0)
-        deps, edges, n = self.ct.POINTER(self.ct.c_void_p)(), self.ct.c_void_p(0), self.ct.c_size_t(0)
-        rc = get(self.ct.c_void_p(stream), self.ct.byref(status), self.ct.byref(cid), self.ct.byref(graph),
-                 self.ct.byref(deps), self.ct.byref(edges), self.ct.byref(n))
-        if rc or status.value != 1:  # cudaStreamCaptureStatusActive
-            return rc or -status.value, []
-        return 0, [deps[i] for i in range(n.value) if self._is_kernel(deps[i])]
-
-    def reset(self) -> None:
-        """Every window this helper set off, persisting lines back to normal, set-aside 0: no row leaks into the
-        next one (nor into the graph loop's timing)."""
-        self.torch.cuda.synchronize()
-        off = self.window()
-        for stream in self.streams:
-            self.rt.cudaStreamSetAttribute(self.ct.c_void_p(stream), CUDA_LAUNCH_ATTR_WINDOW, self.ct.byref(off))
-        self.rt.cudaCtxResetPersistingL2Cache()
-        self.set_aside(0)
-
-
-def time_graph_l2(torch, l2: L2Persist, fn, w2, opts: dict, between=None, trials=5,
-                  replays=10) -> tuple[float, float, dict]:
-    """time_graph of fn with a persisting window over w2, as opts say:
-        mib         set-aside (0: none, no window; "max": the device's maximum)
-        window      False: the set-aside alone, no window (does reserving it cost by itself?)
-        window_mib  the window covers only w2's first window_mib MiB (default: all of w2)
-        hit_ratio   default set-aside / window bytes; miss: "streaming" (default) or "normal"
-        via         how the window reaches the walk:
-            node     after the capture, on every captured kernel node (keep_graph; the bench's reference form)
-            stream   the current stream's attribute set around the launch, inside the capture (does capture carry it?)
-            capture  inside the capture, on the kernel node(s) the launch just added (cudaStreamGetCaptureInfo)
-            eager    the stream attribute, fn timed without a graph
-        probe_copy  after the timing (set-aside and persisting lines still in place) time a graph of a 256 MiB copy
-    between: a callable run before each walk (in the graph), e.g. a copy that evicts normal L2 lines.
-    Returns (median us, spread, info: set-aside granted, hit ratio, what each captured kernel node carries)."""
-    info = {}
-    window = None
-    via = opts.get("via", "node")
-    if opts.get("mib", 0):
-        most = l2.limits()["max_set_aside"]
-        want = most if opts["mib"] == "max" else min(most, int(float(opts["mib"]) * 2**20))
-        rc, granted = l2.set_aside(want)
-        info.update(set_aside_rc=rc, set_aside_mib=round(granted / 2**20, 2))
-        if opts.get("window", True):
-            w2_bytes = w2.numel() * w2.element_size()
-            if opts.get("window_mib"):
-                w2_bytes = min(w2_bytes, int(float(opts["window_mib"]) * 2**20))
-            ratio = opts["hit_ratio"] if opts.get("hit_ratio") is not None else min(1.0, granted / w2_bytes)
-            miss = CUDA_ACCESS_NORMAL if opts.get("miss") == "normal" else CUDA_ACCESS_STREAMING
-            window = l2.window(w2.data_ptr(), w2_bytes, ratio, miss)
-            info.update(hit_ratio=round(ratio, 4), window_mib=round(w2_bytes / 2**20, 2))
-    walk = (lambda: (between(), fn())) if between is not None else fn
-    if via == "eager":
-        stream = torch.cuda.current_stream().cuda_stream
-        if window is not None:
-            info["stream_rc"] = l2.set_stream_window(stream, window)
-        walk()
-        return (*_time_calls(torch, walk, trials, replays), info)
-    rcs = []
-
-    def captured():
-        stream = torch.cuda.current_stream().cuda_stream
-        if via == "stream" and window is not None:
-            rcs.append(l2.set_stream_window(stream, window))
-        walk()
-        if via == "stream" and window is not None:
-            rcs.append(l2.set_stream_window(stream, l2.window()))
-        if via == "capture" and window is not None:
-            rc, nodes = l2.capture_tail_kernel_nodes(stream)
-            rcs.append(rc)
-            rcs.extend(l2.set_node_window(node, window) for node in nodes)
-            info["capture_tail_kernels"] = len(nodes)
-
-    graph = _capture_kept(torch, captured)
-    nodes = l2.kernel_nodes(graph.raw_cuda_graph())
-    if via == "node" and window is not None:
-        rcs.extend(l2.set_node_window(node, window) for node in nodes)
-    info.update(via_rcs=sorted(set(rcs)), kernel_nodes=len(nodes),
-                node_windows_mib=[round(l2.node_window(node)[1] / 2**20, 2) for node in nodes])
-    graph.instantiate()
-    us, spread = _time_calls(torch, graph.replay, trials, replays)
-    if opts.get("probe_copy"):
-        info["copy_us_after"] = round(time_graph(torch, _l2_flush(torch))[0], 1)
-    return us, spread, info
-
-
-def l2_sum_probes(torch, l2: L2Persist, probes) -> list:
-    """The window without the walk: graphs of 4 back-to-back sums over one bf16 tensor (a cyclic re-read, as the
-    walk's steps re-read W2), per (name, MiB, opts): us per sum, and GB/s of the bytes each sum reads."""
-    out = []
-    for name, mib, opts in probes:
-        x = torch.randn((int(mib * 2**20) // 2,), device="cuda").to(torch.bfloat16)
-        fn = lambda: [x.sum() for _ in range(4)]  # noqa: E731
-        fn()
-        try:
-            us, spread, info = time_graph_l2(torch, l2, fn, x, opts)
-            out.append(dict(check=f"l2probe_{name}", mib=mib, us_per_sum=round(us / 4, 2), spread=round(spread, 3),
-                            gbps=round(x.numel() * 2 / (us / 4) / 1e3), **info))
-        except Exception as exc:
-            out.append(dict(check=f"l2probe_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}"))
-        finally:
-            l2.reset()
-        print(json.dumps(out[-1]), flush=True)
-        del x
-    return out
-
-
-def _l2_start(torch, checks) -> L2Persist:
-    """The ladder's L2Persist, its device limits reported once as a check row."""
-    l2 = L2Persist(torch)
-    checks.append(dict(check="l2_persist_limits", **l2.limits(),
-                       l2_mib=round(torch.cuda.get_device_properties(0).L2_cache_size / 2**20, 1)))
-    print(json.dumps(checks[-1]), flush=True)
-    return l2
-
-
-def _l2_flush(torch, mib=256):
-    """A copy of mib MiB run before each walk: stands in for the target model's forward between two drafter walks
-    (normal lines through the L2, several times its size)."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
 
 
 def hbm_gbps(torch):
@@ -521,14 +286,12 @@ def run_gpu(args) -> dict:
             checks.append(dict(check=name, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
         print(json.dumps(checks[-1]), flush=True)
     t_ladder = time.time()
-    l2 = None  # L2Persist, made by the first ladder row that asks for a window
     for name, vocab, rows, kw in ([] if args.no_ladder else ladder["cases"]):
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
         try:
             kw = dict(kw)
-            l2_opts = kw.pop("l2", None)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
             steps = kw.pop("steps", 15)
@@ -545,26 +308,13 @@ def run_gpu(args) -> dict:
                        barrier_errors=barrier_errors(device) - errors_before)
             if kw.get("gluon", "auto") is not False:  # the default ("auto") may walk either kernel
                 row["gluon_ran"] = gluon_ran
-            if row["barrier_errors"] == 0 and row["equal_step"] and l2_opts is not None:
-                l2 = l2 or _l2_start(torch, checks)
-                p.draft_tokens.fill_(-1)
-                between = _l2_flush(torch) if l2_opts.get("flush") else None
-                try:
-                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, l2_opts, between)
-                finally:
-                    l2.reset()
-                row.update(info, us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2),
-                           equal_step_timed=bool(torch.equal(step_tokens, p.draft_tokens)))
-            elif row["barrier_errors"] == 0 and row["equal_step"]:
+            if row["barrier_errors"] == 0 and row["equal_step"]:
                 us, spread = time_graph(torch, fn)
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         checks.append(row)
         print(json.dumps(row), flush=True)
-    if ladder.get("l2_probes"):
-        l2 = l2 or _l2_start(torch, checks)
-        checks += l2_sum_probes(torch, l2, ladder["l2_probes"])
     rule = launch_rule(checks, ladder["rule"])
     checks.append(dict(check="ours_exchange_rule", value={str(k): v for k, v in rule.items()}))
     print(json.dumps(checks[-1]), flush=True)
@@ -601,10 +351,6 @@ def run_gpu(args) -> dict:
                         ours_kw.update(ladder["scoring"][row["ours_scoring"]])
                     variants = {"ours": ours_fn(head_walk, p, **ours_kw),
                                 "ours_step": ours_fn(head_walk, p, lockstep=True)}
-                    sweep_l2 = ladder.get("sweep_l2") if rows == 1 and vocab == 151936 else None
-                    if sweep_l2:  # ours again, its graph carrying a persisting window over W2 (reset after it)
-                        variants = {"ours": variants["ours"], "ours_l2": ours_fn(head_walk, p, **ours_kw),
-                                    "ours_step": variants["ours_step"]}
                     if sampled and gumbel is None:
                         pass
                     else:
@@ -626,17 +372,7 @@ def run_gpu(args) -> dict:
                                 # A wait that gives up takes ~0.3 s a step: never time such a walk.
                                 raise RuntimeError("a grid barrier / exchange wait gave up")
                             tokens[name] = p.draft_tokens.clone()
-                            if name == "ours_l2":
-                                l2 = l2 or _l2_start(torch, checks)
-                                p.draft_tokens.fill_(-1)
-                                try:
-                                    us, spread, info = time_graph_l2(torch, l2, fn, p.w2, sweep_l2)
-                                finally:
-                                    l2.reset()
-                                row.update({f"ours_l2_{k}": v for k, v in info.items()})
-                                row["ours_l2_eq_ours"] = bool(torch.equal(p.draft_tokens, tokens["ours"]))
-                            else:
-                                us, spread = time_graph(torch, fn)
+                            us, spread = time_graph(torch, fn)
                             row[f"{name}_us"] = round(us, 1)
                             row[f"{name}_spread"] = round(spread, 3)
                         except Exception as exc:  # a variant that cannot run is reported, not fatal
@@ -654,8 +390,6 @@ def run_gpu(args) -> dict:
                     for ref in ("graph_loop", "graph_topk", "fused_step", "ours_step"):
                         if row.get(f"{ref}_us") and row.get("ours_us"):
                             row[f"speedup_{ref}"] = round(row[f"{ref}_us"] / row["ours_us"], 2)
-                    if row.get("graph_loop_us") and row.get("ours_l2_us"):
-                        row["speedup_graph_loop_l2"] = round(row["graph_loop_us"] / row["ours_l2_us"], 2)
                     if row.get("ours_us"):
                         row["ours_us_per_step"] = round(row["ours_us"] / steps, 2)
                     if row.get("graph_loop_us"):
@@ -1011,61 +745,11 @@ TUNE_CASES_V26 = [
     ("default_v152k_b1", 151936, 1, {}), ("triton_v152k_b1", 151936, 1, dict(gluon=False)),
     ("default_v150001_b1", 150001, 1, {}), ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
     ("default_again_v152k_b1", 151936, 1, {})]
-# HW10 (v27): the shipped default at 152k b1 with a persisting L2 window over all of W2 (hitRatio = set-aside /
-# W2 bytes, the rest streaming), at set-asides of 16 / 24 / 32 MiB and the device's maximum, attached to the timed
-# graph after capture ("node"), by the stream attribute around the launch inside the capture ("stream": does the
-# capture carry it?), on the launch's own node inside the capture ("capture": what head_walk could do under vLLM's
-# capture), and eagerly; beside the same walk without a window (graph, kept graph, eager), with a 256 MiB copy
-# before each walk (the target's forward between two walks: do persisting lines survive it?), at block 7 (the
-# per-step slope), oversubscribed (hitRatio 0.75 > set-aside / bytes), again-rows. Every window row resets the
-# window, the persisting lines and the set-aside after itself. The sweep row adds ours_l2 (max set-aside, the
-# window set on the graph's kernel nodes after capture), timed between ours and the graph loop.
-L2_MAX = dict(mib="max", via="node")
-TUNE_CASES_V27 = [
-    ("default_v152k_b1", 151936, 1, {}),
-    ("kept_v152k_b1", 151936, 1, dict(l2=dict(mib=0, via="node"))),
-    ("persist16_v152k_b1", 151936, 1, dict(l2=dict(mib=16, via="node"))),
-    ("persist24_v152k_b1", 151936, 1, dict(l2=dict(mib=24, via="node"))),
-    ("persist32_v152k_b1", 151936, 1, dict(l2=dict(mib=32, via="node"))),
-    ("persistmax_v152k_b1", 151936, 1, dict(l2=L2_MAX)),
-    ("eager_v152k_b1", 151936, 1, dict(l2=dict(mib=0, via="eager"))),
-    ("persistmax_eager_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="eager"))),
-    ("flush_v152k_b1", 151936, 1, dict(l2=dict(mib=0, via="node", flush=True))),
-    ("persistmax_flush_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, flush=True))),
-    ("persistmax_hr75_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, hit_ratio=0.75))),
-    ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
-    ("persistmax_blk7_v152k_b1", 151936, 1, dict(l2=L2_MAX, steps=7)),
-    ("default_again_v152k_b1", 151936, 1, {}),
-    ("persistmax_again_v152k_b1", 151936, 1, dict(l2=L2_MAX)),
-    ("persist24_again_v152k_b1", 151936, 1, dict(l2=dict(mib=24, via="node"))),
-    # last: the two forms that act inside the capture (a capture they break cannot spoil the rows above)
-    ("persistmax_capture_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="capture"))),
-    ("persistmax_stream_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="stream"))),
-    ("persistmax_capture_again_v152k_b1", 151936, 1, dict(l2=dict(mib="max", via="capture")))]
-# v28 (HW10's call 2, after v27 measured every window slower, more so with more set-aside): why. The walk with the
-# set-aside alone (no window), the max window with misses "normal" instead of "streaming", with hitRatio 0 (every
-# line streaming, none persisting), a window over W2's first 37.5 MiB only at hitRatio 1 (a fixed persisting set: no
-# line competes for the set-aside); the 256 MiB copy timed after the walk's rows (set-aside and persisting lines in
-# place); and the window without the walk: 4 sums a graph over a 74.2 MiB bf16 tensor (W2's size: a cyclic re-read
-# larger than the normal L2) and over 30 MiB (fits either way).
-TUNE_CASES_V28 = [
-    ("default_v152k_b1", 151936, 1, {}),
-    ("kept_v152k_b1", 151936, 1, dict(l2=dict(mib=0, probe_copy=True))),
-    ("setaside_max_v152k_b1", 151936, 1, dict(l2=dict(mib="max", window=False, probe_copy=True))),
-    ("persistmax_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, probe_copy=True))),
-    ("persistmax_missnormal_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, miss="normal"))),
-    ("persistmax_hr0_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, hit_ratio=0.0))),
-    ("persistfirst_v152k_b1", 151936, 1, dict(l2=dict(L2_MAX, window_mib=37.5, hit_ratio=1.0))),
-    ("default_again_v152k_b1", 151936, 1, {}),
-    ("setaside_max_again_v152k_b1", 151936, 1, dict(l2=dict(mib="max", window=False))),
-    ("persistmax_again_v152k_b1", 151936, 1, dict(l2=L2_MAX))]
-W2_MIB = 151936 * RANK * 2 / 2**20
-L2_PROBES_V28 = [
-    ("w2size_plain", W2_MIB, dict(mib=0)), ("w2size_setaside", W2_MIB, dict(mib="max", window=False)),
-    ("w2size_persist", W2_MIB, L2_MAX), ("w2size_persist_missnormal", W2_MIB, dict(L2_MAX, miss="normal")),
-    ("w2size_hr0", W2_MIB, dict(L2_MAX, hit_ratio=0.0)),
-    ("30mib_plain", 30, dict(mib=0)), ("30mib_persist", 30, dict(L2_MAX, hit_ratio=1.0)),
-    ("w2size_plain_again", W2_MIB, dict(mib=0)), ("w2size_persist_again", W2_MIB, L2_MAX)]
+# HW10's ladders v27 (the shipped default with a persisting-L2 access policy window over W2: set-aside 16 / 24 / 32 /
+# 37.5 MiB, window by kernel node / stream attribute / in-capture node / eager, a copy between walks) and v28 (the
+# set-aside alone, misses normal, hitRatio 0, a fixed window, sum probes) were run once (session 8, calls at cf16024
+# and 23bfae0): every window and the set-aside alone were slower; their rows, L2Persist (ctypes on torch's libcudart)
+# and time_graph_l2 removed (code at 23bfae0).
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1135,8 +819,6 @@ LADDERS = {
     "v22": dict(rule={}, cases=TUNE_CASES_V22, floors=[],
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
     "v26": dict(rule={}, cases=TUNE_CASES_V26, floors=[]),
-    "v27": dict(rule={}, cases=TUNE_CASES_V27, floors=[], sweep_l2=dict(mib="max", via="node")),
-    "v28": dict(rule={}, cases=TUNE_CASES_V28, floors=[], l2_probes=L2_PROBES_V28),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The Gluon head walk on the lent H200 in one call: its GPU tests (pytest -m gpu -k "$TEST_K", xdist from the carried
 # .whl), then bench_head_walk.py's ladder(s) in LADDER_SPECS, each beside the Triton walk and vLLM's graph loop in the
-# same process. HW10 (session 8): LADDER_SPECS="v27 151936 1 150 40 100" (persisting-L2 windows over W2). Default
-# (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
-# rs_sf, beside the Triton walk) + the 152k b1 block-15 sweep row (ours: the shipped default). Earlier calls: v25 (HW9's
-# call B, LADDER_SPECS="v25 151936 1 100 30 60", code at b4da3f0), v24 (HW9's call A, LADDER_SPECS="v24 151936 1 120
-# 30 75", code at bff8a73), v23 (session 8, LADDER_SPECS="v23 151936 1 80 30 45", code at 89ba734), v22 (HW7b), v21 (HW7,
-# LADDER_SPECS="v21 151936 1 170 60 110"); session 7's first call v18 / v20 / v19 (code at eee43d2).
+# same process. Default (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
+# rs_sf, beside the Triton walk) + the 152k b1 block-15 sweep row (ours: the shipped default). Earlier calls: v27 / v28
+# (HW10: persisting-L2 windows, LADDER_SPECS="v27 151936 1 150 40 100" / "v28 151936 1 110 0 80", code at 23bfae0),
+# v25 (HW9's call B, LADDER_SPECS="v25 151936 1 100 30 60", code at b4da3f0), v24 (HW9's call A, LADDER_SPECS="v24
+# 151936 1 120 30 75", code at bff8a73), v23 (session 8, LADDER_SPECS="v23 151936 1 80 30 45", code at 89ba734),
+# v22 (HW7b), v21 (HW7, LADDER_SPECS="v21 151936 1 170 60 110"); session 7's first call v18 / v20 / v19 (code at
+# eee43d2).
 # Here:    python eval/bench_head_walk.py --prepare      (carry .whl and .vendor/extracted_head_walk)
 # Device:  HYBRIDSPEC_COMMIT=<sha> bash eval/run_gpu_gluon_walk.sh     (logs under $OUT/gluon)
 set +e
@@ -33,14 +34,4 @@ for SPEC in "${SPECS[@]}"; do
     echo "== ladder $1 rc=$? at $(( $(date +%s) - T0 )) s"
     grep -iE "gluon.*(fall|fell)|fallback|Triton walk|Triton kernel" "$OUT/gluon/bench_$1.log" | sort | uniq -c | head -5
     grep -E "tune_|floor|graph_loop|speedup" "$OUT/gluon/bench_$1.log" | cut -c1-260 | head -40
-    # compact: the rows' time, token checks and, for the persisting-L2 rows (v27), what the window got
-    python3 -c 'import json,sys
-keys = ("us", "equal_step", "equal_step_timed", "gluon_ran", "set_aside_rc", "set_aside_mib", "hit_ratio", "via_rcs",
-        "kernel_nodes", "node_windows_mib", "capture_tail_kernels", "error", "ours_us", "ours_l2_us", "graph_loop_us",
-        "speedup_graph_loop", "speedup_graph_loop_l2", "ours_l2_eq_ours", "ours_l2_node_windows_mib", "agree_graph_loop",
-        "window_mib", "copy_us_after", "us_per_sum", "gbps")
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        r = json.loads(line)
-        print(r.get("check", "sweep"), {k: r[k] for k in keys if k in r})' "$OUT/gluon/bench_$1.log" | cut -c1-330
 done
