@@ -338,8 +338,10 @@ def hwg():
                 "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
                 "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
-                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128"),
-             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128")}
+                      "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128",
+                      "rs_sf_lean_res256_s2_t128"),
+             150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
+                      "rs_sf_lean_res256_s2_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -361,8 +363,9 @@ def hwg():
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=walk.gluon_form_flags(form)[0])
                 assert why is None, why
-                rs, stream_first = walk.gluon_form_flags(form)
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first)
+                rs, stream_first, lean_ends = walk.gluon_form_flags(form)
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
+                                      lean_ends=lean_ends)
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

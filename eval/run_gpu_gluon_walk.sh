@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Gluon head walk on the lent H200 in one call: its GPU tests (pytest -m gpu -k "$TEST_K", xdist from the carried
 # .whl), then bench_head_walk.py's ladder(s) in LADDER_SPECS, each beside the Triton walk and vLLM's graph loop in the
-# same process. Default (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
+# same process; every sweep variant on --samples (3) fresh allocations, the median (HW11). v29 (HW11: rs_sf_lean
+# beside the shipped rs_sf in pairs, LADDER_SPECS="v29 151936 1 150 60 60").
+# Default (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
 # rs_sf, beside the Triton walk) + the 152k b1 block-15 sweep row (ours: the shipped default). Earlier calls: v27 / v28
 # (HW10: persisting-L2 windows, LADDER_SPECS="v27 151936 1 150 40 100" / "v28 151936 1 110 0 80", code at 23bfae0),
 # v25 (HW9's call B, LADDER_SPECS="v25 151936 1 100 30 60", code at b4da3f0), v24 (HW9's call A, LADDER_SPECS="v24

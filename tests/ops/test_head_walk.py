@@ -900,7 +900,8 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 
     assert walk.GLUON_AUTO_FORM == "rs_sf"
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
-    assert flags == {True: (False, False), "ss": (False, False), "rs": (True, False), "rs_sf": (True, True)}
+    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
+                     "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -922,7 +923,23 @@ def test_gluon_stream_forms(monkeypatch, caplog):
                     STREAM_FIRST=stream_first)
         assert {k: kwargs[k] for k in want} == want, kwargs
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
-    assert build.launches[-1][1]["STREAM_FIRST"] is False
+    assert build.launches[-1][1]["STREAM_FIRST"] is False and build.launches[-1][1]["LEAN_ENDS"] is False
+    # rs_sf_lean (HW11): LEAN_ENDS where a resident tile lives in shared memory (its TMA load); a plan whose only
+    # resident tile is the register one has nothing to load that way: off, said once.
+    assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True,
+                                 lean_ends=True)
+    assert {k: build.launches[-1][1][k] for k in ("STREAM_FIRST", "LEAN_ENDS", "RES_ROWS", "RS_ROWS")} == dict(
+        STREAM_FIRST=True, LEAN_ENDS=True, RES_ROWS=256, RS_ROWS=128)
+    regs_only = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)
+    monkeypatch.setattr(walk, "_logged", set())
+    with caplog.at_level("INFO", logger=walk.__name__):
+        for lean_rs in (True, True, False):
+            assert walk._launch_gluon_b1(regs_only, u, w1, w2, first, tokens, 1.0, rs=lean_rs, stream_first=True,
+                                         lean_ends=True)
+            assert build.launches[-1][1]["LEAN_ENDS"] is (not lean_rs)
+    said = [r.getMessage() for r in caplog.records if "lean start" in r.getMessage()]
+    assert len(said) == 1 and "128 resident rows" in said[0], said
+    caplog.clear()
     # A Triton that rejects the rs_sf build: False (the caller walks Triton), said once, remembered apart from the
     # rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
@@ -1088,6 +1105,9 @@ GLUON_STREAM_FORMS = {
     # forms passed here at 89ba734, HW9's L2 prefetch forms rs_sf_pf1..4 at bff8a73 and rs_sf_w1 at b4da3f0; all
     # measured no faster: removed).
     "rs_sf_res256_s2_t128": dict(gluon="rs_sf", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+    # HW11: the same with the lean start (resident tile by TMA) and end (only program 0 waits in the last step).
+    "rs_sf_lean_res256_s2_t128": dict(gluon="rs_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
+                                      stream_rows=128),
 }
 
 
@@ -1109,11 +1129,17 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-def test_gpu_gluon_auto_graph_replays(monkeypatch):
+@pytest.mark.parametrize("auto_form", [None, "rs_sf_lean"], ids=["shipped", "rs_sf_lean"])
+def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
-    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up."""
+    replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped
+    auto form, and rs_sf_lean as auto: its programs other than 0 leave the last step early, graph replay after
+    graph replay)."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
+
+    if auto_form is not None:
+        monkeypatch.setattr(walk, "GLUON_AUTO_FORM", auto_form)
 
     p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=5, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()

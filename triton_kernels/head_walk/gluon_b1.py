@@ -19,6 +19,9 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 4. STREAM_FIRST ("rs_sf", gluon="auto"'s form since session 8): each step scores the ring's STAGES tiles that
    landed during the exchange before the resident tiles, so their slots' refills leave before the resident work
    instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
+5. LEAN_ENDS ("rs_sf_lean", opt-in, HW11): the shared-memory resident tile by TMA and step 0's base logits and
+   anchor W1 row issued before the register tile (step 0 waits behind no load -> store round trip); in the last step
+   only program 0 waits, for the winner's key (no W1 gather), and the others leave after publishing.
    Measured no faster and removed (session 8): a producer warp refilling the ring (code at 89ba734), a once-a-step
    L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
    of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.
@@ -227,9 +230,12 @@ if HAVE_GLUON:
         return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
 
     @gluon.jit
-    def _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, u_smem, shard_begin, shard_end, logit_scale,
-                        RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr):
-        """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS)."""
+    def _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin, shard_end,
+                        logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+                        LEAN_ENDS: gl.constexpr):
+        """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
+        LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
+        of a completed phase returns at once)."""
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
@@ -237,6 +243,8 @@ if HAVE_GLUON:
             if t == 0 and RS_ROWS > 0:
                 acc = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
             else:
+                if LEAN_ENDS and t == RS_ROWS // ST:
+                    mbarrier.wait(res_ready, 0)
                 acc = warpgroup_mma(res_smem.index(t - RS_ROWS // ST), b_view, zero_acc, use_acc=False,
                                     is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -269,12 +277,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
-                      u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
-                      STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-                      NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr,
-                      TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
-                      STREAM_FIRST: gl.constexpr):
+                      num_steps, logit_scale, ring, ready, a_regs, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
+                      stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
+                      SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
+                      SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
+                      GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -303,15 +311,15 @@ if HAVE_GLUON:
                     run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                          w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
                                          SCALED)
-                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, u_smem, shard_begin, shard_end,
-                                      logit_scale, RES_T, RS_ROWS, SCALED)
+                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
+                                      shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
                 for j in range(lead, STREAM_TILES):
                     run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                          w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
                                          SCALED)
             else:
-                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, u_smem, shard_begin, shard_end,
-                                      logit_scale, RES_T, RS_ROWS, SCALED)
+                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
+                                      shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
                 for j in range(STREAM_TILES):
                     run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                          w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
@@ -326,9 +334,20 @@ if HAVE_GLUON:
                                    TILES_P2, ST, U_TILES)
             slot_ptrs = keys_ptr + (kslot * NUM_PROGS + prog) * KEY_STRIDE
             tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND, SPIN_LIMIT,
-                                              GUESS_ROUNDS)
-            u_tiles.store(u_next)
+            if LEAN_ENDS:
+                if k + 1 < num_steps:
+                    cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                      SPIN_LIMIT, GUESS_ROUNDS)
+                    u_tiles.store(u_next)
+                elif pid == 0:
+                    # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row;
+                    # the other programs leave once their key is out.
+                    cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT),
+                                      axis=1)
+            else:
+                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                  SPIN_LIMIT, GUESS_ROUNDS)
+                u_tiles.store(u_next)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
@@ -346,6 +365,7 @@ if HAVE_GLUON:
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
+        LEAN_ENDS: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -388,6 +408,24 @@ if HAVE_GLUON:
             mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
             _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
                       pred=s < total)
+        SMEM_RES_T: gl.constexpr = (RES_ROWS - RS_ROWS) // ST
+        res_ready = ready  # unused unless LEAN_ENDS
+        if LEAN_ENDS:
+            # The shared-memory resident tiles by TMA too (rows past the shard are read but scored -inf), and step
+            # 0's base logits and the anchor's W1 row issued before the register tile: nothing the first step needs
+            # waits behind a load -> store round trip of the resident rows.
+            res_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(res_ready, count=1)
+            fence_async_shared()
+            _cta_sync()
+            res_smem = gl.allocate_shared_memory(w_ty, [SMEM_RES_T, ST, R], W_SMEM)
+            mbarrier.expect(res_ready, SMEM_RES_T * TILE_BYTES)
+            for c in gl.static_range(SMEM_RES_T):
+                _tma_load(w2_desc, [shard_begin + RS_ROWS + c * ST, 0], res_ready, res_smem.index(c))
+            u_first = _load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES)
+            o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+            prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
+                                                         SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
 
         if RS_ROWS > 0:
             # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
@@ -400,7 +438,9 @@ if HAVE_GLUON:
                              mask=(rows_a < shard_end)[:, None], other=0.0)
         else:
             a_regs = 0  # unused
-        if RES_ROWS > RS_ROWS:
+        if LEAN_ENDS:
+            pass  # res_smem: loading by TMA (above)
+        elif RES_ROWS > RS_ROWS:
             # [tiles, ST, R] like the ring: any number of tiles (a 2-D buffer's rows must be a power of two).
             res_smem = gl.allocate_shared_memory(w_ty, [(RES_ROWS - RS_ROWS) // ST, ST, R], W_SMEM)
             o_lr = gl.arange(0, ST, gl.SliceLayout(1, LOAD))
@@ -423,17 +463,22 @@ if HAVE_GLUON:
             u_smem = u_tiles.reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
         else:
             u_smem = u_tiles._reinterpret(u_ptr.dtype.element_ty, [TILES_P2, ST], PLAIN)
-        u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
-        fence_async_shared()
-
-        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
-        prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
-                                                     SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
+        if LEAN_ENDS:
+            u_tiles.store(u_first)
+            fence_async_shared()
+        else:
+            u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
+            fence_async_shared()
+            o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+            prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
+                                                         SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, res_smem, b_smem, key_smem, best_smem, u_tiles,
-                      u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end, stream_begin,
-                      STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND, TILES_P2,
-                      SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST)
+                      num_steps, logit_scale, ring, ready, a_regs, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
+                      stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
+                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
+        if LEAN_ENDS:
+            mbarrier.invalidate(res_ready)

@@ -441,7 +441,7 @@ def head_walk(
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
-            tiles before the resident ones, auto's form), where
+            tiles before the resident ones, auto's form; "rs_sf_lean": "rs_sf" with a lean start and end), where
             why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back
             the same way.
     Returns:
@@ -579,9 +579,9 @@ def head_walk(
             reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(gluon)[0], **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        rs, stream_first = gluon_form_flags(form)
+        rs, stream_first, lean_ends = gluon_form_flags(form)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=rs, stream_first=stream_first):
+                                               logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -607,14 +607,17 @@ def head_walk(
 # 234.6 / 234.4 us); code at bff8a73. HW9's "rs_sf_w1" (each program's best token's W1 row bulk-prefetched into L2
 # as it publishes its key) measured no faster (ladder v25, three pairs: 239.9 / 239.2 / 240.7 vs 239.0 / 236.9 /
 # 237.5 us); code at b4da3f0.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf")
+# HW11's "rs_sf_lean" (opt-in): "rs_sf" with lean ends: the shared-memory resident tile by TMA, step 0's base
+# logits and the anchor's W1 row issued before the register tile; in the last step only program 0 waits (for the
+# winner's key, no W1 gather), the others leave after publishing.
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean")
 
 
-def gluon_form_flags(form: bool | str) -> tuple[bool, bool]:
-    """(rs, stream_first) of an explicit gluon= form: "rs..." the register tile, "..._sf" the ring's waiting tiles
-    before the resident ones each step."""
+def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
+    """(rs, stream_first, lean_ends) of an explicit gluon= form: "rs..." the register tile, "..._sf..." the ring's
+    waiting tiles before the resident ones each step, "..._lean" the lean start and end."""
     name = "ss" if form is True else form
-    return name.startswith("rs"), name.endswith("_sf")
+    return name.startswith("rs"), "_sf" in name, name.endswith("_lean")
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
@@ -765,15 +768,19 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     stream_first: bool = False) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
-    across the steps; stream_first: gluon_form_flags); False (logged, remembered per build) where it does not
-    compile, so the caller walks the Triton kernel."""
+    across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
+    does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
-    key = (cfg, rs, stream_first, u.dtype, w1.dtype, rank)
+    if lean_ends and resident <= (st if rs else 0):
+        _log_once(f"head_walk(gluon): no resident tile in shared memory ({resident} resident rows): the lean start "
+                  f"has nothing to load by TMA; walking without it", logging.INFO)
+        lean_ends = False
+    key = (cfg, rs, stream_first, lean_ends, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -786,11 +793,11 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first,
+            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "")
+        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
         _log_once(f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident rows, "
                   f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
