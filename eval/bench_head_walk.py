@@ -356,8 +356,10 @@ def run_gpu(args) -> dict:
                     for sample in range(args.samples):
                         p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16)
                         problems.append(p)
-                        variants = {"ours": ours_fn(head_walk, p, **ours_kw),
-                                    "ours_step": ours_fn(head_walk, p, lockstep=True)}
+                        variants = {"ours": ours_fn(head_walk, p, **ours_kw)}
+                        for also, also_kw in ladder.get("sweep_also", {}).items():
+                            variants[f"ours_{also}"] = ours_fn(head_walk, p, **also_kw)
+                        variants["ours_step"] = ours_fn(head_walk, p, lockstep=True)
                         if not (sampled and gumbel is None):
                             variants["graph_loop"] = lambda p=p: graph_loop(torch, F, gumbel, p)
                             variants["graph_topk"] = lambda p=p: graph_topk(torch, F, gumbel, p)
@@ -408,6 +410,15 @@ def run_gpu(args) -> dict:
                         for ref in ("graph_loop", "fused_step"):
                             if ref in tokens:
                                 row[f"agree_{ref}"] = round(float((tokens[ref][0] == ours_tokens).float().mean()), 3)
+                        for also in ladder.get("sweep_also", {}):
+                            name = f"ours_{also}"
+                            if name in tokens:
+                                row[f"{name}_eq_ours"] = all(torch.equal(t, ours_tokens) for t in tokens[name])
+                            if row.get(f"{name}_us_samples") and row.get("ours_us_samples"):
+                                # ours' gain over it, sample by sample (the same allocation, timed back to back).
+                                row[f"ours_gain_over_{name}_samples"] = [
+                                    round(1 - ours / other, 4) for ours, other in zip(row["ours_us_samples"],
+                                                                                      row[f"{name}_us_samples"])]
                     for ref in ("graph_loop", "graph_topk", "fused_step", "ours_step"):
                         if row.get(f"{ref}_us") and row.get("ours_us"):
                             row[f"speedup_{ref}"] = round(row[f"{ref}_us"] / row["ours_us"], 2)
@@ -788,6 +799,14 @@ TUNE_CASES_V29 = [
     ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
     ("gluon_rs_sf_lean_blk7_v152k_b1", 151936, 1, dict(LEAN, steps=7)),
     ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_third_v152k_b1", 151936, 1, LEAN)]
+# HW11 call B (v30): four more 152k block-15 pairs in ABBA order (drift cancels), and the sweep row with rs_sf_lean as
+# the auto form beside the shipped rs_sf timed on the same fresh allocations ("sweep_also": ours_rs_sf, the pair per
+# sample).
+TUNE_CASES_V30 = [
+    ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_v152k_b1", 151936, 1, LEAN),
+    ("gluon_rs_sf_lean_again_v152k_b1", 151936, 1, LEAN), ("default_again_v152k_b1", 151936, 1, {}),
+    ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_third_v152k_b1", 151936, 1, LEAN),
+    ("gluon_rs_sf_lean_fourth_v152k_b1", 151936, 1, LEAN), ("default_fourth_v152k_b1", 151936, 1, {})]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -858,6 +877,9 @@ LADDERS = {
                 sweep_gluon_auto=("rs", {k: v for k, v in GLUON_T128["rs_res256s2t128"].items() if k != "gluon"})),
     "v26": dict(rule={}, cases=TUNE_CASES_V26, floors=[]),
     "v29": dict(rule={}, cases=TUNE_CASES_V29, floors=[]),
+    "v30": dict(rule={}, cases=TUNE_CASES_V30, floors=[],
+                sweep_gluon_auto=("rs_sf_lean", dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)),
+                sweep_also={"rs_sf": {k: v for k, v in LEAN.items() if k != "gluon"} | dict(gluon="rs_sf")}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
