@@ -787,7 +787,7 @@ TUNE_CASES_V26 = [
 # set-aside alone, misses normal, hitRatio 0, a fixed window, sum probes) were run once (session 8, calls at cf16024
 # and 23bfae0): every window and the set-aside alone were slower; their rows, L2Persist (ctypes on torch's libcudart)
 # and time_graph_l2 removed (code at 23bfae0).
-# HW11 (v29): the shipped default (auto: rs_sf) beside "rs_sf_lean" (its lean start and end: the shared-memory resident
+# HW11 (v29, run once at 9218c19 when auto was rs_sf: lean -2.3 / -1.9 / -0.3 %): the then shipped default beside "rs_sf_lean" (its lean start and end: the shared-memory resident
 # tile by TMA, step 0's base logits and the anchor's W1 row before the register tile, only program 0 waiting in the
 # last step) in pairs at 152k block 15 (three), 150,001 and block 7, interleaved; the sweep row (every sweep row from
 # HW11 on: each variant timed on --samples fresh allocations, median) walks the shipped default.
@@ -801,7 +801,8 @@ TUNE_CASES_V29 = [
     ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_third_v152k_b1", 151936, 1, LEAN)]
 # HW11 call B (v30): four more 152k block-15 pairs in ABBA order (drift cancels), and the sweep row with rs_sf_lean as
 # the auto form beside the shipped rs_sf timed on the same fresh allocations ("sweep_also": ours_rs_sf, the pair per
-# sample).
+# sample). Run once at f6f748b: lean under rs_sf in all 7 pairs (median 2.1 %), adopted as auto; since then "default"
+# in these ladders IS rs_sf_lean (v30's sweep_also keeps timing rs_sf beside it).
 TUNE_CASES_V30 = [
     ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_v152k_b1", 151936, 1, LEAN),
     ("gluon_rs_sf_lean_again_v152k_b1", 151936, 1, LEAN), ("default_again_v152k_b1", 151936, 1, {}),

@@ -891,14 +891,14 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
 
 
 def test_gluon_stream_forms(monkeypatch, caplog):
-    """gluon="rs_sf" (auto's form since ladder v23: each step scores the ring's waiting tiles before the resident
+    """gluon="rs_sf" (auto's form from ladder v23 to HW11: each step scores the ring's waiting tiles before the resident
     ones): same selection rule as "rs"; the launch passes STREAM_FIRST (every other form False); in the interpreter
     it falls back to the Triton walk with the same tokens and one warning; a build that fails falls back too,
     remembered apart from "rs"; the forms measured slower and removed (HW8's producer warp, HW9's L2 prefetches)
     are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert walk.GLUON_AUTO_FORM == "rs_sf"
+    assert walk.GLUON_AUTO_FORM == "rs_sf_lean"
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
     assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
                      "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True)}
@@ -972,7 +972,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
-    triton 3.6, sm_90, no launch option given; there it walks form "rs_sf" (ladder v23) in the measured geometry
+    triton 3.6, sm_90, no launch option given; there it walks form "rs_sf_lean" (HW11) in the measured geometry
     (128-row tiles at 8 warps: 256 resident rows of which 128 in registers, 2 ring stages, 7 streamed tiles). Everything else keeps the
     Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
@@ -988,7 +988,7 @@ def test_gluon_auto_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
-    assert walk.GLUON_AUTO_FORM == "rs_sf" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert walk.GLUON_AUTO_FORM == "rs_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
     auto_150001 = _gpu_plan(monkeypatch, 150001, **walk.GLUON_AUTO_GEOMETRY)
     assert walk._gluon_stream_form(auto_150001) == (256, 7, 2)
@@ -1101,11 +1101,12 @@ GLUON_STREAM_FORMS = {
     # 128-row tiles at 8 warps (128 rows in registers), HW7b: auto's geometry since ladder v22 (rs res128 s3 t128
     # passed here at 59fc260 and measured no faster than the 64-row form: not re-tested).
     "rs_res256_s2_t128": dict(gluon="rs", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
-    # The same geometry with the ring's waiting tiles scored first: auto's form since ladder v23 (HW8's producer-warp
-    # forms passed here at 89ba734, HW9's L2 prefetch forms rs_sf_pf1..4 at bff8a73 and rs_sf_w1 at b4da3f0; all
-    # measured no faster: removed).
+    # The same geometry with the ring's waiting tiles scored first: auto's form from ladder v23 to HW11 (HW8's
+    # producer-warp forms passed here at 89ba734, HW9's L2 prefetch forms rs_sf_pf1..4 at bff8a73 and rs_sf_w1 at
+    # b4da3f0; all measured no faster: removed).
     "rs_sf_res256_s2_t128": dict(gluon="rs_sf", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
-    # HW11: the same with the lean start (resident tile by TMA) and end (only program 0 waits in the last step).
+    # HW11: the same with the lean start (resident tile by TMA) and end (only program 0 waits in the last step):
+    # auto's form since HW11's call B.
     "rs_sf_lean_res256_s2_t128": dict(gluon="rs_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
                                       stream_rows=128),
 }
@@ -1120,8 +1121,8 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
     shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
-    rs_sf_res256_s2_t128 form since ladder v23); the Triton walk is tolerated by the naive reference. A fallback to the Triton
-    walk fails the test."""
+    rs_sf_lean_res256_s2_t128 form since HW11); the Triton walk is tolerated by the naive reference. A fallback to the
+    Triton walk fails the test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, dict(GLUON_STREAM_FORMS, auto={}))
@@ -1129,12 +1130,12 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf_lean"], ids=["shipped", "rs_sf_lean"])
+@pytest.mark.parametrize("auto_form", [None, "rs_sf"], ids=["shipped", "rs_sf"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
     replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped
-    auto form, and rs_sf_lean as auto: its programs other than 0 leave the last step early, graph replay after
-    graph replay)."""
+    auto form rs_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
+    and rs_sf, auto's form before it)."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 

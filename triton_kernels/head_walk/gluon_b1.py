@@ -16,12 +16,13 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 3. "rs": the first resident tile's W2 rows are held in registers as the wgmma A operand (no shared memory), which
    pays for another ring stage or resident tile. With 8 warps (two warpgroups) a tile is 128 rows: 128 rows in
    registers, and half the streamed iterations a step (gluon="auto"'s geometry, measured session 7).
-4. STREAM_FIRST ("rs_sf", gluon="auto"'s form since session 8): each step scores the ring's STAGES tiles that
-   landed during the exchange before the resident tiles, so their slots' refills leave before the resident work
-   instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
-5. LEAN_ENDS ("rs_sf_lean", opt-in, HW11): the shared-memory resident tile by TMA and step 0's base logits and
-   anchor W1 row issued before the register tile (step 0 waits behind no load -> store round trip); in the last step
-   only program 0 waits, for the winner's key (no W1 gather), and the others leave after publishing.
+4. STREAM_FIRST ("rs_sf", gluon="auto"'s form in session 8 until HW11): each step scores the ring's STAGES tiles
+   that landed during the exchange before the resident tiles, so their slots' refills leave before the resident
+   work instead of after it (ladder v23: 235.6 / 236.2 vs 247.7 / 251.9 us a 152k walk).
+5. LEAN_ENDS ("rs_sf_lean" = rs_sf with it, gluon="auto"'s form since HW11: -2.1 % a 152k walk, median of 7 pairs):
+   the shared-memory resident tile by TMA, and step 0's base logits and anchor W1 row issued before the register
+   tile (step 0 waits behind no load -> store round trip); in the last step only program 0 waits, for the winner's
+   key (no W1 gather), and the others leave after publishing.
    Measured no faster and removed (session 8): a producer warp refilling the ring (code at 89ba734), a once-a-step
    L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
    of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.

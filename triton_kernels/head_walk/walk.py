@@ -441,7 +441,7 @@ def head_walk(
             geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
-            tiles before the resident ones, auto's form; "rs_sf_lean": "rs_sf" with a lean start and end), where
+            tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's form), where
             why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back
             the same way.
     Returns:
@@ -598,7 +598,7 @@ def head_walk(
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
 # walk, resident W2 rows in shared memory), "rs" (its first resident tile in registers as the wgmma A operand),
 # "rs_sf" ("rs" that scores the ring's STAGES waiting tiles before the resident ones, so their refills leave before
-# the resident work; auto's form since ladder v23).
+# the resident work; auto's form from ladder v23 to HW11).
 # Session 6's "ss_once" / "ss_late" (one early candidate guess / none) measured slower (session 7, ladder v19, 152k
 # b1: 311.7 / 301.0 vs 296.6 us); code at eee43d2. HW8's "rs_ws" / "rs_ws_sf" (a producer warp refills the ring)
 # measured no faster than "rs" / "rs_sf" (ladder v23: 249.9 vs 247.7 / 251.9; 236.5 / 242.0 vs 235.6 / 236.2 us);
@@ -607,9 +607,9 @@ def head_walk(
 # 234.6 / 234.4 us); code at bff8a73. HW9's "rs_sf_w1" (each program's best token's W1 row bulk-prefetched into L2
 # as it publishes its key) measured no faster (ladder v25, three pairs: 239.9 / 239.2 / 240.7 vs 239.0 / 236.9 /
 # 237.5 us); code at b4da3f0.
-# HW11's "rs_sf_lean" (opt-in): "rs_sf" with lean ends: the shared-memory resident tile by TMA, step 0's base
-# logits and the anchor's W1 row issued before the register tile; in the last step only program 0 waits (for the
-# winner's key, no W1 gather), the others leave after publishing.
+# HW11's "rs_sf_lean" (auto's form since HW11's call B): "rs_sf" with lean ends: the shared-memory resident tile by
+# TMA, step 0's base logits and the anchor's W1 row issued before the register tile; in the last step only program 0
+# waits (for the winner's key, no W1 gather), the others leave after publishing.
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean")
 
 
@@ -629,7 +629,11 @@ GUESS_ROUNDS = 3
 # vs that form 273.3 / 273.2 (Triton 300.5; 128 rows in registers only + 3 stages 271.4); 150001 250.0 vs 283.6;
 # block 7 120.6 vs 137.0. Ladder v23 (session 8, lead's call 1 at 89ba734, one run): "rs_sf" (the ring's 2 waiting
 # tiles scored before the resident ones) 235.6 / 236.2 vs "rs" 247.7 / 251.9 us (HW8's rule: > 2 % in both pairs).
-GLUON_AUTO_FORM = "rs_sf"
+# HW11 (session 8, ladders v29 / v30 at 9218c19 / f6f748b): "rs_sf_lean" (resident tile by TMA, step 0's loads first,
+# only program 0 waiting in the last step) under "rs_sf" in 6 of 7 interleaved 152k block-15 pairs (call B: -0.9 /
+# -2.2 / -1.9 / -2.6 % and -2.1 / -1.6 / -2.2 % on the sweep's 3 fresh allocations, median 2.1 %; call A: -2.3 / -1.9
+# / -0.3 %), 150001 -1.8 %, block 7 -3.1 %.
+GLUON_AUTO_FORM = "rs_sf_lean"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
