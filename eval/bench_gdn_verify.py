@@ -656,12 +656,39 @@ SWEEP_VERIFY_L2PF10 = [
     VerifyConfig(**_B32_9, l2_prefetch_mib=16, l2_prefetch_ahead=4),
     VerifyConfig(**_B32_9, l2_prefetch_mib=16, l2_prefetch_ahead=8),
 ]
+# --sweep-set long11 (session 8, GD10; --sweep-lens 17,32, --lens 17,32): verify lengths 17..32 share one build (BT 32,
+# 4 Neumann steps) and ran the L = 16 picks until now. Triton 3.6 sm_90 at L 17 (BT 32) vs L 16: b1 pick 3,000 ->
+# 8,736 instructions, 248 -> 255 registers, 0 -> 856 B stack; stacked prep at its 128-register cap 3,744 -> 13,752
+# instructions, 8 -> 968 B stack (1,424 with the L2 prefetch); b32 state pass 104 -> 247 registers (4 -> 2 per SM);
+# BV128 x 8 state pass 101 -> 173 registers, 98 KB shared (2 -> 1 per SM). Every b1 single-kernel form spills at BT 32
+# (hoisted BV32 x 8: 5,688 instructions, 600 B stack; hoisted BV16 x 8: 5,304 / 248 B; plain BV32 x 8: 6,048 / 208 B);
+# the prep uncapped on 4 warps: 12,040 / 255 registers / 8 B, on 8 warps: 7,696 / 194 / none; state pass BV64 x 4
+# 183 registers (247 with the L2 prefetch), BV32 x 4 180, BV64 x 8 tma 134. The L = 16 picks come first
+# (incumbents), then the b1 forms that spill least, and the stacked forms (also at b1) with the prep uncapped or on 8
+# warps and state blocks of 32 / 64 / 128 rows
+_B16_1 = dict(_B1_4, early_stores=True)
+_PCU = dict(two_pass=True, stacked=True)  # prep without the 128-register cap
+_PF = dict(l2_prefetch_mib=16, l2_prefetch_ahead=2)
+SWEEP_VERIFY_LONG11 = [
+    VerifyConfig(**_B16_1), VerifyConfig(**_B64_9), VerifyConfig(**_B32_9, **_PF),  # L16 b1, b8 / b64, b32 picks
+    VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_B1, block_v=16), **_ES), VerifyConfig(block_v=32, num_warps=8),
+    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PCU),
+    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=64, pdl=True, prep_warps=8, **_PCU), VerifyConfig(block_v=64, pdl=True, prep_warps=8, **_PCU,
+                                                                          **_PF),
+    VerifyConfig(block_v=64, pdl=True, **_PCU, **_PF),
+    VerifyConfig(block_v=64, num_warps=8, pdl=True, tma_loads=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=32, pdl=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=32, pdl=True, prep_warps=8, **_PCU, l2_prefetch_mib=16, l2_prefetch_ahead=4),
+    VerifyConfig(block_v=32, pdl=True, **_PCU),
+]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
-              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10}
+              "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
+              "long11": SWEEP_VERIFY_LONG11}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -681,6 +708,9 @@ SWEEP_RECON_SPLIT6 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w 
     dict(short=True, block_v=bv, num_warps=w, early=early) for bv, w, early in ((16, 2, False), (32, 4, True))]
 # stacked7: final7's reconstruction picks only (BV32 x 8 and BV64 x 8 lost every cell there)
 SWEEP_RECON_STACKED7 = [SWEEP_RECON_SPLIT6[0]] + SWEEP_RECON_SPLIT6[3:]
+# long11: the general kernel at L 17..32 (BT 32; triton 3.6 BV32 x 4: 164 registers vs 124-128 at L 16, no stack),
+# the L = 16 pick first
+SWEEP_RECON_LONG11 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in ((32, 4), (16, 4), (32, 8), (64, 8))]
 # bf16recon: a bf16 state block is half an fp32 one, so per SM fewer bytes are in flight at the fp32 picks (triton 3.6
 # sm_90, general kernel at L16: BV32 x 4 83 registers -> 5 programs x 8 KB; BV64 x 4 168 -> 3 x 16 KB; BV128 x 4 254
 # -> 2 x 32 KB; BV64 x 8 104 -> 2 x 16 KB; BV128 x 8 148 -> 1 x 32 KB; all 16-byte loads and stores, no stack). The
@@ -1260,13 +1290,17 @@ def main():
     parser.add_argument("--recon-margin", type=float, default=0.0,
                         help="a reconstruction launch replaces the set's first (incumbent) one only when faster by "
                              "this fraction (run-to-run spread: ~2-3 %%)")
+    parser.add_argument("--results-stem", default=None,
+                        help="results file stem (default gdn_verify / gdn_verify_bf16_state): e.g. gdn_verify_long for "
+                             "a run at other verify lengths beside the committed headline; its summary holds "
+                             "speedup_L<L>_b<B> for every grid cell")
     parser.add_argument("--ssm-dtype", choices=sorted(SSM_DTYPES), default="float32",
                         help="every layer's ssm states (ours, vLLM's, FLA's): float32 = the headline (the issue's "
                              "benchmark); bfloat16 = vLLM's default (mamba_ssm_cache_dtype auto), written to "
                              f"{BENCH}_bf16_state.*")
     args = parser.parse_args()
     ssm_dtype = SSM_DTYPES[args.ssm_dtype]
-    bench = bench_name(ssm_dtype)
+    bench = args.results_stem or bench_name(ssm_dtype)
     if not ON_GPU and ssm_dtype == torch.bfloat16:
         ssm_dtype = torch.float16  # the interpreter computes bf16 wrongly: the CPU smoke runs a 16-bit state of fp16
     if args.write_tuned and ssm_dtype != torch.float32 and Path(args.write_tuned).resolve() == \
@@ -1299,7 +1333,7 @@ def main():
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
-                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7}.get(
+                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1337,7 +1371,7 @@ def main():
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
-                                                     "bf16recon", "tma9", "l2pf10"),
+                                                     "bf16recon", "tma9", "l2pf10", "long11"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)
@@ -1355,12 +1389,24 @@ def main():
                 if shipped.get("device") == device_name and shipped.get("verify_fold"):
                     folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
                     source += f"; verify_fold kept from: {shipped.get('source')}"
-            write_tuned_verify_configs(args.write_tuned, device_name, best_verify[max(best_verify)], source,
-                                       folded_by_batch, best_by_len=best_verify,
-                                       best_recon_by_len={L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
-                                                              for B, r in t.items() if not r.get("outer_loop")}
-                                                          for L, t in best_recon.items()},
-                                       best_recon_short_by_len=best_recon_short)
+            by_len = dict(best_verify)
+            recon_by_len = {L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
+                                for B, r in t.items() if not r.get("outer_loop")} for L, t in best_recon.items()}
+            short_by_len = dict(best_recon_short)
+            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
+            if shipped.get("device") == device_name:  # lengths not swept keep their shipped (measured) entries
+                kept = sorted({int(L) for L in shipped.get("verify_by_len", {})} - set(by_len))
+                for L in kept:
+                    by_len[L] = {int(b): VerifyConfig(**c) for b, c in shipped["verify_by_len"][str(L)].items()}
+                for key, table in (("reconstruct_by_len", recon_by_len), ("reconstruct_short_by_len", short_by_len)):
+                    for L, entries in shipped.get(key, {}).items():
+                        if int(L) not in best_verify:
+                            table[int(L)] = {int(b): e for b, e in entries.items()}
+                if kept:
+                    source += f"; L={','.join(map(str, kept))} kept from: {shipped.get('source')}"
+            write_tuned_verify_configs(args.write_tuned, device_name, by_len[16 if 16 in by_len else max(by_len)],
+                                       source, folded_by_batch, best_by_len=by_len, best_recon_by_len=recon_by_len,
+                                       best_recon_short_by_len=short_by_len)
             shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
             if shipped.get("device") == device_name:  # a drop-in that keeps the other state dtype's tables
                 swept = json.loads(Path(args.write_tuned).read_text())
@@ -1464,6 +1510,11 @@ def main():
                  "bytes count one workspace copy (the fold would need two)",
         goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
     )
+    if args.results_stem:  # a run beside the headline: every grid cell's speedup, no empty headline keys
+        summary = {k: v for k, v in summary.items() if v is not None}
+        for r in rows:
+            summary[f"speedup_L{r['L']}_b{r['B']}"] = r["speedup_all"]
+            summary[f"speedup_L{r['L']}_b{r['B']}_random"] = r["speedup_random"]
     if args.no_fold:  # the folded path was not timed: no folded keys
         summary = {k: v for k, v in summary.items() if not k.startswith(("folded_", "fold_gain_"))}
         summary["measures"] = ("speedup_* = vLLM / ours (verify + one ssm/conv reconstruction launch: what the wiring "

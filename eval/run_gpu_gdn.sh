@@ -47,6 +47,10 @@
 #               with the L2 bulk prefetch of the states, picked only when faster by 3 % of the step's total:
 #               --total-margin 0.03; reconstruction incumbents kept unless 2 % faster) and the l2_prefetch tests
 #               (GPU real shape + the CPU ones) through pytest-xdist
+#   MODE=long11 (session 8, GD10) verify lengths 17..32 (BT 32): --sweep-set long11 at --sweep-lens 17,32 (the L = 16
+#               picks as incumbents, --total-margin 0.02), the grid at --lens 17,32 with vLLM and FLA ->
+#               $OUT/gdn/gdn_verify_long.{json,md,png} + tuned_verify_configs.json (L 17 / 32 added, L 4 / 16 kept
+#               from the shipped file); GPU tests: the long11 forms at real shape (lens incl. 17) through xdist
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -148,7 +152,7 @@ if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -177,6 +181,10 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=l2pf10 TEST_K="l2_prefetch" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
         EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.03 --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-250}"
+    elif [ "$MODE" = long11 ]; then
+        SWEEP_SET=long11 TEST_K="long11" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-200} \
+            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-3}"
+        EXTRA="--lens 17,32 --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_long --stop-at-s ${STOP_AT_S:-170}"
     elif [ "$MODE" = final8 ]; then
         SWEEP_SET=stacked7 TEST_K="stacked or maxnreg or two-pass or two_pass" SWEEP_CUT=140 TEST_S=${TEST_S:-100} \
             BENCH_S=${BENCH_S:-230} GRID_S=${GRID_S:-1000} CUT=1500
@@ -206,6 +214,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|waited|^ladder" "$OUT/gdn/bench.log" | cut -c1-$CUT
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
+    [ "$MODE" = long11 ] && python3 -c "import json; d = json.load(open('$OUT/gdn/tuned_verify_configs.json')); print({L: {b: (c['block_v'], c['num_warps'], c['stacked'], c['prep_maxnreg'], c['prep_warps'], c['tma_loads'], c['l2_prefetch_mib']) for b, c in t.items()} for L, t in d['verify_by_len'].items()}, d['reconstruct_by_len'])"
     [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi

@@ -1113,6 +1113,15 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="bf16-state-stacked-bv128-pdl-tma"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
                                               tma_loads=True), False, id="bf16-state-stacked-tma"),
+    # session 8 (GD10): the forms swept at verify lengths 17..32 (BT 32): the prep without its register cap or on 8
+    # warps, narrow state blocks with the L2 prefetch, the hoisted b1 form at BV 16 x 8 warps
+    pytest.param(torch.float32, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                             tma_loads=True, prep_warps=8), False, id="fp32-state-long11-bv128-prep8"),
+    pytest.param(torch.float32, VerifyConfig(block_v=32, two_pass=True, stacked=True, pdl=True, prep_warps=8,
+                                             l2_prefetch_mib=16, l2_prefetch_ahead=4), False,
+                 id="fp32-state-long11-bv32-prep8-prefetch"),
+    pytest.param(torch.float32, VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8,
+                                             early_stores=True), False, id="fp32-state-long11-hoisted-bv16"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
@@ -1377,6 +1386,35 @@ def test_tuned_configs_round_trip(tmp_path, monkeypatch):
         verify._tuned_doc.cache_clear()
         assert default_reconstruct_config(1, 4) == dict(block_v=32, num_warps=4)
         assert default_verify_config(1, max_seqlen=4) == VerifyConfig()
+    finally:
+        verify._tuned_doc.cache_clear()
+
+
+def test_tuned_lookup_of_long_verify_lengths(tmp_path, monkeypatch):
+    """Verify lengths 17..32 share one build (BT 32): with tables at L 4 / 16 / 17 / 32, 1..16 read the L <= 16
+    entries as before, 17..24 the L = 17 entry and 25..32 the L = 32 one (nearest; a tie takes the longer)."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
+
+    picks = {L: VerifyConfig(block_v=16 << i, num_warps=4 + 4 * (L > 16)) for i, L in enumerate((4, 16, 17, 32))}
+    doc = {"device": "some GPU", "source": "test", "verify": {"1": dataclasses.asdict(picks[16])},
+           "verify_by_len": {str(L): {"1": dataclasses.asdict(c), "32": dataclasses.asdict(c)}
+                             for L, c in picks.items()},
+           "reconstruct_by_len": {str(L): {"1": dict(block_v=16 << i, num_warps=4)} for i, L in enumerate(picks)}}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
+    verify._tuned_doc.cache_clear()
+    try:
+        want = {L: picks[4] if L <= 9 else picks[16] if L <= 16 else picks[17] if L <= 24 else picks[32]
+                for L in range(1, 33)}
+        for L in range(1, 33):
+            for B in (1, 5, 64):
+                assert default_verify_config(B, max_seqlen=L) == want[L], (L, B)
+            assert default_reconstruct_config(3, L)["block_v"] == want[L].block_v, L
     finally:
         verify._tuned_doc.cache_clear()
 
