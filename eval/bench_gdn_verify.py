@@ -1290,6 +1290,10 @@ def main():
     parser.add_argument("--recon-margin", type=float, default=0.0,
                         help="a reconstruction launch replaces the set's first (incumbent) one only when faster by "
                              "this fraction (run-to-run spread: ~2-3 %%)")
+    parser.add_argument("--from-log", default=None,
+                        help="write the results files from a run's bench.log (its printed grid rows, correctness, "
+                             "config errors and sweep lines) when the run ended before writing them; --lens / "
+                             "--batches name the grid it was to run (cells without a row: grid_not_run)")
     parser.add_argument("--results-stem", default=None,
                         help="results file stem (default gdn_verify / gdn_verify_bf16_state): e.g. gdn_verify_long for "
                              "a run at other verify lengths beside the committed headline; its summary holds "
@@ -1324,6 +1328,8 @@ def main():
         return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
                           batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4,
                           diag_set=args.state_diag)
+    if args.from_log:
+        return write_grid_results(args, bench, gdn, ssm_dtype, **grid_from_log(args.from_log, args.lens, args.batches))
     vk = load_vllm_kernels(args.extracted)
     fla_fn, fla_error = load_fla() if ON_GPU else (None, "not run on CPU (FLA not installed in the CPU venv)")
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu (Triton interpreter)"
@@ -1428,8 +1434,14 @@ def main():
             print(f"time budget: grid stopped before L={L} B={B}", flush=True)
             not_run.append([L, B])
             continue
-        s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None,
-                       ssm_dtype=ssm_dtype)
+        try:
+            s = make_stack(gdn, L, B, num_layers, device, seed=L * 100 + B, fla=fla_fn is not None,
+                           ssm_dtype=ssm_dtype)
+        except torch.OutOfMemoryError:  # vLLM's per-token conv windows at L 32 b64 over 30 layers: ~64 GiB alone
+            print(f"out of memory: grid cell L={L} B={B} not run", flush=True)
+            not_run.append([L, B])
+            torch.cuda.empty_cache()
+            continue
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
         recon = nearest_tuned(best_recon, B, L) or default_recon(s)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
@@ -1482,6 +1494,44 @@ def main():
         if ON_GPU:
             torch.cuda.empty_cache()
 
+    write_grid_results(args, bench, gdn, ssm_dtype, device_name, num_layers, rows, not_run, check, fla_fn, fla_error,
+                       ladder_rows, sweep_rows, config_errs)
+
+
+def grid_from_log(path, lens, batches):
+    """write_grid_results' inputs rebuilt from a bench.log: the grid rows (printed as dicts), the correctness and
+    config-error lines, and the sweep lines (part, L, B, us or error, error bound, short config)."""
+    import ast
+    import re
+
+    rows, check, config_errs, sweep_rows, device_name, num_layers = [], {}, {}, [], None, None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("device ") and ", layers " in line:
+            device_name, rest = line[len("device "):].split(", layers ")
+            num_layers = int(rest.split(",")[0])
+        elif line.startswith("correctness "):
+            check = json.loads(line[len("correctness "):])
+        elif line.startswith("config errors "):
+            config_errs = json.loads(line[len("config errors "):])
+        elif line.startswith("sweep "):
+            part, L, B, us, err, config = re.match(r"sweep (\S+) L (\d+) B (\d+) (.*?) err (\S+) (.*)$", line).groups()
+            row = dict(part=part, L=int(L), B=int(B), config=config)
+            row.update({"us": float(us)} if us[0].isdigit() else {"error": us})
+            row["out_rel_err" if part.startswith("verify") else "ssm_rel_err"] = None if err == "None" else float(err)
+            sweep_rows.append(row)
+        elif line.startswith("{'L': "):
+            rows.append(ast.literal_eval(line))
+    done = {(r["L"], r["B"]) for r in rows}
+    not_run = [[L, B] for L in map(int, lens.split(",")) for B in map(int, batches.split(",")) if (L, B) not in done]
+    fla = any(r.get("fla_us") is not None for r in rows)
+    return dict(device_name=device_name, num_layers=num_layers, rows=rows, not_run=not_run, check=check,
+                fla_fn=fla or None, fla_error=None if fla else "not measured", ladder_rows=[],
+                sweep_rows=sweep_rows, config_errs=config_errs)
+
+
+def write_grid_results(args, bench, gdn, ssm_dtype, device_name, num_layers, rows, not_run, check, fla_fn, fla_error,
+                       ladder_rows, sweep_rows, config_errs):
+    """The results files of a grid (rows per (L, batch)) with its summary, from a live run or `--from-log`."""
     rows.sort(key=lambda r: (r["L"], r["B"]))
     ws_per_request = GDNVerifyWorkspace.allocate(1, 1, VLLM_NUM_SPEC_FOR_STATE_RATIO + 1, gdn["num_k_heads"],
                                                  gdn["num_v_heads"], gdn["head_k_dim"], gdn["head_v_dim"],
@@ -1511,7 +1561,7 @@ def main():
         goals="speedup_L4_b1 >= 3.0, speedup_L16_b1 >= 8.0, speedup_L16_b32 >= 6.0, state_bytes_ratio >= 8",
     )
     if args.results_stem:  # a run beside the headline: every grid cell's speedup, no empty headline keys
-        summary = {k: v for k, v in summary.items() if v is not None}
+        summary = {k: v for k, v in summary.items() if v is not None and k != "goals"}
         for r in rows:
             summary[f"speedup_L{r['L']}_b{r['B']}"] = r["speedup_all"]
             summary[f"speedup_L{r['L']}_b{r['B']}_random"] = r["speedup_random"]
@@ -1575,7 +1625,7 @@ def markdown(rows, summary, extra, device_name, command):
              "", "| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(r.get(key)) for _, key in columns) + " |" for r in rows]
     if extra.get("grid_not_run"):
-        lines += ["", "Grid cells not run (the run's time limit, --stop-at-s / --budget-s): "
+        lines += ["", "Grid cells not run (the run's time limit, --stop-at-s / --budget-s, or out of GPU memory): "
                   + ", ".join(f"L {L} batch {B}" for L, B in extra["grid_not_run"]) + "."]
     lines += ["", "Launch configs of ours per (L, batch):", ""]
     lines += [f"- L {r['L']} batch {r['B']}: verify `{short_config(r['verify_config'])}`, "

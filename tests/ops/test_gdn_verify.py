@@ -1392,7 +1392,8 @@ def test_tuned_configs_round_trip(tmp_path, monkeypatch):
 
 def test_tuned_lookup_of_long_verify_lengths(tmp_path, monkeypatch):
     """Verify lengths 17..32 share one build (BT 32): with tables at L 4 / 16 / 17 / 32, 1..16 read the L <= 16
-    entries as before, 17..24 the L = 17 entry and 25..32 the L = 32 one (nearest; a tie takes the longer)."""
+    entries as before, 17..24 the L = 17 entry and 25..32 the L = 32 one (nearest; a tie takes the longer); no length
+    reads the L = 16 table."""
     import json
 
     from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
@@ -1415,6 +1416,7 @@ def test_tuned_lookup_of_long_verify_lengths(tmp_path, monkeypatch):
             for B in (1, 5, 64):
                 assert default_verify_config(B, max_seqlen=L) == want[L], (L, B)
             assert default_reconstruct_config(3, L)["block_v"] == want[L].block_v, L
+        assert default_verify_config(1) == picks[16]  # no length: the L = 16 table, not the longest
     finally:
         verify._tuned_doc.cache_clear()
 

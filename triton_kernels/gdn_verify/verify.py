@@ -743,12 +743,13 @@ def _tuned_by_len(key, state_dtype=None):
 
 
 def nearest_tuned(table, num_requests, max_seqlen=None):
-    """The entry of the nearest measured verify length (ties: the longer; None: the longest), then of the nearest
-    measured batch (ties: the smaller). table: {L: {batch: entry}}; None if empty."""
+    """The entry of the nearest measured verify length (ties: the longer; None: nearest to 16, the length of the
+    file's "verify" table, not the longest: L 17..32 have their own BT = 32 entries), then of the nearest measured
+    batch (ties: the smaller). table: {L: {batch: entry}}; None if empty."""
     if not table:
         return None
-    lengths = sorted(table)
-    length = lengths[-1] if max_seqlen is None else min(lengths, key=lambda m: (abs(m - max_seqlen), -m))
+    target = 16 if max_seqlen is None else max_seqlen
+    length = min(table, key=lambda m: (abs(m - target), -m))
     by_batch = table[length]
     return by_batch[min(by_batch, key=lambda batch: (abs(batch - num_requests), batch))] if by_batch else None
 
