@@ -1390,12 +1390,25 @@ def test_tuned_configs_round_trip(tmp_path, monkeypatch):
         verify._tuned_doc.cache_clear()
 
 
+def _use_tuned_doc(monkeypatch, tmp_path, doc):
+    """Serve `doc` as the tuned file of a GPU named "some GPU" (the process's device for the test); its path."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import verify
+
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
+    verify._tuned_doc.cache_clear()
+    return path
+
+
 def test_tuned_lookup_of_long_verify_lengths(tmp_path, monkeypatch):
     """Verify lengths 17..32 share one build (BT 32): with tables at L 4 / 16 / 17 / 32, 1..16 read the L <= 16
     entries as before, 17..24 the L = 17 entry and 25..32 the L = 32 one (nearest; a tie takes the longer); no length
     reads the L = 16 table."""
-    import json
-
     from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config, verify
 
     picks = {L: VerifyConfig(block_v=16 << i, num_warps=4 + 4 * (L > 16)) for i, L in enumerate((4, 16, 17, 32))}
@@ -1403,12 +1416,7 @@ def test_tuned_lookup_of_long_verify_lengths(tmp_path, monkeypatch):
            "verify_by_len": {str(L): {"1": dataclasses.asdict(c), "32": dataclasses.asdict(c)}
                              for L, c in picks.items()},
            "reconstruct_by_len": {str(L): {"1": dict(block_v=16 << i, num_warps=4)} for i, L in enumerate(picks)}}
-    path = tmp_path / "tuned.json"
-    path.write_text(json.dumps(doc))
-    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
-    verify._tuned_doc.cache_clear()
+    _use_tuned_doc(monkeypatch, tmp_path, doc)
     try:
         want = {L: picks[4] if L <= 9 else picks[16] if L <= 16 else picks[17] if L <= 24 else picks[32]
                 for L in range(1, 33)}
@@ -1438,12 +1446,7 @@ def test_tuned_bf16_state_tables(tmp_path, monkeypatch):
            "reconstruct_by_len_bf16": {"16": {"32": dict(block_v=64, num_warps=8)}},
            "reconstruct_short_by_len": {"4": {"8": dict(short=False, block_v=32, num_warps=4, early=True)}},
            "reconstruct_short_by_len_bf16": {"4": {"8": dict(short=True, block_v=16, num_warps=2, early=False)}}}
-    path = tmp_path / "tuned.json"
-    path.write_text(json.dumps(doc))
-    monkeypatch.setattr(verify, "TUNED_CONFIGS_FILE", path)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "some GPU")
-    verify._tuned_doc.cache_clear()
+    path = _use_tuned_doc(monkeypatch, tmp_path, doc)
     try:
         for L, B in ((4, 8), (16, 32), (12, 64), (None, 1)):
             assert default_verify_config(B, max_seqlen=L, state_dtype=torch.bfloat16) == bf16_pick
