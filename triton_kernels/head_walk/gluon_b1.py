@@ -299,32 +299,23 @@ if HAVE_GLUON:
         WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
         total = num_steps * STREAM_TILES
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
+        # Streamed tiles scored before the resident ones each step (STREAM_FIRST: those the ring holds).
+        lead: gl.constexpr = (STAGES if STAGES < STREAM_TILES else STREAM_TILES) if STREAM_FIRST else 0
         for k in range(num_steps):
             # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
             col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
             b_view = b_smem.permute((1, 0))
             run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
-            if STREAM_FIRST:
-                # The ring's tiles that landed during the exchange first, so their slots' refills are issued before
-                # the resident tiles' work, which then runs while those refills travel.
-                lead: gl.constexpr = STAGES if STAGES < STREAM_TILES else STREAM_TILES
-                for j in range(lead):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
-                                         SCALED)
-                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
-                                      shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
-                for j in range(lead, STREAM_TILES):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
-                                         SCALED)
-            else:
-                run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
-                                      shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
-                for j in range(STREAM_TILES):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
-                                         SCALED)
+            # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are
+            # issued before the resident tiles' work, which then runs while those refills travel.
+            for j in range(lead):
+                run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                     w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
+            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
+                                  shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
+            for j in range(lead, STREAM_TILES):
+                run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                     w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
