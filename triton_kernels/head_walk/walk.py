@@ -566,20 +566,19 @@ def head_walk(
             or tokens.stride(-1) != 1,
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
-        form = gluon
+        rs, stream_first, lean_ends = gluon_form_flags(GLUON_AUTO_FORM if gluon == "auto" else gluon)
         if gluon == "auto":
             reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
-                gluon_cfg, form = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY), GLUON_AUTO_FORM
-                reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(form)[0], **gluon_case)
+                gluon_cfg = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY)
+                reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon='auto'): the Triton walk: {reason}", logging.INFO)
         else:
             gluon_cfg = plan(ring_reads_u=False)
-            reason = why_not_gluon_b1(gluon_cfg, rs=gluon_form_flags(gluon)[0], **gluon_case)
+            reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
             if reason is not None:
                 _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        rs, stream_first, lean_ends = gluon_form_flags(form)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
                                                logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends):
             return tokens, draft_logits, confidence
@@ -618,6 +617,8 @@ def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
     waiting tiles before the resident ones each step, "..._lean" the lean start and end."""
     name = "ss" if form is True else form
     return name.startswith("rs"), "_sf" in name, name.endswith("_lean")
+
+
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
@@ -738,7 +739,7 @@ def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
 
 def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | None:
     """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel (_gluon_stream_form's geometry,
-    64-row streamed tiles); None where it can walk, else why not."""
+    streamed tiles of gluon_b1.STREAM_TILE_ROWS rows); None where it can walk, else why not."""
     if not w2_tma:
         return (f"shards of {cfg.chunk_rows} rows are partly streamed and W2's rows cannot be read by TMA (16-byte "
                 f"aligned start and rows needed)")
