@@ -149,35 +149,8 @@ STEP_LOOP_OPS = ("HGMMA", "BAR", "MEMBAR", "LDG", "STG", "LDS", "STS", "SHFL", "
                  "RED", "WARPGROUP")
 
 
-def step_loop_counts(sass, narrowest=False):
-    """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
-    what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
-    streamed walk's streamed-tile iteration)."""
-    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
-             re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
-    best = None
-    for addr, ins in lines:
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        lo = int(m.group(1), 16)
-        body = [i for a, i in lines if lo <= a <= addr]
-        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
-                                                                  else len(body) > len(best))):
-            best = body
-    if best is None:
-        return {}
-    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in best]
-    counts = {"instr": len(ops)}
-    for fam in STEP_LOOP_OPS:
-        counts[fam] = sum(op.split(".")[0] == fam for op in ops)
-    return counts
-
-
-def streamed_loops(sass):
-    """Every innermost loop whose body holds an HGMMA (no such loop inside it), in address order, counted as
-    step_loop_counts counts: a form that splits the streamed tiles of a step over two loops (gluon 'rs_sf': the
-    ring's waiting tiles before the resident ones) has two, whose narrowest alone is its 'streamed loop'."""
+def _sass_loops(sass):
+    """(SASS lines as (address, instruction), every backward branch's (target, branch) address pair)."""
     lines = [(int(m.group(1), 16), m.group(2).strip()) for m in
              re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
     loops = []
@@ -185,16 +158,43 @@ def streamed_loops(sass):
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
         if m and int(m.group(1), 16) < addr:
             loops.append((int(m.group(1), 16), addr))
-    body = lambda lo, hi: [i for a, i in lines if lo <= a <= hi]  # noqa: E731
+    return lines, loops
+
+
+def _loop_body(lines, lo, hi):
+    return [i for a, i in lines if lo <= a <= hi]
+
+
+def _op_counts(body):
+    """Instructions of a loop body by opcode family (STEP_LOOP_OPS), predicates stripped."""
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in body]
+    return {"instr": len(ops), **{fam: sum(op.split(".")[0] == fam for op in ops) for fam in STEP_LOOP_OPS}}
+
+
+def step_loop_counts(sass, narrowest=False):
+    """Instructions of the step loop (the widest backward branch whose body holds an HGMMA), by opcode family:
+    what one step of a walk issues per warp, spins counted once. narrowest: the innermost such loop (a partly
+    streamed walk's streamed-tile iteration)."""
+    lines, loops = _sass_loops(sass)
+    best = None
+    for lo, hi in loops:
+        body = _loop_body(lines, lo, hi)
+        if any("HGMMA" in i for i in body) and (best is None or (len(body) < len(best) if narrowest
+                                                                  else len(body) > len(best))):
+            best = body
+    return {} if best is None else _op_counts(best)
+
+
+def streamed_loops(sass):
+    """Every innermost loop whose body holds an HGMMA (no such loop inside it), in address order, counted as
+    step_loop_counts counts: a form that splits the streamed tiles of a step over two loops (gluon 'rs_sf': the
+    ring's waiting tiles before the resident ones) has two, whose narrowest alone is its 'streamed loop'."""
+    lines, loops = _sass_loops(sass)
     # (an mbarrier wait's out-of-line retry block, ending in a try-wait, branches back after it: not a walk loop)
-    mma = [(lo, hi) for lo, hi in loops
-           if any("HGMMA" in i for i in body(lo, hi)) and not any("SYNCS.PHASECHK" in i for i in body(lo, hi)[-4:])]
+    mma = [(lo, hi) for lo, hi in loops if any("HGMMA" in i for i in _loop_body(lines, lo, hi))
+           and not any("SYNCS.PHASECHK" in i for i in _loop_body(lines, lo, hi)[-4:])]
     inner = [(lo, hi) for lo, hi in mma if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in mma)]
-    counts = []
-    for lo, hi in sorted(inner):
-        ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0] for i in body(lo, hi)]
-        counts.append({"instr": len(ops), **{fam: sum(op.split(".")[0] == fam for op in ops) for fam in STEP_LOOP_OPS}})
-    return counts
+    return [_op_counts(_loop_body(lines, lo, hi)) for lo, hi in sorted(inner)]
 
 
 def gdn():
@@ -359,11 +359,11 @@ def hwg():
             else:
                 # The Gluon walk's ring reads only W2: its plan keeps the ring whatever U's alignment.
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **(geometry["res" + geo] if geo else {}))
+                rs, stream_first, lean_ends = walk.gluon_form_flags(form)
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
-                                            rs=walk.gluon_form_flags(form)[0])
+                                            rs=rs)
                 assert why is None, why
-                rs, stream_first, lean_ends = walk.gluon_form_flags(form)
                 walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
                                       lean_ends=lean_ends)
             sass = _compile_counted(name, cfg)
