@@ -787,10 +787,11 @@ TUNE_CASES_V26 = [
 # set-aside alone, misses normal, hitRatio 0, a fixed window, sum probes) were run once (session 8, calls at cf16024
 # and 23bfae0): every window and the set-aside alone were slower; their rows, L2Persist (ctypes on torch's libcudart)
 # and time_graph_l2 removed (code at 23bfae0).
-# HW11 (v29, run once at 9218c19 when auto was rs_sf: lean -2.3 / -1.9 / -0.3 %): the then shipped default beside "rs_sf_lean" (its lean start and end: the shared-memory resident
-# tile by TMA, step 0's base logits and the anchor's W1 row before the register tile, only program 0 waiting in the
-# last step) in pairs at 152k block 15 (three), 150,001 and block 7, interleaved; the sweep row (every sweep row from
-# HW11 on: each variant timed on --samples fresh allocations, median) walks the shipped default.
+# HW11 (v29, run once at 9218c19 when auto was rs_sf: lean -2.3 / -1.9 / -0.3 %): the then shipped default beside
+# "rs_sf_lean" (its lean start and end: the shared-memory resident tile by TMA, step 0's base logits and the anchor's
+# W1 row before the register tile, only program 0 waiting in the last step) in pairs at 152k block 15 (three),
+# 150,001 and block 7, interleaved; the sweep row (every sweep row from HW11 on: each variant timed on --samples
+# fresh allocations, median) walks the shipped default.
 LEAN = dict(gluon="rs_sf_lean", stream_tma=2, resident_tiles=2, **T128)
 TUNE_CASES_V29 = [
     ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_v152k_b1", 151936, 1, LEAN),
@@ -879,8 +880,8 @@ LADDERS = {
     "v26": dict(rule={}, cases=TUNE_CASES_V26, floors=[]),
     "v29": dict(rule={}, cases=TUNE_CASES_V29, floors=[]),
     "v30": dict(rule={}, cases=TUNE_CASES_V30, floors=[],
-                sweep_gluon_auto=("rs_sf_lean", dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)),
-                sweep_also={"rs_sf": {k: v for k, v in LEAN.items() if k != "gluon"} | dict(gluon="rs_sf")}),
+                sweep_gluon_auto=("rs_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
+                sweep_also={"rs_sf": dict(LEAN, gluon="rs_sf")}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
