@@ -1389,17 +1389,16 @@ def main():
         if args.write_tuned and best_verify:
             source = (f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, ssm state "
                       f"{args.ssm_dtype}, commit {os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
+            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
             folded_by_batch = best_fold.get(16)
-            if not folded_by_batch and TUNED_CONFIGS_FILE.exists():  # not swept: keep the shipped fold table
-                shipped = json.loads(TUNED_CONFIGS_FILE.read_text())
-                if shipped.get("device") == device_name and shipped.get("verify_fold"):
-                    folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
-                    source += f"; verify_fold kept from: {shipped.get('source')}"
+            # not swept: keep the shipped fold table
+            if not folded_by_batch and shipped.get("device") == device_name and shipped.get("verify_fold"):
+                folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
+                source += f"; verify_fold kept from: {shipped.get('source')}"
             by_len = dict(best_verify)
             recon_by_len = {L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
                                 for B, r in t.items() if not r.get("outer_loop")} for L, t in best_recon.items()}
             short_by_len = dict(best_recon_short)
-            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
             if shipped.get("device") == device_name:  # lengths not swept keep their shipped (measured) entries
                 kept = sorted({int(L) for L in shipped.get("verify_by_len", {})} - set(by_len))
                 for L in kept:
