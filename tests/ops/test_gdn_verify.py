@@ -29,6 +29,7 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from hybridspec_kernels._log import log_once  # noqa: E402
 from hybridspec_kernels.gdn_verify import (  # noqa: E402
     MAX_VERIFY_LEN,
     GDNFold,
@@ -910,7 +911,7 @@ def test_tma_loads_fall_back_to_pointers_where_tma_cannot_address(pad, caplog):
     descs = stacked_mod._tma_descriptors(p["ssm_state"], z_kq, 16, 16)
     assert all(d is None for d in descs) == (pad == 1) and any(d is None for d in descs) == (pad == 1)
     assert pad == 1 or len(descs[0].block_shape) == 3  # padded slots: the 3-D box
-    stacked_mod._warn_once.cache_clear()
+    log_once.cache_clear()
     config = VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)
     with caplog.at_level("WARNING"):
         out = gdn_verify(**p, workspace=workspace_for(p).layer(0), max_seqlen=max(lens), config=config)
@@ -953,7 +954,7 @@ def test_l2_prefetch_plan(pad, monkeypatch, caplog):
     monkeypatch.setattr(stacked_mod, "_sm_count", lambda device: 10)
     per_slot = 4 * 32 * 16  # [HV, V, K] fp32: 8 KiB a request
     states = torch.zeros(6, per_slot + pad).as_strided((6, 4, 32, 16), (per_slot + pad, 32 * 16, 16, 1))
-    stacked_mod._warn_once.cache_clear()
+    log_once.cache_clear()
     plan = functools.partial(stacked_mod.l2_prefetch_plan, ssm_state=states)
     with caplog.at_level("WARNING"):
         got = [plan(VerifyConfig(block_v=16, two_pass=True, stacked=True, l2_prefetch_mib=mib, l2_prefetch_ahead=ahead),

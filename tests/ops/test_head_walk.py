@@ -24,6 +24,7 @@ DEVICE = "cpu" if INTERPRETED or not ON_GPU else "cuda"
 import pytest  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from hybridspec_kernels._log import log_once  # noqa: E402
 from hybridspec_kernels.head_walk import head_walk, naive_head_walk  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -931,7 +932,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     assert {k: build.launches[-1][1][k] for k in ("STREAM_FIRST", "LEAN_ENDS", "RES_ROWS", "RS_ROWS")} == dict(
         STREAM_FIRST=True, LEAN_ENDS=True, RES_ROWS=256, RS_ROWS=128)
     regs_only = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)
-    monkeypatch.setattr(walk, "_logged", set())
+    log_once.cache_clear()
     with caplog.at_level("INFO", logger=walk.__name__):
         for lean_rs in (True, True, False):
             assert walk._launch_gluon_b1(regs_only, u, w1, w2, first, tokens, 1.0, rs=lean_rs, stream_first=True,
@@ -943,7 +944,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     # A Triton that rejects the rs_sf build: False (the caller walks Triton), said once, remembered apart from the
     # rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
-    monkeypatch.setattr(walk, "_logged", set())
+    log_once.cache_clear()
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
             assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
@@ -955,7 +956,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     caplog.clear()
 
     monkeypatch.undo()  # the interpreter again (_gpu_plan pretends a GPU)
-    monkeypatch.setattr(walk, "_logged", set())
+    log_once.cache_clear()
     p = make_problem(1, 5, 1031, seed=47)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("WARNING", logger=walk.__name__):
@@ -1029,7 +1030,7 @@ def test_gluon_falls_back_to_the_triton_walk(monkeypatch, caplog):
     default "auto": info); a bad value raises."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    monkeypatch.setattr(walk, "_logged", set())
+    log_once.cache_clear()
     p = make_problem(1, 5, 1031, seed=41)
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     with caplog.at_level("INFO", logger=walk.__name__):

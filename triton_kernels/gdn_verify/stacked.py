@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._log import log_once
 from .two_pass import _norm_qk_and_store
 from .verify import _causal_conv_silu
 
@@ -346,7 +347,7 @@ def l2_prefetch_plan(config, ssm_state, num_requests):
     if not (config.l2_prefetch_mib or config.l2_prefetch_ahead) or _interpreting():
         return 0, 0
     if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
-        _warn_once("l2_prefetch: ssm state slots are not 16-byte aligned; no L2 prefetch")
+        log_once(logger, logging.WARNING, "l2_prefetch: ssm state slots are not 16-byte aligned; no L2 prefetch")
         return 0, 0
     request_bytes = ssm_state[0].numel() * ssm_state.element_size()
     requests = min(num_requests, (config.l2_prefetch_mib << 20) // request_bytes)
@@ -366,8 +367,8 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
     from triton.tools.tensor_descriptor import TensorDescriptor
     num_slots, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     if (ssm_state.stride(0) * ssm_state.element_size()) % 16 or ssm_state.data_ptr() % 16:
-        _warn_once("tma_loads: ssm state slots are not 16-byte aligned; loading state blocks through "
-                   "pointers instead")
+        log_once(logger, logging.WARNING, "tma_loads: ssm state slots are not 16-byte aligned; loading state blocks "
+                 "through pointers instead")
         return None, None
     if ssm_state.stride(0) == num_v_heads * head_v_dim * head_k_dim:  # a 2-D box feeds the product as loaded
         state = TensorDescriptor.from_tensor(ssm_state.view(-1, head_k_dim), [block_v, head_k_dim])
@@ -375,11 +376,6 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
         state = TensorDescriptor(ssm_state, [num_slots, num_v_heads * head_v_dim, head_k_dim],
                                  [ssm_state.stride(0), head_k_dim, 1], [1, block_v, head_k_dim])
     return state, TensorDescriptor.from_tensor(z_kq.view(-1, head_k_dim), [2 * block_t, head_k_dim])
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_once(message):  # a fallback is a property of the states' layout: say it once per process
-    logger.warning(message)
 
 
 def _interpreting():

@@ -23,6 +23,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._log import log_once
 from . import gluon_b1
 from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
 
@@ -573,12 +574,12 @@ def head_walk(
                 gluon_cfg = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY)
                 reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
             if reason is not None:
-                _log_once(f"head_walk(gluon='auto'): the Triton walk: {reason}", logging.INFO)
+                log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
         else:
             gluon_cfg = plan(ring_reads_u=False)
             reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
             if reason is not None:
-                _log_once(f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+                log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
                                                logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends):
             return tokens, draft_logits, confidence
@@ -760,15 +761,6 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | N
     return None
 
 
-_logged: set = set()
-
-
-def _log_once(message: str, level: int = logging.WARNING) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        logger.log(level, message)
-
-
 _gluon_failed: dict = {}
 
 
@@ -782,8 +774,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     resident, tiles, stages = _gluon_stream_form(cfg)
     st = cfg.stream_rows
     if lean_ends and resident <= (st if rs else 0):
-        _log_once(f"head_walk(gluon): no resident tile in shared memory ({resident} resident rows): the lean start "
-                  f"has nothing to load by TMA; walking without it", logging.INFO)
+        log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
+                 f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
     key = (cfg, rs, stream_first, lean_ends, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
@@ -803,8 +795,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = ("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
-        _log_once(f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident rows, "
-                  f"{stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
+        log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
+                 f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
 
