@@ -1231,11 +1231,14 @@ NCU_TARGETS = {
            (32, VerifyConfig(block_v=32, whole_v=True)), (32, VerifyConfig(block_v=32, two_pass=True))),
     # session 6 (GB6): final8's b32 pick without PDL (ncu serialises launches), the same with TMA loads
     "gb6": ((32, STATE_DIAG_GB6[1]), (32, STATE_DIAG_GB6[2])),
+    "gd11": (),  # session 9: the batch-1 picks at L 16 / 4 and their reconstructions (ncu_b1_target)
 }
 
 
 def ncu_target(gdn, device, target="v4"):
-    """Eager launches (each config twice) for Nsight Compute."""
+    """Eager launches (each config twice) for Nsight Compute; "gd11": `ncu_b1_target`."""
+    if target == "gd11":
+        return ncu_b1_target(gdn, device)
     for B, config in NCU_TARGETS[target]:
         s = make_stack(gdn, 16, B, 1, device, seed=1, vllm=False, fla=False)
         run = ours_step(s, accept_counts(16, B, "all", device), reconstruct=False, config=config)
@@ -1243,6 +1246,83 @@ def ncu_target(gdn, device, target="v4"):
         torch.cuda.synchronize()
         run()
         torch.cuda.synchronize()
+
+
+def ncu_b1_target(gdn, device, num_layers=30):
+    """Session 9 (GD11), for Nsight Compute: at L 16 then 4, batch 1, one eager verify launch of the tuned pick
+    (layer 0 of a `num_layers` stack) and the default reconstruction of all layers (one launch, as in the bench)."""
+    for L in (16, 4):
+        s = make_stack(gdn, L, 1, num_layers, device, seed=1, vllm=False, fla=False)
+        n = accept_counts(L, 1, "all", device)
+        config = default_verify_config(1, max_seqlen=L)
+        print("ncu target", L, short_config(repr(config)), flush=True)
+        layer = 0
+        gdn_verify(s["x"][layer], s["a"][layer], s["b"][layer], s["conv_weight"], None, s["A_log"], s["dt_bias"],
+                   s["conv"][layer], s["ssm"][layer], s["slots"], s["cu"], s["ws"].layer(layer), max_seqlen=L,
+                   out=s["out"][layer], config=config)
+        reconstruct_all(s, n, None)
+        if ON_GPU:
+            torch.cuda.synchronize()
+        del s
+
+
+@triton.jit
+def _empty_kernel(p):
+    pass
+
+
+# Session 9 (GD11): the ladder of the L16 b1 pick (early stores off: the stage skips need its plain store path)
+B1_DIAG_LADDER_BITS = [0, 1, 2, 4, 8, 1 | 2 | 4 | 8, 16, 32, 16 | 32, 64, 128, 256, 1 | 2 | 4 | 8 | 64 | 128, 512]
+
+
+def b1_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s):
+    """Session 9 (GD11): what a batch-1 layer costs in the bench's 30-layer graph, apart from the verify's chain:
+    an empty kernel per layer (1 and 128 programs), the L 16 / 4 picks' launch floor (skip 512: slot read, return),
+    the picks whole, their reconstructions, and the leave-one-stage-out ladder of the L16 pick without early stores.
+    Rows {name, L, us} printed as they come and saved to gdn_verify_b1_diag.json."""
+    t0 = time.time()
+    picks = {L: default_verify_config(1, max_seqlen=L) for L in (16, 4)}
+    ladder = [dataclasses.replace(picks[16], early_stores=False, skip_stages=bit) for bit in B1_DIAG_LADDER_BITS]
+    floors = {L: dataclasses.replace(c, skip_stages=512) for L, c in picks.items()}
+    jobs = [(16, c) for c in ladder] + [(L, c) for L, c in picks.items()] + [(L, c) for L, c in floors.items()]
+    doc = dict(picks={L: repr(c) for L, c in picks.items()},
+               compile=precompile(gdn, list(dict.fromkeys(jobs))) if ON_GPU else [])
+    rows = doc["rows"] = []
+    save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_b1_diag.json")
+
+    def record(row, fn):
+        if time.time() - t0 > budget_s:
+            return
+        try:
+            row["us"] = round(time_step(fn, rep_ms) * 1e3 / num_layers, 3)
+        except Exception as exc:  # reported, not fatal
+            row["error"] = repr(exc)[:200]
+        rows.append(row)
+        print("b1diag", json.dumps(row), flush=True)
+
+    buf = torch.zeros(16, device=device)
+    for grid, warps in ((1, 1), (128, 4), (128, 8)):
+        record(dict(name=f"empty kernel, {grid} programs x {warps} warps"),
+               lambda: [_empty_kernel[(grid,)](buf, num_warps=warps) for _ in range(num_layers)])
+    for L in (16, 4):
+        s = make_stack(gdn, L, 1, num_layers, device, seed=7, vllm=False, fla=False)
+        n = accept_counts(L, 1, "all", device)
+        record(dict(name="launch floor (pick, skip 512)", L=L, config=repr(floors[L])),
+               ours_step(s, n, reconstruct=False, config=floors[L]))
+        record(dict(name="verify (pick)", L=L, config=repr(picks[L])), ours_step(s, n, reconstruct=False,
+                                                                               config=picks[L]))
+        record(dict(name="reconstruction (default)", L=L), ours_step(s, n, verify=False))
+        record(dict(name="verify + reconstruction", L=L), ours_step(s, n, config=picks[L]))
+        if L == 16:
+            for config in ladder:
+                record(dict(name="ladder " + LADDER_STAGES.get(config.skip_stages, str(config.skip_stages)), L=L,
+                            skip=config.skip_stages, config=repr(config)),
+                       ours_step(s, n, reconstruct=False, config=config))
+        save()
+        del s
+    save()
+    for r in rows:
+        print(f"{r['name'][:48]:48} {r.get('L', ''):>3} {r.get('us', float('nan')):8.3f}")
 
 
 def main():
@@ -1269,6 +1349,8 @@ def main():
                         help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
     parser.add_argument("--ncu-target", nargs="?", const="v4", choices=sorted(NCU_TARGETS),
                         help="a few eager launches to profile with ncu (default set v4)")
+    parser.add_argument("--b1-diag", action="store_true",
+                        help="session 9: launch floors, the b1 picks, their reconstructions and the L16 b1 ladder")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
                         help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
                              "default), gb6 (session 6: TMA loads)")
@@ -1322,6 +1404,8 @@ def main():
         fix_interpreter_masks()
     if args.ncu_target:
         return ncu_target(gdn, device, args.ncu_target)
+    if args.b1_diag:
+        return b1_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.diagnose:
         return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.state_diag:

@@ -51,6 +51,10 @@
 #               picks as incumbents, --total-margin 0.02), the grid at --lens 17,32 with vLLM and FLA ->
 #               $OUT/gdn/gdn_verify_long.{json,md,png} + tuned_verify_configs.json (L 17 / 32 added, L 4 / 16 kept
 #               from the shipped file); GPU tests: the long11 forms at real shape (lens incl. 17) through xdist
+#   MODE=b1diag (session 9, GD11 call A) bench_gdn_verify.py --b1-diag (the 30-layer graph: empty kernels per layer,
+#               the b1 picks' launch floor and whole time at L 16 / 4, their reconstructions, the L16 b1 stage ladder)
+#               -> $OUT/diag/; then Nsight Compute --set full with SASS source counters on the b1 picks and their
+#               reconstructions (--ncu-target gd11) -> $OUT/diag/ncu_details.txt, ncu_source.csv.gz
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -81,6 +85,31 @@ if [ "$MODE" = diag ]; then
     grep -E "^error|precompile|compile failed" "$OUT/diag/diag.log" | cut -c1-160
     sed -n '/^kind /,$p' "$OUT/diag/diag.log"
     tail -3 "$OUT/diag/diag.log"
+fi
+
+if [ "$MODE" = b1diag ]; then
+    mkdir -p "$OUT/diag"
+    timeout ${DIAG_S:-100} python3 eval/bench_gdn_verify.py --b1-diag --rep-ms 20 --out "$OUT/diag" \
+        --budget-s ${DIAG_BUDGET_S:-85} > "$OUT/diag/b1diag.log" 2>&1
+    echo "== b1 diag rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -E "^precompile|compile failed|^b1diag" "$OUT/diag/b1diag.log" | cut -c1-220
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        "$NCU" --version | tail -1
+        timeout ${NCU_S:-100} "$NCU" --clock-control none --set full --import-source yes --sampling-interval 0 \
+            -k regex:"gdn_verify_kernel|gdn_reconstruct" -c 4 -f -o /tmp/b1prof \
+            python3 eval/bench_gdn_verify.py --ncu-target gd11 > "$OUT/diag/ncu.log" 2>&1
+        echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
+        tail -5 "$OUT/diag/ncu.log"
+        timeout 30 "$NCU" -i /tmp/b1prof.ncu-rep --page details > "$OUT/diag/ncu_details.txt" 2>&1
+        timeout 60 "$NCU" -i /tmp/b1prof.ncu-rep --page source --csv --print-source sass 2> "$OUT/diag/ncu_source.err" \
+            | gzip > "$OUT/diag/ncu_source.csv.gz"
+        echo "== ncu export at $(( $(date +%s) - T0 )) s"; head -c 600 "$OUT/diag/ncu_source.err"
+        grep -E "gdn_|Duration|Registers Per|Achieved Occ|Theoretical Occ|Issue Slots Busy|Issued Ipc|DRAM Throughput|Memory Throughput|Warp Cycles Per Issued|No Eligible|==ERROR==" \
+            "$OUT/diag/ncu_details.txt" | cut -c1-150 | head -80
+    else
+        echo "== no ncu"
+    fi
 fi
 
 if [ "$MODE" = sdiag ]; then

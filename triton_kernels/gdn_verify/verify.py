@@ -679,8 +679,9 @@ class VerifyConfig:
             raise ValueError("weight_tiles cannot be combined with loads_first, nor with skip_stages unless hoisted")
         if self.two_pass and (self.group_heads or self.skip_stages):
             raise ValueError("two_pass cannot be combined with group_heads or skip_stages")
-        if self.early_stores and not (self.hoist and self.weight_tiles and not self.skip_stages):
-            raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages)")
+        if self.early_stores and not (self.hoist and self.weight_tiles and self.skip_stages in (0, 512)):
+            # skip 512 (return after the slot read: the launch floor) is the one stage skip its store path allows
+            raise ValueError("early_stores needs hoist and weight_tiles (and no skip_stages but 512)")
         if self.split_gram and self.two_pass:
             raise ValueError("split_gram cannot be combined with two_pass (its Gram products are its own)")
         if (self.stacked or self.prep_maxnreg) and not self.two_pass:
