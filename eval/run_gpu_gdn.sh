@@ -89,14 +89,14 @@ fi
 
 if [ "$MODE" = b1diag ]; then
     mkdir -p "$OUT/diag"
-    timeout ${DIAG_S:-100} python3 eval/bench_gdn_verify.py --b1-diag --rep-ms 20 --out "$OUT/diag" \
+    [ -n "$NCU_ONLY" ] || timeout ${DIAG_S:-100} python3 eval/bench_gdn_verify.py --b1-diag --rep-ms 20 --out "$OUT/diag" \
         --budget-s ${DIAG_BUDGET_S:-85} > "$OUT/diag/b1diag.log" 2>&1
     echo "== b1 diag rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "^precompile|compile failed|^b1diag" "$OUT/diag/b1diag.log" | cut -c1-220
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ]; then
         "$NCU" --version | tail -1
-        timeout ${NCU_S:-100} "$NCU" --clock-control none --set full --import-source yes --sampling-interval 0 \
+        timeout ${NCU_S:-100} "$NCU" --clock-control none --set full --import-source yes --warp-sampling-interval 0 \
             -k regex:"gdn_verify_kernel|gdn_reconstruct" -c 4 -f -o /tmp/b1prof \
             python3 eval/bench_gdn_verify.py --ncu-target gd11 > "$OUT/diag/ncu.log" 2>&1
         echo "== ncu rc=$? at $(( $(date +%s) - T0 )) s"
