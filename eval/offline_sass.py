@@ -336,12 +336,18 @@ def hwg():
                 "res256_s3": dict(stream_tma=3, tile_rows=64, resident_tiles=4),
                 "res256_s2": dict(stream_tma=2, tile_rows=64, resident_tiles=4),
                 "res256_s2_t128": walk.GLUON_AUTO_GEOMETRY,
-                "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)}
+                "res128_s3_t128": dict(stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128),
+                # HW12: fully resident 32k shards (256 rows = two 128-row tiles, no ring)
+                "res256_t128": dict(tile_rows=128, resident_tiles=2, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
                       "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128"),
              150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
-                      "rs_sf_lean_res256_s2_t128")}
+                      "rs_sf_lean_res256_s2_t128"),
+             # HW12: the fully resident walk (Triton default, its lean start, the Gluon "..._lean" forms)
+             32000: ("triton", "triton_lean", "ss_lean_res256_t128", "rs_lean_res256_t128",
+                     "ss_lean_late_res256_t128", "rs_lean_late_res256_t128"),
+             30011: ("triton", "triton_lean", "ss_lean_late_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -350,10 +356,10 @@ def hwg():
                 continue
             u, w1, w2, first, tokens = _walk_operands(1, steps, vocab, rank)
             del captured[:]
-            if form == "triton":
+            if form in ("triton", "triton_lean"):
                 # As head_walk: no Triton ring where U's rows are not 16-byte aligned.
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"),
-                                     stream_tma=None if vocab % 8 == 0 else 0)
+                                     stream_tma=None if vocab % 8 == 0 else 0, lean_start=form == "triton_lean")
                 walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
                              None, None, None, None, None, None, 0, 1.0)
             else:
@@ -362,10 +368,10 @@ def hwg():
                 rs, stream_first, lean_ends = walk.gluon_form_flags(form)
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
-                                            rs=rs)
+                                            rs=rs, lean=lean_ends)
                 assert why is None, why
                 walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                      lean_ends=lean_ends)
+                                      lean_ends=lean_ends, guess_rounds=walk.guess_rounds(form))
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

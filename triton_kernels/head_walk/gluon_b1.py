@@ -144,10 +144,18 @@ if HAVE_GLUON:
         warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
 
         The row of the warp's best among the slots already there travels while the warp waits for the rest:
-        GUESS_ROUNDS (>= 1) reads of the missing slots, each re-guessing (a new row load only where the guess
-        changed), then the spin; the row is fetched after the spin only if a later slot won. (One early guess, or
-        none, measured slower at 152k: 311.7 / 301.0 vs 296.6 us a walk, session 7.)"""
+        GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the guess changed),
+        then the spin; the row is fetched after the spin only if a later slot won. (One early guess, or none,
+        measured slower at 152k: 311.7 / 301.0 vs 296.6 us a walk, session 7.) GUESS_ROUNDS = 0: no guess, the row
+        of the warp's best once all its slots are in (the fastest of session 7's resident 32k forms, 44.6 us vs
+        45.8 with 3 rounds)."""
         num_cands: gl.constexpr = tags.shape[0]
+        if GUESS_ROUNDS == 0:
+            slots = _wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT)
+            cand_key = gl.max(slots, axis=1)
+            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
+            cand = gl.load(w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :])
+            return cand_key, cand
         seen = _load_relaxed(slot_ptrs)
         guess_key = gl.full([num_cands], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
         guess = gl.zeros([num_cands, o_cr.shape[0]], w1_ptr.dtype.element_ty, CAND)
@@ -308,14 +316,16 @@ if HAVE_GLUON:
             run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
             # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are
             # issued before the resident tiles' work, which then runs while those refills travel.
-            for j in range(lead):
+            for j in range(lead):  # (lead is 0 without streamed tiles)
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                      w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
             run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
                                   shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
-            for j in range(lead, STREAM_TILES):
-                run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                     w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
+            if STREAM_TILES > 0:
+                for j in range(lead, STREAM_TILES):
+                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
+                                         SCALED)
             best = _cta_max(run, best_smem, WARP_KEYS, NW)
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
@@ -396,10 +406,11 @@ if HAVE_GLUON:
         fence_async_shared()
         _cta_sync()
         total = num_steps * STREAM_TILES
-        for s in gl.static_range(STAGES):
-            mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
-            _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
-                      pred=s < total)
+        if STREAM_TILES > 0:
+            for s in gl.static_range(STAGES):
+                mbarrier.expect(ready.index(s), TILE_BYTES, pred=s < total)
+                _tma_load(w2_desc, [stream_begin + (s % STREAM_TILES) * ST, 0], ready.index(s), ring.index(s),
+                          pred=s < total)
         SMEM_RES_T: gl.constexpr = (RES_ROWS - RS_ROWS) // ST
         res_ready = ready  # unused unless LEAN_ENDS
         if LEAN_ENDS:

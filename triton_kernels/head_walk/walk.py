@@ -97,6 +97,9 @@ class WalkConfig:
     u_ring: bool = True
     # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
     winner_stride: int = WINNER_STRIDE
+    # Fully resident shards of one tile: the lean start (kernel RES_TMA: the tile by one TMA copy, the anchor tokens'
+    # loads before it). Opt-in until measured (HW12).
+    lean_start: bool = False
 
 
 def _interpreting() -> bool:
@@ -175,7 +178,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, lean_start: bool = False,
+              sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
     shape, residency or prefetch option is given; else none."""
@@ -271,7 +275,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
-                      winner_stride=winner_stride)
+                      winner_stride=winner_stride, lean_start=lean_start)
 
 
 _workspaces: dict = {}
@@ -388,6 +392,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
+    lean_start: bool = False,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -434,7 +439,9 @@ def head_walk(
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
-            int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
+            int64 entries between the rows' winners, WINNER_STRIDE), lean_start (shards that are one resident
+            tile, W2 rows a descriptor can read: the tile by one TMA copy, the anchor tokens' loads issued before
+            it; else walked without it, said once): launch overrides for tests and tuning.
         gluon: "auto" (default): gluon_b1's streamed walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, partly streamed shards of the measured size (V = 152k on
             132 SMs, U rows aligned or not), sm_90, a measured Triton version, no launch option given), in form
@@ -541,7 +548,7 @@ def head_walk(
                    stream_rows=stream_rows, keys_once=keys_once, prefetch=prefetch, l1_prefetch=l1_prefetch,
                    split_keys=split_keys, pair_reduce=pair_reduce, split_streamed=split_streamed,
                    noise_ahead=noise_ahead, l2_prefetch=l2_prefetch, stream_tma=stream_tma, u_ring=u_ring,
-                   winner_stride=winner_stride)
+                   winner_stride=winner_stride, lean_start=lean_start)
     # Launch options the caller changed from their defaults: gluon="auto" then leaves the walk to the Triton plan.
     overrides = sorted(name for name, value in plan_kw.items() if value != PLAN_DEFAULTS[name])
     if w2_dtype is not None:
@@ -567,7 +574,8 @@ def head_walk(
             or tokens.stride(-1) != 1,
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
-        rs, stream_first, lean_ends = gluon_form_flags(GLUON_AUTO_FORM if gluon == "auto" else gluon)
+        form = GLUON_AUTO_FORM if gluon == "auto" else gluon
+        rs, stream_first, lean_ends = gluon_form_flags(form)
         if gluon == "auto":
             reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
@@ -577,11 +585,12 @@ def head_walk(
                 log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
         else:
             gluon_cfg = plan(ring_reads_u=False)
-            reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
+            reason = why_not_gluon_b1(gluon_cfg, rs=rs, lean=lean_ends, **gluon_case)
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends):
+                                               logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends,
+                                               guess_rounds=guess_rounds(form)):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -610,18 +619,28 @@ def head_walk(
 # HW11's "rs_sf_lean" (auto's form since HW11's call B): "rs_sf" with lean ends: the shared-memory resident tile by
 # TMA, step 0's base logits and the anchor's W1 row issued before the register tile; in the last step only program 0
 # waits (for the winner's key, no W1 gather), the others leave after publishing.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean")
+# HW12 (opt-in, fully resident shards, V = 32k: session 6's resident Gluon walk was removed, so these run the streamed
+# kernel with no streamed tile): "ss_lean" / "rs_lean" (the lean start: every shared-memory resident tile by TMA,
+# step 0's base logits and anchor W1 row first; only program 0 waits in the last step), "..._late": no candidate
+# guess (gluon_b1._next_candidates with 0 rounds; session 7's fastest resident form, ss_late, had none).
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean", "rs_lean", "ss_lean_late",
+               "rs_lean_late")
 
 
 def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
     """(rs, stream_first, lean_ends) of an explicit gluon= form: "rs..." the register tile, "..._sf..." the ring's
-    waiting tiles before the resident ones each step, "..._lean" the lean start and end."""
+    waiting tiles before the resident ones each step, "..._lean..." the lean start and end."""
     name = "ss" if form is True else form
-    return name.startswith("rs"), "_sf" in name, name.endswith("_lean")
+    return name.startswith("rs"), "_sf" in name, "_lean" in name
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
+
+
+def guess_rounds(form: bool | str) -> int:
+    """Candidate guesses per step of a gluon= form: none for "..._late", else GUESS_ROUNDS."""
+    return 0 if isinstance(form, str) and form.endswith("_late") else GUESS_ROUNDS
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
 # and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
@@ -646,7 +665,8 @@ GLUON_AUTO_CHUNK_ROWS = (1152,)
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
                      prefetch=True, l1_prefetch=False, split_keys=None, pair_reduce=True, split_streamed=None,
-                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE)
+                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE,
+                     lean_start=False)
 
 
 def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
@@ -677,12 +697,12 @@ def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]
 
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True,
+                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True, lean: bool = False,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's streamed walk walks this case exactly as the Triton walk would, else why not (the log
     line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or a
     token buffer not contiguous along the steps (req_indices do not change a greedy row's tokens). w2_tma: W2's rows
-    can be read by TMA."""
+    can be read by TMA. lean: a "..._lean" form (the only ones that walk fully resident shards, HW12)."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
     if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
         reason = "only one greedy Markov row without d2t / draft logits / confidence has a Gluon walk"
@@ -693,9 +713,10 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return reason
     if not cfg.multi or cfg.exchange != "tagged":
         return f"plan {cfg.exchange!r} / multi={cfg.multi}: only the persistent tagged walk has a Gluon form"
-    if cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS:
+    if cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS and not lean:
         return (f"shards of {cfg.chunk_rows} rows stay on chip: the Gluon walk of resident shards measured no faster "
-                f"(32k b1 45.8 vs 45.1 us, session 7) and was removed (code at eee43d2)")
+                f"(32k b1 45.8 vs 45.1 us, session 7) and was removed (code at eee43d2); the '..._lean' forms walk "
+                f"them (HW12)")
     return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
 
 
@@ -729,7 +750,10 @@ GLUON_STREAM_SMEM = 215 * 1024
 def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
     """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk: the plan's TMA ring where it has
     one, else the measured b1 ring form (choose_streamed_tma(1)): the Gluon walk loads base logits by pointer, so a
-    vocabulary whose U rows are not 16-byte aligned (no Triton ring) still streams W2 through its ring."""
+    vocabulary whose U rows are not 16-byte aligned (no Triton ring) still streams W2 through its ring. A fully
+    resident shard (the "..._lean" forms): all its rows resident, no streamed tile, a ring of 1 stage never filled."""
+    if cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS:
+        return cfg.chunk_rows, 0, 1
     if cfg.stream_tma >= 2:
         resident, stages = cfg.tile_rows * cfg.resident_tiles, cfg.stream_tma
     else:
@@ -739,14 +763,15 @@ def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
 
 
 def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | None:
-    """Partly streamed shards (V = 152k): gluon_b1's head_walk_b1_stream_kernel (_gluon_stream_form's geometry,
-    streamed tiles of gluon_b1.STREAM_TILE_ROWS rows); None where it can walk, else why not."""
+    """Partly streamed shards (V = 152k), or fully resident ones in a "..._lean" form (32k): gluon_b1's
+    head_walk_b1_stream_kernel (_gluon_stream_form's geometry, tiles of gluon_b1.STREAM_TILE_ROWS rows); None where it
+    can walk, else why not."""
     if not w2_tma:
-        return (f"shards of {cfg.chunk_rows} rows are partly streamed and W2's rows cannot be read by TMA (16-byte "
-                f"aligned start and rows needed)")
-    if cfg.stream_tma == 1:
-        return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
+        return (f"shards of {cfg.chunk_rows} rows: W2's rows cannot be read by TMA (16-byte aligned start and rows "
+                f"needed)")
     resident, tiles, stages = _gluon_stream_form(cfg)
+    if cfg.stream_tma == 1 and tiles:
+        return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
     if cfg.stream_rows not in gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
         return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
                 f"for {' / '.join(map(str, gluon_b1.STREAM_TILE_ROWS))}-row tiles and resident rows in whole tiles")
@@ -765,7 +790,7 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     stream_first: bool = False, lean_ends: bool = False) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False, guess_rounds: int = GUESS_ROUNDS) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -777,7 +802,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
                  f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
-    key = (cfg, rs, stream_first, lean_ends, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, guess_rounds, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -790,11 +815,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends,
+            GUESS_ROUNDS=guess_rounds, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = ("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
+        form = (("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
+                + ("_late" if guess_rounds == 0 else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
@@ -837,6 +863,14 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     winners, arrive = _winner_slots(wsp, cfg.winner_stride) if cfg.exchange == "amax" else (None, None)
     w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
+    w2_res_desc = None
+    if cfg.lean_start:
+        reason = _why_not_lean_start(cfg, w2_rows, w2_scale)
+        if reason is None:
+            w2_res_desc = TensorDescriptor(w2_rows, list(w2_rows.shape), list(w2_rows.stride()),
+                                           [cfg.tile_rows, rank])
+        else:
+            log_once(logger, logging.INFO, f"head_walk(lean_start=True): walking without it: {reason}")
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
         w1_ptr=w1, stride_w1=w1.stride(0),
@@ -860,7 +894,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
         w2_desc=w2_desc, u_desc=u_desc,
-        win_ptr=winners, arrive_ptr=arrive,
+        win_ptr=winners, arrive_ptr=arrive, w2_res_desc=w2_res_desc,
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
@@ -884,7 +918,9 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype)
     while True:
         cfg = _shrunk.get(key, cfg)
-        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
+        # (a build shrunk to no resident tile has none to copy)
+        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma,
+                    RES_TMA=w2_res_desc is not None and cfg.resident_tiles == 1)
         try:
             _run(cfg, grid, args, num_steps)
             return
@@ -900,6 +936,19 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
 
 
 _shrunk: dict = {}
+
+
+def _why_not_lean_start(cfg: WalkConfig, w2_rows: torch.Tensor, w2_scale) -> str | None:
+    """None where the lean start (kernel RES_TMA) can walk this plan: the shard is one resident tile, its W2 rows
+    are read by a descriptor as they are (no fp8 table), else why not."""
+    if cfg.resident_tiles != 1 or cfg.chunk_rows > cfg.tile_rows:
+        return (f"shards of {cfg.chunk_rows} rows in {cfg.resident_tiles} resident tile(s) of {cfg.tile_rows}: the "
+                f"lean start copies a shard that is one resident tile")
+    if w2_scale is not None:
+        return "fp8 W2 is widened in registers, not copied as it is"
+    if not _tma_ok(w2_rows):
+        return "W2's rows cannot be read by TMA (16-byte aligned start and rows needed)"
+    return None
 
 
 def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
