@@ -682,23 +682,15 @@ SWEEP_VERIFY_LONG11 = [
     VerifyConfig(block_v=32, pdl=True, prep_warps=8, **_PCU, l2_prefetch_mib=16, l2_prefetch_ahead=4),
     VerifyConfig(block_v=32, pdl=True, **_PCU),
 ]
-# --sweep-set pf12 (session 9, GD11; with --total-margin): the shipped L 4 / 16 picks first (the incumbents), then the
-# b1 picks with every input line prefetched into L1 / L2 once the slot is known (`input_prefetch`). ncu (31b733b /
-# bd74d28, L16 b1 pick): 22.5 % of the stall samples are long-scoreboard waits, ~half on the k / v conv taps that
-# ptxas issues 400-900 instructions after the q taps; triton 3.6 sm_90 with the L1 prefetch: every load issued in the
-# first 513 of 3,064 instructions (3,000 / 248 registers without), L4 pick 1,976 -> 2,040, 217 -> 224 registers
-_PF12 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES)]
-SWEEP_VERIFY_PF12 = _PF12 + [
-    VerifyConfig(**_B64_9), VerifyConfig(**_B32_9, l2_prefetch_mib=16, l2_prefetch_ahead=4),  # L4 b8 / b64, b32
-    VerifyConfig(**_B32_9, **_PF),  # L16 b32 (b8 / b64: _B64_9)
-] + [dataclasses.replace(c, input_prefetch=level) for c in _PF12 for level in (1, 2)]
+# (--sweep-set pf12, session 9 GD11: the b1 picks with every input line prefetched into L1 / L2, `input_prefetch`:
+# 1.1-3.5 us slower at L 4 / 16 b1 in its one run at 38737b5, removed; eval/notes/gdn_verify.md)
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "pf12": 5}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
-              "long11": SWEEP_VERIFY_LONG11, "pf12": SWEEP_VERIFY_PF12}
+              "long11": SWEEP_VERIFY_LONG11}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1433,8 +1425,7 @@ def main():
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
-                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11,
-                     "pf12": SWEEP_RECON_STACKED7}.get(
+                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
         configs = SWEEP_SETS[args.sweep_set]
@@ -1472,7 +1463,7 @@ def main():
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
-                                                     "bf16recon", "tma9", "l2pf10", "long11", "pf12"),
+                                                     "bf16recon", "tma9", "l2pf10", "long11"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

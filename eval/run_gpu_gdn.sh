@@ -55,9 +55,8 @@
 #               the b1 picks' launch floor and whole time at L 16 / 4, their reconstructions, the L16 b1 stage ladder)
 #               -> $OUT/diag/; then Nsight Compute --set full with SASS source counters on the b1 picks and their
 #               reconstructions (--ncu-target gd11) -> $OUT/diag/ncu_details.txt, ncu_source.csv.gz
-#   MODE=final12 (session 9, GD11 call B) as final10 with --sweep-set pf12 (the shipped L 4 / 16 picks as incumbents;
-#               the b1 picks with their inputs prefetched into L1 / L2, picked only when faster by 2 % of the step's
-#               total: --total-margin 0.02) and the input-prefetch tests (GPU real shape + the bit-for-bit ones)
+#   (MODE=final12, session 9 GD11 call B at 38737b5: final10 with --sweep-set pf12, the b1 input prefetch; removed
+#               with the option after that run)
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
 #               --write-tuned -> $OUT/gdn/gdn_verify.{json,md,png} + tuned_verify_configs.json.
 # Here (CPU) for MODE=final: python eval/_vllm_sources.py .vendor/extracted  (carry .vendor/extracted)
@@ -184,7 +183,7 @@ if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ] || [ "$MODE" = final12 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -213,10 +212,6 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=l2pf10 TEST_K="l2_prefetch" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
         EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.03 --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-250}"
-    elif [ "$MODE" = final12 ]; then
-        SWEEP_SET=pf12 TEST_K="prefetch12 or input_prefetch" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-240} \
-            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
-        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-200}"
     elif [ "$MODE" = long11 ]; then
         SWEEP_SET=long11 TEST_K="long11" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-200} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-3}"
@@ -251,7 +246,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-${SWEEP_CUT:-200}
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
     [ "$MODE" = long11 ] && python3 -c "import json; d = json.load(open('$OUT/gdn/tuned_verify_configs.json')); print({L: {b: (c['block_v'], c['num_warps'], c['stacked'], c['prep_maxnreg'], c['prep_warps'], c['tma_loads'], c['l2_prefetch_mib']) for b, c in t.items()} for L, t in d['verify_by_len'].items()}, d['reconstruct_by_len'])"
-    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = final12 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
+    [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || { cat "$OUT/gdn/tuned_verify_configs.json" 2>/dev/null | tr -d ' \n' | cut -c1-$CUT; echo; }
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 ls -la "$OUT"/*

@@ -876,12 +876,6 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, stacked=True, l2_prefetch_mib=-1)
     with pytest.raises(ValueError, match="l2_prefetch_ahead needs one value block"):
         VerifyConfig(two_pass=True, stacked=True, whole_v=True, l2_prefetch_ahead=1)
-    with pytest.raises(ValueError, match="input_prefetch must be"):
-        VerifyConfig(hoist=True, weight_tiles=True, input_prefetch=3)
-    with pytest.raises(ValueError, match="input_prefetch needs hoist and weight_tiles"):
-        VerifyConfig(hoist=True, input_prefetch=1)
-    with pytest.raises(ValueError, match="input_prefetch needs hoist and weight_tiles"):
-        VerifyConfig(whole_v=True, loop_stages=2, input_prefetch=2)
     with pytest.raises(ValueError, match="no skip_stages but 512"):
         VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, skip_stages=1)
     VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, skip_stages=512)  # the launch floor
@@ -951,42 +945,6 @@ def test_l2_prefetch_leaves_results_unchanged(config):
     assert all(torch.equal(a, b) for a, b in zip(*results))
     assert rel_err(results[0][0], naive_gdn_verify(**p, device=DEVICE)) < 1e-5
     assert (stacked_mod.l2_prefetch_plan(config, p["ssm_state"], len(lens)) == (0, 0)) == INTERPRETED
-
-
-@pytest.mark.parametrize("config,shape,dtype,state_dtype", [
-    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, early_stores=True, input_prefetch=1),
-                 dict(), torch.float32, torch.float32, id="l1-fp32-inputs"),
-    pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8, input_prefetch=2),
-                 dict(width=3, head_k_dim=32), torch.float16, torch.float16, id="l2-fp16-w3-16bit-state"),
-    pytest.param(VerifyConfig(block_v=32, hoist=True, weight_tiles=True, early_stores=True, num_warps=8,
-                              input_prefetch=1), dict(head_v_dim=64), torch.float32, torch.float32,
-                 id="l1-8-warps-two-value-blocks"),
-])
-def test_input_prefetch_leaves_results_unchanged(config, shape, dtype, state_dtype):
-    """The b1 form's input prefetch is a cache hint: outputs and workspace are bit for bit those of the same config
-    without it (odd lengths 1..17 incl. BT 32, a null slot, W 3 / 4). Under the interpreter (inline PTX cannot run
-    there) the launch passes PREFETCH 0, so this checks the selection there and the prefetching build on a GPU."""
-    lens = [9, 3, 17, 1, 6]
-    p = make_problem(lens, seed=43, null_requests=(1,), dtype=dtype, state_dtype=state_dtype, **shape)
-    results = []
-    for c in (config, dataclasses.replace(config, input_prefetch=0)):
-        ws = workspace_for(p)
-        for t in (ws.u, ws.k, ws.g, ws.x):  # rows past a request's length are never written
-            t.zero_()
-        out = gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), config=c)
-        results.append((out, ws.u, ws.k, ws.g, ws.x))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
-    assert rel_err(results[0][0], naive_gdn_verify(**p, device=DEVICE)) < (1e-5 if dtype == torch.float32 else 5e-3)
-
-
-def test_prefetch_columns_cover_the_q_k_v_lines():
-    """Lines per input row the b1 prefetch issues: q and k segments of K channels and the v block, 128 bytes a line,
-    rounded up to a power of two (bf16 K 128 / BV 32: 2 + 2 + 1 -> 8; fp32: 4 + 4 + 1 -> 16; fp32 K 16: 1 + 1 + 1)."""
-    from hybridspec_kernels.gdn_verify.verify import _prefetch_columns
-    assert _prefetch_columns(2, 128, 32) == 8
-    assert _prefetch_columns(4, 128, 32) == 16
-    assert _prefetch_columns(4, 16, 16) == 4
-    assert _prefetch_columns(2, 16, 16) == 4
 
 
 @pytest.mark.parametrize("pad", [0, 1, 4], ids=["contiguous", "slot-stride-4-bytes-off", "slot-stride-16-bytes"])
@@ -1168,17 +1126,6 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-long11-bv32-prep8-prefetch"),
     pytest.param(torch.float32, VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8,
                                              early_stores=True), False, id="fp32-state-long11-hoisted-bv16"),
-    # session 9 (GD11): the b1 picks with every input line prefetched into L1 / L2 once the slot is known
-    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
-                                             input_prefetch=1), False, id="fp32-state-prefetch12-l1-4-warps"),
-    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
-                                             input_prefetch=1), False, id="fp32-state-prefetch12-l1-8-warps"),
-    pytest.param(torch.float32, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
-                                             input_prefetch=2), False, id="fp32-state-prefetch12-l2-4-warps"),
-    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
-                                              input_prefetch=1), False, id="bf16-state-prefetch12-l1-8-warps"),
-    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
-                                              input_prefetch=2), False, id="bf16-state-prefetch12-l2-4-warps"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)

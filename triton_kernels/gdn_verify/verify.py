@@ -317,61 +317,6 @@ def _gram_products(b_q, b_k, BIG_DOT: tl.constexpr, SPLIT: tl.constexpr):
     return tl.sum(tl.join(kk_even, kk_odd), 2), tl.sum(tl.join(qk_even, qk_odd), 2)
 
 
-@triton.jit
-def _prefetch_lines(addr, mask, LEVEL: tl.constexpr):
-    """Start bringing the 128-byte lines holding the int64 byte addresses `addr` (where mask) into L1 (LEVEL 1) or
-    L2 (LEVEL 2). A prefetch has no destination register, so ptxas does not move it down towards a use the way it
-    moves loads in the b1 builds (eval/notes/gdn_verify.md, session 9), and nothing waits for it."""
-    if LEVEL == 1:
-        tl.inline_asm_elementwise("{ .reg .pred %pf; setp.ne.b32 %pf, $2, 0; @%pf prefetch.global.L1 [$1]; "
-                                  "mov.u32 $0, 0; }", "=r,l,r", [addr, mask.to(tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("{ .reg .pred %pf; setp.ne.b32 %pf, $2, 0; @%pf prefetch.global.L2 [$1]; "
-                                  "mov.u32 $0, 0; }", "=r,l,r", [addr, mask.to(tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_program_inputs(x, stride_x, conv_window, conv_wT, a, b, stride_a, stride_b, dt_bias, A_log, ssm_state,
-                             slot, stride_ssm_slot, bos, seqlen, i_h, i_hv, v0, H: tl.constexpr, K: tl.constexpr,
-                             V: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                             PF_COLS: tl.constexpr, LEVEL: tl.constexpr):
-    """Prefetch every line one (value block, v-head) program of the hoisted form reads: the q / k / v channel
-    segments of its tokens' input rows, of the committed conv window rows and of the W transposed weight rows, the
-    gates of its tokens, dt_bias / A_log, and its [BV, K] state block. Issued right after the slot is known: the
-    loads that ptxas places late then find their lines in L1 (or L2) instead of going to HBM on the chain."""
-    ES: tl.constexpr = x.dtype.element_ty.primitive_bitwidth // 8
-    CH: tl.constexpr = 128 // ES  # input channels a line holds
-    LQ: tl.constexpr = (K + CH - 1) // CH
-    LV: tl.constexpr = (BV + CH - 1) // CH
-    tl.static_assert(2 * LQ + LV <= PF_COLS, "PF_COLS must cover the q, k and v lines")
-    o_c = tl.arange(0, PF_COLS)
-    chan = tl.where(o_c < LQ, i_h * K + o_c * CH,
-                    tl.where(o_c < 2 * LQ, (H + i_h) * K + (o_c - LQ) * CH, 2 * H * K + i_hv * V + v0 + (o_c - 2 * LQ) * CH))
-    m_c = o_c < 2 * LQ + LV
-    o_t = tl.arange(0, BT)
-    p_x = x + (bos + o_t)[:, None] * stride_x + chan[None, :]
-    _prefetch_lines(p_x.to(tl.int64, bitcast=True), (o_t < seqlen)[:, None] & m_c[None, :], LEVEL)
-    o_r = tl.arange(0, 8)  # rows 0..3: committed window rows (W - 1 <= 3 used), 4..7: weight taps (W <= 4 used)
-    p_win = (conv_window + o_r[:, None] * D + chan[None, :]).to(tl.int64, bitcast=True)
-    p_wt = (conv_wT + (o_r - 4)[:, None] * D + chan[None, :]).to(tl.int64, bitcast=True)
-    m_r = tl.where(o_r < 4, o_r < W - 1, o_r - 4 < W)
-    _prefetch_lines(tl.where((o_r < 4)[:, None], p_win, p_wt), m_r[:, None] & m_c[None, :], LEVEL)
-    o_g = tl.arange(0, 2)
-    p_a = (a + (bos + o_t)[:, None] * stride_a + i_hv + 0 * o_g[None, :]).to(tl.int64, bitcast=True)
-    p_b = (b + (bos + o_t)[:, None] * stride_b + i_hv + 0 * o_g[None, :]).to(tl.int64, bitcast=True)
-    _prefetch_lines(tl.where((o_g == 0)[None, :], p_a, p_b), (o_t < seqlen)[:, None] & (o_g >= 0)[None, :], LEVEL)
-    p_dt = (dt_bias + i_hv + 0 * o_g).to(tl.int64, bitcast=True)
-    p_al = (A_log + i_hv + 0 * o_g).to(tl.int64, bitcast=True)
-    _prefetch_lines(tl.where(o_g == 0, p_dt, p_al), o_g >= 0, LEVEL)
-    SES: tl.constexpr = ssm_state.dtype.element_ty.primitive_bitwidth // 8
-    SCH: tl.constexpr = 128 // SES  # state elements a line holds
-    o_l = tl.arange(0, BV * K // SCH)
-    p_h = ssm_state + slot * stride_ssm_slot + (i_hv * V + v0) * K + o_l * SCH
-    _prefetch_lines(p_h.to(tl.int64, bitcast=True), o_l >= 0, LEVEL)
-
-
 @triton.jit(do_not_specialize=["scale", "WS_LEN", "F_LEN"])
 def _gdn_verify_kernel(
     x, a, b, conv_w, conv_b, A_log, dt_bias, conv_state, ssm_state, state_indices, cu_seqlens,
@@ -383,7 +328,6 @@ def _gdn_verify_kernel(
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
     LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
     BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, SPLIT_GRAM: tl.constexpr = False,
-    PREFETCH: tl.constexpr = 0, PF_COLS: tl.constexpr = 8,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -407,8 +351,7 @@ def _gdn_verify_kernel(
     EARLY_ST (HOIST, WT, W <= 4): the raw q / k / v rows come from the conv's current-token tap (no second load)
     and every workspace store is issued as soon as its data exists (raw rows after the loads, k after its norm,
     G after its cumsum), not at the end. SPLIT_GRAM: the Gram products as two independent half-K chains each
-    (`_gram_products`). PREFETCH (HOIST, WT, W <= 4): 1 / 2 prefetches every line the program reads into L1 / L2
-    once its slot is known (`_prefetch_program_inputs`)."""
+    (`_gram_products`)."""
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -435,10 +378,6 @@ def _gdn_verify_kernel(
         f_base = 0
     f_kc, f_gamma = _fold_head(fk, fg, f_base, f_n, i_hg * HEADS_PER_PROGRAM, o_k, H, HV, K, BTF, FOLD)
     conv_window = conv_state + slot * stride_conv_slot
-    if PREFETCH > 0 and HOIST and WT and W <= 4:
-        _prefetch_program_inputs(x, stride_x, conv_window, conv_w, a, b, stride_a, stride_b, dt_bias, A_log, ssm_state,
-                                 slot, stride_ssm_slot, bos, seqlen, i_h, i_hg, i_vs * BV, H, K, V, D, W, BT, BV,
-                                 PF_COLS, PREFETCH)
     writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
     if HOIST and LOADS_FIRST:  # the state block is loaded after the q/k taps (see _value_block_taps)
@@ -723,11 +662,6 @@ class VerifyConfig:
     # programs per SM after it (one wave ahead at that many programs per SM). Inline PTX: ignored by the interpreter
     l2_prefetch_mib: int = 0
     l2_prefetch_ahead: int = 0
-    # session 9, GD11 (hoisted weight-tiles form, the b1 picks): 1 / 2 = prefetch every line the program reads into
-    # L1 / L2 as soon as its slot is known. ncu at b1 (L16 pick): 22.5 % of the stall samples are long-scoreboard
-    # waits, half of them on the k / v conv taps that ptxas issues ~400-900 instructions after the q taps (it moves
-    # loads towards their uses in the 248-register build). Inline PTX: the interpreter runs without it (same results)
-    input_prefetch: int = 0
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -771,10 +705,6 @@ class VerifyConfig:
             raise ValueError("l2_prefetch_mib and l2_prefetch_ahead must be >= 0")
         if self.l2_prefetch_ahead and self.whole_v:
             raise ValueError("l2_prefetch_ahead needs one value block per program (no whole_v)")
-        if self.input_prefetch not in (0, 1, 2):
-            raise ValueError(f"input_prefetch must be 0 (off), 1 (L1) or 2 (L2), got {self.input_prefetch}")
-        if self.input_prefetch and not (self.hoist and self.weight_tiles):
-            raise ValueError("input_prefetch needs hoist and weight_tiles (the one-block-per-program b1 form)")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -1011,23 +941,9 @@ def gdn_verify(
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
         EARLY_ST=config.early_stores and width <= 4, SPLIT_GRAM=config.split_gram,
-        PREFETCH=0 if _interpreting() else config.input_prefetch,
-        PF_COLS=_prefetch_columns(mixed_qkv.element_size(), head_k_dim, block_v),
         **rows_and_fold["constexprs"], num_warps=config.num_warps,
     )
     return out
-
-
-def _interpreting():
-    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs
-    return type(_gdn_verify_kernel).__name__ == "InterpretedFunction"
-
-
-def _prefetch_columns(element_size, head_k_dim, block_v):
-    """Lines per input row that `_prefetch_program_inputs` covers: q and k segments of head_k_dim channels, the v
-    block of block_v, 128 bytes a line; rounded up to a power of two."""
-    per_line = 128 // element_size
-    return triton.next_power_of_2(2 * -(-head_k_dim // per_line) + -(-block_v // per_line))
 
 
 def _rows_and_fold_args(workspace, workspace_rows, fold, state_indices):
