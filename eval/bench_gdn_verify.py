@@ -1097,6 +1097,22 @@ STATE_DIAG_GB6 = [
 STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6}
 
 
+def diag_recorder(rows, t0, budget_s, rep_ms, label):
+    """record(row, fn[, per]): times fn's CUDA graph (us, divided by row's "per" or `per`, default 1) into row, appends
+    it to rows and prints it after `label`; an error is reported in the row, not raised; nothing after budget_s."""
+    def record(row, fn, per=1):
+        if time.time() - t0 > budget_s:
+            return
+        per = row.pop("per", per)
+        try:
+            row["us"] = round(time_step(fn, rep_ms) * 1e3 / per, 3)
+        except Exception as exc:  # reported, not fatal
+            row["error"] = repr(exc)[:200]
+        rows.append(row)
+        print(label, json.dumps(row), flush=True)
+    return record
+
+
 def split_step(s, config, part, scratches):
     """ours_step's verify with only one of the two-pass launches ("prep" or "state"; "both" = the plain call), each
     layer on its own persistent scratch (`scratches[layer]`) so that the state pass reads real factors."""
@@ -1134,16 +1150,7 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
     rows = doc["rows"] = []
     save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_state_diag.json")
 
-    def record(row, fn):
-        if time.time() - t0 > budget_s:
-            return
-        try:
-            row["us"] = round(time_step(fn, rep_ms) * 1e3 / row.pop("per", 1), 3)
-        except Exception as exc:  # reported, not fatal
-            row.pop("per", None)
-            row["error"] = repr(exc)[:200]
-        rows.append(row)
-        print("diag", json.dumps(row), flush=True)
+    record = diag_recorder(rows, t0, budget_s, rep_ms, "diag")
 
     H, HV, K, V = (gdn[k] for k in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
     for B in batches:
@@ -1292,15 +1299,7 @@ def b1_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s):
     rows = doc["rows"] = []
     save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_b1_diag.json")
 
-    def record(row, fn):
-        if time.time() - t0 > budget_s:
-            return
-        try:
-            row["us"] = round(time_step(fn, rep_ms) * 1e3 / num_layers, 3)
-        except Exception as exc:  # reported, not fatal
-            row["error"] = repr(exc)[:200]
-        rows.append(row)
-        print("b1diag", json.dumps(row), flush=True)
+    record = functools.partial(diag_recorder(rows, t0, budget_s, rep_ms, "b1diag"), per=num_layers)
 
     buf = torch.zeros(16, device=device)
     for grid, warps in ((1, 1), (128, 4), (128, 8)):
