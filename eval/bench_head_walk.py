@@ -810,25 +810,22 @@ TUNE_CASES_V30 = [
     ("gluon_rs_sf_lean_again_v152k_b1", 151936, 1, LEAN), ("default_again_v152k_b1", 151936, 1, {}),
     ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_third_v152k_b1", 151936, 1, LEAN),
     ("gluon_rs_sf_lean_fourth_v152k_b1", 151936, 1, LEAN), ("default_fourth_v152k_b1", 151936, 1, {})]
-# HW12 (v31): the 32k b1 walk (fully resident: 125 programs of 256 rows) in its lean forms beside the shipped Triton
-# walk: the Triton walk's lean start (lean_start: the resident tile by one TMA copy, the anchor token's load before
-# it) and gluon_b1's "..._lean" forms with no streamed tile (two 128-row tiles at 8 warps, the shared-memory ones by
-# TMA, step 0's W1 row and base logits first, only program 0 waiting in the last step; "rs": the first tile in
-# registers; "..._late": no candidate guess). Block 15 in a mirrored order (default, the forms, default, the forms
-# backwards, default: each form twice, drift cancels), blocks 7 and 1 once (the fixed part: block 1 is launch +
-# prologue + one step); the sweep row times every form beside the shipped default on the same fresh allocations.
+# HW12's ladder v31 (the 32k b1 walk's lean forms beside the shipped Triton walk, blocks 15 / 7 / 1, and the sweep
+# row with every form beside the default) was run once (session 9, call A at ee2fd3a): ss_lean adopted as auto's form
+# for fully resident 256-row shards; the Triton walk's lean start, rs_lean and the "..._late" forms measured slower and
+# were removed (code at ee2fd3a), so its cases are gone.
+# v32 (HW12's call B): the new default (auto: ss_lean) beside the Triton walk (gluon=False) and ss_lean_pair (both
+# resident tiles' products in flight, the copies issued before the anchor's loads) at block 15 in ABBA order (four
+# rows each), blocks 7 and 1 once each; the sweep row walks the new default as ours, the Triton walk and ss_lean_pair
+# beside it on the same fresh allocations.
 RESIDENT_T128 = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
-LEAN32 = {"triton_lean": dict(lean_start=True),
-          **{form: dict(gluon=form, **RESIDENT_T128) for form in ("ss_lean", "rs_lean", "ss_lean_late",
-                                                                   "rs_lean_late")}}
-TUNE_CASES_V31 = (
-    [("default_v32k_b1", 32000, 1, {})]
-    + [(f"{form}_v32k_b1", 32000, 1, kw) for form, kw in LEAN32.items()]
-    + [("default_again_v32k_b1", 32000, 1, {})]
-    + [(f"{form}_again_v32k_b1", 32000, 1, kw) for form, kw in reversed(LEAN32.items())]
-    + [("default_third_v32k_b1", 32000, 1, {})]
+V32_FORMS = {"triton": dict(gluon=False), "default": {}, "ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}
+TUNE_CASES_V32 = (
+    [(f"{name}{tag}_v32k_b1", 32000, 1, V32_FORMS[name])
+     for tag, order in (("", "tdp"), ("_again", "pdt"), ("_third", "tdp"), ("_fourth", "pdt"))
+     for name in [{"t": "triton", "d": "default", "p": "ss_lean_pair"}[c] for c in order]]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
-       for name, kw in [("default", {}), *LEAN32.items(), ("default_again", {})]])
+       for name, kw in V32_FORMS.items()])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -902,7 +899,8 @@ LADDERS = {
     "v30": dict(rule={}, cases=TUNE_CASES_V30, floors=[],
                 sweep_gluon_auto=("rs_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf": dict(LEAN, gluon="rs_sf")}),
-    "v31": dict(rule={}, cases=TUNE_CASES_V31, floors=[], sweep_also=LEAN32),
+    "v32": dict(rule={}, cases=TUNE_CASES_V32, floors=[],
+                sweep_also={name: kw for name, kw in V32_FORMS.items() if name != "default"}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -10,7 +10,7 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
 WHAT: gdn, hw or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
-the Triton b1 build, with step-loop instruction counts). (head_walk's removed Gluon prototypes' targets: the
+the Triton b1 build, with step-loop instruction counts; and its fully resident lean forms at 32k / 30011, HW12). (head_walk's removed Gluon prototypes' targets: the
 resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
 (gdn_verify's Gluon prototypes' targets gdng / gdnb: at eee43d2, removed with the prototypes.)
 
@@ -344,10 +344,9 @@ def hwg():
                       "rs_sf_lean_res256_s2_t128"),
              150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128"),
-             # HW12: the fully resident walk (Triton default, its lean start, the Gluon "..._lean" forms)
-             32000: ("triton", "triton_lean", "ss_lean_res256_t128", "rs_lean_res256_t128",
-                     "ss_lean_late_res256_t128", "rs_lean_late_res256_t128"),
-             30011: ("triton", "triton_lean", "ss_lean_late_res256_t128")}
+             # HW12: the fully resident walk (the Triton walk, the Gluon lean forms: ss_lean is auto's there)
+             32000: ("triton", "ss_lean_res256_t128", "ss_lean_pair_res256_t128"),
+             30011: ("triton", "ss_lean_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
@@ -356,10 +355,10 @@ def hwg():
                 continue
             u, w1, w2, first, tokens = _walk_operands(1, steps, vocab, rank)
             del captured[:]
-            if form in ("triton", "triton_lean"):
+            if form == "triton":
                 # As head_walk: no Triton ring where U's rows are not 16-byte aligned.
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"),
-                                     stream_tma=None if vocab % 8 == 0 else 0, lean_start=form == "triton_lean")
+                                     stream_tma=None if vocab % 8 == 0 else 0)
                 walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
                              None, None, None, None, None, None, 0, 1.0)
             else:
@@ -371,7 +370,7 @@ def hwg():
                                             rs=rs, lean=lean_ends)
                 assert why is None, why
                 walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                      lean_ends=lean_ends, guess_rounds=walk.guess_rounds(form))
+                                      lean_ends=lean_ends, paired=walk.paired_resident(form))
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

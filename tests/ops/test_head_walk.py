@@ -829,22 +829,20 @@ def test_gluon_stream_selection(monkeypatch):
     assert "eee43d2" in walk.why_not_gluon_b1(_gpu_plan(monkeypatch, 32000), **base)
 
 
-# HW12: fully resident shards (V = 32k) in the streamed kernel's "..._lean" forms: two 128-row tiles at 8 warps.
+# HW12: fully resident shards (V = 32k) in the streamed kernel's lean forms: two 128-row tiles at 8 warps.
 T128_RESIDENT = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 
 
 def test_gluon_resident_lean_selection(monkeypatch):
-    """The "..._lean" forms (HW12, opt-in) walk fully resident shards (32k: 125 programs of 256 rows; 30011: 118, the
-    last with 59) in gluon_b1's streamed kernel with no streamed tile: all 256 rows resident (the first 128 in
-    registers for "rs"), a ring of one stage that is never filled, every shared-memory tile by TMA (the lean
-    start), no candidate guess for "..._late". Any other form keeps the removed resident walk's reason; W2 rows TMA
-    cannot read, a plan over the shared memory and the other case rules say why."""
+    """The lean forms (HW12) walk fully resident shards (32k: 125 programs of 256 rows; 30011: 118, the last with 59)
+    in gluon_b1's streamed kernel with no streamed tile: all 256 rows resident in two 128-row tiles by TMA, a ring of
+    one stage that is never filled; "ss_lean_pair" with both tiles' products in flight (PAIRED), off where the shard
+    is not two tiles. Any other form keeps the removed resident walk's reason; W2 rows TMA cannot read and the other
+    case rules say why; the forms measured slower in ladder v31 are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert {form: walk.guess_rounds(form) for form in ("ss_lean", "rs_lean", "ss_lean_late", "rs_lean_late",
-                                                       "rs_sf_lean", True)} == dict(
-        ss_lean=walk.GUESS_ROUNDS, rs_lean=walk.GUESS_ROUNDS, ss_lean_late=0, rs_lean_late=0,
-        rs_sf_lean=walk.GUESS_ROUNDS) | {True: walk.GUESS_ROUNDS}
+    assert [walk.paired_resident(form) for form in ("ss_lean", "ss_lean_pair", "rs_sf_lean", True)] == [
+        False, True, False, False]
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -869,66 +867,22 @@ def test_gluon_resident_lean_selection(monkeypatch):
     tokens = torch.zeros(1, 15, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long)
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
-    for form in ("ss_lean", "rs_lean", "ss_lean_late", "rs_lean_late"):
+    for form in ("ss_lean", "ss_lean_pair"):
         rs, stream_first, lean = walk.gluon_form_flags(form)
         assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                     lean_ends=lean, guess_rounds=walk.guess_rounds(form))
+                                     lean_ends=lean, paired=walk.paired_resident(form))
         grid, kwargs = build.launches[-1]
-        want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=128 if rs else 0,
-                    LEAN_ENDS=True, STREAM_FIRST=False, GUESS_ROUNDS=0 if form.endswith("_late") else 3,
-                    NUM_PROGS=125, SLOTS_PER_CAND=16, num_warps=8)
+        want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=0, LEAN_ENDS=True,
+                    STREAM_FIRST=False, PAIRED=form.endswith("_pair"), GUESS_ROUNDS=3, NUM_PROGS=125,
+                    SLOTS_PER_CAND=16, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (form, kwargs)
-
-
-@needs_kernels
-@pytest.mark.parametrize("rows,sampled", [(1, False), (3, True)], ids=["b1", "b3-sampled"])
-@pytest.mark.parametrize("vocab,launch", [(199, {}), (1031, dict(programs=5, lockstep=True))],
-                         ids=["one-program-199", "five-programs-1031"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_lean_start_keeps_the_walk(monkeypatch, rows, sampled, vocab, launch, dtype):
-    """lean_start (HW12, kernel RES_TMA: the shard's one resident tile by a descriptor load, the anchor tokens loaded
-    before it; the interpreter runs the same load) picks the naive walk's tokens: one program of 199 rows (a 256-row
-    tile, 57 rows past the vocabulary read as zeros), and 5 programs of 256 rows one step per launch (the last shard
-    7 rows)."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    seen = []
-    run = walk._run
-    monkeypatch.setattr(walk, "_run", lambda cfg, grid, args, n: (seen.append((args["RES_TMA"], args["RES_TILES"])),
-                                                                   run(cfg, grid, args, n)))
-    p = make_problem(rows, 5, vocab, dtype=dtype, seed=53)
-    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): a descriptor can read them
-    kw = dict(sampling_kwargs(p), req_indices=p.req) if sampled else {}
-    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
-    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lean_start=True, tile_rows=256, **launch, **kw)
-    assert torch.equal(tokens, ref)
-    assert seen and all(s == (True, 1) for s in seen), seen
-
-
-@needs_kernels
-def test_lean_start_falls_back_where_it_cannot_copy(monkeypatch, caplog):
-    """lean_start where the shard is not one resident tile (1031 rows on one program: partly streamed) or W2's rows
-    cannot be read by a descriptor (column-major rows) walks without it, with the same tokens, each reason said once;
-    without lean_start nothing changes (RES_TMA off)."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    seen = []
-    run = walk._run
-    monkeypatch.setattr(walk, "_run", lambda cfg, grid, args, n: (seen.append(args["RES_TMA"]),
-                                                                   run(cfg, grid, args, n)))
-    log_once.cache_clear()
-    big = make_problem(1, 4, 1031, seed=59)
-    big.w2 = big.w2.t().contiguous().t()
-    small = make_problem(1, 4, 199, seed=61)  # W2 rows 199 x r, column-major: no descriptor
-    with caplog.at_level("INFO", logger=walk.__name__):
-        for p in (big, small, big, small):
-            ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lean_start=True)
-            assert torch.equal(tokens, ref)
-    said = [r.getMessage() for r in caplog.records if "walking without it" in r.getMessage()]
-    assert len(said) == 2 and "one resident tile" in said[0] and "TMA" in said[1], said
-    head_walk(small.U, small.w1, small.w2.t().contiguous().t(), small.x0)
-    assert seen == [False] * 5, seen
+    # Not two resident tiles (the plan's 64-row tiles: four): PAIRED off.
+    assert walk._launch_gluon_b1(_gpu_plan(monkeypatch, 32000), u, w1, w2, first, tokens, 1.0, rs=False,
+                                 lean_ends=True, paired=True)
+    assert build.launches[-1][1]["PAIRED"] is False and build.launches[-1][1]["ST"] == 64
+    for form in ("rs_lean", "ss_lean_late", "rs_lean_late"):  # measured slower (ladder v31), removed
+        with pytest.raises(ValueError, match="gluon must be one of"):
+            head_walk(u, w1, w2.t(), first, gluon=form)
 
 
 class _CapturedBuild:
@@ -1005,8 +959,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
     assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
                      "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True), "ss_lean": (False, False, True),
-                     "rs_lean": (True, False, True), "ss_lean_late": (False, False, True),
-                     "rs_lean_late": (True, False, True)}
+                     "ss_lean_pair": (False, False, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -1092,6 +1045,16 @@ def test_gluon_auto_selection(monkeypatch):
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[])
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
+    assert walk.gluon_auto_form(v152k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
+    # HW12: fully resident 256-row shards (32k, and 30011's shard size) in form ss_lean, two 128-row tiles.
+    for vocab in (32000, 30011):
+        resident = _gpu_plan(monkeypatch, vocab)
+        assert walk.why_not_gluon_auto(resident, **base) is None, vocab
+        assert walk.gluon_auto_form(resident) == ("ss_lean", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
+        auto_resident = _gpu_plan(monkeypatch, vocab, **walk.GLUON_AUTO_RESIDENT_GEOMETRY)
+        assert walk._gluon_stream_form(auto_resident) == (256, 0, 1)
+        assert walk.why_not_gluon_b1(auto_resident, lean=True,
+                                     **{k: v for k, v in base.items() if k != "overrides"}) is None
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.GLUON_AUTO_FORM == "rs_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
@@ -1105,7 +1068,7 @@ def test_gluon_auto_selection(monkeypatch):
         "launch options given": (v152k, dict(base, overrides=["stream_tma"])),
         "triton 3.9 (checked offline, not measured)": (v152k, dict(base, triton_version="3.9.0")),
         "triton 3.10": (v152k, dict(base, triton_version="3.10.0")),
-        "32k (resident shards)": (_gpu_plan(monkeypatch, 32000), base),
+        "9001 (resident shards of an unmeasured size)": (_gpu_plan(monkeypatch, 9001), base),
         "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 262144), base),
         "8 rows": (_gpu_plan(monkeypatch, 151936, 8), dict(base, num_rows=8)),
         "sampled": (v152k, dict(base, sampled=True)),
@@ -1300,11 +1263,9 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     assert torch.equal(tokens, ref)
 
 
-# HW12: the 32k resident walk's lean forms (opt-in) beside the Triton walk: name -> head_walk options.
-RESIDENT_LEAN_FORMS = {
-    "triton_lean": dict(gluon=False, lean_start=True),
-    **{form: dict(gluon=form, **T128_RESIDENT) for form in ("ss_lean", "rs_lean", "ss_lean_late", "rs_lean_late")},
-}
+# HW12: the 32k resident walk's lean forms beside the Triton walk: name -> head_walk options ("auto": the default,
+# ss_lean since HW12's call A).
+RESIDENT_LEAN_FORMS = {"auto": {}, **{form: dict(gluon=form, **T128_RESIDENT) for form in ("ss_lean", "ss_lean_pair")}}
 
 
 @gpu
@@ -1313,10 +1274,10 @@ RESIDENT_LEAN_FORMS = {
 @pytest.mark.parametrize("steps", [15, 7, 1])
 @pytest.mark.parametrize("vocab", [32000, 30011])
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
-    """Every lean form of the fully resident walk (the Triton walk's lean start; gluon_b1's "..._lean" forms with no
-    streamed tile) proposes exactly the shipped Triton walk's tokens, twice, interleaved with it on the shared tagged
-    workspace, no wait giving up and no Gluon fallback; the Triton walk is tolerated by the naive reference. 32k
-    (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
+    """Every lean form of the fully resident walk (gluon_b1's streamed kernel with no streamed tile; head_walk's
+    default there since HW12) proposes exactly the Triton walk's tokens, twice, interleaved with it on the shared
+    tagged workspace, no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by the
+    naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
@@ -1327,8 +1288,7 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     triton_launch = walk._launch
     for form, kw in RESIDENT_LEAN_FORMS.items():
         fell_back = []
-        if kw["gluon"] is not False:
-            monkeypatch.setattr(walk, "_launch", lambda *a, **k: fell_back.append(1))
+        monkeypatch.setattr(walk, "_launch", lambda *a, **k: fell_back.append(1))
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
         monkeypatch.setattr(walk, "_launch", triton_launch)
@@ -1344,9 +1304,10 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
 @needs_cuda
 @pytest.mark.parametrize("form", list(RESIDENT_LEAN_FORMS))
 def test_gpu_resident_lean_graph_replays(form):
-    """A lean form of the 32k resident walk captured in a CUDA graph, as vLLM's drafter runs it: replays on new base
-    logits propose the shipped Triton walk's tokens, with no wait giving up (the Gluon forms' programs other than 0
-    leave the last step early, replay after replay)."""
+    """A lean form of the 32k resident walk (and head_walk's default there) captured in a CUDA graph, as vLLM's
+    drafter runs it: replays on new base logits propose the Triton walk's tokens, with no wait giving up and no
+    fallback (programs other than 0 leave the last step early, replay after replay)."""
+    import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
     p = make_problem(1, 15, 32000, rank=256, dtype=torch.bfloat16, seed=7, scale=0.1)
@@ -1354,11 +1315,18 @@ def test_gpu_resident_lean_graph_replays(form):
     errors = barrier_errors(DEVICE)
     U = p.U.clone()
     tokens = torch.empty(1, 15, dtype=torch.long, device=DEVICE)
-    head_walk(U, p.w1, p.w2, p.x0, out=tokens, **RESIDENT_LEAN_FORMS[form])
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    fell_back = []
+    triton_launch = walk._launch
+    walk._launch = lambda *a, **k: fell_back.append(1)
+    try:
         head_walk(U, p.w1, p.w2, p.x0, out=tokens, **RESIDENT_LEAN_FORMS[form])
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            head_walk(U, p.w1, p.w2, p.x0, out=tokens, **RESIDENT_LEAN_FORMS[form])
+    finally:
+        walk._launch = triton_launch
+    assert not fell_back
     for replay in range(4):
         U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
         graph.replay()

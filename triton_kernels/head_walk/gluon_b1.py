@@ -26,9 +26,14 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    Measured no faster and removed (session 8): a producer warp refilling the ring (code at 89ba734), a once-a-step
    L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
    of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.
+6. Fully resident shards (V = 32k, HW12): the same kernel with no streamed tile (STREAM_TILES = 0, a 1-stage ring
+   never filled) in the lean forms: "ss_lean" (both 128-row tiles by TMA) and "ss_lean_pair" (PAIRED: both tiles'
+   products in flight with one wait, the copies issued before the anchor's loads). Measured slower and removed
+   (ladder v31, code at ee2fd3a): "rs_lean", the "..._late" forms (no candidate guess).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
-session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md.
+session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
+shards in this kernel instead).
 
 Compiles only for sm_90 (wgmma, TMA); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
 version (3.6 / 3.9 checked) or the case does not fit. Not run under TRITON_INTERPRET.
@@ -144,18 +149,11 @@ if HAVE_GLUON:
         warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
 
         The row of the warp's best among the slots already there travels while the warp waits for the rest:
-        GUESS_ROUNDS reads of the missing slots, each re-guessing (a new row load only where the guess changed),
-        then the spin; the row is fetched after the spin only if a later slot won. (One early guess, or none,
-        measured slower at 152k: 311.7 / 301.0 vs 296.6 us a walk, session 7.) GUESS_ROUNDS = 0: no guess, the row
-        of the warp's best once all its slots are in (the fastest of session 7's resident 32k forms, 44.6 us vs
-        45.8 with 3 rounds)."""
+        GUESS_ROUNDS (>= 1) reads of the missing slots, each re-guessing (a new row load only where the guess
+        changed), then the spin; the row is fetched after the spin only if a later slot won. (One early guess, or
+        none, measured slower at 152k: 311.7 / 301.0 vs 296.6 us a walk, session 7; none at 32k too: HW12's
+        "..._late" forms 48.3-48.7 vs 45.1-46.8 us with 3 rounds, code at ee2fd3a.)"""
         num_cands: gl.constexpr = tags.shape[0]
-        if GUESS_ROUNDS == 0:
-            slots = _wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT)
-            cand_key = gl.max(slots, axis=1)
-            cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
-            cand = gl.load(w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :])
-            return cand_key, cand
         seen = _load_relaxed(slot_ptrs)
         guess_key = gl.full([num_cands], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, CAND))
         guess = gl.zeros([num_cands, o_cr.shape[0]], w1_ptr.dtype.element_ty, CAND)
@@ -241,13 +239,27 @@ if HAVE_GLUON:
     @gluon.jit
     def _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin, shard_end,
                         logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-                        LEAN_ENDS: gl.constexpr):
+                        LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
         LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
-        of a completed phase returns at once)."""
+        of a completed phase returns at once). PAIRED (RES_T == 2): both tiles' products in flight, one wait, then
+        both scored (else each tile's product is waited for and scored before the next is issued)."""
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
+        if PAIRED:
+            gl.static_assert(RES_T == 2, "PAIRED walks two resident tiles")
+            if LEAN_ENDS:
+                mbarrier.wait(res_ready, 0)
+            if RS_ROWS > 0:
+                acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
+            else:
+                acc0 = warpgroup_mma(res_smem.index(0), b_view, zero_acc, use_acc=False, is_async=True)
+            acc1 = warpgroup_mma(res_smem.index(1 - RS_ROWS // ST), b_view, zero_acc, use_acc=False, is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+            keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
+            keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC)
+            return gl.maximum(run, gl.maximum(keys0, keys1))
         for t in gl.static_range(RES_T):
             if t == 0 and RS_ROWS > 0:
                 acc = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
@@ -291,7 +303,8 @@ if HAVE_GLUON:
                       stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
-                      GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr):
+                      GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
+                      PAIRED: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -320,7 +333,7 @@ if HAVE_GLUON:
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                      w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
             run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
-                                  shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS)
+                                  shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
             if STREAM_TILES > 0:
                 for j in range(lead, STREAM_TILES):
                     run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
@@ -367,7 +380,7 @@ if HAVE_GLUON:
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
-        LEAN_ENDS: gl.constexpr = False,
+        LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -425,6 +438,10 @@ if HAVE_GLUON:
             mbarrier.expect(res_ready, SMEM_RES_T * TILE_BYTES)
             for c in gl.static_range(SMEM_RES_T):
                 _tma_load(w2_desc, [shard_begin + RS_ROWS + c * ST, 0], res_ready, res_smem.index(c))
+            if PAIRED:
+                # Every copy leaves before the anchor's loads: ptxas otherwise issues the second behind the W1 row's
+                # load, which waits for the anchor token (one dependent round trip in front of the tile).
+                _cta_sync()
             u_first = _load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES)
             o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
             prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
@@ -480,7 +497,7 @@ if HAVE_GLUON:
                       num_steps, logit_scale, ring, ready, a_regs, res_smem, res_ready, b_smem, key_smem, best_smem,
                       u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
                       stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
-                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS)
+                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

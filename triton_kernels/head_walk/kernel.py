@@ -793,7 +793,6 @@ def head_walk_kernel(
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
-    RES_TMA: tl.constexpr = False, w2_res_desc=None,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -817,10 +816,6 @@ def head_walk_kernel(
     # step's winners from their slot and folds its own keys into the next). INLINE_PTX: the arrival and the wait
     # in PTX (False: Triton atomics, for the interpreter). EXCHANGE 7 (with MULTI; the bench's sync floors only): no
     # exchange at all, each program walks its own shard's best (wrong tokens): the step without any exchange.
-    # RES_TMA (one resident tile that is the whole shard; w2_res_desc: a host descriptor of W2 rows in [RT, R] boxes):
-    # the lean start. The tile comes by one TMA copy straight into the wgmma's shared-memory operand (no register
-    # staging, no load -> store round trip) and the anchor tokens' loads leave before it: every warp meets at the
-    # copy's syncs, so a load issued after them would wait behind the whole tile.
     KEY_BY_TARGET: tl.constexpr = SAMPLED
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2 and EXCHANGE <= 4
@@ -879,12 +874,7 @@ def head_walk_kernel(
             seed0 = tl.load(seed_ptr + req_safe, mask=valid, other=0).to(tl.int64)
 
     # Resident tiles: loaded once, loop-invariant dot operands for every step (Triton keeps them in shared memory).
-    if RES_TMA:
-        x_anchor = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
-        x0_anchor = tl.load(first_ptr).to(tl.int64)
-        # Rows past the vocabulary (the last shard) come as zeros, as _resident_tile's masked rows.
-        w_res0 = w2_res_desc.load([shard_begin, 0])
-    elif RES_TILES >= 1:
+    if RES_TILES >= 1:
         w_res0 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + o_t, shard_end, o_r)
     if RES_TILES >= 2:
         w_res1 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + RT + o_t, shard_end, o_r)
@@ -918,12 +908,8 @@ def head_walk_kernel(
             _clear_winners(win_ptr, (epoch0 + 1) % 3, o_b, BP, WIN_STRIDE)
 
     if k_begin == 0:
-        if RES_TMA:
-            x = x_anchor
-            x0 = x0_anchor
-        else:
-            x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
-            x0 = tl.load(first_ptr).to(tl.int64)
+        x = tl.load(first_ptr + o_b, mask=m_b, other=0).to(tl.int64)
+        x0 = tl.load(first_ptr).to(tl.int64)
     else:
         if AMAX:
             # (epoch0 + 2) % 3: the slot of epoch0 - 1, the last launch's step.

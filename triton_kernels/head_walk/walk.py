@@ -97,9 +97,6 @@ class WalkConfig:
     u_ring: bool = True
     # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
     winner_stride: int = WINNER_STRIDE
-    # Fully resident shards of one tile: the lean start (kernel RES_TMA: the tile by one TMA copy, the anchor tokens'
-    # loads before it). Opt-in until measured (HW12).
-    lean_start: bool = False
 
 
 def _interpreting() -> bool:
@@ -178,8 +175,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, lean_start: bool = False,
-              sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
     shape, residency or prefetch option is given; else none."""
@@ -275,7 +271,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
-                      winner_stride=winner_stride, lean_start=lean_start)
+                      winner_stride=winner_stride)
 
 
 _workspaces: dict = {}
@@ -392,7 +388,6 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
-    lean_start: bool = False,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -439,19 +434,18 @@ def head_walk(
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
-            int64 entries between the rows' winners, WINNER_STRIDE), lean_start (shards that are one resident
-            tile, W2 rows a descriptor can read: the tile by one TMA copy, the anchor tokens' loads issued before
-            it; else walked without it, said once): launch overrides for tests and tuning.
-        gluon: "auto" (default): gluon_b1's streamed walk where it was measured faster than the Triton walk
-            (why_not_gluon_auto: one greedy Markov row, partly streamed shards of the measured size (V = 152k on
-            132 SMs, U rows aligned or not), sm_90, a measured Triton version, no launch option given), in form
-            GLUON_AUTO_FORM with ring
-            geometry GLUON_AUTO_GEOMETRY; the Triton walk otherwise (a log line says why, once). False: always the
+            int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
+        gluon: "auto" (default): gluon_b1's walk where it was measured faster than the Triton walk
+            (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
+            aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; V = 32k:
+            fully resident 256-row shards, GLUON_AUTO_RESIDENT_FORM / _GEOMETRY), sm_90, a measured Triton version,
+            no launch option given); the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
-            tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's form), where
-            why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back
-            the same way.
+            tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's streamed form;
+            "ss_lean": fully resident shards too, auto's resident form; "ss_lean_pair": "ss_lean" with both resident
+            tiles' products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A
+            Gluon build that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -548,7 +542,7 @@ def head_walk(
                    stream_rows=stream_rows, keys_once=keys_once, prefetch=prefetch, l1_prefetch=l1_prefetch,
                    split_keys=split_keys, pair_reduce=pair_reduce, split_streamed=split_streamed,
                    noise_ahead=noise_ahead, l2_prefetch=l2_prefetch, stream_tma=stream_tma, u_ring=u_ring,
-                   winner_stride=winner_stride, lean_start=lean_start)
+                   winner_stride=winner_stride)
     # Launch options the caller changed from their defaults: gluon="auto" then leaves the walk to the Triton plan.
     overrides = sorted(name for name, value in plan_kw.items() if value != PLAN_DEFAULTS[name])
     if w2_dtype is not None:
@@ -574,13 +568,13 @@ def head_walk(
             or tokens.stride(-1) != 1,
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
-        form = GLUON_AUTO_FORM if gluon == "auto" else gluon
+        form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
         rs, stream_first, lean_ends = gluon_form_flags(form)
         if gluon == "auto":
             reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
-                gluon_cfg = plan(ring_reads_u=False, **GLUON_AUTO_GEOMETRY)
-                reason = why_not_gluon_b1(gluon_cfg, rs=rs, **gluon_case)
+                gluon_cfg = plan(ring_reads_u=False, **auto_geometry)
+                reason = why_not_gluon_b1(gluon_cfg, rs=rs, lean=lean_ends, **gluon_case)
             if reason is not None:
                 log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
         else:
@@ -590,7 +584,7 @@ def head_walk(
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
                                                logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends,
-                                               guess_rounds=guess_rounds(form)):
+                                               paired=paired_resident(form)):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -619,12 +613,13 @@ def head_walk(
 # HW11's "rs_sf_lean" (auto's form since HW11's call B): "rs_sf" with lean ends: the shared-memory resident tile by
 # TMA, step 0's base logits and the anchor's W1 row issued before the register tile; in the last step only program 0
 # waits (for the winner's key, no W1 gather), the others leave after publishing.
-# HW12 (opt-in, fully resident shards, V = 32k: session 6's resident Gluon walk was removed, so these run the streamed
-# kernel with no streamed tile): "ss_lean" / "rs_lean" (the lean start: every shared-memory resident tile by TMA,
-# step 0's base logits and anchor W1 row first; only program 0 waits in the last step), "..._late": no candidate
-# guess (gluon_b1._next_candidates with 0 rounds; session 7's fastest resident form, ss_late, had none).
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean", "rs_lean", "ss_lean_late",
-               "rs_lean_late")
+# HW12 (fully resident shards, V = 32k: the streamed kernel with no streamed tile): "ss_lean" (the lean start: both
+# 128-row tiles by TMA, step 0's base logits and anchor W1 row first; only program 0 waits in the last step;
+# gluon="auto"'s form there since HW12's call A), "ss_lean_pair" (opt-in: both tiles' products in flight with one
+# wait, the copies issued before the anchor's loads). Measured slower in ladder v31 (call A at ee2fd3a) and removed:
+# "rs_lean", "ss_lean_late" / "rs_lean_late" (no candidate guess), and the Triton walk's lean start (lean_start: its
+# resident tile by one TMA copy, no gain: 46.2 / 46.4 vs 46.0-46.3 us).
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean", "ss_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
@@ -634,13 +629,13 @@ def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
     return name.startswith("rs"), "_sf" in name, "_lean" in name
 
 
+def paired_resident(form: bool | str) -> bool:
+    """A "..._pair" form: the two resident tiles' products in flight with one wait (gluon_b1's PAIRED)."""
+    return isinstance(form, str) and form.endswith("_pair")
+
+
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
-
-
-def guess_rounds(form: bool | str) -> int:
-    """Candidate guesses per step of a gluon= form: none for "..._late", else GUESS_ROUNDS."""
-    return 0 if isinstance(form, str) and form.endswith("_late") else GUESS_ROUNDS
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
 # and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
@@ -661,12 +656,26 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
 # default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4); v22's 128-row form 250.0 vs 372.6.
 GLUON_AUTO_CHUNK_ROWS = (1152,)
+# Fully resident shards (HW12, ladder v31 at ee2fd3a, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows):
+# "ss_lean" in two 128-row tiles at 8 warps, 45.2 us (median of 3 fresh allocations: 46.2 / 43.9 / 45.2) vs the Triton
+# walk 46.6 (46.6 / 46.6 / 47.1) on the same allocations; ladder pairs 46.8 / 45.1 vs 46.0-46.3; median of the 5 pairs
+# -2.3 %; block 7 22.8 vs 24.2 / 24.5, block 1 7.2 vs 7.9 / 8.0 (the lean start: -0.8 us of the fixed part).
+GLUON_AUTO_RESIDENT_FORM = "ss_lean"
+GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
+GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,)
+
+
+def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
+    """(form, plan geometry) gluon="auto" walks for the Triton plan cfg: the resident form for fully resident shards
+    of the measured size (GLUON_AUTO_RESIDENT_CHUNK_ROWS), else the streamed one (GLUON_AUTO_FORM, _GEOMETRY)."""
+    if cfg.chunk_rows in GLUON_AUTO_RESIDENT_CHUNK_ROWS:
+        return GLUON_AUTO_RESIDENT_FORM, GLUON_AUTO_RESIDENT_GEOMETRY
+    return GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY
 # plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
                      prefetch=True, l1_prefetch=False, split_keys=None, pair_reduce=True, split_streamed=None,
-                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE,
-                     lean_start=False)
+                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE)
 
 
 def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
@@ -728,16 +737,18 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
     arguments."""
     if overrides:
         return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
-    reason = why_not_gluon_b1(cfg, triton_version=triton_version, **case)
+    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=gluon_form_flags(gluon_auto_form(cfg)[0])[2],
+                              **case)
     if reason is not None:
         return reason
     version = ".".join(triton_version.split(".")[:2])
     if version not in gluon_b1.MEASURED_TRITON:
         return (f"triton {triton_version}: the Gluon walk was measured faster on triton "
                 f"{', '.join(gluon_b1.MEASURED_TRITON)} only (gluon=True asks for it)")
-    if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS:
+    if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
-                f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS))} rows a program only (gluon=True asks for it)")
+                f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only "
+                f"(gluon=True asks for it)")
     return None
 
 
@@ -790,7 +801,7 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
-                     stream_first: bool = False, lean_ends: bool = False, guess_rounds: int = GUESS_ROUNDS) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -802,7 +813,9 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
                  f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
-    key = (cfg, rs, stream_first, lean_ends, guess_rounds, u.dtype, w1.dtype, rank)
+    # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
+    paired = paired and tiles == 0 and resident == 2 * st
+    key = (cfg, rs, stream_first, lean_ends, paired, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -815,12 +828,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=guess_rounds, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends,
+            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
-                + ("_late" if guess_rounds == 0 else ""))
+                + ("_pair" if paired else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
@@ -863,14 +876,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     winners, arrive = _winner_slots(wsp, cfg.winner_stride) if cfg.exchange == "amax" else (None, None)
     w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
-    w2_res_desc = None
-    if cfg.lean_start:
-        reason = _why_not_lean_start(cfg, w2_rows, w2_scale)
-        if reason is None:
-            w2_res_desc = TensorDescriptor(w2_rows, list(w2_rows.shape), list(w2_rows.stride()),
-                                           [cfg.tile_rows, rank])
-        else:
-            log_once(logger, logging.INFO, f"head_walk(lean_start=True): walking without it: {reason}")
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
         w1_ptr=w1, stride_w1=w1.stride(0),
@@ -894,7 +899,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
         w2_desc=w2_desc, u_desc=u_desc,
-        win_ptr=winners, arrive_ptr=arrive, w2_res_desc=w2_res_desc,
+        win_ptr=winners, arrive_ptr=arrive,
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
@@ -918,9 +923,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype)
     while True:
         cfg = _shrunk.get(key, cfg)
-        # (a build shrunk to no resident tile has none to copy)
-        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma,
-                    RES_TMA=w2_res_desc is not None and cfg.resident_tiles == 1)
+        args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
         try:
             _run(cfg, grid, args, num_steps)
             return
@@ -936,19 +939,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
 
 
 _shrunk: dict = {}
-
-
-def _why_not_lean_start(cfg: WalkConfig, w2_rows: torch.Tensor, w2_scale) -> str | None:
-    """None where the lean start (kernel RES_TMA) can walk this plan: the shard is one resident tile, its W2 rows
-    are read by a descriptor as they are (no fp8 table), else why not."""
-    if cfg.resident_tiles != 1 or cfg.chunk_rows > cfg.tile_rows:
-        return (f"shards of {cfg.chunk_rows} rows in {cfg.resident_tiles} resident tile(s) of {cfg.tile_rows}: the "
-                f"lean start copies a shard that is one resident tile")
-    if w2_scale is not None:
-        return "fp8 W2 is widened in registers, not copied as it is"
-    if not _tma_ok(w2_rows):
-        return "W2's rows cannot be read by TMA (16-byte aligned start and rows needed)"
-    return None
 
 
 def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
