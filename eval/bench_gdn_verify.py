@@ -96,13 +96,19 @@ BF16_TUNED_KEYS = ("verify_by_len", "reconstruct_by_len", "reconstruct_short_by_
 
 def with_bf16_tables(shipped, swept):
     """The shipped tuned doc (fp32-state picks) with a bf16-state sweep's per-length tables beside its own, as
-    `<key>_bf16` (what the launch code reads for bf16 states): a drop-in for tuned_verify_configs.json."""
+    `<key>_bf16` (what the launch code reads for bf16 states), and their provenance records as `<key>_bf16/<L>`: a
+    drop-in for tuned_verify_configs.json."""
     if shipped.get("device") != swept.get("device"):
         raise ValueError(f"the bf16-state sweep ran on {swept.get('device')!r}, the shipped picks on "
                          f"{shipped.get('device')!r}")
     doc = {k: v for k, v in shipped.items() if not k.endswith("_bf16")}
     doc.update({f"{key}_bf16": swept[key] for key in BF16_TUNED_KEYS if key in swept})
-    doc["source_bf16"] = swept["source"].split("; verify_fold kept")[0]
+    provenance = {k: v for k, v in shipped.get("provenance", {}).items() if not k.split("/")[0].endswith("_bf16")}
+    for name, run in swept.get("provenance", {}).items():
+        key, _, length = name.partition("/")
+        if key in BF16_TUNED_KEYS:
+            provenance[f"{key}_bf16/{length}"] = run
+    doc["provenance"] = provenance
     return doc
 
 
@@ -175,7 +181,7 @@ def reconstruct_all(s, num_accepted, recon):
         gdn_reconstruct(*args)
     elif recon.get("short"):
         gdn_reconstruct_short(*args, block_v=recon["block_v"], num_warps=recon["num_warps"],
-                              early=recon.get("early", False))
+                              early=recon.get("early", False), maxnreg=recon.get("maxnreg", 0))
     else:
         gdn_reconstruct(*args, **recon)
 
@@ -682,15 +688,30 @@ SWEEP_VERIFY_LONG11 = [
     VerifyConfig(block_v=32, pdl=True, prep_warps=8, **_PCU, l2_prefetch_mib=16, l2_prefetch_ahead=4),
     VerifyConfig(block_v=32, pdl=True, **_PCU),
 ]
+# --sweep-set long12bf16 (session 9, GD12; --ssm-dtype bfloat16 --sweep-lens 17,32): bf16 states at L 17..32 ran the
+# L = 16 bf16 picks, the incumbents here: hoisted BV32 x 8 with early stores at b1, stacked BV64 with its prep capped
+# at 128 registers from b8 (the cap spills ~1 KB a thread at BT 32, GD10). Challengers: GD10's fp32 picks at L 17 /
+# 32 (plain BV32 x 8; stacked BV128 x 8 tma, prep on 8 warps, uncapped) and the stacked forms with the prep on 8
+# warps, with and without PDL (the bf16 picks at L 16 run without it, GB2)
+SWEEP_VERIFY_LONG12BF16 = [
+    VerifyConfig(**_B1, **_ES), VerifyConfig(block_v=64, **_PC9),  # the L16 bf16 picks
+    VerifyConfig(block_v=32, num_warps=8),
+    VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=128, num_warps=8, tma_loads=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=64, prep_warps=8, **_PCU), VerifyConfig(block_v=64, pdl=True, prep_warps=8, **_PCU),
+    VerifyConfig(block_v=32, prep_warps=8, **_PCU),
+]
 # (--sweep-set pf12, session 9 GD11: the b1 picks with every input line prefetched into L1 / L2, `input_prefetch`:
 # 1.1-3.5 us slower at L 4 / 16 b1 in its one run at 38737b5, removed; eval/notes/gdn_verify.md)
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2}
+# occ12 (session 9, GD12; fp32 states): about the reconstruction's launches only; None = at each (L, batch) the verify
+# config the shipped tuned file picks there (`sweep(shipped_only=True)`), so every verify pick stays
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
-              "long11": SWEEP_VERIFY_LONG11}
+              "long11": SWEEP_VERIFY_LONG11, "occ12": None, "long12bf16": SWEEP_VERIFY_LONG12BF16}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -713,6 +734,20 @@ SWEEP_RECON_STACKED7 = [SWEEP_RECON_SPLIT6[0]] + SWEEP_RECON_SPLIT6[3:]
 # long11: the general kernel at L 17..32 (BT 32; triton 3.6 BV32 x 4: 164 registers vs 124-128 at L 16, no stack),
 # the L = 16 pick first
 SWEEP_RECON_LONG11 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in ((32, 4), (16, 4), (32, 8), (64, 8))]
+# occ12: register caps (launch option maxnreg) so that more programs share a multiprocessor (GD11's ncu at b1: 23 %
+# achieved occupancy, register-limited, long-scoreboard waits 47 % of the general kernel's samples). Triton 3.6
+# sm_90, fp32 states, registers / stack bytes -> programs per SM by registers x state bytes each: general BV32 x 4
+# 128 / 0 -> 4 x 16 KB, capped 96 / 24 -> 5, 80 / 112 -> 6; general BV16 x 2 128 / 0 -> 8 x 8 KB, 96 / 80 -> 10,
+# 80 / 152 -> 12; short BV16 x 2 109 / 0 -> 9 x 8 KB, 80 / 104 -> 12, 64 / 240 -> 16; short BV32 x 4 96 / 0 -> 5 x
+# 16 KB, 80 / 64 -> 6, 64 / 192 -> 8. The shipped picks come first (incumbents, --recon-margin); the capped short
+# launches are timed at L <= 4 only (no rank-1 loop rows)
+SWEEP_RECON_OCC12 = [dict(block_v=bv, num_warps=w, outer_loop=False, **({"maxnreg": r} if r else {}))
+                     for bv, w, r in ((32, 4, 0), (32, 4, 96), (32, 4, 80), (16, 2, 0), (16, 2, 96), (16, 2, 80))] + [
+    dict(short=True, block_v=bv, num_warps=w, early=False, **({"maxnreg": r} if r else {}))
+    for bv, w, r in ((16, 2, 0), (16, 2, 80), (16, 2, 64), (32, 4, 80), (32, 4, 64))]
+# long12bf16: the general kernel at L 17..32, bf16 states (triton 3.6: BV32 x 4 148 registers, BV16 x 4 93, no stack)
+SWEEP_RECON_LONG12BF16 = [dict(block_v=32, num_warps=4, outer_loop=False), dict(block_v=16, num_warps=4,
+                                                                                 outer_loop=False)]
 # bf16recon: a bf16 state block is half an fp32 one, so per SM fewer bytes are in flight at the fp32 picks (triton 3.6
 # sm_90, general kernel at L16: BV32 x 4 83 registers -> 5 programs x 8 KB; BV64 x 4 168 -> 3 x 16 KB; BV128 x 4 254
 # -> 2 x 32 KB; BV64 x 8 104 -> 2 x 16 KB; BV128 x 8 148 -> 1 x 32 KB; all 16-byte loads and stores, no stack). The
@@ -723,6 +758,70 @@ SWEEP_RECON_BF16RECON = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv,
     dict(short=True, block_v=bv, num_warps=w, early=False) for bv, w in ((16, 2), (32, 4), (32, 2), (64, 4), (64, 8))]
 
 
+def write_tuned(args, device_name, ssm_dtype, sweep_lens, best_verify, best_fold, best_recon, best_recon_short):
+    """The sweep's picks as a drop-in tuned_verify_configs.json at args.write_tuned: the swept lengths from this run,
+    every other table and length kept from the shipped file (when it was measured on this GPU), the other state
+    dtype's tables included. `provenance` gives each table (each length of a per-length table) one flat record of
+    the run that measured it: {run, commit, command}."""
+    sweep_desc = f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, ssm state {args.ssm_dtype}"
+    this_run = dict(run=sweep_desc, commit=os.environ.get("HYBRIDSPEC_COMMIT", "unknown"),
+                    command=args.command or "python " + " ".join(sys.argv))
+    shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
+    same_gpu = shipped.get("device") == device_name
+    old_provenance = shipped.get("provenance", {}) if same_gpu else {}
+    suffix = "" if ssm_dtype == torch.float32 else "_bf16"  # the shipped tables this sweep's dtype reads
+    by_len = dict(best_verify)
+    recon_by_len = {L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
+                        for B, r in t.items() if not r.get("outer_loop")} for L, t in best_recon.items()}
+    short_by_len = dict(best_recon_short)
+    folded_by_batch = best_fold.get(16)
+    provenance = {}
+    if folded_by_batch:
+        provenance["verify_fold"] = this_run
+    elif same_gpu and shipped.get("verify_fold"):  # not swept: keep the shipped fold table
+        folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
+        provenance["verify_fold"] = old_provenance.get("verify_fold")
+    if same_gpu:  # lengths not swept keep their shipped (measured) entries
+        for L in sorted({int(L) for L in shipped.get(f"verify_by_len{suffix}", {})} - set(by_len)):
+            by_len[L] = {int(b): VerifyConfig(**c) for b, c in shipped[f"verify_by_len{suffix}"][str(L)].items()}
+        for key, table in (("reconstruct_by_len", recon_by_len), ("reconstruct_short_by_len", short_by_len)):
+            for L, entries in shipped.get(f"{key}{suffix}", {}).items():
+                if int(L) not in best_verify:
+                    table[int(L)] = {int(b): e for b, e in entries.items()}
+    for key, table in (("verify_by_len", by_len), ("reconstruct_by_len", recon_by_len),
+                       ("reconstruct_short_by_len", short_by_len)):
+        for L in sorted(table):
+            provenance[f"{key}/{L}"] = this_run if L in best_verify else \
+                old_provenance.get(f"{key}{suffix}/{L}")
+    verify_len = 16 if 16 in by_len else max(by_len)
+    provenance["verify"] = provenance[f"verify_by_len/{verify_len}"]
+    write_tuned_verify_configs(args.write_tuned, device_name, by_len[verify_len],
+                               f"{sweep_desc}, commit {this_run['commit']} (each table's run: provenance)",
+                               folded_by_batch, best_by_len=by_len, best_recon_by_len=recon_by_len,
+                               best_recon_short_by_len=short_by_len)
+    swept = json.loads(Path(args.write_tuned).read_text())
+    swept["provenance"] = provenance
+    if same_gpu:  # a drop-in that keeps the other state dtype's tables
+        if ssm_dtype != torch.float32:
+            swept = with_bf16_tables(shipped, swept)
+        else:
+            swept.update({k: v for k, v in shipped.items() if k.endswith("_bf16")})
+            swept["provenance"].update({k: v for k, v in old_provenance.items() if k.split("/")[0].endswith("_bf16")})
+    Path(args.write_tuned).write_text(json.dumps(swept, indent=1) + "\n")
+
+
+def shipped_picks(lens, batches, ssm_dtype=torch.float32):
+    """The distinct verify configs the shipped tuned file picks over (lens x batches): what a shipped_only sweep
+    times (and precompiles, and checks against float64)."""
+    picks = []
+    for L in lens:
+        for B in batches:
+            config = default_verify_config(B, max_seqlen=L, state_dtype=ssm_dtype)
+            if config not in picks:
+                picks.append(config)
+    return picks
+
+
 def default_eligible(config):
     """Configs a sweep may make the default: tf32 state products (tf32x3 and 16-bit operands are timed as the
     price / gain of another precision, not chosen), no timing-only stage skips."""
@@ -731,7 +830,8 @@ def default_eligible(config):
 
 def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
           errors=None, fold_errs=None, folded=False, recon_every_batch=False, recon_errs=None,
-          ssm_dtype=torch.float32, recon_margin=0.0, verify_margin=0.0, incumbents=(), total_margin=0.0):
+          ssm_dtype=torch.float32, recon_margin=0.0, verify_margin=0.0, incumbents=(), total_margin=0.0,
+          shipped_only=False):
     """Launch configs of ours per batch size at one verify length (verify alone, reconstruction alone; with
     `folded` also the folded verify alone, part "verify_fold"); returns rows and the fastest eligible verify config
     (`default_eligible`, and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same
@@ -741,7 +841,9 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     each kind (general / short) is the incumbent; another replaces it only when faster by this fraction.
     verify_margin: a verify config not in `incumbents` (the shipped picks, timed first) replaces the best so far only
     when faster by this fraction; total_margin: only when faster by this fraction of the incumbent's verify + the
-    fastest reconstruction timed at that batch (the step's total)."""
+    fastest reconstruction timed at that batch (the step's total). shipped_only: at each batch the verify config
+    timed is the one the shipped tuned file picks at (seqlen, batch) (`default_verify_config`), `configs` ignored:
+    a sweep about the reconstruction that keeps every verify pick."""
     rows, best_verify, best_fold, best_recon, best_short = [], {}, {}, {}, {}
     errors, fold_errs, recon_errs = errors or {}, fold_errs or {}, recon_errs or {}
 
@@ -754,7 +856,8 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False, ssm_dtype=ssm_dtype)
         n = accept_counts(seqlen, B, "all", device)
         challengers = {}  # part -> the fastest eligible config outside `incumbents` at this batch: (config, us)
-        for config in configs:
+        cell = [default_verify_config(B, max_seqlen=seqlen, state_dtype=ssm_dtype)] if shipped_only else configs
+        for config in cell:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
             if folded:
                 parts.append(("verify_fold", lambda: ours_fold_step(s, n, conv=False, config=config), 2, fold_errs,
@@ -767,11 +870,12 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                     continue
                 err = errs.get(repr(config))
                 rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
-                top = best if config in incumbents else challengers.setdefault(part, {})
+                top = best if shipped_only or config in incumbents else challengers.setdefault(part, {})
                 if default_eligible(config) and ok(err) and us < top.get(B, (None, float("inf")))[1]:
                     top[B] = (config, us)
         for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
-            if is_short(recon) and (seqlen > RANK1_MAX_LEN or (recon.get("early") and seqlen > SHORT_MAX_LEN)):
+            if is_short(recon) and (seqlen > RANK1_MAX_LEN or ((recon.get("early") or recon.get("maxnreg")) and
+                                                               seqlen > SHORT_MAX_LEN)):
                 continue
             try:
                 us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
@@ -800,7 +904,8 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         torch.cuda.empty_cache()
     # the short form per batch: its fastest launch, and whether it beat the general kernel's fastest
     short = {B: dict(short=us < best_recon.get(B, (None, float("inf")))[1], block_v=c["block_v"],
-                     num_warps=c["num_warps"], early=c.get("early", False)) for B, (c, us) in best_short.items()}
+                     num_warps=c["num_warps"], early=c.get("early", False),
+                     **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {})) for B, (c, us) in best_short.items()}
     return (rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_fold.items()},
             {B: c for B, (c, _) in best_recon.items()}, short)
 
@@ -1424,10 +1529,12 @@ def main():
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
-                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11}.get(
+                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11,
+                     "occ12": SWEEP_RECON_OCC12, "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
+    shipped_only = SWEEP_SETS[args.sweep_set] is None
     if args.precompile and ON_GPU:
-        configs = SWEEP_SETS[args.sweep_set]
+        configs = SWEEP_SETS[args.sweep_set] or shipped_picks(sweep_lens, batches, ssm_dtype)
         jobs = [(L, c, folded) for c in configs for L in distinct_specialisations(lens + sweep_lens + [17])
                 for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
         jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)
@@ -1446,7 +1553,7 @@ def main():
     sweep_rows, best_verify, best_fold, best_recon, config_errs, recon_errs = [], {}, {}, {}, {}, {}
     best_recon_short = {}  # {L <= 4: {batch: {short: faster than the general kernel, block_v, num_warps}}}
     if args.sweep and (ON_GPU or args.quick):
-        configs = SWEEP_SETS[args.sweep_set]
+        configs = SWEEP_SETS[args.sweep_set] or shipped_picks(sweep_lens, batches, ssm_dtype)
         if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a split form)
             configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
@@ -1462,47 +1569,19 @@ def main():
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
-                                                     "bf16recon", "tma9", "l2pf10", "long11"),
+                                                     "bf16recon", "tma9", "l2pf10", "long11", "occ12",
+                                                     "long12bf16"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
-                total_margin=args.total_margin)
+                total_margin=args.total_margin, shipped_only=shipped_only)
             sweep_rows += rows_L
             if short_L and L <= SHORT_MAX_LEN:  # the rank-1 loop at longer L: sweep rows only, not tuned yet
                 best_recon_short[L] = short_L
             if best_fold_L and L == 16:
                 best_fold = {16: best_fold_L}
         if args.write_tuned and best_verify:
-            source = (f"eval/bench_gdn_verify.py sweep, L={','.join(map(str, sweep_lens))}, ssm state "
-                      f"{args.ssm_dtype}, commit {os.environ.get('HYBRIDSPEC_COMMIT', 'unknown')}")
-            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
-            folded_by_batch = best_fold.get(16)
-            # not swept: keep the shipped fold table
-            if not folded_by_batch and shipped.get("device") == device_name and shipped.get("verify_fold"):
-                folded_by_batch = {int(b): VerifyConfig(**c) for b, c in shipped["verify_fold"].items()}
-                source += f"; verify_fold kept from: {shipped.get('source')}"
-            by_len = dict(best_verify)
-            recon_by_len = {L: {B: {k: v for k, v in r.items() if k != "outer_loop"}
-                                for B, r in t.items() if not r.get("outer_loop")} for L, t in best_recon.items()}
-            short_by_len = dict(best_recon_short)
-            if shipped.get("device") == device_name:  # lengths not swept keep their shipped (measured) entries
-                kept = sorted({int(L) for L in shipped.get("verify_by_len", {})} - set(by_len))
-                for L in kept:
-                    by_len[L] = {int(b): VerifyConfig(**c) for b, c in shipped["verify_by_len"][str(L)].items()}
-                for key, table in (("reconstruct_by_len", recon_by_len), ("reconstruct_short_by_len", short_by_len)):
-                    for L, entries in shipped.get(key, {}).items():
-                        if int(L) not in best_verify:
-                            table[int(L)] = {int(b): e for b, e in entries.items()}
-                if kept:
-                    source += f"; L={','.join(map(str, kept))} kept from: {shipped.get('source')}"
-            write_tuned_verify_configs(args.write_tuned, device_name, by_len[16 if 16 in by_len else max(by_len)],
-                                       source, folded_by_batch, best_by_len=by_len, best_recon_by_len=recon_by_len,
-                                       best_recon_short_by_len=short_by_len)
-            shipped = json.loads(TUNED_CONFIGS_FILE.read_text()) if TUNED_CONFIGS_FILE.exists() else {}
-            if shipped.get("device") == device_name:  # a drop-in that keeps the other state dtype's tables
-                swept = json.loads(Path(args.write_tuned).read_text())
-                doc = with_bf16_tables(shipped, swept) if ssm_dtype != torch.float32 else \
-                    {**swept, **{k: v for k, v in shipped.items() if k.endswith("_bf16")}}
-                Path(args.write_tuned).write_text(json.dumps(doc, indent=1) + "\n")
+            write_tuned(args, device_name, ssm_dtype, sweep_lens, best_verify, best_fold, best_recon,
+                        best_recon_short)
         for r in sweep_rows:
             print("sweep", r["part"], "L", r["L"], "B", r["B"], r.get("us", r.get("error")), "err",
                   r.get("out_rel_err", r.get("ssm_rel_err")),
@@ -1531,7 +1610,7 @@ def main():
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here
             recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"],
-                         early=short.get("early", False))
+                         early=short.get("early", False), maxnreg=short.get("maxnreg", 0))
         fold_config = nearest_tuned(best_fold, B, L) or default_verify_config(B, folded=True)
         row = dict(L=L, B=B)
         us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)

@@ -84,3 +84,72 @@ def test_bench_refuses_16bit_sweep_over_the_shipped_tuned_file(tmp_path):
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "fp32-state picks" in run.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_write_tuned_keeps_unswept_tables_and_records_provenance(tmp_path, monkeypatch):
+    """--write-tuned: the swept lengths replace their entries, every other table and length (and the other state
+    dtype's tables) stays as shipped, and each table / length carries one flat {run, commit, command} record: this
+    run's for what it swept, the shipped one's otherwise. A bf16-state sweep fills the `_bf16` tables the same way."""
+    import dataclasses
+    import importlib.util
+    import types
+
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("HYBRIDSPEC_COMMIT", "abc1234")
+    spec = importlib.util.spec_from_file_location("bench_gdn_verify_under_test", REPO / "eval" / "bench_gdn_verify.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = lambda **kw: dataclasses.asdict(bench.VerifyConfig(**kw))  # noqa: E731
+    old = lambda name: {"run": f"old {name}", "commit": "0ld", "command": f"old command {name}"}  # noqa: E731
+    shipped = {"device": "some GPU", "source": "old", "verify": {"1": cfg(block_v=16)},
+               "verify_fold": {"1": cfg(block_v=32)},
+               "verify_by_len": {"4": {"1": cfg(block_v=16)}, "16": {"1": cfg(block_v=16)}},
+               "reconstruct_by_len": {"4": {"1": {"block_v": 32, "num_warps": 4}},
+                                      "16": {"1": {"block_v": 32, "num_warps": 4}}},
+               "reconstruct_short_by_len": {"4": {"1": {"short": True, "block_v": 16, "num_warps": 2, "early": False}}},
+               "verify_by_len_bf16": {"16": {"1": cfg(block_v=64)}},
+               "reconstruct_by_len_bf16": {"16": {"1": {"block_v": 64, "num_warps": 4}}}}
+    shipped["provenance"] = {name: old(name) for name in
+                             ["verify", "verify_fold", "verify_by_len/4", "verify_by_len/16", "reconstruct_by_len/4",
+                              "reconstruct_by_len/16", "reconstruct_short_by_len/4", "verify_by_len_bf16/16",
+                              "reconstruct_by_len_bf16/16"]}
+    path = tmp_path / "shipped.json"
+    path.write_text(json.dumps(shipped))
+    monkeypatch.setattr(bench, "TUNED_CONFIGS_FILE", path)
+
+    # fp32 sweep at L 16: a capped reconstruction and a new verify pick there; L 4, the fold, bf16 tables kept
+    out = tmp_path / "fp32.json"
+    args = types.SimpleNamespace(ssm_dtype="float32", command="command fp32", write_tuned=str(out))
+    bench.write_tuned(args, "some GPU", torch.float32, [16], {16: {1: bench.VerifyConfig(block_v=128)}}, {},
+                      {16: {1: {"block_v": 16, "num_warps": 2, "outer_loop": False, "maxnreg": 96}}}, {})
+    doc = json.loads(out.read_text())
+    assert doc["verify_by_len"]["16"]["1"] == cfg(block_v=128) == doc["verify"]["1"]
+    assert doc["verify_by_len"]["4"] == shipped["verify_by_len"]["4"] and doc["verify_fold"] == shipped["verify_fold"]
+    assert doc["reconstruct_by_len"]["16"]["1"] == {"block_v": 16, "num_warps": 2, "maxnreg": 96}
+    assert doc["reconstruct_short_by_len"] == shipped["reconstruct_short_by_len"]
+    assert all(doc[k] == shipped[k] for k in ("verify_by_len_bf16", "reconstruct_by_len_bf16"))
+    new = {"run": "eval/bench_gdn_verify.py sweep, L=16, ssm state float32", "commit": "abc1234",
+           "command": "command fp32"}
+    assert doc["provenance"] == {**shipped["provenance"], "verify": new, "verify_by_len/16": new,
+                                 "reconstruct_by_len/16": new}
+    assert "kept from" not in doc["source"]
+
+    # bf16 sweep at L 17 / 32 over that file: its tables gain those lengths; every fp32 table as it was
+    path.write_text(out.read_text())
+    out16 = tmp_path / "bf16.json"
+    args = types.SimpleNamespace(ssm_dtype="bfloat16", command="command bf16", write_tuned=str(out16))
+    picks = {L: {1: bench.VerifyConfig(block_v=32, num_warps=8)} for L in (17, 32)}
+    bench.write_tuned(args, "some GPU", torch.bfloat16, [17, 32], picks, {},
+                      {L: {1: {"block_v": 32, "num_warps": 4, "outer_loop": False}} for L in (17, 32)}, {})
+    doc16 = json.loads(out16.read_text())
+    assert {k: v for k, v in doc16.items() if not k.endswith("_bf16") and k != "provenance"} == \
+        {k: v for k, v in doc.items() if not k.endswith("_bf16") and k != "provenance"}
+    assert set(doc16["verify_by_len_bf16"]) == {"16", "17", "32"}
+    assert doc16["verify_by_len_bf16"]["16"] == shipped["verify_by_len_bf16"]["16"]
+    assert doc16["reconstruct_by_len_bf16"]["32"] == {"1": {"block_v": 32, "num_warps": 4}}
+    new16 = {"run": "eval/bench_gdn_verify.py sweep, L=17,32, ssm state bfloat16", "commit": "abc1234",
+             "command": "command bf16"}
+    assert doc16["provenance"] == {**doc["provenance"], **{f"{key}_bf16/{L}": new16 for key in
+                                                           ("verify_by_len", "reconstruct_by_len") for L in (17, 32)}}
