@@ -326,6 +326,12 @@ def run_gpu(args) -> dict:
         walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY = ladder["sweep_gluon_auto"]
         checks.append(dict(check="sweep_gluon_auto", form=walk.GLUON_AUTO_FORM, geometry=walk.GLUON_AUTO_GEOMETRY))
         print(json.dumps(checks[-1]), flush=True)
+    if ladder.get("sweep_resident_chunk_rows"):
+        # The sweep row as it would be with the resident candidate adopted (auto takes it on these shard sizes).
+        walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS = ladder["sweep_resident_chunk_rows"]
+        checks.append(dict(check="sweep_resident_auto", form=walk.GLUON_AUTO_RESIDENT_FORM,
+                           chunk_rows=list(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS)))
+        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -814,10 +820,15 @@ TUNE_CASES_V30 = [
 # row with every form beside the default) was run once (session 9, call A at ee2fd3a): ss_lean adopted as auto's form
 # for fully resident 256-row shards; the Triton walk's lean start, rs_lean and the "..._late" forms measured slower and
 # were removed (code at ee2fd3a), so its cases are gone.
-# v32 (HW12's call B): the new default (auto: ss_lean) beside the Triton walk (gluon=False) and ss_lean_pair (both
-# resident tiles' products in flight, the copies issued before the anchor's loads) at block 15 in ABBA order (four
-# rows each), blocks 7 and 1 once each; the sweep row walks the new default as ours, the Triton walk and ss_lean_pair
-# beside it on the same fresh allocations.
+# v32 (HW12's call B, run once at 8a7cc6a, when auto walked ss_lean at 32k): "default" (auto) beside the Triton walk
+# (gluon=False) and ss_lean_pair (both resident tiles' products in flight, the copies issued before the anchor's loads)
+# at block 15 in ABBA order (four rows each), blocks 7 and 1 once each; the sweep row walks the default as ours, the
+# Triton walk and ss_lean_pair beside it on the same fresh allocations. Outcome: ss_lean reverted (1.49 % median gain),
+# ss_lean_pair under the Triton walk in 7 of 7 pairs (median 6.0 %): the candidate. Since then "default" is the Triton
+# walk at 32k.
+# v33 (the candidate's adoption call, not yet run): ss_lean_pair beside the Triton walk in v32's ABBA order and blocks,
+# and the sweep row with ss_lean_pair as auto's form (walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,) for the sweep) as
+# ours, the Triton walk beside it; with TEST_K="resident_lean" (the GPU tests as auto's form).
 RESIDENT_T128 = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 V32_FORMS = {"triton": dict(gluon=False), "default": {}, "ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}
 TUNE_CASES_V32 = (
@@ -826,6 +837,7 @@ TUNE_CASES_V32 = (
      for name in [{"t": "triton", "d": "default", "p": "ss_lean_pair"}[c] for c in order]]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V32_FORMS.items()])
+TUNE_CASES_V33 = [case for case in TUNE_CASES_V32 if not case[0].startswith("default")]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -901,6 +913,8 @@ LADDERS = {
                 sweep_also={"rs_sf": dict(LEAN, gluon="rs_sf")}),
     "v32": dict(rule={}, cases=TUNE_CASES_V32, floors=[],
                 sweep_also={name: kw for name, kw in V32_FORMS.items() if name != "default"}),
+    "v33": dict(rule={}, cases=TUNE_CASES_V33, floors=[], sweep_resident_chunk_rows=(256,),
+                sweep_also={"triton": V32_FORMS["triton"]}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]
@@ -1101,12 +1115,18 @@ def summarize(rows, checks=()) -> dict:
     }
 
 
+# The exchange ladders' variants (v4 .. v6) that ladder_summary reports; other ladders' rows at 32k b1 (forms, other
+# block lengths: HW12's v31) stay in the checks only.
+LADDER_SUMMARY_VARIANTS = ("counter", "flags", "tagged", "probe", "poll", "amax")
+
+
 def ladder_summary(rows, checks) -> dict:
     """Each exchange of the ladder at 32k / block 15 / batch 1 against the graph loop timed in the same run."""
     out = {}
     for c in checks:
         name = c.get("check", "")
-        if not (name.startswith("tune_") and name.endswith("_v32k_b1") and c.get("us") and c.get("equal_step")):
+        if not (name.startswith("tune_") and name.endswith("_v32k_b1") and c.get("us") and c.get("equal_step")
+                and c.get("steps", 15) == 15 and name[len("tune_"):-len("_v32k_b1")] in LADDER_SUMMARY_VARIANTS):
             continue
         loop = [r for r in rows if (r["vocab"], r["steps"], r["batch"], r["mode"]) == (32000, 15, 1, "greedy")
                 and r.get("run") == c.get("run") and r.get("graph_loop_us")]

@@ -834,11 +834,11 @@ T128_RESIDENT = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 
 
 def test_gluon_resident_lean_selection(monkeypatch):
-    """The lean forms (HW12) walk fully resident shards (32k: 125 programs of 256 rows; 30011: 118, the last with 59)
+    """"ss_lean_pair" (HW12) walks fully resident shards (32k: 125 programs of 256 rows; 30011: 118, the last with 59)
     in gluon_b1's streamed kernel with no streamed tile: all 256 rows resident in two 128-row tiles by TMA, a ring of
-    one stage that is never filled; "ss_lean_pair" with both tiles' products in flight (PAIRED), off where the shard
-    is not two tiles. Any other form keeps the removed resident walk's reason; W2 rows TMA cannot read and the other
-    case rules say why; the forms measured slower in ladder v31 are rejected."""
+    one stage that is never filled, both tiles' products in flight (PAIRED; off where the shard is not two tiles).
+    A non-lean form keeps the removed resident walk's reason; W2 rows TMA cannot read and the other case rules say
+    why; the forms measured slower in ladders v31 / v32 are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
     assert [walk.paired_resident(form) for form in ("ss_lean", "ss_lean_pair", "rs_sf_lean", True)] == [
@@ -858,16 +858,9 @@ def test_gluon_resident_lean_selection(monkeypatch):
     # The plan's own geometry (256-row tiles): 4 warps of 64-row tiles, all four resident.
     assert walk._gluon_stream_form(_gpu_plan(monkeypatch, 32000)) == (256, 0, 1)
 
-    build = _CapturedBuild()
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
-    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
-    monkeypatch.setattr(walk, "_gluon_failed", {})
-    u = torch.zeros(1, 15, 32000, dtype=bf)
-    w1, w2 = torch.zeros(32000, 256, dtype=bf), torch.zeros(32000, 256, dtype=bf)
-    tokens = torch.zeros(1, 15, dtype=torch.long)
-    first = torch.zeros(1, dtype=torch.long)
+    build, (u, w1, w2, first, tokens) = _capture_stream_launches(monkeypatch, 32000)
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
-    for form in ("ss_lean", "ss_lean_pair"):
+    for form in ("ss_lean_pair",):
         rs, stream_first, lean = walk.gluon_form_flags(form)
         assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
                                      lean_ends=lean, paired=walk.paired_resident(form))
@@ -880,7 +873,7 @@ def test_gluon_resident_lean_selection(monkeypatch):
     assert walk._launch_gluon_b1(_gpu_plan(monkeypatch, 32000), u, w1, w2, first, tokens, 1.0, rs=False,
                                  lean_ends=True, paired=True)
     assert build.launches[-1][1]["PAIRED"] is False and build.launches[-1][1]["ST"] == 64
-    for form in ("rs_lean", "ss_lean_late", "rs_lean_late"):  # measured slower (ladder v31), removed
+    for form in ("ss_lean", "rs_lean", "ss_lean_late", "rs_lean_late"):  # measured slower (v31 / v32), removed
         with pytest.raises(ValueError, match="gluon must be one of"):
             head_walk(u, w1, w2.t(), first, gluon=form)
 
@@ -895,6 +888,21 @@ class _CapturedBuild:
         def launch(*args, **kwargs):
             self.launches.append((grid, kwargs))
         return launch
+
+
+def _capture_stream_launches(monkeypatch, vocab):
+    """gluon_b1's streamed kernel replaced by a _CapturedBuild (no descriptor made, no build remembered as failed),
+    and one greedy bf16 row's walk operands at this vocabulary: (build, (U, W1, W2 rows, anchors, tokens))."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    build = _CapturedBuild()
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    bf = torch.bfloat16
+    return build, (torch.zeros(1, 15, vocab, dtype=bf), torch.zeros(vocab, 256, dtype=bf),
+                   torch.zeros(vocab, 256, dtype=bf), torch.zeros(1, dtype=torch.long),
+                   torch.zeros(1, 15, dtype=torch.long))
 
 
 def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
@@ -929,12 +937,7 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
     assert "shared memory" in walk.why_not_gluon_b1(res256_s2, **base)
     assert "128-row tiles" in walk.why_not_gluon_b1(rejected["256-row tiles"][0], rs=True, **base)
 
-    build = _CapturedBuild()
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
-    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
-    u = torch.zeros(1, 15, 151936, dtype=bf)
-    w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
-    tokens = torch.zeros(1, 15, dtype=torch.long)
+    build, (u, w1, w2, _, tokens) = _capture_stream_launches(monkeypatch, 151936)
     for plan, rs, want in ((res256_s2, True, dict(ST=128, RES_ROWS=256, STREAM_TILES=7, STAGES=2, RS_ROWS=128,
                                                   TILES_P2=16, num_warps=8)),
                            (res128_s3, True, dict(ST=128, RES_ROWS=128, STREAM_TILES=8, STAGES=3, RS_ROWS=128,
@@ -958,7 +961,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     assert walk.GLUON_AUTO_FORM == "rs_sf_lean"
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
     assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
-                     "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True), "ss_lean": (False, False, True),
+                     "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True),
                      "ss_lean_pair": (False, False, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
@@ -966,14 +969,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.why_not_gluon_b1(auto_plan, rs=True, **base) is None
 
-    build = _CapturedBuild()
-    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
-    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
-    monkeypatch.setattr(walk, "_gluon_failed", {})
-    u = torch.zeros(1, 15, 151936, dtype=bf)
-    w1, w2 = torch.zeros(151936, 256, dtype=bf), torch.zeros(151936, 256, dtype=bf)
-    tokens = torch.zeros(1, 15, dtype=torch.long)
-    first = torch.zeros(1, dtype=torch.long)
+    build, (u, w1, w2, first, tokens) = _capture_stream_launches(monkeypatch, 151936)
     for stream_first in (True, False):
         assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=stream_first)
         _, kwargs = build.launches[-1]
@@ -1046,15 +1042,20 @@ def test_gluon_auto_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     assert walk.gluon_auto_form(v152k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
-    # HW12: fully resident 256-row shards (32k, and 30011's shard size) in form ss_lean, two 128-row tiles.
+    # HW12: fully resident 256-row shards (32k, and 30011's shard size) keep the Triton walk until the candidate
+    # (ss_lean_pair, two 128-row tiles) is adopted; with its shard size listed, auto takes it there.
+    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == () and walk.GLUON_AUTO_RESIDENT_FORM == "ss_lean_pair"
+    assert "1152 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
         resident = _gpu_plan(monkeypatch, vocab)
         assert walk.why_not_gluon_auto(resident, **base) is None, vocab
-        assert walk.gluon_auto_form(resident) == ("ss_lean", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
+        assert walk.gluon_auto_form(resident) == ("ss_lean_pair", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         auto_resident = _gpu_plan(monkeypatch, vocab, **walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         assert walk._gluon_stream_form(auto_resident) == (256, 0, 1)
         assert walk.why_not_gluon_b1(auto_resident, lean=True,
                                      **{k: v for k, v in base.items() if k != "overrides"}) is None
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
     assert walk.GLUON_AUTO_FORM == "rs_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
@@ -1205,27 +1206,35 @@ def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     auto form rs_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
     and rs_sf, auto's form before it)."""
     import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
 
     if auto_form is not None:
         monkeypatch.setattr(walk, "GLUON_AUTO_FORM", auto_form)
 
     p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=5, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
+    _assert_gluon_graph_replays_agree(monkeypatch, p, {})
+
+
+def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
+    """head_walk(**kw) of p captured in a CUDA graph with no fallback to the Triton kernel (its launch raises while
+    capturing), then 4 replays on new base logits, each proposing the Triton walk's tokens; no wait gives up."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
     errors = barrier_errors(DEVICE)
     U = p.U.clone()
-    tokens = torch.empty(1, 15, dtype=torch.long, device=DEVICE)
+    tokens = torch.empty(1, p.U.shape[1], dtype=torch.long, device=DEVICE)
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
 
     triton_launch = walk._launch
     monkeypatch.setattr(walk, "_launch", no_fallback)
-    head_walk(U, p.w1, p.w2, p.x0, out=tokens)
+    head_walk(U, p.w1, p.w2, p.x0, out=tokens, **kw)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        head_walk(U, p.w1, p.w2, p.x0, out=tokens)
+        head_walk(U, p.w1, p.w2, p.x0, out=tokens, **kw)
     monkeypatch.setattr(walk, "_launch", triton_launch)
     for replay in range(4):
         U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
@@ -1263,9 +1272,9 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     assert torch.equal(tokens, ref)
 
 
-# HW12: the 32k resident walk's lean forms beside the Triton walk: name -> head_walk options ("auto": the default,
-# ss_lean since HW12's call A).
-RESIDENT_LEAN_FORMS = {"auto": {}, **{form: dict(gluon=form, **T128_RESIDENT) for form in ("ss_lean", "ss_lean_pair")}}
+# HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto_candidate": the
+# default once walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS lists the 256-row shards, i.e. ss_lean_pair as auto's form).
+RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT), "auto_candidate": {}}
 
 
 @gpu
@@ -1274,13 +1283,14 @@ RESIDENT_LEAN_FORMS = {"auto": {}, **{form: dict(gluon=form, **T128_RESIDENT) fo
 @pytest.mark.parametrize("steps", [15, 7, 1])
 @pytest.mark.parametrize("vocab", [32000, 30011])
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
-    """Every lean form of the fully resident walk (gluon_b1's streamed kernel with no streamed tile; head_walk's
-    default there since HW12) proposes exactly the Triton walk's tokens, twice, interleaved with it on the shared
-    tagged workspace, no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by the
-    naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
+    """ss_lean_pair, the fully resident walk's lean form (gluon_b1's streamed kernel with no streamed tile), explicit
+    and as auto's form once adopted, proposes exactly the Triton walk's tokens, twice, interleaved with it on the
+    shared tagged workspace, no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by
+    the naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))  # auto_candidate: the adopted candidate
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
@@ -1303,34 +1313,13 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("form", list(RESIDENT_LEAN_FORMS))
-def test_gpu_resident_lean_graph_replays(form):
-    """A lean form of the 32k resident walk (and head_walk's default there) captured in a CUDA graph, as vLLM's
-    drafter runs it: replays on new base logits propose the Triton walk's tokens, with no wait giving up and no
+def test_gpu_resident_lean_graph_replays(monkeypatch, form):
+    """The 32k resident walk's lean form (explicit, and as auto's form once adopted) captured in a CUDA graph, as
+    vLLM's drafter runs it: replays on new base logits propose the Triton walk's tokens, with no wait giving up and no
     fallback (programs other than 0 leave the last step early, replay after replay)."""
     import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
 
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))  # auto_candidate: the adopted candidate
     p = make_problem(1, 15, 32000, rank=256, dtype=torch.bfloat16, seed=7, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
-    errors = barrier_errors(DEVICE)
-    U = p.U.clone()
-    tokens = torch.empty(1, 15, dtype=torch.long, device=DEVICE)
-    fell_back = []
-    triton_launch = walk._launch
-    walk._launch = lambda *a, **k: fell_back.append(1)
-    try:
-        head_walk(U, p.w1, p.w2, p.x0, out=tokens, **RESIDENT_LEAN_FORMS[form])
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            head_walk(U, p.w1, p.w2, p.x0, out=tokens, **RESIDENT_LEAN_FORMS[form])
-    finally:
-        walk._launch = triton_launch
-    assert not fell_back
-    for replay in range(4):
-        U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
-        graph.replay()
-        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, gluon=False)
-        torch.cuda.synchronize()
-        assert torch.equal(tokens, ref), replay
-    assert barrier_errors(DEVICE) == errors
+    _assert_gluon_graph_replays_agree(monkeypatch, p, RESIDENT_LEAN_FORMS[form])

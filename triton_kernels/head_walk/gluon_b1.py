@@ -27,9 +27,10 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
    of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.
 6. Fully resident shards (V = 32k, HW12): the same kernel with no streamed tile (STREAM_TILES = 0, a 1-stage ring
-   never filled) in the lean forms: "ss_lean" (both 128-row tiles by TMA) and "ss_lean_pair" (PAIRED: both tiles'
-   products in flight with one wait, the copies issued before the anchor's loads). Measured slower and removed
-   (ladder v31, code at ee2fd3a): "rs_lean", the "..._late" forms (no candidate guess).
+   never filled) in form "ss_lean_pair": the lean start (both 128-row tiles by TMA, the copies issued before the
+   anchor's loads) and PAIRED (both tiles' products in flight with one wait): under the Triton walk by 6 % (median of
+   7 pairs, ladder v32), opt-in until its tests-as-default call. Measured slower and removed (ladders v31 / v32, code
+   at ee2fd3a / 8a7cc6a): "ss_lean" (unpaired), "rs_lean", the "..._late" forms (no candidate guess).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident

@@ -437,15 +437,16 @@ def head_walk(
             int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
         gluon: "auto" (default): gluon_b1's walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
-            aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; V = 32k:
-            fully resident 256-row shards, GLUON_AUTO_RESIDENT_FORM / _GEOMETRY), sm_90, a measured Triton version,
+            aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; fully
+            resident shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS (none yet): GLUON_AUTO_RESIDENT_FORM /
+            _GEOMETRY), sm_90, a measured Triton version,
             no launch option given); the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
             tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's streamed form;
-            "ss_lean": fully resident shards too, auto's resident form; "ss_lean_pair": "ss_lean" with both resident
-            tiles' products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A
-            Gluon build that fails falls back the same way.
+            "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
+            products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
+            that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -613,13 +614,13 @@ def head_walk(
 # HW11's "rs_sf_lean" (auto's form since HW11's call B): "rs_sf" with lean ends: the shared-memory resident tile by
 # TMA, step 0's base logits and the anchor's W1 row issued before the register tile; in the last step only program 0
 # waits (for the winner's key, no W1 gather), the others leave after publishing.
-# HW12 (fully resident shards, V = 32k: the streamed kernel with no streamed tile): "ss_lean" (the lean start: both
-# 128-row tiles by TMA, step 0's base logits and anchor W1 row first; only program 0 waits in the last step;
-# gluon="auto"'s form there since HW12's call A), "ss_lean_pair" (opt-in: both tiles' products in flight with one
-# wait, the copies issued before the anchor's loads). Measured slower in ladder v31 (call A at ee2fd3a) and removed:
-# "rs_lean", "ss_lean_late" / "rs_lean_late" (no candidate guess), and the Triton walk's lean start (lean_start: its
-# resident tile by one TMA copy, no gain: 46.2 / 46.4 vs 46.0-46.3 us).
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean", "ss_lean_pair")
+# HW12 (fully resident shards, V = 32k: the streamed kernel with no streamed tile): "ss_lean_pair" (opt-in, the next
+# default candidate: the lean start, both 128-row tiles by TMA issued before step 0's base logits and anchor W1 row;
+# both tiles' products in flight with one wait; only program 0 waits in the last step). Measured and removed (code at
+# ee2fd3a / 8a7cc6a): "ss_lean" (the same without the pairing: auto's form after call A, under the Triton walk by only
+# 1.49 % in call B's 7 pairs, and 4.5 % slower than ss_lean_pair), "rs_lean", "ss_lean_late" / "rs_lean_late" (no
+# candidate guess: slower), and the Triton walk's lean start (lean_start: its tile by one TMA copy, no gain).
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
@@ -656,13 +657,15 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
 # default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4); v22's 128-row form 250.0 vs 372.6.
 GLUON_AUTO_CHUNK_ROWS = (1152,)
-# Fully resident shards (HW12, ladder v31 at ee2fd3a, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows):
-# "ss_lean" in two 128-row tiles at 8 warps, 45.2 us (median of 3 fresh allocations: 46.2 / 43.9 / 45.2) vs the Triton
-# walk 46.6 (46.6 / 46.6 / 47.1) on the same allocations; ladder pairs 46.8 / 45.1 vs 46.0-46.3; median of the 5 pairs
-# -2.3 %; block 7 22.8 vs 24.2 / 24.5, block 1 7.2 vs 7.9 / 8.0 (the lean start: -0.8 us of the fixed part).
-GLUON_AUTO_RESIDENT_FORM = "ss_lean"
+# Fully resident shards (HW12, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows): the candidate form in two
+# 128-row tiles at 8 warps, and the shard sizes auto takes it at: none yet. Ladder v32 (call B at 8a7cc6a): ss_lean_pair
+# under the Triton walk in all 7 interleaved pairs (ladder 43.9 / 45.9 / 44.8 / 44.7 vs 47.0 / 47.7 / 46.9 / 47.9;
+# sweep, 3 fresh allocations 44.1 / 43.2 / 44.9 vs 46.9 / 46.6 / 46.5; median -6.0 %); block 7 23.5 vs 24.9, block 1
+# 7.1 vs 8.0. Not auto yet: adopting it needs its GPU tests as the default and a sweep row with it as ours (one device
+# call: ladder v33); then GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,).
+GLUON_AUTO_RESIDENT_FORM = "ss_lean_pair"
 GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
-GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,)
+GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = ()
 
 
 def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
