@@ -200,8 +200,10 @@ if [ "$MODE" = gd12 ]; then
         tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
       touch /tmp/gpu_tests_done ) &
     EXTRA="--lens 4,16 --sweep-lens 4,16 --no-fold --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-140}"
+    # at most 8 files come back from $OUT: no plots (eval/results' png is redrawn from the json here), bench 1's tuned
+    # file stays on the device unless bench 2 writes none
     timeout ${BENCH_S:-170} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set occ12 --precompile \
-        --wait-file /tmp/gpu_tests_done --write-tuned "$OUT/gdn/tuned_verify_configs.json" $EXTRA \
+        --wait-file /tmp/gpu_tests_done --write-tuned /tmp/tuned_fp32.json --no-plot $EXTRA \
         --command "python eval/bench_gdn_verify.py --sweep --sweep-set occ12 --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=gd12, commit $COMMIT)" \
         > "$OUT/gdn/bench.log" 2>&1
     echo "== bench fp32 rc=$? at $(( $(date +%s) - T0 )) s"
@@ -211,13 +213,14 @@ if [ "$MODE" = gd12 ]; then
     grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-170
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
     # (2) reads the tuned file (1) wrote, so that its output keeps (1)'s fp32 tables
-    [ -s "$OUT/gdn/tuned_verify_configs.json" ] && cp "$OUT/gdn/tuned_verify_configs.json" triton_kernels/gdn_verify/
+    [ -s /tmp/tuned_fp32.json ] && cp /tmp/tuned_fp32.json triton_kernels/gdn_verify/tuned_verify_configs.json
     EXTRA="--lens 17,32 --batches 1,8,32 --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_long_bf16_state --stop-at-s ${STOP_AT_BF16_S:-95}"
     timeout ${BENCH_BF16_S:-120} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
-        --sweep-set long12bf16 --precompile --write-tuned "$OUT/gdn/tuned_final.json" $EXTRA \
+        --sweep-set long12bf16 --precompile --write-tuned "$OUT/gdn/tuned_verify_configs.json" --no-plot $EXTRA \
         --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set long12bf16 --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=gd12, commit $COMMIT)" \
         > "$OUT/gdn/bench_bf16.log" 2>&1
     echo "== bench bf16 rc=$? at $(( $(date +%s) - T0 )) s"
+    [ -s "$OUT/gdn/tuned_verify_configs.json" ] || cp /tmp/tuned_fp32.json "$OUT/gdn/tuned_verify_configs.json"
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|out of memory|Error" \
         "$OUT/gdn/bench_bf16.log" | cut -c1-600
     grep "^sweep " "$OUT/gdn/bench_bf16.log" | cut -c1-170
