@@ -48,6 +48,7 @@ if not ON_GPU:  # Triton picks interpreter or compiler when kernels are defined:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 EVAL = Path(__file__).resolve().parent
 sys.path.insert(0, str(EVAL))
@@ -181,7 +182,7 @@ def reconstruct_all(s, num_accepted, recon):
         gdn_reconstruct(*args)
     elif recon.get("short"):
         gdn_reconstruct_short(*args, block_v=recon["block_v"], num_warps=recon["num_warps"],
-                              early=recon.get("early", False), maxnreg=recon.get("maxnreg", 0))
+                              early=recon.get("early", False))
     else:
         gdn_reconstruct(*args, **recon)
 
@@ -705,13 +706,11 @@ SWEEP_VERIFY_LONG12BF16 = [
 # 1.1-3.5 us slower at L 4 / 16 b1 in its one run at 38737b5, removed; eval/notes/gdn_verify.md)
 # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2}
-# occ12 (session 9, GD12; fp32 states): about the reconstruction's launches only; None = at each (L, batch) the verify
-# config the shipped tuned file picks there (`sweep(shipped_only=True)`), so every verify pick stays
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
-              "long11": SWEEP_VERIFY_LONG11, "occ12": None, "long12bf16": SWEEP_VERIFY_LONG12BF16}
+              "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -734,17 +733,8 @@ SWEEP_RECON_STACKED7 = [SWEEP_RECON_SPLIT6[0]] + SWEEP_RECON_SPLIT6[3:]
 # long11: the general kernel at L 17..32 (BT 32; triton 3.6 BV32 x 4: 164 registers vs 124-128 at L 16, no stack),
 # the L = 16 pick first
 SWEEP_RECON_LONG11 = [dict(block_v=bv, num_warps=w, outer_loop=False) for bv, w in ((32, 4), (16, 4), (32, 8), (64, 8))]
-# occ12: register caps (launch option maxnreg) so that more programs share a multiprocessor (GD11's ncu at b1: 23 %
-# achieved occupancy, register-limited, long-scoreboard waits 47 % of the general kernel's samples). Triton 3.6
-# sm_90, fp32 states, registers / stack bytes -> programs per SM by registers x state bytes each: general BV32 x 4
-# 128 / 0 -> 4 x 16 KB, capped 96 / 24 -> 5, 80 / 112 -> 6; general BV16 x 2 128 / 0 -> 8 x 8 KB, 96 / 80 -> 10,
-# 80 / 152 -> 12; short BV16 x 2 109 / 0 -> 9 x 8 KB, 80 / 104 -> 12, 64 / 240 -> 16; short BV32 x 4 96 / 0 -> 5 x
-# 16 KB, 80 / 64 -> 6, 64 / 192 -> 8. The shipped picks come first (incumbents, --recon-margin); the capped short
-# launches are timed at L <= 4 only (no rank-1 loop rows)
-SWEEP_RECON_OCC12 = [dict(block_v=bv, num_warps=w, outer_loop=False, **({"maxnreg": r} if r else {}))
-                     for bv, w, r in ((32, 4, 0), (32, 4, 96), (32, 4, 80), (16, 2, 0), (16, 2, 96), (16, 2, 80))] + [
-    dict(short=True, block_v=bv, num_warps=w, early=False, **({"maxnreg": r} if r else {}))
-    for bv, w, r in ((16, 2, 0), (16, 2, 80), (16, 2, 64), (32, 4, 80), (32, 4, 64))]
+# (occ12, session 9 GD12: the general and short launches with register caps (maxnreg 96 / 80 / 64: 5..16 programs per
+# SM): level to 100 % slower in every cell at af63436, removed with the option; eval/notes/gdn_verify.md)
 # long12bf16: the general kernel at L 17..32, bf16 states (triton 3.6: BV32 x 4 148 registers, BV16 x 4 93, no stack)
 SWEEP_RECON_LONG12BF16 = [dict(block_v=32, num_warps=4, outer_loop=False), dict(block_v=16, num_warps=4,
                                                                                  outer_loop=False)]
@@ -791,8 +781,7 @@ def write_tuned(args, device_name, ssm_dtype, sweep_lens, best_verify, best_fold
     for key, table in (("verify_by_len", by_len), ("reconstruct_by_len", recon_by_len),
                        ("reconstruct_short_by_len", short_by_len)):
         for L in sorted(table):
-            provenance[f"{key}/{L}"] = this_run if L in best_verify else \
-                old_provenance.get(f"{key}{suffix}/{L}")
+            provenance[f"{key}/{L}"] = this_run if L in best_verify else old_provenance.get(f"{key}{suffix}/{L}")
     verify_len = 16 if 16 in by_len else max(by_len)
     provenance["verify"] = provenance[f"verify_by_len/{verify_len}"]
     write_tuned_verify_configs(args.write_tuned, device_name, by_len[verify_len],
@@ -810,18 +799,6 @@ def write_tuned(args, device_name, ssm_dtype, sweep_lens, best_verify, best_fold
     Path(args.write_tuned).write_text(json.dumps(swept, indent=1) + "\n")
 
 
-def shipped_picks(lens, batches, ssm_dtype=torch.float32):
-    """The distinct verify configs the shipped tuned file picks over (lens x batches): what a shipped_only sweep
-    times (and precompiles, and checks against float64)."""
-    picks = []
-    for L in lens:
-        for B in batches:
-            config = default_verify_config(B, max_seqlen=L, state_dtype=ssm_dtype)
-            if config not in picks:
-                picks.append(config)
-    return picks
-
-
 def default_eligible(config):
     """Configs a sweep may make the default: tf32 state products (tf32x3 and 16-bit operands are timed as the
     price / gain of another precision, not chosen), no timing-only stage skips."""
@@ -830,8 +807,7 @@ def default_eligible(config):
 
 def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VERIFY, recon_configs=SWEEP_RECON,
           errors=None, fold_errs=None, folded=False, recon_every_batch=False, recon_errs=None,
-          ssm_dtype=torch.float32, recon_margin=0.0, verify_margin=0.0, incumbents=(), total_margin=0.0,
-          shipped_only=False):
+          ssm_dtype=torch.float32, recon_margin=0.0, verify_margin=0.0, incumbents=(), total_margin=0.0):
     """Launch configs of ours per batch size at one verify length (verify alone, reconstruction alone; with
     `folded` also the folded verify alone, part "verify_fold"); returns rows and the fastest eligible verify config
     (`default_eligible`, and bf16 output error below 1e-2 in `errors` / `fold_errs` when given) per batch, the same
@@ -841,9 +817,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
     each kind (general / short) is the incumbent; another replaces it only when faster by this fraction.
     verify_margin: a verify config not in `incumbents` (the shipped picks, timed first) replaces the best so far only
     when faster by this fraction; total_margin: only when faster by this fraction of the incumbent's verify + the
-    fastest reconstruction timed at that batch (the step's total). shipped_only: at each batch the verify config
-    timed is the one the shipped tuned file picks at (seqlen, batch) (`default_verify_config`), `configs` ignored:
-    a sweep about the reconstruction that keeps every verify pick."""
+    fastest reconstruction timed at that batch (the step's total)."""
     rows, best_verify, best_fold, best_recon, best_short = [], {}, {}, {}, {}
     errors, fold_errs, recon_errs = errors or {}, fold_errs or {}, recon_errs or {}
 
@@ -856,8 +830,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         s = make_stack(gdn, seqlen, B, num_layers, device, seed=7, vllm=False, fla=False, ssm_dtype=ssm_dtype)
         n = accept_counts(seqlen, B, "all", device)
         challengers = {}  # part -> the fastest eligible config outside `incumbents` at this batch: (config, us)
-        cell = [default_verify_config(B, max_seqlen=seqlen, state_dtype=ssm_dtype)] if shipped_only else configs
-        for config in cell:
+        for config in configs:
             parts = [("verify", lambda: ours_step(s, n, reconstruct=False, config=config), 1, errors, best_verify)]
             if folded:
                 parts.append(("verify_fold", lambda: ours_fold_step(s, n, conv=False, config=config), 2, fold_errs,
@@ -870,12 +843,11 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
                     continue
                 err = errs.get(repr(config))
                 rows.append(dict(part=part, L=seqlen, B=B, config=repr(config), us=round(us, 3), out_rel_err=err))
-                top = best if shipped_only or config in incumbents else challengers.setdefault(part, {})
+                top = best if config in incumbents else challengers.setdefault(part, {})
                 if default_eligible(config) and ok(err) and us < top.get(B, (None, float("inf")))[1]:
                     top[B] = (config, us)
         for recon in recon_configs if recon_every_batch or B in (1, max(batches)) else []:
-            if is_short(recon) and (seqlen > RANK1_MAX_LEN or ((recon.get("early") or recon.get("maxnreg")) and
-                                                               seqlen > SHORT_MAX_LEN)):
+            if is_short(recon) and (seqlen > RANK1_MAX_LEN or (recon.get("early") and seqlen > SHORT_MAX_LEN)):
                 continue
             try:
                 us = time_step(ours_step(s, n, verify=False, recon=recon), rep_ms) * 1e3 / num_layers
@@ -904,8 +876,7 @@ def sweep(gdn, device, num_layers, rep_ms, batches, seqlen=16, configs=SWEEP_VER
         torch.cuda.empty_cache()
     # the short form per batch: its fastest launch, and whether it beat the general kernel's fastest
     short = {B: dict(short=us < best_recon.get(B, (None, float("inf")))[1], block_v=c["block_v"],
-                     num_warps=c["num_warps"], early=c.get("early", False),
-                     **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {})) for B, (c, us) in best_short.items()}
+                     num_warps=c["num_warps"], early=c.get("early", False)) for B, (c, us) in best_short.items()}
     return (rows, {B: c for B, (c, _) in best_verify.items()}, {B: c for B, (c, _) in best_fold.items()},
             {B: c for B, (c, _) in best_recon.items()}, short)
 
@@ -1431,6 +1402,65 @@ def b1_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s):
         print(f"{r['name'][:48]:48} {r.get('L', ''):>3} {r.get('us', float('nan')):8.3f}")
 
 
+@triton.jit
+def _state_rmw_floor_kernel(ssm_ptrs, ssm_ref, state_indices, stride_slot, HVVK: tl.constexpr, K: tl.constexpr,
+                            BV: tl.constexpr, INDIRECT: tl.constexpr):
+    """The reconstruction's state traffic alone: program (block, request, layer) reads its [BV, K] block, scales it,
+    writes it back in place. INDIRECT: the block is found as the reconstruction finds it (layer pointer table, then the
+    request's slot: two loads before the block's); else the layer's states are rows 1.. of ssm_ref (no dependent
+    load)."""
+    i_blk, i_n, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o = (i_blk * BV + tl.arange(0, BV))[:, None] * K + tl.arange(0, K)[None, :]
+    if INDIRECT:
+        base = tl.multiple_of(tl.load(ssm_ptrs + i_l).to(tl.pointer_type(ssm_ref.dtype.element_ty)), 16)
+        base += tl.load(state_indices + i_n).to(tl.int64) * stride_slot
+    else:
+        base = ssm_ref + (i_l.to(tl.int64) * tl.num_programs(1) + i_n) * HVVK
+    tl.store(base + o, tl.load(base + o) * 0.5)
+
+
+def recon_floors(gdn, device, num_layers, rep_ms, out_dir, budget_s):
+    """Session 9 (GD12): the reconstruction (one launch, every layer) beside floors that move its state bytes in the
+    same graph: torch's in-place scale and copy of the states, and a Triton in-place scale with the reconstruction's
+    programs ([32, K] blocks, 4 warps) with and without its two dependent loads (layer pointer, slot). Rows {name, L, B,
+    us per layer} printed and saved to gdn_verify_recon_floors.json."""
+    t0 = time.time()
+    doc = dict(rows=[])
+    record = diag_recorder(doc["rows"], t0, budget_s, rep_ms, "reconfloor")
+    HV, V, K = gdn["num_v_heads"], gdn["head_v_dim"], gdn["head_k_dim"]
+    BV = min(32, V)
+    for L, B in ((16, 1), (4, 1), (16, 32)):
+        s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=False, fla=False)
+        n = accept_counts(L, B, "all", device)
+        owned = s["ssm"][:, 1:]  # the requests' slots, every layer (slot 0 is the null block)
+        scratch = torch.empty_like(owned)
+        dense = torch.randn(num_layers, B, HV, V, K, device=device)
+        cell = dict(L=L, B=B, per=num_layers)
+        record(dict(name="reconstruction (default launch)", **cell), ours_step(s, n, verify=False))
+        record(dict(name="torch in-place scale of the owned slots", **cell), lambda: owned.mul_(0.5))
+        record(dict(name="torch copy of the owned slots", **cell), lambda: scratch.copy_(owned))
+        for indirect in (True, False):  # first once eagerly: the floor kernel must scale exactly its blocks
+            before = (s["ssm"] if indirect else dense).clone()
+            _state_rmw_floor_kernel[(HV * V // BV, B, num_layers)](
+                s["table"].ssm_ptrs, s["ssm"] if indirect else dense, s["slots"], s["ssm"].stride(1), HVVK=HV * V * K,
+                K=K, BV=BV, INDIRECT=indirect, num_warps=4)
+            expected = before * 0.5
+            if indirect:
+                expected[:, 0] = before[:, 0]  # the null slot is nobody's
+            assert torch.equal(s["ssm"] if indirect else dense, expected), "floor kernel scaled the wrong blocks"
+            record(dict(name=f"triton in-place scale, BV{BV} x 4, {'table + slot loads' if indirect else 'direct'}",
+                        **cell),
+                   lambda: _state_rmw_floor_kernel[(HV * V // BV, B, num_layers)](
+                       s["table"].ssm_ptrs, s["ssm"] if indirect else dense, s["slots"], s["ssm"].stride(1),
+                       HVVK=HV * V * K, K=K, BV=BV, INDIRECT=indirect, num_warps=4))
+        save_json(doc, Path(out_dir) / "gdn_verify_recon_floors.json")
+        del s, owned, scratch, dense
+        if ON_GPU:
+            torch.cuda.empty_cache()
+    for r in doc["rows"]:
+        print(f"{r['name'][:60]:60} {r['L']:>3} {r['B']:>3} {r.get('us', float('nan')):9.3f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 layers (CPU interpreter smoke)")
@@ -1455,6 +1485,8 @@ def main():
                         help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
     parser.add_argument("--ncu-target", nargs="?", const="v4", choices=sorted(NCU_TARGETS),
                         help="a few eager launches to profile with ncu (default set v4)")
+    parser.add_argument("--recon-floors", action="store_true",
+                        help="session 9 (GD12): the reconstruction beside in-place / copy floors on its state bytes")
     parser.add_argument("--b1-diag", action="store_true",
                         help="session 9: launch floors, the b1 picks, their reconstructions and the L16 b1 ladder")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
@@ -1510,6 +1542,8 @@ def main():
         fix_interpreter_masks()
     if args.ncu_target:
         return ncu_target(gdn, device, args.ncu_target)
+    if args.recon_floors:
+        return recon_floors(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.b1_diag:
         return b1_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.diagnose:
@@ -1530,11 +1564,10 @@ def main():
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
                      "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11,
-                     "occ12": SWEEP_RECON_OCC12, "long12bf16": SWEEP_RECON_LONG12BF16}.get(
+                     "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
-    shipped_only = SWEEP_SETS[args.sweep_set] is None
     if args.precompile and ON_GPU:
-        configs = SWEEP_SETS[args.sweep_set] or shipped_picks(sweep_lens, batches, ssm_dtype)
+        configs = SWEEP_SETS[args.sweep_set]
         jobs = [(L, c, folded) for c in configs for L in distinct_specialisations(lens + sweep_lens + [17])
                 for folded in ((False, True) if args.sweep_set == "fold" else (False,))]
         jobs += [(L, r) for r in recon_configs for L in (min(lens + sweep_lens), 17)
@@ -1553,7 +1586,7 @@ def main():
     sweep_rows, best_verify, best_fold, best_recon, config_errs, recon_errs = [], {}, {}, {}, {}, {}
     best_recon_short = {}  # {L <= 4: {batch: {short: faster than the general kernel, block_v, num_warps}}}
     if args.sweep and (ON_GPU or args.quick):
-        configs = SWEEP_SETS[args.sweep_set] or shipped_picks(sweep_lens, batches, ssm_dtype)
+        configs = SWEEP_SETS[args.sweep_set]
         if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a split form)
             configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
@@ -1569,11 +1602,10 @@ def main():
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
-                                                     "bf16recon", "tma9", "l2pf10", "long11", "occ12",
-                                                     "long12bf16"),
+                                                     "bf16recon", "tma9", "l2pf10", "long11", "long12bf16"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
-                total_margin=args.total_margin, shipped_only=shipped_only)
+                total_margin=args.total_margin)
             sweep_rows += rows_L
             if short_L and L <= SHORT_MAX_LEN:  # the rank-1 loop at longer L: sweep rows only, not tuned yet
                 best_recon_short[L] = short_L
@@ -1610,7 +1642,7 @@ def main():
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here
             recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"],
-                         early=short.get("early", False), maxnreg=short.get("maxnreg", 0))
+                         early=short.get("early", False))
         fold_config = nearest_tuned(best_fold, B, L) or default_verify_config(B, folded=True)
         row = dict(L=L, B=B)
         us = functools.partial(per_layer_us, rep_ms=args.rep_ms, num_layers=num_layers)

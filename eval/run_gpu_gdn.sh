@@ -55,14 +55,14 @@
 #               the b1 picks' launch floor and whole time at L 16 / 4, their reconstructions, the L16 b1 stage ladder)
 #               -> $OUT/diag/; then Nsight Compute --set full with SASS source counters on the b1 picks and their
 #               reconstructions (--ncu-target gd11) -> $OUT/diag/ncu_details.txt, ncu_source.csv.gz
-#   MODE=gd12  (session 9, GD12) one call, two benches: (1) fp32 states, --sweep-set occ12 (the reconstruction's
-#               launches with register caps beside the shipped picks; every verify pick as shipped, timed per cell)
-#               at L 4 / 16, then the L 4 / 16 grid with vLLM and FLA -> $OUT/gdn/gdn_verify.* + tuned_verify_configs.json
-#               (a cap is picked only when 2 % faster: --recon-margin 0.02); (2) bf16 states, --sweep-set long12bf16
-#               at L 17 / 32 over the tuned file (1) wrote (the L 16 bf16 picks as incumbents, --total-margin 0.02),
-#               the grid at L 17 / 32 x b 1 / 8 / 32 -> $OUT/gdn/gdn_verify_long_bf16_state.* and the final
-#               tuned_verify_configs.json (L 17 / 32 bf16 tables added). GPU tests: the capped launches (-k occ12)
-#               through xdist beside (1)'s precompile
+#   MODE=long12bf16 (session 9, GD12) bf16 states at verify lengths 17..32: --sweep-set long12bf16 at L 17 / 32 (the
+#               L 16 bf16 picks as incumbents, --total-margin 0.02) and the grid at L 17 / 32 x b 1 / 8 / 32 with vLLM
+#               and FLA -> $OUT/gdn/gdn_verify_long_bf16_state.{json,md} + tuned_verify_configs.json (the bf16 tables
+#               gain L 17 / 32). GD12's call ran it at af63436 as the second half of MODE=gd12, whose first half
+#               (--sweep-set occ12: register-capped reconstruction launches, all slower) is removed
+#   MODE=reconfloor (session 9, GD12 call 2) bench_gdn_verify.py --recon-floors: the reconstruction (one launch, 30
+#               layers) at L16 b1, L4 b1, L16 b32 beside torch's in-place scale / copy of its state slots and a Triton
+#               in-place scale with its program shape, with and without its two dependent loads -> $OUT/diag/
 #   (MODE=final12, session 9 GD11 call B at 38737b5: final10 with --sweep-set pf12, the b1 input prefetch; removed
 #               with the option after that run)
 #   MODE=final  (call 2) the GDN GPU tests, then bench_gdn_verify.py over the issue's grid with the sweep and
@@ -191,41 +191,28 @@ if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
-if [ "$MODE" = gd12 ]; then
+if [ "$MODE" = reconfloor ]; then
+    mkdir -p "$OUT/diag"
+    timeout ${DIAG_S:-90} python3 eval/bench_gdn_verify.py --recon-floors --rep-ms 20 --out "$OUT/diag" \
+        --budget-s ${DIAG_BUDGET_S:-75} > "$OUT/diag/reconfloor.log" 2>&1
+    echo "== recon floors rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -vE "^reconfloor" "$OUT/diag/reconfloor.log" | tail -20
+fi
+
+if [ "$MODE" = long12bf16 ]; then
     mkdir -p "$OUT/gdn"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
-        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
-    rm -f /tmp/gpu_tests_done
-    ( timeout ${TEST_S:-70} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-4} -k occ12 \
-        tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
-      touch /tmp/gpu_tests_done ) &
-    EXTRA="--lens 4,16 --sweep-lens 4,16 --no-fold --recon-margin 0.02 --stop-at-s ${STOP_AT_S:-140}"
-    # at most 8 files come back from $OUT: no plots (eval/results' png is redrawn from the json here), bench 1's tuned
-    # file stays on the device unless bench 2 writes none
-    timeout ${BENCH_S:-170} python3 eval/bench_gdn_verify.py --out "$OUT/gdn" --sweep --sweep-set occ12 --precompile \
-        --wait-file /tmp/gpu_tests_done --write-tuned /tmp/tuned_fp32.json --no-plot $EXTRA \
-        --command "python eval/bench_gdn_verify.py --sweep --sweep-set occ12 --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=gd12, commit $COMMIT)" \
-        > "$OUT/gdn/bench.log" 2>&1
-    echo "== bench fp32 rc=$? at $(( $(date +%s) - T0 )) s"
-    wait
-    tail -4 "$OUT/gdn/pytest.log"
-    grep -E "^precompile|compile failed|^correctness|^recon errors|fla failed|time budget|waited|Error" "$OUT/gdn/bench.log" | cut -c1-600
-    grep "^sweep " "$OUT/gdn/bench.log" | cut -c1-170
-    sed -n '/^  L   B /,$p' "$OUT/gdn/bench.log"
-    # (2) reads the tuned file (1) wrote, so that its output keeps (1)'s fp32 tables
-    [ -s /tmp/tuned_fp32.json ] && cp /tmp/tuned_fp32.json triton_kernels/gdn_verify/tuned_verify_configs.json
-    EXTRA="--lens 17,32 --batches 1,8,32 --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_long_bf16_state --stop-at-s ${STOP_AT_BF16_S:-95}"
-    timeout ${BENCH_BF16_S:-120} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
+        && export PYTHONPATH=/tmp/pk:/tmp/site
+    EXTRA="--lens 17,32 --batches 1,8,32 --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_long_bf16_state --stop-at-s ${STOP_AT_S:-90}"
+    timeout ${BENCH_S:-120} python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --out "$OUT/gdn" --sweep \
         --sweep-set long12bf16 --precompile --write-tuned "$OUT/gdn/tuned_verify_configs.json" --no-plot $EXTRA \
-        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set long12bf16 --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=gd12, commit $COMMIT)" \
+        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --sweep --sweep-set long12bf16 --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
         > "$OUT/gdn/bench_bf16.log" 2>&1
     echo "== bench bf16 rc=$? at $(( $(date +%s) - T0 )) s"
-    [ -s "$OUT/gdn/tuned_verify_configs.json" ] || cp /tmp/tuned_fp32.json "$OUT/gdn/tuned_verify_configs.json"
     grep -E "^precompile|compile failed|^correctness|^config errors|^recon errors|fla failed|time budget|out of memory|Error" \
         "$OUT/gdn/bench_bf16.log" | cut -c1-600
     grep "^sweep " "$OUT/gdn/bench_bf16.log" | cut -c1-170
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench_bf16.log"
-    echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
 if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ]; then

@@ -119,15 +119,15 @@ def test_write_tuned_keeps_unswept_tables_and_records_provenance(tmp_path, monke
     path.write_text(json.dumps(shipped))
     monkeypatch.setattr(bench, "TUNED_CONFIGS_FILE", path)
 
-    # fp32 sweep at L 16: a capped reconstruction and a new verify pick there; L 4, the fold, bf16 tables kept
+    # fp32 sweep at L 16: new verify and reconstruction picks there; L 4, the fold, bf16 tables kept
     out = tmp_path / "fp32.json"
     args = types.SimpleNamespace(ssm_dtype="float32", command="command fp32", write_tuned=str(out))
     bench.write_tuned(args, "some GPU", torch.float32, [16], {16: {1: bench.VerifyConfig(block_v=128)}}, {},
-                      {16: {1: {"block_v": 16, "num_warps": 2, "outer_loop": False, "maxnreg": 96}}}, {})
+                      {16: {1: {"block_v": 16, "num_warps": 2, "outer_loop": False}}}, {})
     doc = json.loads(out.read_text())
     assert doc["verify_by_len"]["16"]["1"] == cfg(block_v=128) == doc["verify"]["1"]
     assert doc["verify_by_len"]["4"] == shipped["verify_by_len"]["4"] and doc["verify_fold"] == shipped["verify_fold"]
-    assert doc["reconstruct_by_len"]["16"]["1"] == {"block_v": 16, "num_warps": 2, "maxnreg": 96}
+    assert doc["reconstruct_by_len"]["16"]["1"] == {"block_v": 16, "num_warps": 2}
     assert doc["reconstruct_short_by_len"] == shipped["reconstruct_short_by_len"]
     assert all(doc[k] == shipped[k] for k in ("verify_by_len_bf16", "reconstruct_by_len_bf16"))
     new = {"run": "eval/bench_gdn_verify.py sweep, L=16, ssm state float32", "commit": "abc1234",

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned
-from .reconstruct_short import check_maxnreg, launch_register_cap, reconstruct_short
+from .reconstruct_short import reconstruct_short
 from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
 
@@ -100,9 +100,8 @@ FALLBACK_RECONSTRUCT = dict(block_v=32, num_warps=4)
 
 
 def default_reconstruct_config(num_requests, max_len=None, state_dtype=None):
-    """{block_v, num_warps[, maxnreg]} of the nearest measured (workspace length, batch) in
-    `tuned_verify_configs.json` when it was measured on this GPU (state_dtype bf16: its bf16-state table, when it has
-    one), else `FALLBACK_RECONSTRUCT`."""
+    """{block_v, num_warps} of the nearest measured (workspace length, batch) in `tuned_verify_configs.json` when it
+    was measured on this GPU (state_dtype bf16: its bf16-state table, when it has one), else `FALLBACK_RECONSTRUCT`."""
     tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len", state_dtype), num_requests, max_len)
     return dict(tuned) if tuned is not None else dict(FALLBACK_RECONSTRUCT)
 
@@ -121,7 +120,6 @@ def gdn_reconstruct(
     workspace_rows: torch.Tensor | None = None,
     checkpoint_indices: torch.Tensor | None = None,
     checkpoint_lens: torch.Tensor | None = None,
-    maxnreg: int | None = None,
 ) -> None:
     """Advance every layer's committed ssm and conv state of every request by its accepted tokens, in place.
 
@@ -140,8 +138,6 @@ def gdn_reconstruct(
                        warps, rank-1 loop vs one tf32x3 product for the state update); block_v / num_warps None:
                        `default_reconstruct_config(B, workspace.max_len)`, the sweep's fastest on this GPU
                        (block_v = V is one program per (request, head)); the loop was 2.3x slower (H200)
-        maxnreg        register cap per thread of the launch (32..255; 0 = none), so that more programs share a
-                       multiprocessor; None: the tuned launch's (none unless measured faster)
         parts          "all" (ssm + conv), "conv" (conv windows only) or "ssm" (ssm states only). A caller that folds
                        the ssm part into the next gdn_verify (`GDNFold`) runs parts="conv" right after rejection
                        sampling, so the conv windows stay current and only the ssm states lag ("pending").
@@ -191,16 +187,13 @@ def gdn_reconstruct(
         return
     # The short form serves plain default calls; a checkpoint pass runs before it on the general kernel.
     offer_short = (parts == "all" and workspace_rows is None and block_v is None and num_warps is None
-                   and not outer_loop and maxnreg is None)
+                   and not outer_loop)
     if block_v is None or num_warps is None:
         tuned = default_reconstruct_config(num_requests, workspace.max_len, states.ssm_states[0].dtype)
         block_v = tuned["block_v"] if block_v is None else block_v
         num_warps = tuned["num_warps"] if num_warps is None else num_warps
-        maxnreg = tuned.get("maxnreg", 0) if maxnreg is None else maxnreg
-    maxnreg = maxnreg or 0
     if block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")
-    check_maxnreg(maxnreg)
     block_v = min(block_v, head_v_dim)
     block_t = max(16, triton.next_power_of_2(workspace.max_len))
     num_state_blocks = num_v_heads * (head_v_dim // block_v)
@@ -218,7 +211,7 @@ def gdn_reconstruct(
             BT=block_t, BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
             OUTER_LOOP=outer_loop, FIRST_BLOCK=num_state_blocks if parts == "conv" else 0,
             HAS_WS_ROWS=workspace_rows is not None, HAS_CKPT=checkpoint, ALIGNED=states.aligned16,
-            num_warps=num_warps, **launch_register_cap(maxnreg),
+            num_warps=num_warps,
         )
 
     if checkpoint_indices is not None:  # first: it reads the states the plain pass then overwrites in place

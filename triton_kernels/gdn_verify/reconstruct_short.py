@@ -120,18 +120,6 @@ def _gdn_reconstruct_short_kernel(
         tl.store(p_win, b_win, mask=m_win)
 
 
-def check_maxnreg(maxnreg):
-    """A launch's register cap: 0 (none) or 32..255 registers per thread (ValueError otherwise)."""
-    if maxnreg and not 32 <= maxnreg <= 255:
-        raise ValueError(f"maxnreg must be 0 or 32..255, got {maxnreg}")
-
-
-def launch_register_cap(maxnreg):
-    """Launch options of a register cap: {} for none, and under the interpreter (which has no registers)."""
-    interpreting = type(_gdn_reconstruct_short_kernel).__name__ == "InterpretedFunction"
-    return dict(maxnreg=maxnreg) if maxnreg and not interpreting else {}
-
-
 def gdn_reconstruct_short(
     states: GDNStateTable,
     workspace: GDNVerifyWorkspace,
@@ -142,14 +130,12 @@ def gdn_reconstruct_short(
     num_warps: int | None = None,
     block_d: int = 512,
     early: bool | None = None,
-    maxnreg: int | None = None,
 ) -> None:
     """`gdn_reconstruct(parts="all")` in the short form (same arguments and semantics; inputs are expected to be
     checked by `gdn_reconstruct` already, only the form's own limits are checked here): a workspace of max_len <= 4
     as 4 unrolled rank-1 updates, or up to `RANK1_MAX_LEN` as one rank-1 update per workspace token (the state
-    block never leaves its load layout). block_v / num_warps / early / maxnreg None: the tuned short
-    launch, else `FALLBACK_SHORT` (early: the kernel's EARLY workspace reads, max_len <= 4 only; maxnreg: a register
-    cap per thread, 0 = none, so that more programs share a multiprocessor)."""
+    block never leaves its load layout). block_v / num_warps / early None: the tuned short launch, else
+    `FALLBACK_SHORT` (early: the kernel's EARLY workspace reads, max_len <= 4 only)."""
     if workspace.max_len > RANK1_MAX_LEN:
         raise ValueError(f"the short reconstruction handles workspace max_len <= {RANK1_MAX_LEN}, got "
                          f"{workspace.max_len}")
@@ -159,8 +145,6 @@ def gdn_reconstruct_short(
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
     early = tuned.get("early", False) if early is None else early
-    maxnreg = tuned.get("maxnreg", 0) if maxnreg is None else maxnreg
-    check_maxnreg(maxnreg)
     if early and workspace.max_len > SHORT_MAX_LEN:
         raise ValueError(f"early workspace reads need workspace max_len <= {SHORT_MAX_LEN}, got {workspace.max_len}")
     if block_v < 1 or block_v & (block_v - 1):
@@ -182,14 +166,13 @@ def gdn_reconstruct_short(
         H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim, D=conv_dim, W=width,
         BV=block_v, BD=block_d, BW=max(2, triton.next_power_of_2(width - 1)),
         ALIGNED=states.aligned16, EARLY=early, NT=max(SHORT_MAX_LEN, workspace.max_len), num_warps=num_warps,
-        **launch_register_cap(maxnreg),
     )
 
 
 def _tuned_short(num_requests, max_len, state_dtype=None):
     """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table (its bf16-state
     table for bf16 states, when it has one): {"short": bool (measured faster than the general kernel), "block_v",
-    "num_warps"[, "early", "maxnreg"]}; None if absent."""
+    "num_warps"[, "early"]}; None if absent."""
     return nearest_tuned(_tuned_by_len("reconstruct_short_by_len", state_dtype), num_requests, max_len)
 
 
@@ -209,6 +192,5 @@ def reconstruct_short(
     if not tuned or not tuned.get("short"):
         return False
     gdn_reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens, block_v=tuned["block_v"],
-                          num_warps=tuned["num_warps"], early=tuned.get("early", False),
-                          maxnreg=tuned.get("maxnreg", 0))
+                          num_warps=tuned["num_warps"], early=tuned.get("early", False))
     return True

@@ -711,8 +711,8 @@ class VerifyConfig:
 
 # Written by eval/bench_gdn_verify.py --write-tuned from its sweep on one GPU: {"device": name, "verify": {batch:
 # config} (timed at L = 16), "verify_by_len": {L: {batch: config}}, "verify_fold": {batch: config},
-# "reconstruct_by_len": {L: {batch: {block_v, num_warps[, maxnreg]}}}, "reconstruct_short_by_len": {L <= 4: {batch:
-# {short, block_v, num_warps[, early, maxnreg]}}}}, all timed with fp32 ssm states; "verify_by_len_bf16",
+# "reconstruct_by_len": {L: {batch: {block_v, num_warps}}}, "reconstruct_short_by_len": {L <= 4: {batch: {short,
+# block_v, num_warps[, early]}}}}, all timed with fp32 ssm states; "verify_by_len_bf16",
 # "reconstruct_by_len_bf16" and "reconstruct_short_by_len_bf16" (same formats) were timed with bf16 states
 # (--ssm-dtype bfloat16) and serve them. "provenance": {table or "table/L": {run, commit, command}}, the run that
 # measured each table (each length of a per-length table).
