@@ -1042,9 +1042,10 @@ def test_gluon_auto_selection(monkeypatch):
     v152k = _gpu_plan(monkeypatch, 151936)
     assert walk.why_not_gluon_auto(v152k, **base) is None
     assert walk.gluon_auto_form(v152k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
-    # HW12: fully resident 256-row shards (32k, and 30011's shard size) keep the Triton walk until the candidate
-    # (ss_lean_pair, two 128-row tiles) is adopted; with its shard size listed, auto takes it there.
-    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == () and walk.GLUON_AUTO_RESIDENT_FORM == "ss_lean_pair"
+    # HW12: fully resident 256-row shards (32k, and 30011's shard size) walk the adopted resident form (ladder v33);
+    # without their shard size listed, auto keeps the Triton walk there.
+    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "ss_lean_pair"
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     assert "1152 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
@@ -1272,9 +1273,9 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     assert torch.equal(tokens, ref)
 
 
-# HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto_candidate": the
-# default once walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS lists the 256-row shards, i.e. ss_lean_pair as auto's form).
-RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT), "auto_candidate": {}}
+# HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which
+# walks ss_lean_pair on 256-row shards since ladder v33).
+RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT), "auto": {}}
 
 
 @gpu
@@ -1284,13 +1285,12 @@ RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDEN
 @pytest.mark.parametrize("vocab", [32000, 30011])
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     """ss_lean_pair, the fully resident walk's lean form (gluon_b1's streamed kernel with no streamed tile), explicit
-    and as auto's form once adopted, proposes exactly the Triton walk's tokens, twice, interleaved with it on the
+    and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it on the
     shared tagged workspace, no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by
     the naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
-    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))  # auto_candidate: the adopted candidate
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
@@ -1314,12 +1314,9 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
 @needs_cuda
 @pytest.mark.parametrize("form", list(RESIDENT_LEAN_FORMS))
 def test_gpu_resident_lean_graph_replays(monkeypatch, form):
-    """The 32k resident walk's lean form (explicit, and as auto's form once adopted) captured in a CUDA graph, as
+    """The 32k resident walk's lean form (explicit, and as auto's form) captured in a CUDA graph, as
     vLLM's drafter runs it: replays on new base logits propose the Triton walk's tokens, with no wait giving up and no
     fallback (programs other than 0 leave the last step early, replay after replay)."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))  # auto_candidate: the adopted candidate
     p = make_problem(1, 15, 32000, rank=256, dtype=torch.bfloat16, seed=7, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
     _assert_gluon_graph_replays_agree(monkeypatch, p, RESIDENT_LEAN_FORMS[form])

@@ -438,7 +438,7 @@ def head_walk(
         gluon: "auto" (default): gluon_b1's walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
             aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; fully
-            resident shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS (none yet): GLUON_AUTO_RESIDENT_FORM /
+            resident shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS (V = 32k class): GLUON_AUTO_RESIDENT_FORM /
             _GEOMETRY), sm_90, a measured Triton version,
             no launch option given); the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
@@ -657,15 +657,15 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
 # default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4); v22's 128-row form 250.0 vs 372.6.
 GLUON_AUTO_CHUNK_ROWS = (1152,)
-# Fully resident shards (HW12, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows): the candidate form in two
-# 128-row tiles at 8 warps, and the shard sizes auto takes it at: none yet. Ladder v32 (call B at 8a7cc6a): ss_lean_pair
-# under the Triton walk in all 7 interleaved pairs (ladder 43.9 / 45.9 / 44.8 / 44.7 vs 47.0 / 47.7 / 46.9 / 47.9;
-# sweep, 3 fresh allocations 44.1 / 43.2 / 44.9 vs 46.9 / 46.6 / 46.5; median -6.0 %); block 7 23.5 vs 24.9, block 1
-# 7.1 vs 8.0. Not auto yet: adopting it needs its GPU tests as the default and a sweep row with it as ours (one device
-# call: ladder v33); then GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,).
+# Fully resident shards (HW12, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows): ss_lean_pair in two
+# 128-row tiles at 8 warps. Ladder v32 (call B at 8a7cc6a): under the Triton walk in all 7 interleaved pairs (median
+# -6.0 %; block 7 23.5 vs 24.9, block 1 7.1 vs 8.0). Adopted by ladder v33 (session 9, lead, at af63436): its 26 GPU
+# tests as auto's form passed; ladder 43.7 / 44.1 / 44.6 / 45.0 vs the Triton walk's 46.9 / 47.6 / 47.0 / 46.8 us, and
+# the sweep row with it as auto 44.4 (44.2 / 44.4 / 44.5) vs 47.3 (46.6 / 47.5 / 47.3) on the same allocations.
+# 30011 (same shard size) is GPU-tested for tokens, not timed.
 GLUON_AUTO_RESIDENT_FORM = "ss_lean_pair"
 GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
-GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = ()
+GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = (256,)
 
 
 def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
