@@ -826,7 +826,7 @@ TUNE_CASES_V30 = [
 # Triton walk and ss_lean_pair beside it on the same fresh allocations. Outcome: ss_lean reverted (1.49 % median gain),
 # ss_lean_pair under the Triton walk in 7 of 7 pairs (median 6.0 %): the candidate. Since then "default" is the Triton
 # walk at 32k.
-# v33 (the candidate's adoption call, not yet run): ss_lean_pair beside the Triton walk in v32's ABBA order and blocks,
+# v33 (the candidate's adoption call, run once: session 9, lead, at af63436, adopted; run 19): ss_lean_pair beside the Triton walk in v32's ABBA order and blocks,
 # and the sweep row with ss_lean_pair as auto's form (walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS = (256,) for the sweep) as
 # ours, the Triton walk beside it; with TEST_K="resident_lean" (the GPU tests as auto's form).
 RESIDENT_T128 = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
