@@ -1066,9 +1066,13 @@ def short_config(text):
 
 
 def save_json(doc, path):
-    """Write a diagnosis document so far (called after each stage: a call cut short keeps what it measured)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    """Write a diagnosis document so far (called after each stage: a call cut short keeps what it measured) as
+    <path stem>.json with the results' keys (bench, device, commit, date, command, rows, summary; the document's other
+    keys beside them) and a Markdown table of its rows beside it."""
+    device = torch.cuda.get_device_name() if ON_GPU else "cpu"
+    write_results(path.stem, doc.get("rows", []), doc.get("summary", {}), "python eval/bench_gdn_verify.py "
+                  + " ".join(sys.argv[1:]), device, out_dir=path.parent,
+                  extra={k: v for k, v in doc.items() if k not in ("rows", "summary")})
 
 
 def diagnose(gdn, device, num_layers, rep_ms, out_dir, budget_s):
