@@ -1131,6 +1131,30 @@ def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
 
 
+def _shipped_verify_picks():
+    """(state dtype, VerifyConfig) of every distinct verify pick in the shipped tuned file (fp32 and bf16 tables)."""
+    import json
+
+    from hybridspec_kernels.gdn_verify import verify
+
+    doc = json.loads(verify.TUNED_CONFIGS_FILE.read_text())
+    picks = {}
+    for key, state_dtype in (("verify_by_len", torch.float32), ("verify_by_len_bf16", torch.bfloat16)):
+        for length, table in doc.get(key, {}).items():
+            for batch, cfg in table.items():
+                picks.setdefault((state_dtype, VerifyConfig(**cfg)), f"{key}-L{length}-b{batch}")
+    return [pytest.param(state_dtype, config, id=name) for (state_dtype, config), name in picks.items()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype,config", _shipped_verify_picks())
+def test_gpu_every_shipped_pick(state_dtype, config):
+    """Every verify launch the tuned file can pick (each table, length and batch; the first cell naming a config gives
+    its id) verifies and reconstructs the real shape within tolerance, with its state dtype's reconstruction picks."""
+    _check_real_shape(state_dtype, config, False)
+
+
 REAL_SHAPE_LENS = (17, 4, 1, 16, 9)
 REAL_SHAPE_ACCEPTED = (9, 4, 1, 0, 5)
 
