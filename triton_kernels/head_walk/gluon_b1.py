@@ -29,7 +29,8 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
 6. Fully resident shards (V = 32k, HW12): the same kernel with no streamed tile (STREAM_TILES = 0, a 1-stage ring
    never filled) in form "ss_lean_pair": the lean start (both 128-row tiles by TMA, the copies issued before the
    anchor's loads) and PAIRED (both tiles' products in flight with one wait): under the Triton walk by 6 % (median of
-   7 pairs, ladder v32), opt-in until its tests-as-default call. Measured slower and removed (ladders v31 / v32, code
+   7 pairs, ladder v32), gluon="auto"'s form for 256-row resident shards since ladder v33 (session 9: 44.4 vs
+   47.3 us on the same allocations). Measured slower and removed (ladders v31 / v32, code
    at ee2fd3a / 8a7cc6a): "ss_lean" (unpaired), "rs_lean", the "..._late" forms (no candidate guess).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
