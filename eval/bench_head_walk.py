@@ -838,17 +838,9 @@ TUNE_CASES_V32 = (
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V32_FORMS.items()])
 TUNE_CASES_V33 = [case for case in TUNE_CASES_V32 if not case[0].startswith("default")]
-# v34 (HW13): the shipped 152k b1 default (auto = rs_sf_lean) beside "rs_sf_lean_pair" (its register tile's and
-# shared-memory tile's products in flight with one wait; the resident copy before the anchor's loads) in four ABBA
-# pairs at block 15 and once each at block 7; the sweep row walks rs_sf_lean_pair as auto's form (ours) with
-# rs_sf_lean beside it on the same fresh allocations (ours_rs_sf_lean: the pair per sample), as v30 did.
-LEAN_PAIR = dict(LEAN, gluon="rs_sf_lean_pair")
-TUNE_CASES_V34 = (
-    [(f"{name}{tag}_v152k_b1", 151936, 1, kw)
-     for tag, order in (("", "dp"), ("_again", "pd"), ("_third", "dp"), ("_fourth", "pd"))
-     for name, kw in [{"d": ("default", {}), "p": ("gluon_rs_sf_lean_pair", LEAN_PAIR)}[c] for c in order]]
-    + [("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
-       ("gluon_rs_sf_lean_pair_blk7_v152k_b1", 151936, 1, dict(LEAN_PAIR, steps=7))])
+# HW13's ladder v34 (the shipped default rs_sf_lean beside "rs_sf_lean_pair" in four ABBA pairs at 152k block 15 and
+# once at block 7; the sweep row with the pair form as auto and rs_sf_lean beside it) was run once (session 9 at
+# f8823db): the pair form was slower (median -0.6 % of 7 pairs) and removed with its cases (code at f8823db).
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -926,9 +918,6 @@ LADDERS = {
                 sweep_also={name: kw for name, kw in V32_FORMS.items() if name != "default"}),
     "v33": dict(rule={}, cases=TUNE_CASES_V33, floors=[], sweep_resident_chunk_rows=(256,),
                 sweep_also={"triton": V32_FORMS["triton"]}),
-    "v34": dict(rule={}, cases=TUNE_CASES_V34, floors=[],
-                sweep_gluon_auto=("rs_sf_lean_pair", {k: v for k, v in LEAN.items() if k != "gluon"}),
-                sweep_also={"rs_sf_lean": LEAN}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

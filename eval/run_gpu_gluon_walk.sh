@@ -9,7 +9,7 @@
 # (multi_program_bf16 and 32000 and markov)", LADDER_SPECS="v32 32000 1 200 90 120"); v33 (ss_lean_pair's adoption
 # call, run once at af63436 and adopted: the same TEST_K, LADDER_SPECS="v33 32000 1 200 90 120"); v34 (HW13:
 # rs_sf_lean_pair beside auto = rs_sf_lean at 152k b1, TEST_K="gluon_b1_stream or gluon_auto",
-# LADDER_SPECS="v34 151936 1 125 70 55").
+# LADDER_SPECS="v34 151936 1 120 70 55", run once at f8823db: rejected, code there).
 # Default (after session 8): ladder v26 (head_walk's default, the Gluon streamed walk at 152k b1 in form
 # rs_sf, beside the Triton walk) + the 152k b1 block-15 sweep row (ours: the shipped default). Earlier calls: v27 / v28
 # (HW10: persisting-L2 windows, LADDER_SPECS="v27 151936 1 150 40 100" / "v28 151936 1 110 0 80", code at 23bfae0),

@@ -962,7 +962,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
     assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
                      "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True),
-                     "ss_lean_pair": (False, False, True), "rs_sf_lean_pair": (True, True, True)}
+                     "ss_lean_pair": (False, False, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -994,15 +994,6 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records if "lean start" in r.getMessage()]
     assert len(said) == 1 and "128 resident rows" in said[0], said
     caplog.clear()
-    # rs_sf_lean_pair (HW13): PAIRED beside streamed tiles where the shard keeps exactly two resident tiles (the
-    # register one and one in shared memory); off with one resident tile.
-    assert walk.paired_resident("rs_sf_lean_pair")
-    for plan, paired in ((auto_plan, True), (regs_only, False)):
-        assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True,
-                                     lean_ends=True, paired=True)
-        assert {k: build.launches[-1][1][k] for k in ("PAIRED", "RS_ROWS", "STREAM_FIRST")} == dict(
-            PAIRED=paired, RS_ROWS=128, STREAM_FIRST=True), plan
-        assert build.launches[-1][1]["STREAM_TILES"] == (7 if paired else 8)
     # A Triton that rejects the rs_sf build: False (the caller walks Triton), said once, remembered apart from the
     # rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
@@ -1027,7 +1018,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
             assert torch.equal(tokens, ref)
     said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
     assert len(said) == 1 and "no CUDA device" in said[0] and said[0].split("'")[1] == "rs_sf", said
-    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf2", "rs_sf_w1"):  # measured slower, removed
+    for form in ("rs_ws", "rs_ws_sf", "rs_sf_pf2", "rs_sf_w1", "rs_sf_lean_pair"):  # measured slower, removed
         with pytest.raises(ValueError, match="gluon must be one of"):
             head_walk(p.U, p.w1, p.w2, p.x0, gluon=form)
 
@@ -1188,9 +1179,6 @@ GLUON_STREAM_FORMS = {
     # auto's form since HW11's call B.
     "rs_sf_lean_res256_s2_t128": dict(gluon="rs_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
                                       stream_rows=128),
-    # HW13: the same with its two resident tiles' products in flight with one wait (ladder v34's candidate).
-    "rs_sf_lean_pair_res256_s2_t128": dict(gluon="rs_sf_lean_pair", stream_tma=2, tile_rows=128, resident_tiles=2,
-                                           stream_rows=128),
 }
 
 
@@ -1212,12 +1200,12 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs_sf_lean_pair"], ids=["shipped", "rs_sf", "rs_sf_lean_pair"])
+@pytest.mark.parametrize("auto_form", [None, "rs_sf"], ids=["shipped", "rs_sf"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
     replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped
     auto form rs_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
-    rs_sf, auto's form before it; and rs_sf_lean_pair, HW13's candidate, as auto's form)."""
+    and rs_sf, auto's form before it)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     if auto_form is not None:

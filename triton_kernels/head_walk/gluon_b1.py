@@ -31,9 +31,8 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    anchor's loads) and PAIRED (both tiles' products in flight with one wait): under the Triton walk by 6 % (median of
    7 pairs, ladder v32), gluon="auto"'s form for 256-row resident shards since ladder v33 (session 9: 44.4 vs
    47.3 us on the same allocations). Measured slower and removed (ladders v31 / v32, code
-   at ee2fd3a / 8a7cc6a): "ss_lean" (unpaired), "rs_lean", the "..._late" forms (no candidate guess).
-7. "rs_sf_lean_pair" (HW13, opt-in): item 5's form with PAIRED (the register tile's and the shared-memory tile's
-   products in flight with one wait, the resident copy issued before the anchor's loads), as item 6 does at 32k.
+   at ee2fd3a / 8a7cc6a): "ss_lean" (unpaired), "rs_lean", the "..._late" forms (no candidate guess). PAIRED
+   beside streamed tiles (item 5's form, "rs_sf_lean_pair", HW13) measured 0.6 % slower (ladder v34): code at f8823db.
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
@@ -450,10 +449,6 @@ if HAVE_GLUON:
             o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
             prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
-            if PAIRED and RS_ROWS > 0:
-                # After the sync above ptxas fills the anchor token's round trip with the register tile's 64 KB of
-                # loads, queueing the W1 row (step 0's B operand) behind them: keep the W1 row first.
-                _cta_sync()
 
         if RS_ROWS > 0:
             # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64

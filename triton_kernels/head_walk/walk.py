@@ -445,8 +445,7 @@ def head_walk(
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
             tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's streamed form;
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
-            products in flight; "rs_sf_lean_pair": "rs_sf_lean" with its two resident tiles' products paired
-            so), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
+            products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
             that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
@@ -621,9 +620,10 @@ def head_walk(
 # ee2fd3a / 8a7cc6a): "ss_lean" (the same without the pairing: auto's form after call A, under the Triton walk by only
 # 1.49 % in call B's 7 pairs, and 4.5 % slower than ss_lean_pair), "rs_lean", "ss_lean_late" / "rs_lean_late" (no
 # candidate guess: slower), and the Triton walk's lean start (lean_start: its tile by one TMA copy, no gain).
-# HW13 (opt-in, measured in ladder v34): "rs_sf_lean_pair", rs_sf_lean with the register tile's and the shared-memory
-# tile's products in flight with one wait (PAIRED), and its copies issued before the anchor's loads.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean_pair", "rs_sf_lean_pair")
+# HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
+# wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
+# equal): removed, code at f8823db.
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
@@ -819,9 +819,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
                  f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
-    # PAIRED: exactly two resident tiles (both in shared memory, or rs's register tile and one in shared memory),
-    # streamed tiles or not; otherwise off.
-    paired = paired and resident == 2 * st
+    # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
+    paired = paired and tiles == 0 and resident == 2 * st
     key = (cfg, rs, stream_first, lean_ends, paired, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
