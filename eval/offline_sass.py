@@ -364,13 +364,12 @@ def hwg():
             else:
                 # The Gluon walk's ring reads only W2: its plan keeps the ring whatever U's alignment.
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"), **(geometry["res" + geo] if geo else {}))
-                rs, stream_first, lean_ends = walk.gluon_form_flags(form)
+                flags = walk.gluon_form_flags(form)
                 why = walk.why_not_gluon_b1(cfg, num_rows=1, head="markov", sampled=False, extras=False,
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
-                                            rs=rs, lean=lean_ends)
+                                            rs=flags["rs"], lean=flags["lean_ends"])
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                      lean_ends=lean_ends, paired=walk.paired_resident(form))
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, **flags)
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

@@ -841,7 +841,7 @@ def test_gluon_resident_lean_selection(monkeypatch):
     why; the forms measured slower in ladders v31 / v32 are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert [walk.paired_resident(form) for form in ("ss_lean", "ss_lean_pair", "rs_sf_lean", True)] == [
+    assert [walk.gluon_form_flags(form)["paired"] for form in ("ss_lean", "ss_lean_pair", "rs_sf_lean", True)] == [
         False, True, False, False]
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
@@ -861,9 +861,7 @@ def test_gluon_resident_lean_selection(monkeypatch):
     build, (u, w1, w2, first, tokens) = _capture_stream_launches(monkeypatch, 32000)
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
     for form in ("ss_lean_pair",):
-        rs, stream_first, lean = walk.gluon_form_flags(form)
-        assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, rs=rs, stream_first=stream_first,
-                                     lean_ends=lean, paired=walk.paired_resident(form))
+        assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags(form))
         grid, kwargs = build.launches[-1]
         want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=0, LEAN_ENDS=True,
                     STREAM_FIRST=False, PAIRED=form.endswith("_pair"), GUESS_ROUNDS=3, NUM_PROGS=125,
@@ -959,10 +957,11 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     import hybridspec_kernels.head_walk.walk as walk
 
     assert walk.GLUON_AUTO_FORM == "rs_sf_lean"
-    flags = {form: walk.gluon_form_flags(form) for form in walk.GLUON_FORMS if form not in ("auto", False)}
-    assert flags == {True: (False, False, False), "ss": (False, False, False), "rs": (True, False, False),
-                     "rs_sf": (True, True, False), "rs_sf_lean": (True, True, True),
-                     "ss_lean_pair": (False, False, True)}
+    flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
+             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired)
+    assert flags == {True: (False, False, False, False), "ss": (False, False, False, False),
+                     "rs": (True, False, False, False), "rs_sf": (True, True, False, False),
+                     "rs_sf_lean": (True, True, True, False), "ss_lean_pair": (False, False, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)

@@ -570,22 +570,21 @@ def head_walk(
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
-        rs, stream_first, lean_ends = gluon_form_flags(form)
+        flags = gluon_form_flags(form)
         if gluon == "auto":
             reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
             if reason is None:
                 gluon_cfg = plan(ring_reads_u=False, **auto_geometry)
-                reason = why_not_gluon_b1(gluon_cfg, rs=rs, lean=lean_ends, **gluon_case)
+                reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
             if reason is not None:
                 log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
         else:
             gluon_cfg = plan(ring_reads_u=False)
-            reason = why_not_gluon_b1(gluon_cfg, rs=rs, lean=lean_ends, **gluon_case)
+            reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, rs=rs, stream_first=stream_first, lean_ends=lean_ends,
-                                               paired=paired_resident(form)):
+                                               logit_scale, **flags):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -626,16 +625,13 @@ def head_walk(
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean_pair")
 
 
-def gluon_form_flags(form: bool | str) -> tuple[bool, bool, bool]:
-    """(rs, stream_first, lean_ends) of an explicit gluon= form: "rs..." the register tile, "..._sf..." the ring's
-    waiting tiles before the resident ones each step, "..._lean..." the lean start and end."""
+def gluon_form_flags(form: bool | str) -> dict[str, bool]:
+    """_launch_gluon_b1's flags of an explicit gluon= form: rs ("rs...": the register tile), stream_first
+    ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
+    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
     name = "ss" if form is True else form
-    return name.startswith("rs"), "_sf" in name, "_lean" in name
-
-
-def paired_resident(form: bool | str) -> bool:
-    """A "..._pair" form: the two resident tiles' products in flight with one wait (gluon_b1's PAIRED)."""
-    return isinstance(form, str) and form.endswith("_pair")
+    return dict(rs=name.startswith("rs"), stream_first="_sf" in name, lean_ends="_lean" in name,
+                paired=name.endswith("_pair"))
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
@@ -743,7 +739,7 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
     arguments."""
     if overrides:
         return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
-    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=gluon_form_flags(gluon_auto_form(cfg)[0])[2],
+    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=gluon_form_flags(gluon_auto_form(cfg)[0])["lean_ends"],
                               **case)
     if reason is not None:
         return reason
