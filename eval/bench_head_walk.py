@@ -841,6 +841,18 @@ TUNE_CASES_V33 = [case for case in TUNE_CASES_V32 if not case[0].startswith("def
 # HW13's ladder v34 (the shipped default rs_sf_lean beside "rs_sf_lean_pair" in four ABBA pairs at 152k block 15 and
 # once at block 7; the sweep row with the pair form as auto and rs_sf_lean beside it) was run once (session 9 at
 # f8823db): the pair form was slower (median -0.6 % of 7 pairs) and removed with its cases (code at f8823db).
+# Ladder v35 (session 10): "rs2_sf_lean" (rs_sf_lean with its second resident tile in registers too: 128 registers a
+# thread of W2, 384 resident rows, 6 streamed tiles a step instead of 7) beside the shipped default rs_sf_lean in four
+# ABBA pairs at 152k block 15, once at 150,001 and at block 7; the sweep row with rs2_sf_lean as auto's form and
+# rs_sf_lean beside it on the same fresh allocations.
+RS2 = dict(LEAN, gluon="rs2_sf_lean")
+TUNE_CASES_V35 = (
+    [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else RS2)
+     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
+     for name in [{"d": "default", "r": "gluon_rs2_sf_lean"}[c] for c in order]]
+    + [("default_v150001_b1", 150001, 1, {}), ("gluon_rs2_sf_lean_v150001_b1", 150001, 1, RS2),
+       ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
+       ("gluon_rs2_sf_lean_blk7_v152k_b1", 151936, 1, dict(RS2, steps=7))])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -918,6 +930,9 @@ LADDERS = {
                 sweep_also={name: kw for name, kw in V32_FORMS.items() if name != "default"}),
     "v33": dict(rule={}, cases=TUNE_CASES_V33, floors=[], sweep_resident_chunk_rows=(256,),
                 sweep_also={"triton": V32_FORMS["triton"]}),
+    "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
+                sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
+                sweep_also={"rs_sf_lean": LEAN}),
 }
 HEAD_CASES = [(rows, head, sampled) for rows in (1, 64, 8) for head in ("rnn", "gated_markov", "markov")
               for sampled in (False, True)]

@@ -961,7 +961,8 @@ def test_gluon_stream_forms(monkeypatch, caplog):
              if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired)
     assert flags == {True: (False, False, False, False), "ss": (False, False, False, False),
                      "rs": (True, False, False, False), "rs_sf": (True, True, False, False),
-                     "rs_sf_lean": (True, True, True, False), "ss_lean_pair": (False, False, True, True)}
+                     "rs_sf_lean": (True, True, True, False), "rs2_sf_lean": (2, True, True, False),
+                     "ss_lean_pair": (False, False, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -983,6 +984,15 @@ def test_gluon_stream_forms(monkeypatch, caplog):
                                  lean_ends=True)
     assert {k: build.launches[-1][1][k] for k in ("STREAM_FIRST", "LEAN_ENDS", "RES_ROWS", "RS_ROWS")} == dict(
         STREAM_FIRST=True, LEAN_ENDS=True, RES_ROWS=256, RS_ROWS=128)
+    # rs2_sf_lean (session 10): the second resident tile in registers too, on top of the plan's 256 resident rows:
+    # 384 resident (256 in registers), 6 streamed tiles, the same shared memory; only at 128-row tiles.
+    assert walk.why_not_gluon_b1(auto_plan, rs=2, **base) is None
+    assert walk._gluon_stream_form(auto_plan, 2) == (384, 6, 2)
+    assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags("rs2_sf_lean"))
+    assert {k: build.launches[-1][1][k] for k in ("RES_ROWS", "RS_ROWS", "STREAM_TILES", "STAGES", "LEAN_ENDS")} == dict(
+        RES_ROWS=384, RS_ROWS=256, STREAM_TILES=6, STAGES=2, LEAN_ENDS=True)
+    t64_plan = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4)
+    assert "128-row tiles" in walk.why_not_gluon_b1(t64_plan, rs=2, **base)
     regs_only = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=128, resident_tiles=1, stream_rows=128)
     log_once.cache_clear()
     with caplog.at_level("INFO", logger=walk.__name__):
@@ -1178,6 +1188,9 @@ GLUON_STREAM_FORMS = {
     # auto's form since HW11's call B.
     "rs_sf_lean_res256_s2_t128": dict(gluon="rs_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
                                       stream_rows=128),
+    # Session 10: the same with the second resident tile in registers too (384 resident rows, 6 streamed tiles).
+    "rs2_sf_lean_res256_s2_t128": dict(gluon="rs2_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
+                                       stream_rows=128),
 }
 
 
@@ -1199,7 +1212,7 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf"], ids=["shipped", "rs_sf"])
+@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs2_sf_lean"], ids=["shipped", "rs_sf", "rs2_sf_lean"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
     replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped

@@ -240,7 +240,7 @@ if HAVE_GLUON:
         return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
 
     @gluon.jit
-    def _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin, shard_end,
+    def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin, shard_end,
                         logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                         LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
@@ -266,6 +266,8 @@ if HAVE_GLUON:
         for t in gl.static_range(RES_T):
             if t == 0 and RS_ROWS > 0:
                 acc = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
+            elif t == 1 and RS_ROWS > ST:
+                acc = warpgroup_mma(a_regs2, b_view, zero_acc, use_acc=False, is_async=True)
             else:
                 if LEAN_ENDS and t == RS_ROWS // ST:
                     mbarrier.wait(res_ready, 0)
@@ -301,7 +303,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
                       u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
                       stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
@@ -335,7 +337,7 @@ if HAVE_GLUON:
             for j in range(lead):  # (lead is 0 without streamed tiles)
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                      w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
-            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, res_smem, res_ready, u_smem, shard_begin,
+            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
                                   shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
             if STREAM_TILES > 0:
                 for j in range(lead, STREAM_TILES):
@@ -453,14 +455,23 @@ if HAVE_GLUON:
         if RS_ROWS > 0:
             # The first resident tile's A fragments live in registers for the whole walk (RS_ROWS == ST: 64
             # registers a thread, ST = 16 * NW), loaded straight from global: its rows take no shared memory, which
-            # is what lets an rs plan keep one more ring stage or resident tile.
+            # is what lets an rs plan keep one more ring stage or resident tile. "rs2" (RS_ROWS == 2 * ST): the
+            # second resident tile in registers too (128 registers a thread of W2), one more resident tile in the
+            # same shared memory.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
             rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
             o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
             a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
                              mask=(rows_a < shard_end)[:, None], other=0.0)
+            if RS_ROWS > ST:
+                rows_a2 = rows_a + ST
+                a_regs2 = gl.load(w2_ptr + rows_a2[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
+                                  mask=(rows_a2 < shard_end)[:, None], other=0.0)
+            else:
+                a_regs2 = 0  # unused
         else:
             a_regs = 0  # unused
+            a_regs2 = 0  # unused
         if LEAN_ENDS:
             pass  # res_smem: loading by TMA (above)
         elif RES_ROWS > RS_ROWS:
@@ -497,7 +508,7 @@ if HAVE_GLUON:
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
                       u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
                       stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
                       TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)

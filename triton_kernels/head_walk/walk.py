@@ -622,15 +622,16 @@ def head_walk(
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "ss_lean_pair")
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair")
 
 
-def gluon_form_flags(form: bool | str) -> dict[str, bool]:
-    """_launch_gluon_b1's flags of an explicit gluon= form: rs ("rs...": the register tile), stream_first
+def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
+    """_launch_gluon_b1's flags of an explicit gluon= form: rs (register tiles: "rs2..." 2, "rs..." 1, else 0; the
+    second register tile comes on top of the plan's resident rows, see _gluon_stream_form), stream_first
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
     start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
     name = "ss" if form is True else form
-    return dict(rs=name.startswith("rs"), stream_first="_sf" in name, lean_ends="_lean" in name,
+    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name, lean_ends="_lean" in name,
                 paired=name.endswith("_pair"))
 
 
@@ -708,7 +709,7 @@ def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]
 
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                     capability: tuple[int, int] | None, rs: bool = False, w2_tma: bool = True, lean: bool = False,
+                     capability: tuple[int, int] | None, rs: int = 0, w2_tma: bool = True, lean: bool = False,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's streamed walk walks this case exactly as the Triton walk would, else why not (the log
     line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or a
@@ -760,7 +761,7 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 GLUON_STREAM_SMEM = 215 * 1024
 
 
-def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
+def _gluon_stream_form(cfg: WalkConfig, rs: int = 0) -> tuple[int, int, int]:
     """(resident rows, streamed tiles, ring stages) of gluon_b1's streamed walk: the plan's TMA ring where it has
     one, else the measured b1 ring form (choose_streamed_tma(1)): the Gluon walk loads base logits by pointer, so a
     vocabulary whose U rows are not 16-byte aligned (no Triton ring) still streams W2 through its ring. A fully
@@ -768,50 +769,54 @@ def _gluon_stream_form(cfg: WalkConfig) -> tuple[int, int, int]:
     if cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS:
         return cfg.chunk_rows, 0, 1
     if cfg.stream_tma >= 2:
-        resident, stages = cfg.tile_rows * cfg.resident_tiles, cfg.stream_tma
+        # rs = 2: the second register tile adds its rows to the plan's (whose residency counts shared memory only).
+        resident, stages = cfg.tile_rows * cfg.resident_tiles + max(0, rs - 1) * cfg.stream_rows, cfg.stream_tma
     else:
         stages, tile_rows, tiles, _ = choose_streamed_tma(1)
         resident = min(tile_rows * tiles, cfg.chunk_rows - cfg.stream_rows)
     return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, stages
 
 
-def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: bool, w2_tma: bool) -> str | None:
+def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool) -> str | None:
     """Partly streamed shards (V = 152k), or fully resident ones in a "..._lean" form (32k): gluon_b1's
     head_walk_b1_stream_kernel (_gluon_stream_form's geometry, tiles of gluon_b1.STREAM_TILE_ROWS rows); None where it
     can walk, else why not."""
     if not w2_tma:
         return (f"shards of {cfg.chunk_rows} rows: W2's rows cannot be read by TMA (16-byte aligned start and rows "
                 f"needed)")
-    resident, tiles, stages = _gluon_stream_form(cfg)
+    resident, tiles, stages = _gluon_stream_form(cfg, rs)
     if cfg.stream_tma == 1 and tiles:
         return "a ring of 1 stage: the Gluon streamed walk needs >= 2"
     if cfg.stream_rows not in gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
         return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
                 f"for {' / '.join(map(str, gluon_b1.STREAM_TILE_ROWS))}-row tiles and resident rows in whole tiles")
-    # 'rs' holds the first resident tile in registers, not in shared memory.
-    smem = (resident - (cfg.stream_rows if rs else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    # 'rs' holds the first resident tile (rs2: the first two) in registers, not in shared memory.
+    smem = (resident - cfg.stream_rows * rs + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
     if smem > GLUON_STREAM_SMEM:
         return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
     if cfg.programs > gluon_b1.STREAM_CANDS * 32:
         return f"{cfg.programs} programs: the streamed walk polls at most {gluon_b1.STREAM_CANDS * 32}"
-    if rs and resident < cfg.stream_rows:
-        return f"gluon='rs' needs a resident tile of {cfg.stream_rows} rows to hold in registers, got {resident}"
+    if rs and resident < cfg.stream_rows * rs:
+        return (f"gluon='rs{'2' if rs == 2 else ''}' needs {rs} resident tile(s) of {cfg.stream_rows} rows to hold in "
+                f"registers, got {resident} rows")
+    if rs == 2 and (cfg.stream_rows != 128 or not tiles):
+        return "gluon='rs2...' was built for 128-row tiles (8 warps) of partly streamed shards"
     return None
 
 
 _gluon_failed: dict = {}
 
 
-def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: bool,
+def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
                      stream_first: bool = False, lean_ends: bool = False, paired: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
-    resident, tiles, stages = _gluon_stream_form(cfg)
+    resident, tiles, stages = _gluon_stream_form(cfg, rs)
     st = cfg.stream_rows
-    if lean_ends and resident <= (st if rs else 0):
+    if lean_ends and resident <= st * rs:
         log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
                  f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
@@ -829,12 +834,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
-            RS_ROWS=st if rs else 0, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
+            RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = (("rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
+        form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
                 + ("_pair" if paired else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
