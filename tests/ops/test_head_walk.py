@@ -956,7 +956,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert walk.GLUON_AUTO_FORM == "rs_sf_lean"
+    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
              if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired)
     assert flags == {True: (False, False, False, False), "ss": (False, False, False, False),
@@ -1035,8 +1035,9 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 def test_gluon_auto_selection(monkeypatch):
     """gluon="auto" (head_walk's default) takes the Gluon streamed walk only where it was measured faster: one greedy
     Markov row, the 152k shard size (1,152 rows on 132 SMs: 151,936 and 150,001, whose U rows TMA cannot read),
-    triton 3.6, sm_90, no launch option given; there it walks form "rs_sf_lean" (HW11) in the measured geometry
-    (128-row tiles at 8 warps: 256 resident rows of which 128 in registers, 2 ring stages, 7 streamed tiles). Everything else keeps the
+    triton 3.6, sm_90, no launch option given; there it walks form "rs2_sf_lean" (session 10) in the measured geometry
+    (128-row tiles at 8 warps: the plan's 256 resident rows + a second register tile = 384 resident rows of which 256
+    in registers, 2 ring stages, 6 streamed tiles). Everything else keeps the
     Triton walk and says why. PLAN_DEFAULTS are plan_walk's own defaults."""
     import inspect
 
@@ -1067,7 +1068,8 @@ def test_gluon_auto_selection(monkeypatch):
                                      **{k: v for k, v in base.items() if k != "overrides"}) is None
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
-    assert walk.GLUON_AUTO_FORM == "rs_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert walk._gluon_stream_form(auto_plan, walk.gluon_form_flags(walk.GLUON_AUTO_FORM)["rs"]) == (384, 6, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
     auto_150001 = _gpu_plan(monkeypatch, 150001, **walk.GLUON_AUTO_GEOMETRY)
     assert walk._gluon_stream_form(auto_150001) == (256, 7, 2)
@@ -1212,12 +1214,12 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs2_sf_lean"], ids=["shipped", "rs_sf", "rs2_sf_lean"])
+@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs_sf_lean"], ids=["shipped", "rs_sf", "rs_sf_lean"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
     replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped
-    auto form rs_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
-    and rs_sf, auto's form before it)."""
+    auto form rs2_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
+    and rs_sf / rs_sf_lean, auto's forms before it)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     if auto_form is not None:

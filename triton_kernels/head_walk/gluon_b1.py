@@ -26,6 +26,9 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    Measured no faster and removed (session 8): a producer warp refilling the ring (code at 89ba734), a once-a-step
    L2 bulk prefetch of the next step's W2 tiles beyond the ring (+0.3 .. 9 % for 1 .. 4 tiles, code at bff8a73), and
    of each program's best token's W1 row as it publishes its key (code at b4da3f0); eval/notes/head_walk.md.
+   "rs2_sf_lean" (session 10, gluon="auto"'s form since ladder v35: -6 % a 152k walk, 7 of 7 pairs): the second
+   resident tile in registers too (RS_ROWS = 2 * ST, 128 registers a thread of W2), one more resident tile in the same
+   shared memory: 6 streamed tiles a step instead of 7.
 6. Fully resident shards (V = 32k, HW12): the same kernel with no streamed tile (STREAM_TILES = 0, a 1-stage ring
    never filled) in form "ss_lean_pair": the lean start (both 128-row tiles by TMA, the copies issued before the
    anchor's loads) and PAIRED (both tiles' products in flight with one wait): under the Triton walk by 6 % (median of

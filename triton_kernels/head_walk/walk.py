@@ -443,7 +443,8 @@ def head_walk(
             no launch option given); the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
-            tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end, auto's streamed form;
+            tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end; "rs2_sf_lean": that
+            with a second resident tile in registers (384 resident rows), auto's streamed form;
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
             products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
             that fails falls back the same way.
@@ -619,6 +620,10 @@ def head_walk(
 # ee2fd3a / 8a7cc6a): "ss_lean" (the same without the pairing: auto's form after call A, under the Triton walk by only
 # 1.49 % in call B's 7 pairs, and 4.5 % slower than ss_lean_pair), "rs_lean", "ss_lean_late" / "rs_lean_late" (no
 # candidate guess: slower), and the Triton walk's lean start (lean_start: its tile by one TMA copy, no gain).
+# Session 10's "rs2_sf_lean" (auto's streamed form since ladder v35): rs_sf_lean with the second resident tile in
+# registers too (two warpgroups x 64 rows x 2 tiles: 128 registers a thread of W2; ptxas 255 registers + 104 B of
+# stack), on top of the plan's two resident tiles: 384 resident rows, 6 streamed tiles a step instead of 7 (the 152k
+# step is bound by its streamed bytes: 52 MB instead of 60.6).
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
@@ -650,7 +655,11 @@ GUESS_ROUNDS = 3
 # only program 0 waiting in the last step) under "rs_sf" in 6 of 7 interleaved 152k block-15 pairs (call B: -0.9 /
 # -2.2 / -1.9 / -2.6 % and -2.1 / -1.6 / -2.2 % on the sweep's 3 fresh allocations, median 2.1 %; call A: -2.3 / -1.9
 # / -0.3 %), 150001 -1.8 %, block 7 -3.1 %.
-GLUON_AUTO_FORM = "rs_sf_lean"
+# Session 10 (ladder v35 at ae7289c, one call): "rs2_sf_lean" (second resident tile in registers) under rs_sf_lean in
+# 7 of 7 pairs: ABBA 218.0 / 214.8 / 217.1 / 215.0 vs 230.8 / 232.5 / 231.8 / 232.1 us, sweep samples on the same 3
+# allocations -6.8 / -5.4 / -6.0 % (218.7 vs 231.2, graph loop 581.4: 2.66x); 150001 218.6 vs 237.5; block 7 110.1 vs
+# 113.6; its GPU tests (token-identical at 152k / 150001, blocks 15 / 7, 3 seeds; graph replays as auto) passed.
+GLUON_AUTO_FORM = "rs2_sf_lean"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
