@@ -326,6 +326,11 @@ def run_gpu(args) -> dict:
         walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY = ladder["sweep_gluon_auto"]
         checks.append(dict(check="sweep_gluon_auto", form=walk.GLUON_AUTO_FORM, geometry=walk.GLUON_AUTO_GEOMETRY))
         print(json.dumps(checks[-1]), flush=True)
+    if ladder.get("sweep_gluon_auto_resident"):
+        # The sweep row as it would be with this resident form adopted as auto's.
+        walk.GLUON_AUTO_RESIDENT_FORM = ladder["sweep_gluon_auto_resident"]
+        checks.append(dict(check="sweep_gluon_auto_resident", form=walk.GLUON_AUTO_RESIDENT_FORM))
+        print(json.dumps(checks[-1]), flush=True)
     if ladder.get("sweep_resident_chunk_rows"):
         # The sweep row as it would be with the resident candidate adopted (auto takes it on these shard sizes).
         walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS = ladder["sweep_resident_chunk_rows"]
@@ -853,6 +858,18 @@ TUNE_CASES_V35 = (
     + [("default_v150001_b1", 150001, 1, {}), ("gluon_rs2_sf_lean_v150001_b1", 150001, 1, RS2),
        ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
        ("gluon_rs2_sf_lean_blk7_v152k_b1", 151936, 1, dict(RS2, steps=7))])
+# Ladder v36 (session 10): "rs2_lean_pair" (the fully resident 32k walk with both 128-row tiles in registers, brought
+# there by TMA through shared memory: no W2 read from shared memory in the steps) beside the shipped default
+# ss_lean_pair in four ABBA pairs at block 15, blocks 7 and 1 once each; the sweep row with rs2_lean_pair as auto's
+# resident form and ss_lean_pair beside it on the same fresh allocations.
+RS2_RESIDENT = dict(gluon="rs2_lean_pair", **RESIDENT_T128)
+V36_FORMS = {"default": {}, "rs2_lean_pair": RS2_RESIDENT}
+TUNE_CASES_V36 = (
+    [(f"{name}{tag}_v32k_b1", 32000, 1, V36_FORMS[name])
+     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
+     for name in [{"d": "default", "r": "rs2_lean_pair"}[c] for c in order]]
+    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
+       for name, kw in V36_FORMS.items()])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -930,6 +947,8 @@ LADDERS = {
                 sweep_also={name: kw for name, kw in V32_FORMS.items() if name != "default"}),
     "v33": dict(rule={}, cases=TUNE_CASES_V33, floors=[], sweep_resident_chunk_rows=(256,),
                 sweep_also={"triton": V32_FORMS["triton"]}),
+    "v36": dict(rule={}, cases=TUNE_CASES_V36, floors=[], sweep_gluon_auto_resident="rs2_lean_pair",
+                sweep_also={"ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -261,7 +261,11 @@ if HAVE_GLUON:
                 acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
             else:
                 acc0 = warpgroup_mma(res_smem.index(0), b_view, zero_acc, use_acc=False, is_async=True)
-            acc1 = warpgroup_mma(res_smem.index(1 - RS_ROWS // ST), b_view, zero_acc, use_acc=False, is_async=True)
+            if RS_ROWS > ST:
+                acc1 = warpgroup_mma(a_regs2, b_view, zero_acc, use_acc=False, is_async=True)
+            else:
+                acc1 = warpgroup_mma(res_smem.index(1 - RS_ROWS // ST), b_view, zero_acc, use_acc=False,
+                                     is_async=True)
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
             keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
             keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC)
@@ -388,7 +392,7 @@ if HAVE_GLUON:
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
-        LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False,
+        LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -442,10 +446,21 @@ if HAVE_GLUON:
             mbarrier.init(res_ready, count=1)
             fence_async_shared()
             _cta_sync()
-            res_smem = gl.allocate_shared_memory(w_ty, [SMEM_RES_T, ST, R], W_SMEM)
-            mbarrier.expect(res_ready, SMEM_RES_T * TILE_BYTES)
-            for c in gl.static_range(SMEM_RES_T):
-                _tma_load(w2_desc, [shard_begin + RS_ROWS + c * ST, 0], res_ready, res_smem.index(c))
+            if RS_TMA:
+                # The register tiles by TMA too, through a staging buffer (fully resident shards: no ring to share
+                # the shared memory with), read into registers once every copy has landed.
+                rs_stage = gl.allocate_shared_memory(w_ty, [RS_ROWS // ST, ST, R], W_SMEM)
+                mbarrier.expect(res_ready, RES_ROWS // ST * TILE_BYTES)
+                for c in gl.static_range(RS_ROWS // ST):
+                    _tma_load(w2_desc, [shard_begin + c * ST, 0], res_ready, rs_stage.index(c))
+            else:
+                mbarrier.expect(res_ready, SMEM_RES_T * TILE_BYTES)
+            if SMEM_RES_T > 0:
+                res_smem = gl.allocate_shared_memory(w_ty, [SMEM_RES_T, ST, R], W_SMEM)
+                for c in gl.static_range(SMEM_RES_T):
+                    _tma_load(w2_desc, [shard_begin + RS_ROWS + c * ST, 0], res_ready, res_smem.index(c))
+            else:
+                res_smem = ring  # unused
             if PAIRED:
                 # Every copy leaves before the anchor's loads: ptxas otherwise issues the second behind the W1 row's
                 # load, which waits for the anchor token (one dependent round trip in front of the tile).
@@ -462,16 +477,25 @@ if HAVE_GLUON:
             # second resident tile in registers too (128 registers a thread of W2), one more resident tile in the
             # same shared memory.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
-            o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
-            a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
-                             mask=(rows_a < shard_end)[:, None], other=0.0)
-            if RS_ROWS > ST:
-                rows_a2 = rows_a + ST
-                a_regs2 = gl.load(w2_ptr + rows_a2[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
-                                  mask=(rows_a2 < shard_end)[:, None], other=0.0)
+            if RS_TMA:
+                # (rows past the shard arrive too: scored -inf, as the shared-memory tiles')
+                mbarrier.wait(res_ready, 0)
+                a_regs = rs_stage.index(0).load(DOT_A)
+                if RS_ROWS > ST:
+                    a_regs2 = rs_stage.index(1).load(DOT_A)
+                else:
+                    a_regs2 = 0  # unused
             else:
-                a_regs2 = 0  # unused
+                rows_a = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, DOT_A))
+                o_ak = gl.arange(0, R, gl.SliceLayout(0, DOT_A))
+                a_regs = gl.load(w2_ptr + rows_a[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
+                                 mask=(rows_a < shard_end)[:, None], other=0.0)
+                if RS_ROWS > ST:
+                    rows_a2 = rows_a + ST
+                    a_regs2 = gl.load(w2_ptr + rows_a2[:, None] * stride_w2v + o_ak[None, :] * stride_w2r,
+                                      mask=(rows_a2 < shard_end)[:, None], other=0.0)
+                else:
+                    a_regs2 = 0  # unused
         else:
             a_regs = 0  # unused
             a_regs2 = 0  # unused

@@ -627,7 +627,7 @@ def head_walk(
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair")
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair", "rs2_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
@@ -799,8 +799,9 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool) -> str | No
     if cfg.stream_rows not in gluon_b1.STREAM_TILE_ROWS or resident % cfg.stream_rows:
         return (f"streamed tiles of {cfg.stream_rows} rows, {resident} resident: the Gluon streamed walk was built "
                 f"for {' / '.join(map(str, gluon_b1.STREAM_TILE_ROWS))}-row tiles and resident rows in whole tiles")
-    # 'rs' holds the first resident tile (rs2: the first two) in registers, not in shared memory.
-    smem = (resident - cfg.stream_rows * rs + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    # 'rs' holds the first resident tile (rs2: the first two) in registers, not in shared memory (a fully resident
+    # shard stages them there: its register tiles come by TMA).
+    smem = (resident - (cfg.stream_rows * rs if tiles else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
     if smem > GLUON_STREAM_SMEM:
         return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
     if cfg.programs > gluon_b1.STREAM_CANDS * 32:
@@ -808,8 +809,8 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool) -> str | No
     if rs and resident < cfg.stream_rows * rs:
         return (f"gluon='rs{'2' if rs == 2 else ''}' needs {rs} resident tile(s) of {cfg.stream_rows} rows to hold in "
                 f"registers, got {resident} rows")
-    if rs == 2 and (cfg.stream_rows != 128 or not tiles):
-        return "gluon='rs2...' was built for 128-row tiles (8 warps) of partly streamed shards"
+    if rs == 2 and cfg.stream_rows != 128:
+        return "gluon='rs2...' was built for 128-row tiles (8 warps)"
     return None
 
 
@@ -825,13 +826,15 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     resident, tiles, stages = _gluon_stream_form(cfg, rs)
     st = cfg.stream_rows
-    if lean_ends and resident <= st * rs:
+    # Fully resident shards load their register tiles by TMA too (through shared memory: no ring shares it).
+    rs_tma = bool(lean_ends and rs and not tiles)
+    if lean_ends and resident <= st * rs and not rs_tma:
         log_once(logger, logging.INFO, f"head_walk(gluon): no resident tile in shared memory ({resident} resident "
                  f"rows): the lean start has nothing to load by TMA; walking without it")
         lean_ends = False
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
-    key = (cfg, rs, stream_first, lean_ends, paired, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -844,7 +847,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
-            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired,
+            GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
