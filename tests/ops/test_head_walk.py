@@ -1057,14 +1057,14 @@ def test_gluon_auto_selection(monkeypatch):
     assert walk.gluon_auto_form(v152k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
     # HW12: fully resident 256-row shards (32k, and 30011's shard size) walk the adopted resident form (ladder v33);
     # without their shard size listed, auto keeps the Triton walk there.
-    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "ss_lean_pair"
+    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "rs2_lean_pair"
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     assert "1152 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
         resident = _gpu_plan(monkeypatch, vocab)
         assert walk.why_not_gluon_auto(resident, **base) is None, vocab
-        assert walk.gluon_auto_form(resident) == ("ss_lean_pair", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
+        assert walk.gluon_auto_form(resident) == ("rs2_lean_pair", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         auto_resident = _gpu_plan(monkeypatch, vocab, **walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         assert walk._gluon_stream_form(auto_resident) == (256, 0, 1)
         assert walk.why_not_gluon_b1(auto_resident, lean=True,

@@ -37,6 +37,10 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    at ee2fd3a / 8a7cc6a): "ss_lean" (unpaired), "rs_lean", the "..._late" forms (no candidate guess). PAIRED
    beside streamed tiles (item 5's form, "rs_sf_lean_pair", HW13) measured 0.6 % slower (ladder v34): code at f8823db.
 
+   "rs2_lean_pair" (session 10, gluon="auto"'s resident form since ladder v36: -4..-6 % a 32k walk, 7 of 7 pairs):
+   both tiles in registers (RS_ROWS = 2 * ST), brought there by TMA through a shared-memory staging buffer (RS_TMA),
+   so no step reads W2 from shared memory (the SS wgmma of 128 KiB was bound by shared-memory bandwidth).
+
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
 shards in this kernel instead).

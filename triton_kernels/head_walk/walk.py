@@ -446,8 +446,9 @@ def head_walk(
             tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end; "rs2_sf_lean": that
             with a second resident tile in registers (384 resident rows), auto's streamed form;
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
-            products in flight), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
-            that fails falls back the same way.
+            products in flight; "rs2_lean_pair": that with both tiles in registers, auto's resident form), where
+            why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back the
+            same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -627,7 +628,8 @@ def head_walk(
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
-GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair", "rs2_lean_pair")
+GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
+               "rs2_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
@@ -672,7 +674,12 @@ GLUON_AUTO_CHUNK_ROWS = (1152,)
 # tests as auto's form passed; ladder 43.7 / 44.1 / 44.6 / 45.0 vs the Triton walk's 46.9 / 47.6 / 47.0 / 46.8 us, and
 # the sweep row with it as auto 44.4 (44.2 / 44.4 / 44.5) vs 47.3 (46.6 / 47.5 / 47.3) on the same allocations.
 # 30011 (same shard size) is GPU-tested for tokens, not timed.
-GLUON_AUTO_RESIDENT_FORM = "ss_lean_pair"
+# Session 10 (ladder v36 at 88d5fad, one call): "rs2_lean_pair" (both tiles in registers, brought there by TMA through
+# shared memory; the steps read no W2 from shared memory) under ss_lean_pair in 7 of 7 pairs: ABBA 41.3 / 42.6 / 42.3 /
+# 41.3 vs 44.1 / 44.4 / 45.1 / 44.0 us, sweep samples on the same 3 allocations -3.6 / -5.4 / -4.8 % (41.9 vs 44.3;
+# graph loop 266.2: 6.35x, fused step 121.0: 2.89x); block 7 22.2 vs 23.4, block 1 7.8 vs 7.4 (the staging costs
+# ~0.4 us once, the steps ~0.2 us less each); its GPU tests (32k / 30011, blocks 15 / 7 / 1, graph replays) passed.
+GLUON_AUTO_RESIDENT_FORM = "rs2_lean_pair"
 GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = (256,)
 
