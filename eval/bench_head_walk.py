@@ -886,6 +886,11 @@ TUNE_CASES_V37 = (
     + [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else FIX152)
        for tag, order in (("", "df"), ("_again", "fd"))
        for name in [{"d": "default", "f": "rs2_sf_lean_fix"}[c] for c in order]])
+# Ladder v37 (session 10, run once at 22173a2): the "..._fix" forms (FIX_WINNER: the warps' guessed W1 rows to the
+# wgmma as they are, only the winning column's row loaded where its guess missed) beside the shipped defaults: slower
+# (32k: 43.6 / 43.5 / 44.0 / 42.8 vs 40.3 / 41.2 / 40.9 / 41.1 us; sweep 44.0 vs 40.8; 152k 216.9 / 217.7 vs 214.6 /
+# 217.9): the winning column's guess misses often, and its row then waits behind the agreement; removed with its
+# cases (code at 22173a2).
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
