@@ -870,22 +870,6 @@ TUNE_CASES_V36 = (
      for name in [{"d": "default", "r": "rs2_lean_pair"}[c] for c in order]]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V36_FORMS.items()])
-# Ladder v37 (session 10): "..._fix" (FIX_WINNER: the warps' guessed W1 rows go to the wgmma as they are, only the
-# winning column's row is loaded where its guess missed, so a losing warp's missed guess costs no round trip) beside
-# the shipped defaults: rs2_lean_pair_fix vs auto (rs2_lean_pair) at 32k in four ABBA pairs, blocks 7 and 1 once each;
-# rs2_sf_lean_fix vs auto (rs2_sf_lean) at 152k in two ABBA pairs; the sweep row (32k) with rs2_lean_pair_fix as auto's
-# resident form and rs2_lean_pair beside it on the same fresh allocations.
-FIX32 = dict(gluon="rs2_lean_pair_fix", **RESIDENT_T128)
-FIX152 = dict(LEAN, gluon="rs2_sf_lean_fix")
-TUNE_CASES_V37 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else FIX32)
-     for tag, order in (("", "df"), ("_again", "fd"), ("_third", "df"), ("_fourth", "fd"))
-     for name in [{"d": "default", "f": "rs2_lean_pair_fix"}[c] for c in order]]
-    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
-       for name, kw in (("default", {}), ("rs2_lean_pair_fix", FIX32))]
-    + [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else FIX152)
-       for tag, order in (("", "df"), ("_again", "fd"))
-       for name in [{"d": "default", "f": "rs2_sf_lean_fix"}[c] for c in order]])
 # Ladder v37 (session 10, run once at 22173a2): the "..._fix" forms (FIX_WINNER: the warps' guessed W1 rows to the
 # wgmma as they are, only the winning column's row loaded where its guess missed) beside the shipped defaults: slower
 # (32k: 43.6 / 43.5 / 44.0 / 42.8 vs 40.3 / 41.2 / 40.9 / 41.1 us; sweep 44.0 vs 40.8; 152k 216.9 / 217.7 vs 214.6 /
@@ -970,8 +954,6 @@ LADDERS = {
                 sweep_also={"triton": V32_FORMS["triton"]}),
     "v36": dict(rule={}, cases=TUNE_CASES_V36, floors=[], sweep_gluon_auto_resident="rs2_lean_pair",
                 sweep_also={"ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}),
-    "v37": dict(rule={}, cases=TUNE_CASES_V37, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_fix",
-                sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

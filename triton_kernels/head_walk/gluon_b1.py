@@ -154,7 +154,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND: gl.constexpr,
-                         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr, FIX_WINNER: gl.constexpr = False):
+                         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr):
         """(candidate keys [C], their W1 rows [C, R] in CAND) from the [C, slots] tagged slots, row c polled by one
         warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
 
@@ -178,14 +178,11 @@ if HAVE_GLUON:
             guess_key = seen_best
         slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT)
         cand_key = gl.max(slots, axis=1)
-        if FIX_WINNER:
-            # (cand_key, the key of the row in guess, guess): only the CTA's winner needs its row (_step_start).
-            return cand_key, guess_key, guess
         cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
         cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
         # `other=guess`: a warp whose last guess held loads nothing here.
         cand = gl.load(cand_ptrs, mask=(cand_key_c != guess_key)[:, None], other=guess)
-        return cand_key, cand_key_c, cand
+        return cand_key, cand
 
     @gluon.jit
     def _agree(key_smem, cand_key, KEYS_LAYOUT: gl.constexpr, NW: gl.constexpr):
@@ -199,34 +196,13 @@ if HAVE_GLUON:
         return winner, col
 
     @gluon.jit
-    def _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS_LAYOUT: gl.constexpr, C: gl.constexpr,
-                    FIX_WINNER: gl.constexpr = False, guess_smem=None, guess_key=None, w1_ptr=None, stride_w1=0,
-                    o_cr=None):
+    def _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, KEYS_LAYOUT: gl.constexpr, C: gl.constexpr):
         """The candidates' W1 rows into the wgmma B operand (generic stores, fenced for the async proxy before the
         agreeing sync), the winner agreed, the previous step's token stored by program 0; returns the winner's
-        column.
-
-        FIX_WINNER: cand holds each warp's last guess (keys guess_key), not necessarily its candidate's row: the
-        guesses go to B, and only where the winning column's guess missed is the winner's row loaded into it (one
-        more store, fence and sync), so a losing warp's missed guess costs no round trip."""
+        column."""
         b_smem.store(cand)
         fence_async_shared()
-        if FIX_WINNER:
-            guess_smem.store(guess_key)
         winner, col = _agree(key_smem, cand_key, KEYS_LAYOUT, C)
-        if FIX_WINNER:
-            cols = gl.arange(0, C, KEYS_LAYOUT)
-            held = gl.max(gl.where(cols == col, guess_smem.load(KEYS_LAYOUT), -9223372036854775807 - 1), axis=0)
-            if held != winner:
-                CAND: gl.constexpr = cand.type.layout
-                rows = gl.arange(0, C, gl.SliceLayout(1, CAND))
-                token = (ID_MASK - (winner & ID_MASK)).to(gl.int64)
-                mine = (rows == col)[:, None]
-                fixed = gl.load(w1_ptr + token * stride_w1 + 0 * rows[:, None].to(gl.int64) + o_cr[None, :],
-                                mask=mine, other=cand)
-                b_smem.store(fixed)
-                fence_async_shared()
-                _cta_sync()
         if k > 0:
             if pid == 0:
                 gl.store(tok_ptr + k - 1, ID_MASK - (winner & ID_MASK))
@@ -344,7 +320,7 @@ if HAVE_GLUON:
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, FIX_WINNER: gl.constexpr = False):
+                      PAIRED: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -362,16 +338,9 @@ if HAVE_GLUON:
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
         # Streamed tiles scored before the resident ones each step (STREAM_FIRST: those the ring holds).
         lead: gl.constexpr = (STAGES if STAGES < STREAM_TILES else STREAM_TILES) if STREAM_FIRST else 0
-        # Step 0's candidates all hold the anchor's row under key 0: every guess holds.
-        guess_key = gl.full([CANDS], 0, gl.int64, gl.SliceLayout(1, CAND))
-        if FIX_WINNER:
-            guess_smem = gl.allocate_shared_memory(gl.int64, [CANDS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        else:
-            guess_smem = key_smem  # unused
         for k in range(num_steps):
             # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
-            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS, FIX_WINNER,
-                              guess_smem, guess_key, w1_ptr, stride_w1, o_cr)
+            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
             b_view = b_smem.permute((1, 0))
             run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
             # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are
@@ -398,8 +367,8 @@ if HAVE_GLUON:
             tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
             if LEAN_ENDS:
                 if k + 1 < num_steps:
-                    cand_key, guess_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr,
-                                                                 CAND, SPIN_LIMIT, GUESS_ROUNDS, FIX_WINNER)
+                    cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                      SPIN_LIMIT, GUESS_ROUNDS)
                     u_tiles.store(u_next)
                 elif pid == 0:
                     # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row;
@@ -407,8 +376,8 @@ if HAVE_GLUON:
                     cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT),
                                       axis=1)
             else:
-                cand_key, guess_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr,
-                                                             CAND, SPIN_LIMIT, GUESS_ROUNDS, FIX_WINNER)
+                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                  SPIN_LIMIT, GUESS_ROUNDS)
                 u_tiles.store(u_next)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
@@ -428,7 +397,6 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        FIX_WINNER: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -574,7 +542,7 @@ if HAVE_GLUON:
                       num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
                       u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
                       stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
-                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED, FIX_WINNER)
+                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

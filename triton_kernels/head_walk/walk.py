@@ -629,19 +629,17 @@ def head_walk(
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
-               "rs2_lean_pair", "rs2_sf_lean_fix", "rs2_lean_pair_fix")
+               "rs2_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
     """_launch_gluon_b1's flags of an explicit gluon= form: rs (register tiles: "rs2..." 2, "rs..." 1, else 0; the
     second register tile comes on top of the plan's resident rows, see _gluon_stream_form), stream_first
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
-    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED),
-    fix_winner ("..._fix": the warps' guessed W1 rows go to the wgmma as they are, only the winning column's row is
-    loaded where its guess missed, gluon_b1's FIX_WINNER)."""
+    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
     name = "ss" if form is True else form
-    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name,
-                lean_ends="_lean" in name, paired="_pair" in name, fix_winner=name.endswith("_fix"))
+    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name, lean_ends="_lean" in name,
+                paired=name.endswith("_pair"))
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
@@ -827,8 +825,7 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
-                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
-                     fix_winner: bool = False) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -844,7 +841,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         lean_ends = False
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, fix_winner, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -858,12 +855,11 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            FIX_WINNER=fix_winner,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
-                + ("_pair" if paired else "") + ("_fix" if fix_winner else ""))
+                + ("_pair" if paired else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
