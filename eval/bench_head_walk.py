@@ -290,13 +290,10 @@ def run_gpu(args) -> dict:
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
-        shipped_guess_rounds = walk.GUESS_ROUNDS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
-            # The Gluon walk's candidate guesses a step (a module constant, baked into the build when captured).
-            walk.GUESS_ROUNDS = kw.pop("guess_rounds", shipped_guess_rounds)
             steps = kw.pop("steps", 15)
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
@@ -316,8 +313,6 @@ def run_gpu(args) -> dict:
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        finally:
-            walk.GUESS_ROUNDS = shipped_guess_rounds
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -880,19 +875,6 @@ TUNE_CASES_V36 = (
 # (32k: 43.6 / 43.5 / 44.0 / 42.8 vs 40.3 / 41.2 / 40.9 / 41.1 us; sweep 44.0 vs 40.8; 152k 216.9 / 217.7 vs 214.6 /
 # 217.9): the winning column's guess misses often, and its row then waits behind the agreement; removed with its
 # cases (code at 22173a2).
-# Ladder v38 (session 10): the shipped 32k resident form rs2_lean_pair ("default") beside "..._dfr" (step 0 reads the
-# staging buffer, the registers are filled during its exchange), "..._sw" (tile 0 scored while tile 1's product is in
-# flight) and the default with 2 / 5 / 8 candidate guesses a step (GUESS_ROUNDS, 3 shipped), at 32k block 15 in two
-# mirrored passes; blocks 7 and 1 for default / dfr / sw. No sweep (--budget-s 0).
-V38_FORMS = {"default": {}, "dfr": dict(gluon="rs2_lean_pair_dfr", **RESIDENT_T128),
-             "sw": dict(gluon="rs2_lean_pair_sw", **RESIDENT_T128), "g2": dict(guess_rounds=2),
-             "g5": dict(guess_rounds=5), "g8": dict(guess_rounds=8)}
-TUNE_CASES_V38 = (
-    [(f"{name}_v32k_b1", 32000, 1, kw) for name, kw in V38_FORMS.items()]
-    + [(f"{name}_again_v32k_b1", 32000, 1, kw) for name, kw in reversed(V38_FORMS.items())]
-    + [(f"{name}_third_v32k_b1", 32000, 1, kw) for name, kw in V38_FORMS.items()]
-    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(V38_FORMS[name], steps=steps)) for steps in (7, 1)
-       for name in ("default", "dfr", "sw")])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -972,7 +954,6 @@ LADDERS = {
                 sweep_also={"triton": V32_FORMS["triton"]}),
     "v36": dict(rule={}, cases=TUNE_CASES_V36, floors=[], sweep_gluon_auto_resident="rs2_lean_pair",
                 sweep_also={"ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}),
-    "v38": dict(rule={}, cases=TUNE_CASES_V38, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -345,8 +345,7 @@ def hwg():
              150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
              # HW12: the fully resident walk (the Triton walk, the Gluon lean form ss_lean_pair)
-             32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128",
-                     "rs2_lean_pair_dfr_res256_t128", "rs2_lean_pair_sw_res256_t128"),
+             32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128"),
              30011: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:

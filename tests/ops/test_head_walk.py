@@ -862,13 +862,12 @@ def test_gluon_resident_lean_selection(monkeypatch):
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
     # rs2_lean_pair (session 10): both tiles in registers, brought there by TMA through shared memory (RS_TMA).
     assert walk.why_not_gluon_b1(plan, rs=2, lean=True, **base) is None
-    for form in ("ss_lean_pair", "rs2_lean_pair", "rs2_lean_pair_dfr", "rs2_lean_pair_sw"):
+    for form in ("ss_lean_pair", "rs2_lean_pair"):
         assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags(form))
         grid, kwargs = build.launches[-1]
         rs2 = form.startswith("rs2")
         want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=256 if rs2 else 0,
-                    RS_TMA=rs2, DEFER_RS=form.endswith("_dfr"), SPLIT_WAIT=form.endswith("_sw"), LEAN_ENDS=True,
-                    STREAM_FIRST=False, PAIRED="_pair" in form, GUESS_ROUNDS=3,
+                    RS_TMA=rs2, LEAN_ENDS=True, STREAM_FIRST=False, PAIRED=form.endswith("_pair"), GUESS_ROUNDS=3,
                     NUM_PROGS=125, SLOTS_PER_CAND=16, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (form, kwargs)
     # Not two resident tiles (the plan's 64-row tiles: four): PAIRED off.
@@ -962,15 +961,11 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 
     assert walk.GLUON_AUTO_FORM == "rs2_sf_lean"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
-             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, defer_rs, split_wait)
-    assert flags == {True: (0, False, False, False, False, False), "ss": (0, False, False, False, False, False),
-                     "rs": (1, False, False, False, False, False), "rs_sf": (1, True, False, False, False, False),
-                     "rs_sf_lean": (1, True, True, False, False, False),
-                     "rs2_sf_lean": (2, True, True, False, False, False),
-                     "ss_lean_pair": (0, False, True, True, False, False),
-                     "rs2_lean_pair": (2, False, True, True, False, False),
-                     "rs2_lean_pair_dfr": (2, False, True, True, True, False),
-                     "rs2_lean_pair_sw": (2, False, True, True, False, True)}
+             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired)
+    assert flags == {True: (False, False, False, False), "ss": (False, False, False, False),
+                     "rs": (True, False, False, False), "rs_sf": (True, True, False, False),
+                     "rs_sf_lean": (True, True, True, False), "rs2_sf_lean": (2, True, True, False),
+                     "ss_lean_pair": (False, False, True, True), "rs2_lean_pair": (2, False, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -997,8 +992,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     assert walk.why_not_gluon_b1(auto_plan, rs=2, **base) is None
     assert walk._gluon_stream_form(auto_plan, 2) == (384, 6, 2)
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags("rs2_sf_lean"))
-    launched = build.launches[-1][1]
-    assert {k: launched[k] for k in ("RES_ROWS", "RS_ROWS", "STREAM_TILES", "STAGES", "LEAN_ENDS")} == dict(
+    assert {k: build.launches[-1][1][k] for k in ("RES_ROWS", "RS_ROWS", "STREAM_TILES", "STAGES", "LEAN_ENDS")} == dict(
         RES_ROWS=384, RS_ROWS=256, STREAM_TILES=6, STAGES=2, LEAN_ENDS=True)
     t64_plan = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4)
     assert "128-row tiles" in walk.why_not_gluon_b1(t64_plan, rs=2, **base)
@@ -1299,9 +1293,7 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
 # HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which
 # walks ss_lean_pair on 256-row shards since ladder v33).
 RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT),
-                       "rs2_lean_pair": dict(gluon="rs2_lean_pair", **T128_RESIDENT),
-                       "rs2_lean_pair_dfr": dict(gluon="rs2_lean_pair_dfr", **T128_RESIDENT),
-                       "rs2_lean_pair_sw": dict(gluon="rs2_lean_pair_sw", **T128_RESIDENT), "auto": {}}
+                       "rs2_lean_pair": dict(gluon="rs2_lean_pair", **T128_RESIDENT), "auto": {}}
 
 
 @gpu

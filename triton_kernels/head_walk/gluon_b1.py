@@ -247,10 +247,9 @@ if HAVE_GLUON:
         return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
 
     @gluon.jit
-    def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
-                        shard_end, logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-                        LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False, DEFER_RS: gl.constexpr = False,
-                        rs_stage=None, first=False, SPLIT_WAIT: gl.constexpr = False):
+    def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin, shard_end,
+                        logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+                        LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
         LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
         of a completed phase returns at once). PAIRED (RES_T == 2): both tiles' products in flight, one wait, then
@@ -262,20 +261,6 @@ if HAVE_GLUON:
             gl.static_assert(RES_T == 2, "PAIRED walks two resident tiles")
             if LEAN_ENDS:
                 mbarrier.wait(res_ready, 0)
-            if DEFER_RS:
-                # Step 0 reads both tiles from the staging buffer; the registers are filled during its exchange.
-                if first:
-                    acc0 = warpgroup_mma(rs_stage.index(0), b_view, zero_acc, use_acc=False, is_async=True)
-                    acc1 = warpgroup_mma(rs_stage.index(1), b_view, zero_acc, use_acc=False, is_async=True)
-                    acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                else:
-                    acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
-                    acc1 = warpgroup_mma(a_regs2, b_view, zero_acc, use_acc=False, is_async=True)
-                    acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
-                keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS,
-                                    ACC)
-                return gl.maximum(run, gl.maximum(keys0, keys1))
             if RS_ROWS > 0:
                 acc0 = warpgroup_mma(a_regs, b_view, zero_acc, use_acc=False, is_async=True)
             else:
@@ -285,14 +270,8 @@ if HAVE_GLUON:
             else:
                 acc1 = warpgroup_mma(res_smem.index(1 - RS_ROWS // ST), b_view, zero_acc, use_acc=False,
                                      is_async=True)
-            if SPLIT_WAIT:
-                # Tile 0 scored while tile 1's product is still in flight.
-                acc0 = warpgroup_mma_wait(1, deps=[acc0])
-                keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
-                acc1 = warpgroup_mma_wait(0, deps=[acc1])
-            else:
-                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
+            acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+            keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
             keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC)
             return gl.maximum(run, gl.maximum(keys0, keys1))
         for t in gl.static_range(RES_T):
@@ -335,14 +314,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
-                      best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
-                      shard_end, stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
+                      stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, DEFER_RS: gl.constexpr = False, rs_stage=None,
-                      SPLIT_WAIT: gl.constexpr = False):
+                      PAIRED: gl.constexpr):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -370,9 +348,8 @@ if HAVE_GLUON:
             for j in range(lead):  # (lead is 0 without streamed tiles)
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                      w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
-            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem,
-                                  shard_begin, shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED, DEFER_RS, rs_stage,
-                                  k == 0, SPLIT_WAIT)
+            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
+                                  shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
             if STREAM_TILES > 0:
                 for j in range(lead, STREAM_TILES):
                     run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
@@ -382,11 +359,6 @@ if HAVE_GLUON:
             tag = ((gen + k) % 16383) + 1
             kslot = k % 2
             _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
-            if DEFER_RS:
-                if k == 0:
-                    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-                    a_regs = rs_stage.index(0).load(DOT_A)
-                    a_regs2 = rs_stage.index(1).load(DOT_A)
             # The next step's base logits travel while the programs meet (stored after the wait: every warp has
             # read this step's from u_smem before _cta_max's sync).
             u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
@@ -425,7 +397,6 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        DEFER_RS: gl.constexpr = False, SPLIT_WAIT: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -471,7 +442,6 @@ if HAVE_GLUON:
                           pred=s < total)
         SMEM_RES_T: gl.constexpr = (RES_ROWS - RS_ROWS) // ST
         res_ready = ready  # unused unless LEAN_ENDS
-        rs_stage = ring  # unused unless RS_TMA
         if LEAN_ENDS:
             # The shared-memory resident tiles by TMA too (rows past the shard are read but scored -inf), and step
             # 0's base logits and the anchor's W1 row issued before the register tile: nothing the first step needs
@@ -511,12 +481,7 @@ if HAVE_GLUON:
             # second resident tile in registers too (128 registers a thread of W2), one more resident tile in the
             # same shared memory.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            if DEFER_RS:
-                # Filled from the staging buffer during step 0's exchange (_stream_steps).
-                gl.static_assert(RS_TMA and PAIRED and RS_ROWS == 2 * ST, "DEFER_RS: two register tiles by TMA")
-                a_regs = gl.zeros([ST, R], w_ty, DOT_A)
-                a_regs2 = gl.zeros([ST, R], w_ty, DOT_A)
-            elif RS_TMA:
+            if RS_TMA:
                 # (rows past the shard arrive too: scored -inf, as the shared-memory tiles')
                 mbarrier.wait(res_ready, 0)
                 a_regs = rs_stage.index(0).load(DOT_A)
@@ -574,11 +539,10 @@ if HAVE_GLUON:
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
-                      best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
-                      shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
-                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED, DEFER_RS,
-                      rs_stage, SPLIT_WAIT)
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
+                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
+                      stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
+                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

@@ -629,19 +629,17 @@ def head_walk(
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
-               "rs2_lean_pair", "rs2_lean_pair_dfr", "rs2_lean_pair_sw")
+               "rs2_lean_pair")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
     """_launch_gluon_b1's flags of an explicit gluon= form: rs (register tiles: "rs2..." 2, "rs..." 1, else 0; the
     second register tile comes on top of the plan's resident rows, see _gluon_stream_form), stream_first
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
-    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED),
-    defer_rs ("..._dfr": rs2 fully resident, step 0 reads the tiles' staging buffer, the registers are filled during its
-    exchange), split_wait ("..._sw": tile 0 scored while tile 1's product is in flight)."""
+    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
     name = "ss" if form is True else form
-    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name,
-                lean_ends="_lean" in name, paired="_pair" in name, defer_rs="_dfr" in name, split_wait="_sw" in name)
+    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name, lean_ends="_lean" in name,
+                paired=name.endswith("_pair"))
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
@@ -758,8 +756,8 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
     arguments."""
     if overrides:
         return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
-    lean = gluon_form_flags(gluon_auto_form(cfg)[0])["lean_ends"]
-    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=lean, **case)
+    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=gluon_form_flags(gluon_auto_form(cfg)[0])["lean_ends"],
+                              **case)
     if reason is not None:
         return reason
     version = ".".join(triton_version.split(".")[:2])
@@ -827,8 +825,7 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
-                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
-                     defer_rs: bool = False, split_wait: bool = False) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -844,9 +841,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         lean_ends = False
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
-    # The deferred register fill needs both tiles staged (rs2, fully resident, paired).
-    defer_rs = defer_rs and rs_tma and paired and rs == 2
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, defer_rs, split_wait, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -860,12 +855,11 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            DEFER_RS=defer_rs, SPLIT_WAIT=split_wait,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
-                + ("_lean" if lean_ends else "") + ("_pair" if paired else "") + ("_dfr" if defer_rs else "") + ("_sw" if split_wait else ""))
+        form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
+                + ("_pair" if paired else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
