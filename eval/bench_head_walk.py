@@ -290,10 +290,13 @@ def run_gpu(args) -> dict:
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
+        shipped_guess_rounds = walk.GUESS_ROUNDS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
+            # The Gluon walk's candidate guesses a step (a module constant, baked into the build when captured).
+            walk.GUESS_ROUNDS = kw.pop("guess_rounds", shipped_guess_rounds)
             steps = kw.pop("steps", 15)
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
@@ -313,6 +316,8 @@ def run_gpu(args) -> dict:
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            walk.GUESS_ROUNDS = shipped_guess_rounds
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -875,6 +880,12 @@ TUNE_CASES_V36 = (
 # (32k: 43.6 / 43.5 / 44.0 / 42.8 vs 40.3 / 41.2 / 40.9 / 41.1 us; sweep 44.0 vs 40.8; 152k 216.9 / 217.7 vs 214.6 /
 # 217.9): the winning column's guess misses often, and its row then waits behind the agreement; removed with its
 # cases (code at 22173a2).
+# Ladder v38 (session 10, run once at 3d900f7): the shipped 32k resident form rs2_lean_pair beside "..._dfr" (step 0
+# reads the staging buffer, the registers are filled during its exchange: a runtime branch in the step loop, 255
+# registers + 32 B of stack) 47.4 / 47.6 / 46.5 vs 41.7 / 42.1 / 43.1 us (block 1 7.27 vs 7.6: the start-up gain is
+# real, the loop pays more), "..._sw" (tile 0 scored while tile 1's product is in flight) 44.4 / 42.1 / 42.1 (no
+# gain), and 2 / 5 / 8 candidate guesses a step (the case option guess_rounds; 3 shipped) 45.6-46.3 / 43.4-43.6 /
+# 49.0-49.3: all slower; the forms were removed (code at 3d900f7), guess_rounds stays a case option.
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
