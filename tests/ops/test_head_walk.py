@@ -992,7 +992,8 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     assert walk.why_not_gluon_b1(auto_plan, rs=2, **base) is None
     assert walk._gluon_stream_form(auto_plan, 2) == (384, 6, 2)
     assert walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags("rs2_sf_lean"))
-    assert {k: build.launches[-1][1][k] for k in ("RES_ROWS", "RS_ROWS", "STREAM_TILES", "STAGES", "LEAN_ENDS")} == dict(
+    launched = build.launches[-1][1]
+    assert {k: launched[k] for k in ("RES_ROWS", "RS_ROWS", "STREAM_TILES", "STAGES", "LEAN_ENDS")} == dict(
         RES_ROWS=384, RS_ROWS=256, STREAM_TILES=6, STAGES=2, LEAN_ENDS=True)
     t64_plan = _gpu_plan(monkeypatch, 151936, stream_tma=3, tile_rows=64, resident_tiles=4)
     assert "128-row tiles" in walk.why_not_gluon_b1(t64_plan, rs=2, **base)

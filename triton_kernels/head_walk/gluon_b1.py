@@ -247,8 +247,8 @@ if HAVE_GLUON:
         return gl.load(u_ptr + step * stride_uk + rows, mask=rows < shard_end, other=0.0)
 
     @gluon.jit
-    def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin, shard_end,
-                        logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
+    def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
+                        shard_end, logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                         LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
         LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
@@ -314,9 +314,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
-                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
-                      stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
+                      best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
+                      shard_end, stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, RS_ROWS: gl.constexpr,
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
@@ -539,10 +539,10 @@ if HAVE_GLUON:
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
-                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem, best_smem,
-                      u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin, shard_end,
-                      stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE, SLOTS_PER_CAND,
-                      TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)
+                      num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
+                      best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
+                      shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
+                      SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

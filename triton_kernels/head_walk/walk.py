@@ -638,8 +638,8 @@ def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
     start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
     name = "ss" if form is True else form
-    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name, lean_ends="_lean" in name,
-                paired=name.endswith("_pair"))
+    return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name,
+                lean_ends="_lean" in name, paired=name.endswith("_pair"))
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
@@ -858,8 +858,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "") + ("_lean" if lean_ends else "")
-                + ("_pair" if paired else ""))
+        form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
+                + ("_lean" if lean_ends else "") + ("_pair" if paired else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
