@@ -290,13 +290,15 @@ def run_gpu(args) -> dict:
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
-        shipped_guess_rounds = walk.GUESS_ROUNDS
+        shipped_guess_rounds, shipped_spin_stagger = walk.GUESS_ROUNDS, walk.SPIN_STAGGER
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
             # The Gluon walk's candidate guesses a step (a module constant, baked into the build when captured).
             walk.GUESS_ROUNDS = kw.pop("guess_rounds", shipped_guess_rounds)
+            # ... and the "..._pp" forms' stagger between a slot's two reads in flight (clock cycles).
+            walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin_stagger)
             steps = kw.pop("steps", 15)
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
@@ -317,7 +319,7 @@ def run_gpu(args) -> dict:
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
-            walk.GUESS_ROUNDS = shipped_guess_rounds
+            walk.GUESS_ROUNDS, walk.SPIN_STAGGER = shipped_guess_rounds, shipped_spin_stagger
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -886,6 +888,23 @@ TUNE_CASES_V36 = (
 # real, the loop pays more), "..._sw" (tile 0 scored while tile 1's product is in flight) 44.4 / 42.1 / 42.1 (no
 # gain), and 2 / 5 / 8 candidate guesses a step (the case option guess_rounds; 3 shipped) 45.6-46.3 / 43.4-43.6 /
 # 49.0-49.3: all slower; the forms were removed (code at 3d900f7), guess_rounds stays a case option.
+# Ladder v39 (session 10): "..._pp" (the spin keeps two reads of a slot in flight, walk.SPIN_STAGGER = 600 cycles
+# apart, so a key is seen up to half a round trip sooner) beside the shipped defaults: rs2_lean_pair_pp vs auto
+# (rs2_lean_pair) at 32k in four ABBA pairs, with staggers 300 and 1000 once each, blocks 7 and 1 once each;
+# rs2_sf_lean_pp vs auto at 152k in two ABBA pairs; the sweep row (32k) with rs2_lean_pair_pp as auto's resident form
+# and rs2_lean_pair beside it on the same fresh allocations.
+PP32 = dict(gluon="rs2_lean_pair_pp", **RESIDENT_T128)
+PP152 = dict(LEAN, gluon="rs2_sf_lean_pp")
+TUNE_CASES_V39 = (
+    [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else PP32)
+     for tag, order in (("", "dp"), ("_again", "pd"), ("_third", "dp"), ("_fourth", "pd"))
+     for name in [{"d": "default", "p": "rs2_lean_pair_pp"}[c] for c in order]]
+    + [(f"rs2_lean_pair_pp_stagger{cycles}_v32k_b1", 32000, 1, dict(PP32, spin_stagger=cycles)) for cycles in (300, 1000)]
+    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
+       for name, kw in (("default", {}), ("rs2_lean_pair_pp", PP32))]
+    + [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else PP152)
+       for tag, order in (("", "dp"), ("_again", "pd"))
+       for name in [{"d": "default", "p": "rs2_sf_lean_pp"}[c] for c in order]])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -965,6 +984,8 @@ LADDERS = {
                 sweep_also={"triton": V32_FORMS["triton"]}),
     "v36": dict(rule={}, cases=TUNE_CASES_V36, floors=[], sweep_gluon_auto_resident="rs2_lean_pair",
                 sweep_also={"ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}),
+    "v39": dict(rule={}, cases=TUNE_CASES_V39, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp",
+                sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

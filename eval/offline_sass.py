@@ -341,11 +341,13 @@ def hwg():
                 "res256_t128": dict(tile_rows=128, resident_tiles=2, stream_rows=128)}
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
                       "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128",
-                      "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
+                      "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128",
+                      "rs2_sf_lean_pp_res256_s2_t128"),
              150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
              # HW12: the fully resident walk (the Triton walk, the Gluon lean form ss_lean_pair)
-             32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128"),
+             32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128",
+                     "rs2_lean_pair_pp_res256_t128"),
              30011: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:

@@ -862,12 +862,13 @@ def test_gluon_resident_lean_selection(monkeypatch):
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
     # rs2_lean_pair (session 10): both tiles in registers, brought there by TMA through shared memory (RS_TMA).
     assert walk.why_not_gluon_b1(plan, rs=2, lean=True, **base) is None
-    for form in ("ss_lean_pair", "rs2_lean_pair"):
+    for form in ("ss_lean_pair", "rs2_lean_pair", "rs2_lean_pair_pp"):
         assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags(form))
         grid, kwargs = build.launches[-1]
         rs2 = form.startswith("rs2")
         want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=256 if rs2 else 0,
-                    RS_TMA=rs2, LEAN_ENDS=True, STREAM_FIRST=False, PAIRED=form.endswith("_pair"), GUESS_ROUNDS=3,
+                    RS_TMA=rs2, SPIN_STAGGER=walk.SPIN_STAGGER if form.endswith("_pp") else 0, LEAN_ENDS=True,
+                    STREAM_FIRST=False, PAIRED=True, GUESS_ROUNDS=3,
                     NUM_PROGS=125, SLOTS_PER_CAND=16, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (form, kwargs)
     # Not two resident tiles (the plan's 64-row tiles: four): PAIRED off.
@@ -961,11 +962,12 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 
     assert walk.GLUON_AUTO_FORM == "rs2_sf_lean"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
-             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired)
-    assert flags == {True: (False, False, False, False), "ss": (False, False, False, False),
-                     "rs": (True, False, False, False), "rs_sf": (True, True, False, False),
-                     "rs_sf_lean": (True, True, True, False), "rs2_sf_lean": (2, True, True, False),
-                     "ss_lean_pair": (False, False, True, True), "rs2_lean_pair": (2, False, True, True)}
+             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, pipelined_spin)
+    assert flags == {True: (0, False, False, False, False), "ss": (0, False, False, False, False),
+                     "rs": (1, False, False, False, False), "rs_sf": (1, True, False, False, False),
+                     "rs_sf_lean": (1, True, True, False, False), "rs2_sf_lean": (2, True, True, False, False),
+                     "ss_lean_pair": (0, False, True, True, False), "rs2_lean_pair": (2, False, True, True, False),
+                     "rs2_sf_lean_pp": (2, True, True, False, True), "rs2_lean_pair_pp": (2, False, True, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -1197,6 +1199,9 @@ GLUON_STREAM_FORMS = {
     # Session 10: the same with the second resident tile in registers too (384 resident rows, 6 streamed tiles).
     "rs2_sf_lean_res256_s2_t128": dict(gluon="rs2_sf_lean", stream_tma=2, tile_rows=128, resident_tiles=2,
                                        stream_rows=128),
+    # ... with two reads of a slot in flight in the spin (session 10, "..._pp").
+    "rs2_sf_lean_pp_res256_s2_t128": dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2,
+                                          stream_rows=128),
 }
 
 
@@ -1294,7 +1299,8 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
 # HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which
 # walks ss_lean_pair on 256-row shards since ladder v33).
 RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT),
-                       "rs2_lean_pair": dict(gluon="rs2_lean_pair", **T128_RESIDENT), "auto": {}}
+                       "rs2_lean_pair": dict(gluon="rs2_lean_pair", **T128_RESIDENT),
+                       "rs2_lean_pair_pp": dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT), "auto": {}}
 
 
 @gpu

@@ -629,21 +629,24 @@ def head_walk(
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
-               "rs2_lean_pair")
+               "rs2_lean_pair", "rs2_sf_lean_pp", "rs2_lean_pair_pp")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
     """_launch_gluon_b1's flags of an explicit gluon= form: rs (register tiles: "rs2..." 2, "rs..." 1, else 0; the
     second register tile comes on top of the plan's resident rows, see _gluon_stream_form), stream_first
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
-    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED)."""
+    start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED),
+    pipelined_spin ("..._pp": two reads of a slot in flight, SPIN_STAGGER cycles apart)."""
     name = "ss" if form is True else form
     return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name,
-                lean_ends="_lean" in name, paired=name.endswith("_pair"))
+                lean_ends="_lean" in name, paired="_pair" in name, pipelined_spin=name.endswith("_pp"))
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
+# The "..._pp" forms' stagger between a slot's two reads in flight (clock cycles; gluon_b1.WAIT_PIPELINED_PTX).
+SPIN_STAGGER = 600
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
 # and a 3-stage ring 278.0 us vs the Triton default 304.6 / 304.4 (ss in the plan's 4-stage / 128-row geometry 296.6,
@@ -825,7 +828,8 @@ _gluon_failed: dict = {}
 
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
-                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False) -> bool:
+                     stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
+                     pipelined_spin: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -841,7 +845,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         lean_ends = False
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, u.dtype, w1.dtype, rank)
+    stagger = SPIN_STAGGER if pipelined_spin else 0
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -855,11 +860,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
+            SPIN_STAGGER=stagger,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
-                + ("_lean" if lean_ends else "") + ("_pair" if paired else ""))
+                + ("_lean" if lean_ends else "") + ("_pair" if paired else "") + ("_pp" if stagger else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
