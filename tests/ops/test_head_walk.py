@@ -960,7 +960,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     are rejected."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean"
+    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean_pp"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
              if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, pipelined_spin)
     assert flags == {True: (0, False, False, False, False), "ss": (0, False, False, False, False),
@@ -1060,21 +1060,21 @@ def test_gluon_auto_selection(monkeypatch):
     assert walk.gluon_auto_form(v152k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
     # HW12: fully resident 256-row shards (32k, and 30011's shard size) walk the adopted resident form (ladder v33);
     # without their shard size listed, auto keeps the Triton walk there.
-    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "rs2_lean_pair"
+    assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "rs2_lean_pair_pp"
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     assert "1152 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
         resident = _gpu_plan(monkeypatch, vocab)
         assert walk.why_not_gluon_auto(resident, **base) is None, vocab
-        assert walk.gluon_auto_form(resident) == ("rs2_lean_pair", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
+        assert walk.gluon_auto_form(resident) == ("rs2_lean_pair_pp", walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         auto_resident = _gpu_plan(monkeypatch, vocab, **walk.GLUON_AUTO_RESIDENT_GEOMETRY)
         assert walk._gluon_stream_form(auto_resident) == (256, 0, 1)
         assert walk.why_not_gluon_b1(auto_resident, lean=True,
                                      **{k: v for k, v in base.items() if k != "overrides"}) is None
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
     auto_plan = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
-    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
+    assert walk.GLUON_AUTO_FORM == "rs2_sf_lean_pp" and walk._gluon_stream_form(auto_plan) == (256, 7, 2)
     assert walk._gluon_stream_form(auto_plan, walk.gluon_form_flags(walk.GLUON_AUTO_FORM)["rs"]) == (384, 6, 2)
     assert auto_plan.stream_rows == 128 and walk.gluon_b1.stream_warps(auto_plan.stream_rows) == 8
     auto_150001 = _gpu_plan(monkeypatch, 150001, **walk.GLUON_AUTO_GEOMETRY)
@@ -1223,12 +1223,12 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs_sf_lean"], ids=["shipped", "rs_sf", "rs_sf_lean"])
+@pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs2_sf_lean"], ids=["shipped", "rs_sf", "rs2_sf_lean"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
     replays on new base logits propose the Triton walk's tokens, with no fallback and no wait giving up (the shipped
-    auto form rs2_sf_lean, whose programs other than 0 leave the last step early, graph replay after graph replay;
-    and rs_sf / rs_sf_lean, auto's forms before it)."""
+    auto form rs2_sf_lean_pp, whose programs other than 0 leave the last step early, graph replay after graph replay;
+    and rs_sf / rs2_sf_lean, auto's forms before it)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     if auto_form is not None:

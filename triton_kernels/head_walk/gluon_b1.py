@@ -41,6 +41,11 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    both tiles in registers (RS_ROWS = 2 * ST), brought there by TMA through a shared-memory staging buffer (RS_TMA),
    so no step reads W2 from shared memory (the SS wgmma of 128 KiB was bound by shared-memory bandwidth).
 
+7. SPIN_STAGGER > 0 (the "..._pp" forms, gluon="auto"'s at both sizes since ladder v39, session 10: 32k -1.2..-3.4 %
+   in 7 of 7 pairs, 152k -2.5 %): the slot spin keeps two reads of a slot in flight, SPIN_STAGGER clock cycles apart,
+   each re-issued as it returns without the tag, so a key that lands between two reads is seen up to half an L2
+   round trip sooner (the b1 step is the exchange's latency).
+
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
 shards in this kernel instead).

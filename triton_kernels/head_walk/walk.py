@@ -444,9 +444,11 @@ def head_walk(
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
             shared memory; "rs": its first resident tile in registers; "rs_sf": "rs" scoring the ring's waiting
             tiles before the resident ones; "rs_sf_lean": "rs_sf" with a lean start and end; "rs2_sf_lean": that
-            with a second resident tile in registers (384 resident rows), auto's streamed form;
+            with a second resident tile in registers (384 resident rows); "..._pp": the slot spin with two reads in
+            flight ("rs2_sf_lean_pp": auto's streamed form);
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
-            products in flight; "rs2_lean_pair": that with both tiles in registers, auto's resident form), where
+            products in flight; "rs2_lean_pair": that with both tiles in registers; "rs2_lean_pair_pp": auto's
+            resident form), where
             why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back the
             same way.
     Returns:
@@ -664,7 +666,9 @@ SPIN_STAGGER = 600
 # 7 of 7 pairs: ABBA 218.0 / 214.8 / 217.1 / 215.0 vs 230.8 / 232.5 / 231.8 / 232.1 us, sweep samples on the same 3
 # allocations -6.8 / -5.4 / -6.0 % (218.7 vs 231.2, graph loop 581.4: 2.66x); 150001 218.6 vs 237.5; block 7 110.1 vs
 # 113.6; its GPU tests (token-identical at 152k / 150001, blocks 15 / 7, 3 seeds; graph replays as auto) passed.
-GLUON_AUTO_FORM = "rs2_sf_lean"
+# Session 10 (ladder v39 at 8a53529): "rs2_sf_lean_pp" (the slot spin with two reads in flight) 213.2 / 214.5 vs
+# 218.5 / 220.3 us in two ABBA pairs (-2.4 / -2.6 %); its GPU tests passed.
+GLUON_AUTO_FORM = "rs2_sf_lean_pp"
 GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 # Shard sizes it was measured at (V = 151,936 and 150,001 on 132 SMs: 1,152 rows a program). 150,001 bf16 has U rows
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
@@ -682,7 +686,11 @@ GLUON_AUTO_CHUNK_ROWS = (1152,)
 # 41.3 vs 44.1 / 44.4 / 45.1 / 44.0 us, sweep samples on the same 3 allocations -3.6 / -5.4 / -4.8 % (41.9 vs 44.3;
 # graph loop 266.2: 6.35x, fused step 121.0: 2.89x); block 7 22.2 vs 23.4, block 1 7.8 vs 7.4 (the staging costs
 # ~0.4 us once, the steps ~0.2 us less each); its GPU tests (32k / 30011, blocks 15 / 7 / 1, graph replays) passed.
-GLUON_AUTO_RESIDENT_FORM = "rs2_lean_pair"
+# Ladder v39 (session 10, at 8a53529): "rs2_lean_pair_pp" (the slot spin keeps two reads in flight, SPIN_STAGGER
+# cycles apart) under rs2_lean_pair in 7 of 7 pairs: ABBA 40.4 / 40.5 / 40.5 / 40.6 vs 40.9 / 41.6 / 41.9 / 41.4 us,
+# sweep samples -2.4 / -1.2 / -3.4 % (40.3 vs 41.7; loop 265.2: 6.58x, fused step 119.9: 2.98x); stagger 300 40.1,
+# 1000 43.0; block 7 21.9 vs 22.4, block 1 7.5 vs 7.9; its GPU tests passed.
+GLUON_AUTO_RESIDENT_FORM = "rs2_lean_pair_pp"
 GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = (256,)
 
