@@ -290,15 +290,16 @@ def run_gpu(args) -> dict:
         if time.time() - t_ladder > args.ladder_budget_s:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
-        shipped_guess_rounds, shipped_spin_stagger = walk.GUESS_ROUNDS, walk.SPIN_STAGGER
+        shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
                 kw["w2_dtype"] = torch.float8_e4m3fn
             # The Gluon walk's candidate guesses a step (a module constant, baked into the build when captured).
-            walk.GUESS_ROUNDS = kw.pop("guess_rounds", shipped_guess_rounds)
-            # ... and the "..._pp" forms' stagger between a slot's two reads in flight (clock cycles).
-            walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin_stagger)
+            walk.GUESS_ROUNDS = kw.pop("guess_rounds", shipped_spin[0])
+            # ... and the "..._pp" forms' stagger between a slot's reads in flight (clock cycles), and their number.
+            walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
+            walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
             steps = kw.pop("steps", 15)
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
             ours_fn(head_walk, p, lockstep=True)()
@@ -319,7 +320,7 @@ def run_gpu(args) -> dict:
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
-            walk.GUESS_ROUNDS, walk.SPIN_STAGGER = shipped_guess_rounds, shipped_spin_stagger
+            walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -899,12 +900,32 @@ TUNE_CASES_V39 = (
     [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else PP32)
      for tag, order in (("", "dp"), ("_again", "pd"), ("_third", "dp"), ("_fourth", "pd"))
      for name in [{"d": "default", "p": "rs2_lean_pair_pp"}[c] for c in order]]
-    + [(f"rs2_lean_pair_pp_stagger{cycles}_v32k_b1", 32000, 1, dict(PP32, spin_stagger=cycles)) for cycles in (300, 1000)]
+    + [(f"rs2_lean_pair_pp_stagger{cycles}_v32k_b1", 32000, 1, dict(PP32, spin_stagger=cycles))
+       for cycles in (300, 1000)]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in (("default", {}), ("rs2_lean_pair_pp", PP32))]
     + [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else PP152)
        for tag, order in (("", "dp"), ("_again", "pd"))
        for name in [{"d": "default", "p": "rs2_sf_lean_pp"}[c] for c in order]])
+# Ladder v40 (session 10): the shipped "..._pp" spin (2 reads in flight, 600 cycles apart) beside other reads /
+# staggers (bench case options spin_reads / spin_stagger), at 32k block 15 in three passes (forward, backward,
+# forward) and at 152k in two; no sweep (--budget-s 0).
+V40_SPINS = {"default": (2, 600), "r2s300": (2, 300), "r2s400": (2, 400), "r3s300": (3, 300), "r3s200": (3, 200),
+             "r4s200": (4, 200), "r4s150": (4, 150)}
+V40_152K = ("default", "r2s300", "r3s200")
+
+
+def _v40_kw(name):
+    reads, stagger = V40_SPINS[name]
+    return {} if name == "default" else dict(spin_reads=reads, spin_stagger=stagger)
+
+
+TUNE_CASES_V40 = (
+    [(f"{name}{tag}_v32k_b1", 32000, 1, _v40_kw(name))
+     for tag, names in (("", list(V40_SPINS)), ("_again", list(V40_SPINS)[::-1]), ("_third", list(V40_SPINS)))
+     for name in names]
+    + [(f"{name}{tag}_v152k_b1", 151936, 1, _v40_kw(name))
+       for tag, names in (("", V40_152K), ("_again", V40_152K[::-1])) for name in names])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -986,6 +1007,7 @@ LADDERS = {
                 sweep_also={"ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}),
     "v39": dict(rule={}, cases=TUNE_CASES_V39, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp",
                 sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
+    "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

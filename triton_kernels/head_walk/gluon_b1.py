@@ -73,58 +73,34 @@ try:
 except ImportError:  # a Triton without Gluon: walk.py never selects this path
     HAVE_GLUON = False
 
-# The spin with two reads of a slot in flight (SPIN_STAGGER > 0, the "..._pp" forms): the second read leaves
-# SPIN_STAGGER clock cycles after the first, and each read is re-issued as soon as it returns without the tag, so a
-# key that lands between two reads is seen up to half a round trip sooner than by one read at a time. Operands: $0 the
-# slot's value, $1 its address, $2 the tag, $3 the spin limit, $4 the error flag, $5 the value read before, $6 the
-# stagger (cycles).
-WAIT_PIPELINED_PTX = tl.constexpr("""{
-        .reg .pred %ppp;
-        .reg .b64 %ppt, %ppa, %ppb;
-        .reg .b32 %ppg, %ppn, %ppc, %ppd;
-        mov.b64 $0, $5;
-        shr.u64 %ppt, $0, 18;
-        cvt.u32.u64 %ppg, %ppt;
-        and.b32 %ppg, %ppg, 16383;
-        setp.eq.u32 %ppp, %ppg, $2;
-        @%ppp bra PP_DONE;
-        ld.relaxed.gpu.global.b64 %ppa, [$1];
-        mov.u32 %ppc, %clock;
-        PP_STAGGER:
-        mov.u32 %ppd, %clock;
-        sub.u32 %ppd, %ppd, %ppc;
-        setp.lt.u32 %ppp, %ppd, $6;
-        @%ppp bra PP_STAGGER;
-        ld.relaxed.gpu.global.b64 %ppb, [$1];
-        mov.u32 %ppn, 0;
-        PP_LOOP:
-        shr.u64 %ppt, %ppa, 18;
-        cvt.u32.u64 %ppg, %ppt;
-        and.b32 %ppg, %ppg, 16383;
-        setp.eq.u32 %ppp, %ppg, $2;
-        @%ppp bra PP_TAKE_A;
-        ld.relaxed.gpu.global.b64 %ppa, [$1];
-        shr.u64 %ppt, %ppb, 18;
-        cvt.u32.u64 %ppg, %ppt;
-        and.b32 %ppg, %ppg, 16383;
-        setp.eq.u32 %ppp, %ppg, $2;
-        @%ppp bra PP_TAKE_B;
-        ld.relaxed.gpu.global.b64 %ppb, [$1];
-        setp.ge.u32 %ppp, %ppn, $3;
-        @%ppp bra PP_FAIL;
-        add.u32 %ppn, %ppn, 1;
-        bra PP_LOOP;
-        PP_TAKE_A:
-        mov.b64 $0, %ppa;
-        bra PP_DONE;
-        PP_TAKE_B:
-        mov.b64 $0, %ppb;
-        bra PP_DONE;
-        PP_FAIL:
-        mov.u32 %ppg, 1;
-        st.relaxed.gpu.global.b32 [$4], %ppg;
-        PP_DONE:
-        }""")
+def _pipelined_spin_ptx(reads: int) -> str:
+    """The slot spin with `reads` reads of a slot in flight (SPIN_STAGGER > 0, the "..._pp" forms): the reads leave
+    SPIN_STAGGER clock cycles apart, and each is re-issued as soon as it returns without the tag, so a key that lands
+    between two reads is seen sooner than by one read at a time (by up to (reads - 1) / reads of an L2 round trip).
+    Operands: $0 the slot's value, $1 its address, $2 the tag, $3 the spin limit, $4 the error flag, $5 the value
+    read before, $6 the stagger (cycles). Each read keeps its own register (no copy makes one wait for another)."""
+    regs = [f"%ppr{i}" for i in range(reads)]
+    tag_of = lambda reg: (f"shr.u64 %ppt, {reg}, 18;\n cvt.u32.u64 %ppg, %ppt;\n and.b32 %ppg, %ppg, 16383;\n"  # noqa: E731
+                          f" setp.eq.u32 %ppp, %ppg, $2;\n")
+    stagger = [f"mov.u32 %ppc, %clock;\n PP_STAGGER{i}:\n mov.u32 %ppd, %clock;\n sub.u32 %ppd, %ppd, %ppc;\n"
+               f" setp.lt.u32 %ppp, %ppd, $6;\n @%ppp bra PP_STAGGER{i};\n ld.relaxed.gpu.global.b64 {reg}, [$1];\n"
+               for i, reg in enumerate(regs[1:])]
+    loop = "".join(tag_of(reg) + f" @%ppp bra PP_TAKE{i};\n ld.relaxed.gpu.global.b64 {reg}, [$1];\n"
+                   for i, reg in enumerate(regs))
+    takes = "".join(f"PP_TAKE{i}:\n mov.b64 $0, {reg};\n bra PP_DONE;\n" for i, reg in enumerate(regs))
+    return ("{\n .reg .pred %ppp;\n .reg .b64 %ppt, " + ", ".join(regs) + ";\n .reg .b32 %ppg, %ppn, %ppc, %ppd;\n"
+            " mov.b64 $0, $5;\n" + tag_of("$0") + " @%ppp bra PP_DONE;\n"
+            f" ld.relaxed.gpu.global.b64 {regs[0]}, [$1];\n" + "".join(stagger) +
+            " mov.u32 %ppn, 0;\n PP_LOOP:\n" + loop +
+            " setp.ge.u32 %ppp, %ppn, $3;\n @%ppp bra PP_FAIL;\n add.u32 %ppn, %ppn, 1;\n bra PP_LOOP;\n" + takes +
+            "PP_FAIL:\n mov.u32 %ppg, 1;\n st.relaxed.gpu.global.b32 [$4], %ppg;\n PP_DONE:\n }")
+
+
+WAIT_PIPELINED2_PTX = tl.constexpr(_pipelined_spin_ptx(2))
+WAIT_PIPELINED3_PTX = tl.constexpr(_pipelined_spin_ptx(3))
+WAIT_PIPELINED4_PTX = tl.constexpr(_pipelined_spin_ptx(4))
+# Reads in flight a pipelined spin may keep (SPIN_READS).
+SPIN_READS_BUILT = (2, 3, 4)
 
 # Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
 CHECKED_TRITON = ("3.6", "3.9")
@@ -157,14 +133,23 @@ def stream_descriptor(w2_rows, stream_rows: int):
 if HAVE_GLUON:
 
     @gluon.jit
-    def _wait_slots(ptrs, first, tag, err_addr, SPIN_LIMIT: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0):
+    def _wait_slots(ptrs, first, tag, err_addr, SPIN_LIMIT: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0,
+                    SPIN_READS: gl.constexpr = 2):
         """Per-thread spin inside PTX until each slot read once already (`first`) carries `tag` (kernel.py's
-        _wait_tagged); SPIN_STAGGER > 0: two reads in flight, SPIN_STAGGER cycles apart (WAIT_PIPELINED_PTX)."""
+        _wait_tagged); SPIN_STAGGER > 0: SPIN_READS reads in flight, SPIN_STAGGER cycles apart
+        (_pipelined_spin_ptx)."""
         if SPIN_STAGGER > 0:
-            return gl.inline_asm_elementwise(
-                WAIT_PIPELINED_PTX, "=l,l,r,r,l,l,r",
-                [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout), err_addr, first,
-                 gl.full(ptrs.shape, SPIN_STAGGER, gl.int32, ptrs.type.layout)], dtype=gl.int64, is_pure=False, pack=1)
+            operands = [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout), err_addr, first,
+                        gl.full(ptrs.shape, SPIN_STAGGER, gl.int32, ptrs.type.layout)]
+            if SPIN_READS == 4:
+                return gl.inline_asm_elementwise(WAIT_PIPELINED4_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
+                                                 is_pure=False, pack=1)
+            elif SPIN_READS == 3:
+                return gl.inline_asm_elementwise(WAIT_PIPELINED3_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
+                                                 is_pure=False, pack=1)
+            else:
+                return gl.inline_asm_elementwise(WAIT_PIPELINED2_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
+                                                 is_pure=False, pack=1)
         return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
                                          [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
                                           err_addr, first], dtype=gl.int64, is_pure=False, pack=1)
@@ -217,7 +202,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND: gl.constexpr,
-                         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0):
+                         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0,
+                         SPIN_READS: gl.constexpr = 2):
         """(candidate keys [C], their W1 rows [C, R] in CAND) from the [C, slots] tagged slots, row c polled by one
         warp: the best of row c once all its slots carry `tags`, by shuffles only (no CTA-wide sync).
 
@@ -239,7 +225,7 @@ if HAVE_GLUON:
             guess = gl.load(w1_ptr + (ID_MASK - (seen_best & ID_MASK))[:, None] * stride_w1 + o_cr[None, :],
                             mask=(seen_best != guess_key)[:, None], other=guess)
             guess_key = seen_best
-        slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT, SPIN_STAGGER)
+        slots = _wait_slots(slot_ptrs, seen, tags, err_addr, SPIN_LIMIT, SPIN_STAGGER, SPIN_READS)
         cand_key = gl.max(slots, axis=1)
         cand_key_c = gl.convert_layout(cand_key, gl.SliceLayout(1, CAND))
         cand_ptrs = w1_ptr + (ID_MASK - (cand_key_c & ID_MASK))[:, None] * stride_w1 + o_cr[None, :]
@@ -383,7 +369,7 @@ if HAVE_GLUON:
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0):
+                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2):
         """The walk's steps (head_walk_b1_stream_kernel's loop)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -431,16 +417,16 @@ if HAVE_GLUON:
             if LEAN_ENDS:
                 if k + 1 < num_steps:
                     cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                      SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER)
+                                                      SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
                     u_tiles.store(u_next)
                 elif pid == 0:
                     # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row;
                     # the other programs leave once their key is out.
                     cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
-                                                  SPIN_STAGGER), axis=1)
+                                                  SPIN_STAGGER, SPIN_READS), axis=1)
             else:
                 cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER)
+                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
                 u_tiles.store(u_next)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
@@ -460,7 +446,7 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        SPIN_STAGGER: gl.constexpr = 0,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -607,7 +593,7 @@ if HAVE_GLUON:
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
                       shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
                       SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED,
-                      SPIN_STAGGER)
+                      SPIN_STAGGER, SPIN_READS)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

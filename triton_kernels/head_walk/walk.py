@@ -647,7 +647,9 @@ def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
 
 # Candidate guesses per step (gluon_b1._next_candidates).
 GUESS_ROUNDS = 3
-# The "..._pp" forms' stagger between a slot's two reads in flight (clock cycles; gluon_b1.WAIT_PIPELINED_PTX).
+# The "..._pp" forms' reads of a slot in flight and the stagger between them (clock cycles;
+# gluon_b1._pipelined_spin_ptx).
+SPIN_READS = 2
 SPIN_STAGGER = 600
 # gluon="auto": the Gluon walk where it was measured faster than the Triton walk, in its fastest measured form.
 # Session 7 (H200, triton 3.6, ladder v19, one run, 152k b1 block 15): "rs" with 256 resident rows (64 in registers)
@@ -854,7 +856,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
     stagger = SPIN_STAGGER if pipelined_spin else 0
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -868,7 +870,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            SPIN_STAGGER=stagger,
+            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
