@@ -926,6 +926,16 @@ TUNE_CASES_V40 = (
      for name in names]
     + [(f"{name}{tag}_v152k_b1", 151936, 1, _v40_kw(name))
        for tag, names in (("", V40_152K), ("_again", V40_152K[::-1])) for name in names])
+# Ladder v41 (session 10): "rs2_lean_pair_pp_dfr" (step 0 peeled off the loop: it reads the register tiles' staging
+# buffer, and the registers are filled while its key is exchanged) beside the shipped rs2_lean_pair_pp at 32k in four
+# ABBA pairs, blocks 7 and 1 once each; the sweep row with it as auto's resident form and the shipped form beside it.
+DFR32 = dict(gluon="rs2_lean_pair_pp_dfr", **RESIDENT_T128)
+TUNE_CASES_V41 = (
+    [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else DFR32)
+     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
+     for name in [{"d": "default", "r": "pp_dfr"}[c] for c in order]]
+    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
+       for name, kw in (("default", {}), ("pp_dfr", DFR32))])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1008,6 +1018,8 @@ LADDERS = {
     "v39": dict(rule={}, cases=TUNE_CASES_V39, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp",
                 sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
+    "v41": dict(rule={}, cases=TUNE_CASES_V41, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp_dfr",
+                sweep_also={"rs2_lean_pair_pp": PP32}),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -362,6 +362,83 @@ if HAVE_GLUON:
                                            logit_scale, SCALED, CANDS, ACC))
 
     @gluon.jit
+    def _step_publish(k, a0, a1, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
+                      logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem, gen, pid,
+                      shard_begin, shard_end, stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr,
+                      RS_ROWS: gl.constexpr, SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
+                      TILES_P2: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
+                      PAIRED: gl.constexpr):
+        """Step k up to its key's publication: the candidates' rows into B, the shard's keys (resident tiles' A
+        operands a0 / a1: registers, or shared memory), the CTA's best published; returns (tag, key slot, the next
+        step's base logits, loaded while the programs meet)."""
+        NW: gl.constexpr = gl.num_warps()
+        CANDS: gl.constexpr = 8
+        STAGES: gl.constexpr = ring.shape[0]
+        ST: gl.constexpr = ring.shape[1]
+        ACC: gl.constexpr = zero_acc.type.layout
+        U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
+        WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
+        total = num_steps * STREAM_TILES
+        # Streamed tiles scored before the resident ones each step (STREAM_FIRST: those the ring holds).
+        lead: gl.constexpr = (STAGES if STAGES < STREAM_TILES else STREAM_TILES) if STREAM_FIRST else 0
+        # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
+        col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
+        b_view = b_smem.permute((1, 0))
+        run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
+        # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are issued
+        # before the resident tiles' work, which then runs while those refills travel.
+        for j in range(lead):  # (lead is 0 without streamed tiles)
+            run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                 w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
+        run = _resident_tiles(run, col, b_view, zero_acc, a0, a1, res_smem, res_ready, u_smem, shard_begin,
+                              shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
+        if STREAM_TILES > 0:
+            for j in range(lead, STREAM_TILES):
+                run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
+                                     w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
+                                     SCALED)
+        best = _cta_max(run, best_smem, WARP_KEYS, NW)
+        tag = ((gen + k) % 16383) + 1
+        kslot = k % 2
+        _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
+        # The next step's base logits travel while the programs meet (stored after the wait: every warp has read this
+        # step's from u_smem before _cta_max's sync).
+        u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
+                               TILES_P2, ST, U_TILES)
+        return tag, kslot, u_next
+
+    @gluon.jit
+    def _step_exchange(k, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr, num_steps, u_tiles, o_cr,
+                       prog, err_addr, pid, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
+                       SLOTS_PER_CAND: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
+                       LEAN_ENDS: gl.constexpr, SPIN_STAGGER: gl.constexpr, SPIN_READS: gl.constexpr):
+        """Step k's exchange: the next step's candidates (keys, W1 rows) once every program's key is in, and its base
+        logits stored; returns (candidate keys, candidate rows)."""
+        NW: gl.constexpr = gl.num_warps()
+        CANDS: gl.constexpr = 8
+        R: gl.constexpr = o_cr.shape[0]
+        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
+        slot_ptrs = keys_ptr + (kslot * NUM_PROGS + prog) * KEY_STRIDE
+        tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
+        if LEAN_ENDS:
+            if k + 1 < num_steps:
+                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
+                u_tiles.store(u_next)
+            elif pid == 0:
+                # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row; the
+                # other programs leave once their key is out.
+                cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
+                                              SPIN_STAGGER, SPIN_READS), axis=1)
+        else:
+            cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                              SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
+            u_tiles.store(u_next)
+        return cand_key, cand
+
+    @gluon.jit
     def _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
                       num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
@@ -369,65 +446,42 @@ if HAVE_GLUON:
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2):
-        """The walk's steps (head_walk_b1_stream_kernel's loop)."""
+                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
+                      DEFER_RS: gl.constexpr = False, rs_stage=None):
+        """The walk's steps (head_walk_b1_stream_kernel's loop). DEFER_RS: step 0 reads the register tiles from their
+        staging buffer (rs_stage) and fills the registers while its key is exchanged; the loop starts at step 1."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
-        STAGES: gl.constexpr = ring.shape[0]
         ST: gl.constexpr = ring.shape[1]
-        R: gl.constexpr = ring.shape[2]
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                       instr_shape=[16, CANDS, 16])
-        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
-        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
-        U_TILES: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
         CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
-        WARP_KEYS: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
-        total = num_steps * STREAM_TILES
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
-        # Streamed tiles scored before the resident ones each step (STREAM_FIRST: those the ring holds).
-        lead: gl.constexpr = (STAGES if STAGES < STREAM_TILES else STREAM_TILES) if STREAM_FIRST else 0
-        for k in range(num_steps):
-            # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
-            col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
-            b_view = b_smem.permute((1, 0))
-            run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
-            # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are
-            # issued before the resident tiles' work, which then runs while those refills travel.
-            for j in range(lead):  # (lead is 0 without streamed tiles)
-                run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                     w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
-            run = _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
-                                  shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
-            if STREAM_TILES > 0:
-                for j in range(lead, STREAM_TILES):
-                    run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                         w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
-                                         SCALED)
-            best = _cta_max(run, best_smem, WARP_KEYS, NW)
-            tag = ((gen + k) % 16383) + 1
-            kslot = k % 2
-            _publish_key(keys_ptr + (kslot * NUM_PROGS + pid) * KEY_STRIDE, best | (tag << 18))
-            # The next step's base logits travel while the programs meet (stored after the wait: every warp has
-            # read this step's from u_smem before _cta_max's sync).
-            u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
-                                   TILES_P2, ST, U_TILES)
-            slot_ptrs = keys_ptr + (kslot * NUM_PROGS + prog) * KEY_STRIDE
-            tags = gl.full([CANDS, SLOTS_PER_CAND], 0, gl.int32, SPIN) + tag.to(gl.int32)
-            if LEAN_ENDS:
-                if k + 1 < num_steps:
-                    cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                      SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
-                    u_tiles.store(u_next)
-                elif pid == 0:
-                    # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row;
-                    # the other programs leave once their key is out.
-                    cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
-                                                  SPIN_STAGGER, SPIN_READS), axis=1)
-            else:
-                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
-                u_tiles.store(u_next)
+        first_step = 0
+        if DEFER_RS:
+            tag, kslot, u_next = _step_publish(
+                0, rs_stage.index(0), rs_stage.index(1), cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr,
+                keys_ptr, num_steps, logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem,
+                gen, pid, shard_begin, shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS,
+                KEY_STRIDE, TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED)
+            DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+            a_regs = rs_stage.index(0).load(DOT_A)
+            a_regs2 = rs_stage.index(1).load(DOT_A)
+            cand_key, cand = _step_exchange(0, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr,
+                                            num_steps, u_tiles, o_cr, prog, err_addr, pid, NUM_PROGS, KEY_STRIDE,
+                                            SLOTS_PER_CAND, SPIN_LIMIT, GUESS_ROUNDS, LEAN_ENDS, SPIN_STAGGER,
+                                            SPIN_READS)
+            first_step = 1
+        for k in range(first_step, num_steps):
+            tag, kslot, u_next = _step_publish(
+                k, a_regs, a_regs2, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
+                logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem, gen, pid,
+                shard_begin, shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
+                TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED)
+            cand_key, cand = _step_exchange(k, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr,
+                                            num_steps, u_tiles, o_cr, prog, err_addr, pid, NUM_PROGS, KEY_STRIDE,
+                                            SLOTS_PER_CAND, SPIN_LIMIT, GUESS_ROUNDS, LEAN_ENDS, SPIN_STAGGER,
+                                            SPIN_READS)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
@@ -446,7 +500,7 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, DEFER_RS: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -492,6 +546,7 @@ if HAVE_GLUON:
                           pred=s < total)
         SMEM_RES_T: gl.constexpr = (RES_ROWS - RS_ROWS) // ST
         res_ready = ready  # unused unless LEAN_ENDS
+        rs_stage = ring  # unused unless RS_TMA
         if LEAN_ENDS:
             # The shared-memory resident tiles by TMA too (rows past the shard are read but scored -inf), and step
             # 0's base logits and the anchor's W1 row issued before the register tile: nothing the first step needs
@@ -531,7 +586,12 @@ if HAVE_GLUON:
             # second resident tile in registers too (128 registers a thread of W2), one more resident tile in the
             # same shared memory.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            if RS_TMA:
+            if DEFER_RS:
+                # Filled from the staging buffer during step 0's exchange (_stream_steps).
+                gl.static_assert(RS_TMA and PAIRED and RS_ROWS == 2 * ST, "DEFER_RS: two register tiles by TMA")
+                a_regs = 0
+                a_regs2 = 0
+            elif RS_TMA:
                 # (rows past the shard arrive too: scored -inf, as the shared-memory tiles')
                 mbarrier.wait(res_ready, 0)
                 a_regs = rs_stage.index(0).load(DOT_A)
@@ -593,7 +653,7 @@ if HAVE_GLUON:
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
                       shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
                       SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED,
-                      SPIN_STAGGER, SPIN_READS)
+                      SPIN_STAGGER, SPIN_READS, DEFER_RS, rs_stage)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:
