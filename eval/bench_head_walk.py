@@ -926,16 +926,15 @@ TUNE_CASES_V40 = (
      for name in names]
     + [(f"{name}{tag}_v152k_b1", 151936, 1, _v40_kw(name))
        for tag, names in (("", V40_152K), ("_again", V40_152K[::-1])) for name in names])
-# Ladder v41 (session 10): "rs2_lean_pair_pp_dfr" (step 0 peeled off the loop: it reads the register tiles' staging
-# buffer, and the registers are filled while its key is exchanged) beside the shipped rs2_lean_pair_pp at 32k in four
-# ABBA pairs, blocks 7 and 1 once each; the sweep row with it as auto's resident form and the shipped form beside it.
-DFR32 = dict(gluon="rs2_lean_pair_pp_dfr", **RESIDENT_T128)
-TUNE_CASES_V41 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else DFR32)
-     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
-     for name in [{"d": "default", "r": "pp_dfr"}[c] for c in order]]
-    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
-       for name, kw in (("default", {}), ("pp_dfr", DFR32))])
+# Ladder v40 (session 10, run once at 502d865): the pipelined spin's reads / stagger at 32k (three passes): shipped 2
+# reads 600 cycles apart 40.2 / 40.3 / 40.2 us; 2 x 300 40.1 / 40.1 / 40.0, 2 x 400 40.2 / 40.1 / 40.1, 3 x 200 40.0 /
+# 40.2 / 40.1, 4 x 150 40.1 / 40.0 / 40.2 (all within 0.5 %), 3 x 300 41.3 / 41.2 / 40.8, 4 x 200 41.8 / 41.4 / 42.7;
+# 152k: shipped 216.9 / 222.2, 2 x 300 220.9 / 215.0, 3 x 200 213.9 / 222.2: nothing changed (2 reads, 600 cycles).
+# Ladder v41 (session 10, run once at c5674c2): "rs2_lean_pair_pp_dfr" (step 0 peeled off the loop, reading the
+# register tiles' staging buffer; the registers filled while its key is exchanged; the loop's SASS as the shipped
+# form's) beside rs2_lean_pair_pp: block 1 6.9 vs 7.5 us, block 7 22.1 vs 22.1, block 15 41.0 / 40.7 / 40.7 / 40.9 vs
+# 40.4 / 40.8 / 40.4 / 40.4, sweep 40.5 vs 40.1 (fused step 120.3: the shipped form 3.00x on that machine): the start
+# is 0.6 us shorter but the steps pay it back; removed (code at c5674c2).
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1018,8 +1017,6 @@ LADDERS = {
     "v39": dict(rule={}, cases=TUNE_CASES_V39, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp",
                 sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
-    "v41": dict(rule={}, cases=TUNE_CASES_V41, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp_dfr",
-                sweep_also={"rs2_lean_pair_pp": PP32}),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -347,7 +347,7 @@ def hwg():
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
              # HW12: the fully resident walk (the Triton walk, the Gluon lean form ss_lean_pair)
              32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128",
-                     "rs2_lean_pair_pp_res256_t128", "rs2_lean_pair_pp_dfr_res256_t128"),
+                     "rs2_lean_pair_pp_res256_t128"),
              30011: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:

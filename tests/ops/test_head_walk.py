@@ -862,13 +862,12 @@ def test_gluon_resident_lean_selection(monkeypatch):
     plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
     # rs2_lean_pair (session 10): both tiles in registers, brought there by TMA through shared memory (RS_TMA).
     assert walk.why_not_gluon_b1(plan, rs=2, lean=True, **base) is None
-    for form in ("ss_lean_pair", "rs2_lean_pair", "rs2_lean_pair_pp", "rs2_lean_pair_pp_dfr"):
+    for form in ("ss_lean_pair", "rs2_lean_pair", "rs2_lean_pair_pp"):
         assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags(form))
         grid, kwargs = build.launches[-1]
         rs2 = form.startswith("rs2")
         want = dict(ST=128, RES_ROWS=256, STREAM_TILES=0, STAGES=1, TILES_P2=2, RS_ROWS=256 if rs2 else 0,
-                    RS_TMA=rs2, SPIN_STAGGER=walk.SPIN_STAGGER if "_pp" in form else 0,
-                    DEFER_RS=form.endswith("_dfr"), LEAN_ENDS=True,
+                    RS_TMA=rs2, SPIN_STAGGER=walk.SPIN_STAGGER if "_pp" in form else 0, LEAN_ENDS=True,
                     STREAM_FIRST=False, PAIRED=True, GUESS_ROUNDS=3,
                     NUM_PROGS=125, SLOTS_PER_CAND=16, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (form, kwargs)
@@ -963,16 +962,12 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 
     assert walk.GLUON_AUTO_FORM == "rs2_sf_lean_pp"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
-             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, pipelined_spin, defer_rs)
-    assert flags == {True: (0, False, False, False, False, False), "ss": (0, False, False, False, False, False),
-                     "rs": (1, False, False, False, False, False), "rs_sf": (1, True, False, False, False, False),
-                     "rs_sf_lean": (1, True, True, False, False, False),
-                     "rs2_sf_lean": (2, True, True, False, False, False),
-                     "ss_lean_pair": (0, False, True, True, False, False),
-                     "rs2_lean_pair": (2, False, True, True, False, False),
-                     "rs2_sf_lean_pp": (2, True, True, False, True, False),
-                     "rs2_lean_pair_pp": (2, False, True, True, True, False),
-                     "rs2_lean_pair_pp_dfr": (2, False, True, True, True, True)}
+             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, pipelined_spin)
+    assert flags == {True: (0, False, False, False, False), "ss": (0, False, False, False, False),
+                     "rs": (1, False, False, False, False), "rs_sf": (1, True, False, False, False),
+                     "rs_sf_lean": (1, True, True, False, False), "rs2_sf_lean": (2, True, True, False, False),
+                     "ss_lean_pair": (0, False, True, True, False), "rs2_lean_pair": (2, False, True, True, False),
+                     "rs2_sf_lean_pp": (2, True, True, False, True), "rs2_lean_pair_pp": (2, False, True, True, True)}
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True)
@@ -1305,8 +1300,7 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
 # walks ss_lean_pair on 256-row shards since ladder v33).
 RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDENT),
                        "rs2_lean_pair": dict(gluon="rs2_lean_pair", **T128_RESIDENT),
-                       "rs2_lean_pair_pp": dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT),
-                       "rs2_lean_pair_pp_dfr": dict(gluon="rs2_lean_pair_pp_dfr", **T128_RESIDENT), "auto": {}}
+                       "rs2_lean_pair_pp": dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT), "auto": {}}
 
 
 @gpu

@@ -446,10 +446,8 @@ if HAVE_GLUON:
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
-                      DEFER_RS: gl.constexpr = False, rs_stage=None):
-        """The walk's steps (head_walk_b1_stream_kernel's loop). DEFER_RS: step 0 reads the register tiles from their
-        staging buffer (rs_stage) and fills the registers while its key is exchanged; the loop starts at step 1."""
+                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2):
+        """The walk's steps (head_walk_b1_stream_kernel's loop): each publishes its key, then exchanges it."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         ST: gl.constexpr = ring.shape[1]
@@ -457,22 +455,7 @@ if HAVE_GLUON:
                                                       instr_shape=[16, CANDS, 16])
         CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
-        first_step = 0
-        if DEFER_RS:
-            tag, kslot, u_next = _step_publish(
-                0, rs_stage.index(0), rs_stage.index(1), cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr,
-                keys_ptr, num_steps, logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem,
-                gen, pid, shard_begin, shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS,
-                KEY_STRIDE, TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED)
-            DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            a_regs = rs_stage.index(0).load(DOT_A)
-            a_regs2 = rs_stage.index(1).load(DOT_A)
-            cand_key, cand = _step_exchange(0, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr,
-                                            num_steps, u_tiles, o_cr, prog, err_addr, pid, NUM_PROGS, KEY_STRIDE,
-                                            SLOTS_PER_CAND, SPIN_LIMIT, GUESS_ROUNDS, LEAN_ENDS, SPIN_STAGGER,
-                                            SPIN_READS)
-            first_step = 1
-        for k in range(first_step, num_steps):
+        for k in range(num_steps):
             tag, kslot, u_next = _step_publish(
                 k, a_regs, a_regs2, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
                 logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem, gen, pid,
@@ -500,7 +483,7 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, DEFER_RS: gl.constexpr = False,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -586,12 +569,7 @@ if HAVE_GLUON:
             # second resident tile in registers too (128 registers a thread of W2), one more resident tile in the
             # same shared memory.
             DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            if DEFER_RS:
-                # Filled from the staging buffer during step 0's exchange (_stream_steps).
-                gl.static_assert(RS_TMA and PAIRED and RS_ROWS == 2 * ST, "DEFER_RS: two register tiles by TMA")
-                a_regs = 0
-                a_regs2 = 0
-            elif RS_TMA:
+            if RS_TMA:
                 # (rows past the shard arrive too: scored -inf, as the shared-memory tiles')
                 mbarrier.wait(res_ready, 0)
                 a_regs = rs_stage.index(0).load(DOT_A)
@@ -653,7 +631,7 @@ if HAVE_GLUON:
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
                       shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
                       SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED,
-                      SPIN_STAGGER, SPIN_READS, DEFER_RS, rs_stage)
+                      SPIN_STAGGER, SPIN_READS)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

@@ -631,7 +631,7 @@ def head_walk(
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
-               "rs2_lean_pair", "rs2_sf_lean_pp", "rs2_lean_pair_pp", "rs2_lean_pair_pp_dfr")
+               "rs2_lean_pair", "rs2_sf_lean_pp", "rs2_lean_pair_pp")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
@@ -639,13 +639,10 @@ def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
     second register tile comes on top of the plan's resident rows, see _gluon_stream_form), stream_first
     ("..._sf...": the ring's waiting tiles before the resident ones each step), lean_ends ("..._lean...": the lean
     start and end), paired ("..._pair": the two resident tiles' products in flight with one wait, gluon_b1's PAIRED),
-    pipelined_spin ("..._pp...": SPIN_READS reads of a slot in flight, SPIN_STAGGER cycles apart), defer_rs
-    ("..._dfr": rs2 fully resident, step 0 reads the tiles' staging buffer and the registers are filled during its
-    exchange)."""
+    pipelined_spin ("..._pp": SPIN_READS reads of a slot in flight, SPIN_STAGGER cycles apart)."""
     name = "ss" if form is True else form
     return dict(rs=2 if name.startswith("rs2") else int(name.startswith("rs")), stream_first="_sf" in name,
-                lean_ends="_lean" in name, paired="_pair" in name, pipelined_spin="_pp" in name,
-                defer_rs="_dfr" in name)
+                lean_ends="_lean" in name, paired="_pair" in name, pipelined_spin="_pp" in name)
 
 
 # Candidate guesses per step (gluon_b1._next_candidates).
@@ -842,7 +839,7 @@ _gluon_failed: dict = {}
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
                      stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
-                     pipelined_spin: bool = False, defer_rs: bool = False) -> bool:
+                     pipelined_spin: bool = False) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -859,9 +856,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
     stagger = SPIN_STAGGER if pipelined_spin else 0
-    # The deferred register fill needs both tiles staged (rs2, fully resident, paired).
-    defer_rs = bool(defer_rs and rs_tma and paired and rs == 2)
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, defer_rs, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, u.dtype, w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -875,13 +870,12 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, DEFER_RS=defer_rs,
+            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
-                + ("_lean" if lean_ends else "") + ("_pair" if paired else "") + ("_pp" if stagger else "")
-                + ("_dfr" if defer_rs else ""))
+                + ("_lean" if lean_ends else "") + ("_pair" if paired else "") + ("_pp" if stagger else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
