@@ -952,6 +952,24 @@ def test_gluon_stream_two_warpgroup_tiles(monkeypatch):
         assert grid == (plan.programs,) and {k: kwargs[k] for k in want} == want, (plan, kwargs)
 
 
+def test_pipelined_spin_ptx_keeps_one_register_per_read():
+    """gluon_b1._pipelined_spin_ptx(n) (the "..._pp" forms' slot spin): n reads of the slot issued before the loop,
+    n - 1 staggers between them, each read re-issued in the loop into its own register; no register is copied into
+    another (the first build did, and ptxas then made each read wait for the other); labels unique."""
+    import re
+
+    from hybridspec_kernels.head_walk import gluon_b1
+
+    for reads in (2, 3, 4):
+        ptx = gluon_b1._pipelined_spin_ptx(reads)
+        loads = re.findall(r"ld\.relaxed\.gpu\.global\.b64 (\S+), \[\$1\];", ptx)
+        assert loads == [f"%ppr{i}" for i in range(reads)] * 2, (reads, loads)
+        assert len(re.findall(r"bra PP_STAGGER\d+;", ptx)) == reads - 1
+        assert not re.search(r"mov\.b64 %ppr\d+", ptx)
+        labels = re.findall(r"^\s*(PP_\w+):", ptx, re.M)
+        assert len(labels) == len(set(labels)) == reads + (reads - 1) + 3, labels  # takes, staggers, loop/fail/done
+
+
 def test_gluon_stream_forms(monkeypatch, caplog):
     """gluon="rs_sf" (auto's form from ladder v23 to HW11: each step scores the ring's waiting tiles before the resident
     ones): same selection rule as "rs"; the launch passes STREAM_FIRST (every other form False); in the interpreter

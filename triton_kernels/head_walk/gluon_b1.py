@@ -42,9 +42,9 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    so no step reads W2 from shared memory (the SS wgmma of 128 KiB was bound by shared-memory bandwidth).
 
 7. SPIN_STAGGER > 0 (the "..._pp" forms, gluon="auto"'s at both sizes since ladder v39, session 10: 32k -1.2..-3.4 %
-   in 7 of 7 pairs, 152k -2.5 %): the slot spin keeps two reads of a slot in flight, SPIN_STAGGER clock cycles apart,
-   each re-issued as it returns without the tag, so a key that lands between two reads is seen up to half an L2
-   round trip sooner (the b1 step is the exchange's latency).
+   in 7 of 7 pairs, 152k -2.5 %): the slot spin keeps SPIN_READS (2; 3 / 4 measured no faster, ladder v40) reads of a
+   slot in flight, SPIN_STAGGER clock cycles apart, each re-issued as it returns without the tag, so a key that lands
+   between two reads is seen up to half an L2 round trip sooner (the b1 step is the exchange's latency).
 
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
@@ -73,6 +73,7 @@ try:
 except ImportError:  # a Triton without Gluon: walk.py never selects this path
     HAVE_GLUON = False
 
+
 def _pipelined_spin_ptx(reads: int) -> str:
     """The slot spin with `reads` reads of a slot in flight (SPIN_STAGGER > 0, the "..._pp" forms): the reads leave
     SPIN_STAGGER clock cycles apart, and each is re-issued as soon as it returns without the tag, so a key that lands
@@ -99,8 +100,6 @@ def _pipelined_spin_ptx(reads: int) -> str:
 WAIT_PIPELINED2_PTX = tl.constexpr(_pipelined_spin_ptx(2))
 WAIT_PIPELINED3_PTX = tl.constexpr(_pipelined_spin_ptx(3))
 WAIT_PIPELINED4_PTX = tl.constexpr(_pipelined_spin_ptx(4))
-# Reads in flight a pipelined spin may keep (SPIN_READS).
-SPIN_READS_BUILT = (2, 3, 4)
 
 # Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
 CHECKED_TRITON = ("3.6", "3.9")

@@ -448,9 +448,8 @@ def head_walk(
             flight ("rs2_sf_lean_pp": auto's streamed form);
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
             products in flight; "rs2_lean_pair": that with both tiles in registers; "rs2_lean_pair_pp": auto's
-            resident form), where
-            why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build that fails falls back the
-            same way.
+            resident form), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
+            that fails falls back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -627,6 +626,12 @@ def head_walk(
 # registers too (two warpgroups x 64 rows x 2 tiles: 128 registers a thread of W2; ptxas 255 registers + 104 B of
 # stack), on top of the plan's two resident tiles: 384 resident rows, 6 streamed tiles a step instead of 7 (the 152k
 # step is bound by its streamed bytes: 52 MB instead of 60.6).
+# Session 10's "rs2_lean_pair" (auto's resident form from ladder v36 to v39): ss_lean_pair with both tiles in registers,
+# staged through shared memory by TMA (RS_TMA). "..._pp" (ladder v39; auto's forms since): the slot spin keeps
+# SPIN_READS reads of a slot in flight, SPIN_STAGGER cycles apart. Measured slower and removed (code at 22173a2 /
+# 3d900f7 / c5674c2): "..._fix" (only the winning column's W1 row fixed after the agreement), "..._dfr" (step 0 from
+# the staging buffer, registers filled during its exchange; as a branch in the loop and peeled), "..._sw" (tile 0
+# scored while tile 1's product is in flight).
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
