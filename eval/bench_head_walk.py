@@ -302,7 +302,18 @@ def run_gpu(args) -> dict:
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
             steps = kw.pop("steps", 15)
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
-            ours_fn(head_walk, p, lockstep=True)()
+            # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids, increasing as vLLM builds
+            # it: W1 then has the target vocabulary's rows and the anchors are target ids.
+            reference_kw = {}
+            target_vocab = kw.pop("d2t_target_vocab", None)
+            if target_vocab:
+                gen = torch.Generator(device="cpu").manual_seed(11)
+                targets = torch.randperm(target_vocab, generator=gen)[:vocab].sort().values.to(device)
+                reference_kw["draft_to_target"] = targets - torch.arange(vocab, device=device)
+                p.w1 = (torch.randn(target_vocab, RANK, generator=gen) * 0.25).to(device, torch.bfloat16)
+                p.first = targets[p.first]
+                kw.update(reference_kw)
+            ours_fn(head_walk, p, lockstep=True, **reference_kw)()
             step_tokens = p.draft_tokens.clone()
             errors_before = barrier_errors(device)
             fn = ours_fn(head_walk, p, **kw)
@@ -935,6 +946,19 @@ TUNE_CASES_V40 = (
 # form's) beside rs2_lean_pair_pp: block 1 6.9 vs 7.5 us, block 7 22.1 vs 22.1, block 15 41.0 / 40.7 / 40.7 / 40.9 vs
 # 40.4 / 40.8 / 40.4 / 40.4, sweep 40.5 vs 40.1 (fused step 120.3: the shipped form 3.00x on that machine): the start
 # is 0.6 us shorter but the steps pay it back; removed (code at c5674c2).
+# Ladder v42 (session 10): a greedy 32k b1 walk with a reduced draft vocabulary (an increasing d2t into 151,936
+# target ids, as vLLM builds it): the Triton walk (what ran with any d2t before) beside auto with
+# draft_to_target_increasing (the Gluon resident form, rows keyed by target id) in four ABBA pairs, and auto without
+# d2t for reference; blocks 7 and 1 once each. No sweep (--budget-s 0).
+D2T = dict(d2t_target_vocab=151936)
+V42_FORMS = {"triton": dict(D2T, gluon=False), "gluon": dict(D2T, draft_to_target_increasing=True)}
+TUNE_CASES_V42 = (
+    [(f"d2t_{name}{tag}_v32k_b1", 32000, 1, V42_FORMS[name])
+     for tag, order in (("", "tg"), ("_again", "gt"), ("_third", "tg"), ("_fourth", "gt"))
+     for name in [{"t": "triton", "g": "gluon"}[c] for c in order]]
+    + [("default_v32k_b1", 32000, 1, {})]
+    + [(f"d2t_{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
+       for name, kw in V42_FORMS.items()])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1017,6 +1041,7 @@ LADDERS = {
     "v39": dict(rule={}, cases=TUNE_CASES_V39, floors=[], sweep_gluon_auto_resident="rs2_lean_pair_pp",
                 sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
+    "v42": dict(rule={}, cases=TUNE_CASES_V42, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -347,11 +347,14 @@ def hwg():
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
              # HW12: the fully resident walk (the Triton walk, the Gluon lean form ss_lean_pair)
              32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128",
-                     "rs2_lean_pair_pp_res256_t128"),
+                     "rs2_lean_pair_pp_res256_t128", "rs2_lean_pair_pp_d2t_res256_t128"),
              30011: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
+            # "..._d2t": rows keyed by target id (an increasing d2t; the launch's d2t argument)
+            d2t_form = form.endswith("_d2t")
+            form = form.removesuffix("_d2t")
             name = f"hwg_v{vocab}_b1_{form_name}"
             if ONLY and name not in ONLY:
                 continue
@@ -371,7 +374,8 @@ def hwg():
                                             dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0),
                                             rs=flags["rs"], lean=flags["lean_ends"])
                 assert why is None, why
-                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, **flags)
+                walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, **flags,
+                                      d2t=torch.zeros(vocab, dtype=torch.long, device=u.device) if d2t_form else None)
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

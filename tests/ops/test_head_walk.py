@@ -880,6 +880,40 @@ def test_gluon_resident_lean_selection(monkeypatch):
             head_walk(u, w1, w2.t(), first, gluon=form)
 
 
+def test_gluon_d2t_selection(monkeypatch, caplog):
+    """A greedy row with a reduced draft vocabulary (d2t) takes the Gluon walk only where the caller vouches that d2t
+    maps draft ids to increasing target ids (draft_to_target_increasing: rows are then keyed by target id, which
+    orders them as draft ids do), the shard is fully resident, the form is paired and the target ids fit the key;
+    the launch passes HAS_D2T and the d2t tensor; a non-paired form walks the Triton kernel and says so."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, dtypes=(bf, bf, bf), rank=256, capability=(9, 0),
+                triton_version="3.6.0", have_gluon=True)
+    plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
+    assert walk.why_not_gluon_b1(plan, rs=2, lean=True, extras=False, d2t=True, target_vocab=151936, **base) is None
+    assert "d2t only where it increases" in walk.why_not_gluon_b1(plan, rs=2, lean=True, extras=True, **base)
+    assert "ids below 262144" in walk.why_not_gluon_b1(plan, rs=2, lean=True, extras=False, d2t=True,
+                                                       target_vocab=300000, **base)
+    streamed = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
+    assert "fully resident" in walk.why_not_gluon_b1(streamed, rs=2, lean=True, extras=False, d2t=True,
+                                                     target_vocab=151936, **base)
+    build, (u, w1, w2, first, tokens) = _capture_stream_launches(monkeypatch, 32000)
+    d2t = torch.zeros(32000, dtype=torch.long)
+    assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, d2t=d2t,
+                                 **walk.gluon_form_flags("rs2_lean_pair_pp"))
+    grid, kwargs = build.launches[-1]
+    assert kwargs["HAS_D2T"] is True and kwargs["PAIRED"] is True
+    launched = len(build.launches)
+    log_once.cache_clear()
+    with caplog.at_level("INFO", logger=walk.__name__):
+        assert not walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, d2t=d2t, rs=2, lean_ends=True)
+    assert len(build.launches) == launched
+    assert any("'..._pair' form" in r.getMessage() for r in caplog.records)
+    assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags("rs2_lean_pair_pp"))
+    assert build.launches[-1][1]["HAS_D2T"] is False
+
+
 class _CapturedBuild:
     """A Gluon kernel that records its launch (grid, keyword arguments) instead of compiling."""
 
@@ -1281,7 +1315,8 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
     for replay in range(4):
         U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
         graph.replay()
-        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, gluon=False)
+        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, gluon=False,
+                              **{k: v for k, v in kw.items() if k == "draft_to_target"})
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), replay
     assert barrier_errors(DEVICE) == errors
@@ -1312,6 +1347,19 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     assert seen["overrides"] == [] and seen["extras"] is False, seen
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     assert torch.equal(tokens, ref)
+    # A reduced draft vocabulary: the wiring reads once whether d2t increases (vLLM's sorted draft vocabulary) and
+    # tells the kernel, which may then key rows by target id; a d2t that does not increase stays an extra.
+    p = make_problem(1, 3, 300, seed=3)
+    for d2t, increasing in ((p.d2t, True), (p.d2t.flip(0) + torch.arange(300).flip(0) - torch.arange(300), False)):
+        plan = vllm_walk.WalkPlan(backend="megakernel")
+        megakernel = vllm_walk._backend(plan)
+        seen.clear()
+        megakernel(p.U, p.w1, p.w2, p.x0, positions=None, draft_logits=None, out=tokens,
+                   req_indices=torch.tensor([2]), draft_to_target=d2t, logit_scale=1.0)
+        assert plan.d2t_increasing is increasing
+        assert seen["d2t"] is increasing and seen["extras"] is not increasing, seen
+        ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False, draft_to_target=d2t)
+        assert torch.equal(tokens, ref)
 
 
 # HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which
@@ -1351,6 +1399,40 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
         assert torch.equal(tokens, ref) and torch.equal(again, ref) and torch.equal(between, ref), form
     assert barrier_errors(DEVICE) == errors
     assert_walk_tolerated(p, ref, {}, False)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("steps", [15, 7, 1])
+@pytest.mark.parametrize("vocab", [32000, 30011])
+def test_gpu_resident_d2t_agrees(monkeypatch, vocab, steps, seed):
+    """A reduced draft vocabulary (an increasing d2t into 151,936 target ids, W1 over the target vocabulary): auto's
+    resident Gluon form, told that d2t increases, keys rows by target id and proposes exactly the Triton walk's
+    tokens (which keys by draft id), walk after walk, no fallback, no wait giving up; then in a CUDA graph, 4 replays
+    on new base logits. The Triton walk is tolerated by the naive reference."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1,
+                     extra_target=151936 - vocab)
+    p.w2 = p.w2.t().contiguous().t()
+    kw = dict(draft_to_target=p.d2t)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False, **kw)
+    errors = barrier_errors(DEVICE)
+    triton_launch = walk._launch
+    fell_back = []
+    monkeypatch.setattr(walk, "_launch", lambda *a, **k: fell_back.append(1))
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_to_target_increasing=True, **kw)
+    again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_to_target_increasing=True, **kw)
+    monkeypatch.setattr(walk, "_launch", triton_launch)
+    torch.cuda.synchronize()
+    assert not fell_back
+    assert torch.equal(tokens, ref) and torch.equal(again, ref)
+    assert barrier_errors(DEVICE) == errors
+    assert_walk_tolerated(p, ref, kw, False)
+    if steps == 15 and seed == 0:
+        _assert_gluon_graph_replays_agree(monkeypatch, p, dict(kw, draft_to_target_increasing=True))
 
 
 @gpu

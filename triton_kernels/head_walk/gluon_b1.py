@@ -268,10 +268,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _score_tile(acc, col, u_smem, tile, row0, shard_end, logit_scale, SCALED: gl.constexpr,
-                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr):
+                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr, HAS_D2T: gl.constexpr = False, id_offsets=0):
         """Keys of one [ST] tile of the shard from the accumulator's winning column, rounded as vLLM (kernel.py's
         _score_row): bias to U's dtype, (scale, round), + U, round; its base logits are row `tile` of this step's
-        u_smem."""
+        u_smem. HAS_D2T: keyed by target id (row + id_offsets, the tile's d2t), which orders as the draft id does
+        where d2t maps draft ids to increasing target ids (the caller's promise)."""
         st: gl.constexpr = acc.shape[0]
         rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
         u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
@@ -283,6 +284,8 @@ if HAVE_GLUON:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
         scored = gl.where(rows < shard_end, logits, float("-inf"))
+        if HAS_D2T:
+            return _ordered_keys(scored, rows + id_offsets)
         return _ordered_keys(scored, rows)
 
     @gluon.jit
@@ -297,7 +300,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
                         shard_end, logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
-                        LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False):
+                        LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False, HAS_D2T: gl.constexpr = False,
+                        id_off0=0, id_off1=0):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
         LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
         of a completed phase returns at once). PAIRED (RES_T == 2): both tiles' products in flight, one wait, then
@@ -305,6 +309,7 @@ if HAVE_GLUON:
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
+        gl.static_assert(PAIRED or not HAS_D2T, "d2t: the PAIRED fully resident forms only")
         if PAIRED:
             gl.static_assert(RES_T == 2, "PAIRED walks two resident tiles")
             if LEAN_ENDS:
@@ -319,8 +324,10 @@ if HAVE_GLUON:
                 acc1 = warpgroup_mma(res_smem.index(1 - RS_ROWS // ST), b_view, zero_acc, use_acc=False,
                                      is_async=True)
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-            keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC)
-            keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC)
+            keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC,
+                                HAS_D2T, id_off0)
+            keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC,
+                                HAS_D2T, id_off1)
             return gl.maximum(run, gl.maximum(keys0, keys1))
         for t in gl.static_range(RES_T):
             if t == 0 and RS_ROWS > 0:
@@ -366,7 +373,7 @@ if HAVE_GLUON:
                       shard_begin, shard_end, stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr,
                       RS_ROWS: gl.constexpr, SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       TILES_P2: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr):
+                      PAIRED: gl.constexpr, HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0):
         """Step k up to its key's publication: the candidates' rows into B, the shard's keys (resident tiles' A
         operands a0 / a1: registers, or shared memory), the CTA's best published; returns (tag, key slot, the next
         step's base logits, loaded while the programs meet)."""
@@ -391,7 +398,8 @@ if HAVE_GLUON:
             run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                  w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
         run = _resident_tiles(run, col, b_view, zero_acc, a0, a1, res_smem, res_ready, u_smem, shard_begin,
-                              shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED)
+                              shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED, HAS_D2T, id_off0,
+                              id_off1)
         if STREAM_TILES > 0:
             for j in range(lead, STREAM_TILES):
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
@@ -445,7 +453,8 @@ if HAVE_GLUON:
                       SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2):
+                      PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
+                      HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0):
         """The walk's steps (head_walk_b1_stream_kernel's loop): each publishes its key, then exchanges it."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -459,7 +468,7 @@ if HAVE_GLUON:
                 k, a_regs, a_regs2, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
                 logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem, gen, pid,
                 shard_begin, shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
-                TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED)
+                TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED, HAS_D2T, id_off0, id_off1)
             cand_key, cand = _step_exchange(k, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr,
                                             num_steps, u_tiles, o_cr, prog, err_addr, pid, NUM_PROGS, KEY_STRIDE,
                                             SLOTS_PER_CAND, SPIN_LIMIT, GUESS_ROUNDS, LEAN_ENDS, SPIN_STAGGER,
@@ -476,13 +485,13 @@ if HAVE_GLUON:
         w2_ptr, stride_w2r, stride_w2v, w2_desc,
         first_ptr, tok_ptr,
         keys_ptr, gen_ptr, err_ptr,
-        num_steps, vocab, logit_scale,
+        num_steps, vocab, logit_scale, d2t_ptr,
         R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
-        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -624,13 +633,21 @@ if HAVE_GLUON:
             o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
             prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
+        if HAS_D2T:
+            # The two resident tiles' rows as target ids (d2t: target = draft + d2t[draft]), once for the walk.
+            rows_d = shard_begin + gl.arange(0, ST, gl.SliceLayout(1, ACC))
+            id_off0 = gl.load(d2t_ptr + rows_d, mask=rows_d < shard_end, other=0).to(gl.int32)
+            id_off1 = gl.load(d2t_ptr + rows_d + ST, mask=rows_d + ST < shard_end, other=0).to(gl.int32)
+        else:
+            id_off0 = 0
+            id_off1 = 0
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
                       num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
                       shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
                       SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED,
-                      SPIN_STAGGER, SPIN_READS)
+                      SPIN_STAGGER, SPIN_READS, HAS_D2T, id_off0, id_off1)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

@@ -363,6 +363,7 @@ def head_walk(
     positions: torch.Tensor | None = None,
     req_indices: torch.Tensor | None = None,
     draft_to_target: torch.Tensor | None = None,
+    draft_to_target_increasing: bool = False,
     draft_logits: torch.Tensor | None = None,
     logit_scale: float = 1.0,
     confidence_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -414,6 +415,9 @@ def head_walk(
         req_indices: [B] request-state index of each row (indexes temperature, seeds, draft_logits); -1 marks
             a padding row. None: row b is request b.
         draft_to_target: [V] int64 offsets of a reduced draft vocabulary (vLLM's d2t): target = id + d2t[id].
+        draft_to_target_increasing: the caller has checked that id + d2t[id] strictly increases with id (vLLM builds
+            d2t from a sorted draft vocabulary): target ids then order rows as draft ids do, and a greedy row of a
+            fully resident shard may take the Gluon walk, which keys rows by target id.
         draft_logits: [num_reqs, >= N, V_target] cache to fill with each step's logits before temperature,
             at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`).
         logit_scale: the LogitsProcessor scale applied to the Markov bias.
@@ -566,10 +570,11 @@ def head_walk(
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
     if gluon is not False:
+        d2t_keyed = draft_to_target is not None and draft_to_target_increasing
         gluon_case = dict(
             num_rows=num_rows, head=head, sampled=sampled,
-            extras=draft_to_target is not None or draft_logits is not None or conf_h is not None
-            or tokens.stride(-1) != 1,
+            extras=(draft_to_target is not None and not d2t_keyed) or draft_logits is not None or conf_h is not None
+            or tokens.stride(-1) != 1, d2t=d2t_keyed, target_vocab=w1.shape[0],
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
@@ -587,7 +592,7 @@ def head_walk(
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, **flags):
+                                               logit_scale, d2t=draft_to_target if d2t_keyed else None, **flags):
             return tokens, draft_logits, confidence
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -744,14 +749,23 @@ def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
                      capability: tuple[int, int] | None, rs: int = 0, w2_tma: bool = True, lean: bool = False,
+                     d2t: bool = False, target_vocab: int = 0,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's streamed walk walks this case exactly as the Triton walk would, else why not (the log
-    line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t, a draft-logits cache, confidence or a
-    token buffer not contiguous along the steps (req_indices do not change a greedy row's tokens). w2_tma: W2's rows
-    can be read by TMA. lean: a "..._lean" form (the only ones that walk fully resident shards, HW12)."""
+    line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t not known to be increasing, a draft-logits
+    cache, confidence or a token buffer not contiguous along the steps (req_indices do not change a greedy row's
+    tokens). w2_tma: W2's rows can be read by TMA. lean: a "..._lean" form (the only ones that walk fully resident
+    shards, HW12). d2t: an increasing d2t (rows keyed by target id: fully resident shards only (and, at launch, a
+    paired two-tile form), target ids below 2^18; target_vocab = W1's rows)."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
     if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
-        reason = "only one greedy Markov row without d2t / draft logits / confidence has a Gluon walk"
+        reason = ("only one greedy Markov row without draft logits / confidence (and a d2t only where it increases) "
+                  "has a Gluon walk")
+    if reason is None and d2t and not (lean and cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS):
+        reason = (f"a d2t with shards of {cfg.chunk_rows} rows: the Gluon walk keys rows by target id only in its "
+                  f"fully resident forms")
+    if reason is None and d2t and target_vocab > MAX_TOKENS:
+        reason = f"a d2t into {target_vocab} target ids: the keys hold ids below {MAX_TOKENS}"
     if reason is not None:
         return reason
     reason = _why_not_gluon_operands(dtypes, rank)
@@ -844,7 +858,7 @@ _gluon_failed: dict = {}
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
                      stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
-                     pipelined_spin: bool = False) -> bool:
+                     pipelined_spin: bool = False, d2t: torch.Tensor | None = None) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
@@ -860,8 +874,13 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         lean_ends = False
     # PAIRED: two resident tiles and no streamed one (the selection's "..._pair" rule); otherwise off.
     paired = paired and tiles == 0 and resident == 2 * st
+    if d2t is not None and not paired:
+        log_once(logger, logging.INFO, "head_walk(gluon): a d2t needs a '..._pair' form of a fully resident shard "
+                 "(rows keyed by target id); walking the Triton kernel")
+        return False
     stagger = SPIN_STAGGER if pipelined_spin else 0
-    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, u.dtype, w1.dtype, rank)
+    key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, d2t is not None, u.dtype, w1.dtype,
+           rank)
     if key in _gluon_failed:
         return False
     try:
@@ -869,13 +888,14 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         gluon_b1.head_walk_b1_stream_kernel[(cfg.programs,)](
             u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
+            d2t if d2t is not None else first,
             R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
             TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS,
+            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
             num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -49,6 +49,8 @@ class WalkPlan:
     logits_dtype: torch.dtype | None = None  # what vLLM's `base + bias` yields
     estimator_cache: torch.Tensor | None = None  # greedy drafting with the estimator: the walk's logits go here
     draft_columns: torch.Tensor | None = None  # reduced draft vocabulary: draft id -> target column
+    # Whether d2t maps draft ids to strictly increasing target ids (read once, outside CUDA-graph capture).
+    d2t_increasing: bool | None = None
 
 
 def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -282,9 +284,25 @@ def _backend(plan: WalkPlan) -> Callable[..., Any]:
     def megakernel(base_logits: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         # The kernel's exchange='auto' picks the exchange by batch size (choose_exchange, from the measured
         # ladder in eval/results/head_walk.json), the same choice its benchmark's headline rows time.
+        d2t = kwargs.get("draft_to_target")
+        if d2t is not None:
+            kwargs["draft_to_target_increasing"] = _d2t_increasing(plan, d2t)
         head_walk(base_logits, *args, residency=plan.residency, w2_dtype=w2_dtype, exchange="auto", **kwargs)
 
     return megakernel
+
+
+def _d2t_increasing(plan: WalkPlan, d2t: torch.Tensor) -> bool:
+    """Whether d2t maps draft ids to strictly increasing target ids, as vLLM builds it from a sorted draft vocabulary:
+    then the kernel's Gluon walk may key rows by target id (the same order). A host read, so it is taken once, at the
+    first walk outside CUDA-graph capture (vLLM's profile run, after the weights are loaded); during a capture
+    before that, False (the Triton walk)."""
+    if plan.d2t_increasing is None:
+        if d2t.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        targets = d2t + torch.arange(d2t.numel(), device=d2t.device)
+        plan.d2t_increasing = bool((targets[1:] > targets[:-1]).all())
+    return plan.d2t_increasing
 
 
 def _reference_walk(base_logits, w1, w2, first_tokens, *, out, draft_logits=None, **kwargs) -> None:
