@@ -609,7 +609,16 @@ def assert_walk_tolerated(p, tokens, head_kw, sampled, atol_ulps=2.0):
             scored[:, k] = torch.where(hot[:, None], logits[:, k] / torch.where(hot, temp, 1.0)[:, None] + noise,
                                        logits[:, k])
     best = scored.max(-1).values
-    chosen = scored.gather(-1, tokens[..., None]).squeeze(-1)
+    rows = tokens
+    if kw.get("draft_to_target") is not None:  # tokens are target ids; the logits are over draft ids
+        assert not sampled, "greedy only with a d2t"
+        d2t = kw["draft_to_target"]
+        targets = torch.arange(d2t.numel(), device=d2t.device) + d2t
+        draft_of = torch.full((int(targets.max()) + 1,), -1, dtype=torch.long, device=d2t.device)
+        draft_of[targets] = torch.arange(d2t.numel(), device=d2t.device)
+        rows = draft_of[tokens]
+        assert bool((rows >= 0).all())
+    chosen = scored.gather(-1, rows[..., None]).squeeze(-1)
     tol = atol_ulps * best.abs().clamp(min=1.0) * 2.0 ** -7
     assert bool((chosen >= best - tol).all()), (best - chosen).max()
     return float((tokens == ref_tokens).float().mean())
