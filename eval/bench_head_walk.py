@@ -946,7 +946,8 @@ TUNE_CASES_V40 = (
 # form's) beside rs2_lean_pair_pp: block 1 6.9 vs 7.5 us, block 7 22.1 vs 22.1, block 15 41.0 / 40.7 / 40.7 / 40.9 vs
 # 40.4 / 40.8 / 40.4 / 40.4, sweep 40.5 vs 40.1 (fused step 120.3: the shipped form 3.00x on that machine): the start
 # is 0.6 us shorter but the steps pay it back; removed (code at c5674c2).
-# Ladder v42 (session 10): a greedy 32k b1 walk with a reduced draft vocabulary (an increasing d2t into 151,936
+# Ladder v42 (session 10, run once at 6b341c4: Gluon 40.2 / 40.6 / 40.3 / 40.4 vs Triton 49.5 / 49.7 / 49.7 / 49.8 us,
+# block 7 21.9 vs 26.1, block 1 7.7 vs 8.4): a greedy 32k b1 walk with a reduced draft vocabulary (an increasing d2t into 151,936
 # target ids, as vLLM builds it): the Triton walk (what ran with any d2t before) beside auto with
 # draft_to_target_increasing (the Gluon resident form, rows keyed by target id) in four ABBA pairs, and auto without
 # d2t for reference; blocks 7 and 1 once each. No sweep (--budget-s 0).

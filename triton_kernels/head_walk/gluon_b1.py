@@ -46,6 +46,11 @@ so the tokens are identical; what Gluon changes is who waits for what inside a p
    slot in flight, SPIN_STAGGER clock cycles apart, each re-issued as it returns without the tag, so a key that lands
    between two reads is seen up to half an L2 round trip sooner (the b1 step is the exchange's latency).
 
+8. HAS_D2T (session 10, ladder v42: -19 % against the Triton walk a d2t used to take): a reduced draft vocabulary in
+   the fully resident paired forms; rows keyed by target id (draft + d2t[draft], loaded once a walk), which orders
+   them as draft ids do where d2t increases (the caller's promise, walk.head_walk's draft_to_target_increasing), so
+   the winner's key carries the target id the token store and the next W1 gather need.
+
 Session 6 also built a Gluon form of the fully resident walk (32k) and one of 2..32 rows; measured on the H200 in
 session 7, neither was kept (no gain / wrong tokens): code at eee43d2, eval/notes/head_walk.md (item 6 walks resident
 shards in this kernel instead).
