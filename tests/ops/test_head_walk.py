@@ -1378,11 +1378,16 @@ RESIDENT_LEAN_FORMS = {"ss_lean_pair": dict(gluon="ss_lean_pair", **T128_RESIDEN
                        "rs2_lean_pair_pp": dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT), "auto": {}}
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("steps", [15, 7, 1])
-@pytest.mark.parametrize("vocab", [32000, 30011])
+def _resident_cases(test):
+    """The fully resident walk's GPU cases: 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows) x
+    blocks 15 / 7 / 1 x seeds 0 / 1."""
+    for mark in (pytest.mark.parametrize("vocab", [32000, 30011]), pytest.mark.parametrize("steps", [15, 7, 1]),
+                 pytest.mark.parametrize("seed", [0, 1]), needs_cuda, gpu):
+        test = mark(test)
+    return test
+
+
+@_resident_cases
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     """ss_lean_pair, the fully resident walk's lean form (gluon_b1's streamed kernel with no streamed tile), explicit
     and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it on the
@@ -1410,11 +1415,7 @@ def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     assert_walk_tolerated(p, ref, {}, False)
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("steps", [15, 7, 1])
-@pytest.mark.parametrize("vocab", [32000, 30011])
+@_resident_cases
 def test_gpu_resident_d2t_agrees(monkeypatch, vocab, steps, seed):
     """A reduced draft vocabulary (an increasing d2t into 151,936 target ids, W1 over the target vocabulary): auto's
     resident Gluon form, told that d2t increases, keys rows by target id and proposes exactly the Triton walk's
