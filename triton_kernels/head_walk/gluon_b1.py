@@ -86,8 +86,11 @@ def _pipelined_spin_ptx(reads: int) -> str:
     Operands: $0 the slot's value, $1 its address, $2 the tag, $3 the spin limit, $4 the error flag, $5 the value
     read before, $6 the stagger (cycles). Each read keeps its own register (no copy makes one wait for another)."""
     regs = [f"%ppr{i}" for i in range(reads)]
-    tag_of = lambda reg: (f"shr.u64 %ppt, {reg}, 18;\n cvt.u32.u64 %ppg, %ppt;\n and.b32 %ppg, %ppg, 16383;\n"  # noqa: E731
-                          f" setp.eq.u32 %ppp, %ppg, $2;\n")
+
+    def tag_of(reg: str) -> str:  # %ppp: the slot value in reg carries the tag $2
+        return (f"shr.u64 %ppt, {reg}, 18;\n cvt.u32.u64 %ppg, %ppt;\n and.b32 %ppg, %ppg, 16383;\n"
+                f" setp.eq.u32 %ppp, %ppg, $2;\n")
+
     stagger = [f"mov.u32 %ppc, %clock;\n PP_STAGGER{i}:\n mov.u32 %ppd, %clock;\n sub.u32 %ppd, %ppd, %ppc;\n"
                f" setp.lt.u32 %ppp, %ppd, $6;\n @%ppp bra PP_STAGGER{i};\n ld.relaxed.gpu.global.b64 {reg}, [$1];\n"
                for i, reg in enumerate(regs[1:])]
@@ -102,9 +105,8 @@ def _pipelined_spin_ptx(reads: int) -> str:
             "PP_FAIL:\n mov.u32 %ppg, 1;\n st.relaxed.gpu.global.b32 [$4], %ppg;\n PP_DONE:\n }")
 
 
-WAIT_PIPELINED2_PTX = tl.constexpr(_pipelined_spin_ptx(2))
-WAIT_PIPELINED3_PTX = tl.constexpr(_pipelined_spin_ptx(3))
-WAIT_PIPELINED4_PTX = tl.constexpr(_pipelined_spin_ptx(4))
+# The pipelined spins a kernel may take, by SPIN_READS - 2 (2, 3 or 4 reads in flight).
+WAIT_PIPELINED_PTX = tl.constexpr(tuple(_pipelined_spin_ptx(reads) for reads in (2, 3, 4)))
 
 # Triton versions this kernel was compiled and read on (offline, sm_90): Gluon's API differs between them.
 CHECKED_TRITON = ("3.6", "3.9")
@@ -145,15 +147,8 @@ if HAVE_GLUON:
         if SPIN_STAGGER > 0:
             operands = [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout), err_addr, first,
                         gl.full(ptrs.shape, SPIN_STAGGER, gl.int32, ptrs.type.layout)]
-            if SPIN_READS == 4:
-                return gl.inline_asm_elementwise(WAIT_PIPELINED4_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
-                                                 is_pure=False, pack=1)
-            elif SPIN_READS == 3:
-                return gl.inline_asm_elementwise(WAIT_PIPELINED3_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
-                                                 is_pure=False, pack=1)
-            else:
-                return gl.inline_asm_elementwise(WAIT_PIPELINED2_PTX, "=l,l,r,r,l,l,r", operands, dtype=gl.int64,
-                                                 is_pure=False, pack=1)
+            return gl.inline_asm_elementwise(WAIT_PIPELINED_PTX[SPIN_READS - 2], "=l,l,r,r,l,l,r", operands,
+                                             dtype=gl.int64, is_pure=False, pack=1)
         return gl.inline_asm_elementwise(WAIT_TAGGED_PTX, "=l,l,r,r,l,l",
                                          [ptrs, tag, gl.full(ptrs.shape, SPIN_LIMIT, gl.int32, ptrs.type.layout),
                                           err_addr, first], dtype=gl.int64, is_pure=False, pack=1)
