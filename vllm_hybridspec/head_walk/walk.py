@@ -300,9 +300,18 @@ def _d2t_increasing(plan: WalkPlan, d2t: torch.Tensor) -> bool:
     if plan.d2t_increasing is None:
         if d2t.is_cuda and torch.cuda.is_current_stream_capturing():
             return False
-        targets = d2t + torch.arange(d2t.numel(), device=d2t.device)
+        targets = _draft_columns(plan, d2t)
         plan.d2t_increasing = bool((targets[1:] > targets[:-1]).all())
     return plan.d2t_increasing
+
+
+def _draft_columns(plan: WalkPlan, d2t: torch.Tensor, vllm_columns: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft id -> target column (id + d2t[id]), made once and kept on the plan (vLLM's own scatter index where it
+    keeps one: the same values)."""
+    if plan.draft_columns is None:
+        plan.draft_columns = (vllm_columns if vllm_columns is not None
+                              else torch.arange(d2t.numel(), device=d2t.device) + d2t)
+    return plan.draft_columns
 
 
 def _reference_walk(base_logits, w1, w2, first_tokens, *, out, draft_logits=None, **kwargs) -> None:
@@ -360,11 +369,7 @@ def _predict_acceptance(spec: Any, plan: WalkPlan, cache: torch.Tensor, idx_map:
     if d2t is None:
         step_logits = step_logits[..., :vocab]
     else:
-        if plan.draft_columns is None:
-            plan.draft_columns = getattr(spec, "_d2t_scatter_index", None)
-            if plan.draft_columns is None:
-                plan.draft_columns = torch.arange(vocab, device=d2t.device) + d2t
-        step_logits = step_logits.index_select(2, plan.draft_columns)
+        step_logits = step_logits.index_select(2, _draft_columns(plan, d2t, getattr(spec, "_d2t_scatter_index", None)))
     for step in range(num_steps):
         spec._maybe_predict_acceptance(step_logits[:, step], idx_map[:, step], spec._step_cols[step])
 
