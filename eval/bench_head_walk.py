@@ -521,6 +521,15 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
     return p, kw
 
 
+def _mirrored_passes(forms: dict, vocab: int, suffix: str, passes: int = 4) -> list:
+    """Batch-1 cases of `passes` passes over forms (name -> head_walk options), every other pass in reverse order
+    (ABBA: drift cancels), named name{"", "_again", "_third", "_fourth"}_{suffix}."""
+    names = list(forms)
+    return [(f"{name}{tag}_{suffix}", vocab, 1, forms[name])
+            for i, tag in enumerate(("", "_again", "_third", "_fourth")[:passes])
+            for name in (names if i % 2 == 0 else names[::-1])]
+
+
 # Launch configurations tried beside the defaults (greedy, block 15): each changes one option, so the rows tell
 # which change bought what. Session 2's ladder (v4):
 TUNE_CASES = [
@@ -835,11 +844,7 @@ TUNE_CASES_V29 = [
 # the auto form beside the shipped rs_sf timed on the same fresh allocations ("sweep_also": ours_rs_sf, the pair per
 # sample). Run once at f6f748b: lean under rs_sf in all 7 pairs (median 2.1 %), adopted as auto; since then "default"
 # in these ladders IS rs_sf_lean (v30's sweep_also keeps timing rs_sf beside it).
-TUNE_CASES_V30 = [
-    ("default_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_v152k_b1", 151936, 1, LEAN),
-    ("gluon_rs_sf_lean_again_v152k_b1", 151936, 1, LEAN), ("default_again_v152k_b1", 151936, 1, {}),
-    ("default_third_v152k_b1", 151936, 1, {}), ("gluon_rs_sf_lean_third_v152k_b1", 151936, 1, LEAN),
-    ("gluon_rs_sf_lean_fourth_v152k_b1", 151936, 1, LEAN), ("default_fourth_v152k_b1", 151936, 1, {})]
+TUNE_CASES_V30 = _mirrored_passes({"default": {}, "gluon_rs_sf_lean": LEAN}, 151936, "v152k_b1")
 # HW12's ladder v31 (the 32k b1 walk's lean forms beside the shipped Triton walk, blocks 15 / 7 / 1, and the sweep
 # row with every form beside the default) was run once (session 9, call A at ee2fd3a): ss_lean adopted as auto's form
 # for fully resident 256-row shards; the Triton walk's lean start, rs_lean and the "..._late" forms measured slower and
@@ -856,9 +861,7 @@ TUNE_CASES_V30 = [
 RESIDENT_T128 = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 V32_FORMS = {"triton": dict(gluon=False), "default": {}, "ss_lean_pair": dict(gluon="ss_lean_pair", **RESIDENT_T128)}
 TUNE_CASES_V32 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, V32_FORMS[name])
-     for tag, order in (("", "tdp"), ("_again", "pdt"), ("_third", "tdp"), ("_fourth", "pdt"))
-     for name in [{"t": "triton", "d": "default", "p": "ss_lean_pair"}[c] for c in order]]
+    _mirrored_passes(V32_FORMS, 32000, "v32k_b1")
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V32_FORMS.items()])
 TUNE_CASES_V33 = [case for case in TUNE_CASES_V32 if not case[0].startswith("default")]
@@ -871,9 +874,7 @@ TUNE_CASES_V33 = [case for case in TUNE_CASES_V32 if not case[0].startswith("def
 # rs_sf_lean beside it on the same fresh allocations.
 RS2 = dict(LEAN, gluon="rs2_sf_lean")
 TUNE_CASES_V35 = (
-    [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else RS2)
-     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
-     for name in [{"d": "default", "r": "gluon_rs2_sf_lean"}[c] for c in order]]
+    _mirrored_passes({"default": {}, "gluon_rs2_sf_lean": RS2}, 151936, "v152k_b1")
     + [("default_v150001_b1", 150001, 1, {}), ("gluon_rs2_sf_lean_v150001_b1", 150001, 1, RS2),
        ("default_blk7_v152k_b1", 151936, 1, dict(steps=7)),
        ("gluon_rs2_sf_lean_blk7_v152k_b1", 151936, 1, dict(RS2, steps=7))])
@@ -884,9 +885,7 @@ TUNE_CASES_V35 = (
 RS2_RESIDENT = dict(gluon="rs2_lean_pair", **RESIDENT_T128)
 V36_FORMS = {"default": {}, "rs2_lean_pair": RS2_RESIDENT}
 TUNE_CASES_V36 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, V36_FORMS[name])
-     for tag, order in (("", "dr"), ("_again", "rd"), ("_third", "dr"), ("_fourth", "rd"))
-     for name in [{"d": "default", "r": "rs2_lean_pair"}[c] for c in order]]
+    _mirrored_passes(V36_FORMS, 32000, "v32k_b1")
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V36_FORMS.items()])
 # Ladder v37 (session 10, run once at 22173a2): the "..._fix" forms (FIX_WINNER: the warps' guessed W1 rows to the
@@ -908,16 +907,12 @@ TUNE_CASES_V36 = (
 PP32 = dict(gluon="rs2_lean_pair_pp", **RESIDENT_T128)
 PP152 = dict(LEAN, gluon="rs2_sf_lean_pp")
 TUNE_CASES_V39 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, {} if name == "default" else PP32)
-     for tag, order in (("", "dp"), ("_again", "pd"), ("_third", "dp"), ("_fourth", "pd"))
-     for name in [{"d": "default", "p": "rs2_lean_pair_pp"}[c] for c in order]]
+    _mirrored_passes({"default": {}, "rs2_lean_pair_pp": PP32}, 32000, "v32k_b1")
     + [(f"rs2_lean_pair_pp_stagger{cycles}_v32k_b1", 32000, 1, dict(PP32, spin_stagger=cycles))
        for cycles in (300, 1000)]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in (("default", {}), ("rs2_lean_pair_pp", PP32))]
-    + [(f"{name}{tag}_v152k_b1", 151936, 1, {} if name == "default" else PP152)
-       for tag, order in (("", "dp"), ("_again", "pd"))
-       for name in [{"d": "default", "p": "rs2_sf_lean_pp"}[c] for c in order]])
+    + _mirrored_passes({"default": {}, "rs2_sf_lean_pp": PP152}, 151936, "v152k_b1", passes=2))
 # Ladder v40 (session 10): the shipped "..._pp" spin (2 reads in flight, 600 cycles apart) beside other reads /
 # staggers (bench case options spin_reads / spin_stagger), at 32k block 15 in three passes (forward, backward,
 # forward) and at 152k in two; no sweep (--budget-s 0).
@@ -932,11 +927,8 @@ def _v40_kw(name):
 
 
 TUNE_CASES_V40 = (
-    [(f"{name}{tag}_v32k_b1", 32000, 1, _v40_kw(name))
-     for tag, names in (("", list(V40_SPINS)), ("_again", list(V40_SPINS)[::-1]), ("_third", list(V40_SPINS)))
-     for name in names]
-    + [(f"{name}{tag}_v152k_b1", 151936, 1, _v40_kw(name))
-       for tag, names in (("", V40_152K), ("_again", V40_152K[::-1])) for name in names])
+    _mirrored_passes({name: _v40_kw(name) for name in V40_SPINS}, 32000, "v32k_b1", passes=3)
+    + _mirrored_passes({name: _v40_kw(name) for name in V40_152K}, 151936, "v152k_b1", passes=2))
 # Ladder v40 (session 10, run once at 502d865): the pipelined spin's reads / stagger at 32k (three passes): shipped 2
 # reads 600 cycles apart 40.2 / 40.3 / 40.2 us; 2 x 300 40.1 / 40.1 / 40.0, 2 x 400 40.2 / 40.1 / 40.1, 3 x 200 40.0 /
 # 40.2 / 40.1, 4 x 150 40.1 / 40.0 / 40.2 (all within 0.5 %), 3 x 300 41.3 / 41.2 / 40.8, 4 x 200 41.8 / 41.4 / 42.7;
@@ -952,13 +944,11 @@ TUNE_CASES_V40 = (
 # draft_to_target_increasing (the Gluon resident form, rows keyed by target id) in four ABBA pairs, and auto without
 # d2t for reference; blocks 7 and 1 once each. No sweep (--budget-s 0).
 D2T = dict(d2t_target_vocab=151936)
-V42_FORMS = {"triton": dict(D2T, gluon=False), "gluon": dict(D2T, draft_to_target_increasing=True)}
+V42_FORMS = {"d2t_triton": dict(D2T, gluon=False), "d2t_gluon": dict(D2T, draft_to_target_increasing=True)}
 TUNE_CASES_V42 = (
-    [(f"d2t_{name}{tag}_v32k_b1", 32000, 1, V42_FORMS[name])
-     for tag, order in (("", "tg"), ("_again", "gt"), ("_third", "tg"), ("_fourth", "gt"))
-     for name in [{"t": "triton", "g": "gluon"}[c] for c in order]]
+    _mirrored_passes(V42_FORMS, 32000, "v32k_b1")
     + [("default_v32k_b1", 32000, 1, {})]
-    + [(f"d2t_{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
+    + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V42_FORMS.items()])
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
