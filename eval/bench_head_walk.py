@@ -85,7 +85,7 @@ def load_vllm_kernels(dest: Path = EXTRACT_DIR):
 class Problem:
     """Static buffers of one walk, laid out as vLLM's DSpark speculator holds them."""
 
-    def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0):
+    def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0, target_vocab=None):
         gen = torch.Generator(device=device).manual_seed(seed)
         rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=device) * scale).to(dtype)  # noqa: E731
         self.rows, self.steps, self.vocab, self.rank, self.sampled = rows, steps, vocab, rank, sampled
@@ -106,22 +106,44 @@ class Problem:
         self.draft_tokens = torch.zeros(rows, steps, dtype=torch.long, device=device)
         self.draft_logits = torch.zeros(rows, steps, vocab, dtype=dtype, device=device) if sampled else None
         self.work = torch.empty_like(self.base)
+        # A reduced draft vocabulary (DSpark's 32k drafts of a 151,936-token target), laid out as vLLM 0.33 holds
+        # it: d2t maps each draft id to an increasing target id (a sorted subset), W1 has the target's rows and is
+        # indexed by the previous (target) token, the anchors are target ids, and a sampled walk scatters each
+        # step's draft logits into a -inf target-width buffer and samples / caches over the target vocabulary.
+        self.d2t = self.targets = self.scatter_buf = None
+        if target_vocab:
+            pick = torch.Generator(device="cpu").manual_seed(seed + 11)
+            self.targets = torch.randperm(target_vocab, generator=pick)[:vocab].sort().values.to(device)
+            self.d2t = self.targets - torch.arange(vocab, device=device)
+            self.w1 = rnd(target_vocab, rank, scale=0.25)
+            self.input_ids = self.targets[self.input_ids]
+            self.first = self.input_ids[self.anchor_idx].clone()
+            if sampled:
+                self.draft_logits = torch.zeros(rows, steps, target_vocab, dtype=dtype, device=device)
+                self.scatter_buf = torch.full((rows, target_vocab), float("-inf"), dtype=dtype, device=device)
 
 
 def _draft_step(gumbel, p: Problem, i: int, logits_i):
-    """vLLM's `_sample_logits` for step i (Gumbel sample into the draft-logits cache, or argmax) + the store."""
+    """vLLM's `_sample_logits` for step i (Gumbel sample into the draft-logits cache, or argmax; with a reduced
+    draft vocabulary the scatter into target columns first, or the argmax's map to a target id) + the store."""
     if p.sampled:
+        if p.scatter_buf is not None:
+            p.scatter_buf.index_copy_(1, p.targets, logits_i.to(p.scatter_buf.dtype))
+            logits_i = p.scatter_buf
         draft = gumbel.gumbel_sample(logits_i, p.idx_map[:, i], p.temperature, p.seeds, p.sample_pos[:, i] - 1,
                                      apply_temperature=True, is_drafting=True, logits_cache=p.draft_logits,
                                      logits_cache_col=p.step_cols[i], use_fp64=False)
     else:
         draft = logits_i.argmax(dim=-1)
+        if p.d2t is not None:
+            draft = draft + p.d2t[draft]
     p.draft_tokens[:, i] = draft
     return draft
 
 
 def graph_loop(torch, F, gumbel, p: Problem) -> None:
-    """vLLM 0.33 DSparkSpeculator._sample_sequential from the base logits on (full draft vocabulary)."""
+    """vLLM 0.33 DSparkSpeculator._sample_sequential from the base logits on (full draft vocabulary, or a reduced
+    one with its d2t: Problem(target_vocab=))."""
     prev = p.input_ids[p.anchor_idx]
     for i in range(p.steps):
         markov_embed = F.embedding(prev, p.w1)
@@ -176,6 +198,10 @@ class FusedStep:
 
 
 def ours_fn(head_walk, p: Problem, **kw):
+    if p.d2t is not None:
+        # What the vLLM wiring passes for vLLM's sorted d2t (checked there once, outside graph capture).
+        kw = dict(dict(draft_to_target=p.d2t, draft_to_target_increasing=True), **kw)
+
     def run():
         sample = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
         head_walk(p.base, p.w1, p.w2.t(), p.first, draft_logits=p.draft_logits, out=p.draft_tokens, **sample, **kw)
@@ -228,10 +254,15 @@ def tolerated(naive_head_walk, gumbel_noise_fn, p: Problem, tokens, atol_ulps=2.
     from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, spec_step_seed
 
     kw = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
+    if p.d2t is not None:
+        kw["draft_to_target"] = p.d2t
     _, logits, _ = naive_head_walk(p.base, p.w1, p.w2.t(), p.first, force_tokens=tokens, **kw)
     scored = logits
+    ids = torch.arange(p.vocab, device=logits.device)[None, :] if p.d2t is None else p.targets[None, :]
+    if p.d2t is not None:
+        # Target ids back to draft columns (the targets increase with the draft id).
+        tokens = torch.searchsorted(p.targets, tokens)
     if p.sampled:
-        ids = torch.arange(p.vocab, device=logits.device)[None, :]
         for k in range(p.steps):
             noise = gumbel_noise_fn(spec_step_seed(p.seeds, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT, ids)
             scored[:, k] = logits[:, k] / p.temperature[:, None] + noise
@@ -382,9 +413,12 @@ def run_gpu(args) -> dict:
                     # until the row ends, so each lands elsewhere), a fresh graph capture each, ours and the
                     # baselines interleaved sample by sample; the row reports the median (HW11: one allocation's
                     # `ours` moved ~+-1.5 % between runs, as much as the gap to a goal).
+                    if args.d2t_target_vocab:
+                        row["d2t_target_vocab"] = args.d2t_target_vocab
                     problems, samples, tokens = [], {}, {}
                     for sample in range(args.samples):
-                        p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16)
+                        p = Problem(torch, rows, steps, vocab, RANK, sampled, device, torch.bfloat16,
+                                    target_vocab=args.d2t_target_vocab or None)
                         problems.append(p)
                         variants = {"ours": ours_fn(head_walk, p, **ours_kw)}
                         for also, also_kw in ladder.get("sweep_also", {}).items():
@@ -392,8 +426,10 @@ def run_gpu(args) -> dict:
                         variants["ours_step"] = ours_fn(head_walk, p, lockstep=True)
                         if not (sampled and gumbel is None):
                             variants["graph_loop"] = lambda p=p: graph_loop(torch, F, gumbel, p)
-                            variants["graph_topk"] = lambda p=p: graph_topk(torch, F, gumbel, p)
-                        if fused is not None and rows in args.fused_batches and vocab in args.fused_vocabs:
+                            if p.d2t is None:  # (the top-k loop and the fused step here have no d2t form)
+                                variants["graph_topk"] = lambda p=p: graph_topk(torch, F, gumbel, p)
+                        if (fused is not None and rows in args.fused_batches and vocab in args.fused_vocabs
+                                and p.d2t is None):
                             variants["fused_step"] = FusedStep(torch, triton, fused, p)
                         for name, fn in variants.items():
                             if f"{name}_error" in row:
@@ -1223,6 +1259,17 @@ def summarize(rows, checks=()) -> dict:
                 return r.get(key)
         return None
 
+    d2t = sorted({r["d2t_target_vocab"] for r in rows if r.get("d2t_target_vocab")})
+    if d2t:
+        # A reduced-vocabulary run (--d2t-target-vocab): every sweep row's ratio, keyed by draft / target vocabulary.
+        out = {}
+        for r in rows:
+            name = (f"v{round(r['vocab'] / 1000)}k_d2t{round(r['d2t_target_vocab'] / 1000)}k_blk{r['steps']}_"
+                    f"b{r['batch']}" + ("_sampled" if r["mode"] == "sampled" else ""))
+            out[f"speedup_graph_loop_{name}"] = r.get("speedup_graph_loop")
+            out[f"ours_us_{name}"] = r.get("ours_us")
+            out[f"graph_loop_us_{name}"] = r.get("graph_loop_us")
+        return out
     return {
         "speedup_graph_loop_v32k_blk15_b1": pick(32000, 15, 1, "speedup_graph_loop"),
         "speedup_fused_step_v32k_blk15_b1": pick(32000, 15, 1, "speedup_fused_step"),
@@ -1328,7 +1375,8 @@ def markdown(rows, summary, result) -> str:
     if result.get("runs"):
         lines += ["", "runs (each row's `run`; ratios only within a run):", ""]
         lines += [f"- run {r['run']}: commit {r['commit'][:10]}, {r['date']}, `{r['command']}`" for r in result["runs"]]
-    cols = ["run", "vocab", "steps", "batch", "mode", "ours_variant", "ours_us", "ours_us_per_step", "ours_step_us",
+    cols = ["run", "vocab"] + (["d2t_target_vocab"] if any(r.get("d2t_target_vocab") for r in rows) else []) + [
+            "steps", "batch", "mode", "ours_variant", "ours_us", "ours_us_per_step", "ours_step_us",
             "graph_loop_us", "graph_topk_us", "fused_step_us", "speedup_graph_loop", "speedup_fused_step",
             "hbm_stream_us", "hbm_once_us", "ours_tolerated", "agree_graph_loop"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -1411,9 +1459,16 @@ def main():
     parser.add_argument("--skip", nargs="+", default=[],
                         help="drop ladder rows and scoring variants whose name contains any of these (a form that "
                              "faulted in a check before the bench: a CUDA fault ends the process)")
+    parser.add_argument("--d2t-target-vocab", type=int, default=0,
+                        help="sweep rows with a reduced draft vocabulary (the --vocabs) mapped by an increasing d2t "
+                             "into this many target ids, vLLM's loop with its d2t beside ours; results as "
+                             "head_walk_d2t (with --finalize too)")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     args = parser.parse_args()
+    if args.d2t_target_vocab:
+        global BENCH
+        BENCH = f"{BENCH}_d2t"
     if args.skip:
         _drop_variants(args.ladder, args.skip)
     if args.prepare:

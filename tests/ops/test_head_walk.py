@@ -269,6 +269,9 @@ def test_sampled_drafts_follow_softmax():
     (dict(l2_prefetch=-1), "l2_prefetch"),
     (dict(stream_tma=-1), "stream_tma"),
     (dict(stream_tma=9), "stream_tma"),
+    # target ids 10, 12, 11, ...: not increasing, so rows keyed by target id would break vLLM's ties differently
+    (dict(draft_to_target=torch.tensor([10, 11, 9] + [10] * 47), draft_to_target_increasing=True),
+     "does not strictly increase"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -277,6 +280,20 @@ def test_bad_input_raises(change, message):
     args.update({k: v for k, v in change.items() if k in args})
     with pytest.raises(ValueError, match=message):
         head_walk(args["U"], args["w1"], args["w2"], args["x0"], **kwargs)
+
+
+@needs_kernels
+def test_increasing_d2t_promise_is_checked_once():
+    """A true promise walks as without it (the check reads d2t once; the kept answer survives until d2t changes),
+    and the same tensor changed in place is read again."""
+    args = (torch.randn(2, 3, 50), torch.randn(120, 16), torch.randn(16, 50), torch.tensor([3, 7]))
+    d2t = torch.arange(50) // 2  # targets 0, 1, 3, 4, 6, ...: strictly increasing
+    plain, _, _ = head_walk(*args, draft_to_target=d2t)
+    promised, _, _ = head_walk(*args, draft_to_target=d2t, draft_to_target_increasing=True)
+    assert torch.equal(plain, promised)
+    d2t[5] = 0  # target 5 after target 6: the promise no longer holds
+    with pytest.raises(ValueError, match="does not strictly increase"):
+        head_walk(*args, draft_to_target=d2t, draft_to_target_increasing=True)
 
 
 @needs_kernels

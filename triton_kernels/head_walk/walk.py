@@ -334,6 +334,18 @@ def _tensor_key(t: torch.Tensor):
     return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
 
 
+def _d2t_increases(d2t: torch.Tensor) -> bool:
+    """Whether id + d2t[id] strictly increases: read once per d2t (its identity and contents, as _cached keys them),
+    never while a CUDA graph is being captured (a host read would break the capture: a d2t first seen there keeps
+    the caller's promise unchecked, as documented)."""
+    key = ("d2t_increases", _tensor_key(d2t))
+    if key in _tables:
+        return _tables[key][1]
+    if d2t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return True
+    return _cached("d2t_increases", (d2t,), lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()))
+
+
 def quantize_w2_fp8(w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W2 [r, V] -> (e4m3 rows [V, r], fp32 scale [V]) with one scale per vocabulary row."""
     rows = w2.t().float()
@@ -415,9 +427,10 @@ def head_walk(
         req_indices: [B] request-state index of each row (indexes temperature, seeds, draft_logits); -1 marks
             a padding row. None: row b is request b.
         draft_to_target: [V] int64 offsets of a reduced draft vocabulary (vLLM's d2t): target = id + d2t[id].
-        draft_to_target_increasing: the caller has checked that id + d2t[id] strictly increases with id (vLLM builds
-            d2t from a sorted draft vocabulary): target ids then order rows as draft ids do, and a greedy row of a
-            fully resident shard may take the Gluon walk, which keys rows by target id.
+        draft_to_target_increasing: id + d2t[id] strictly increases with id (vLLM builds d2t from a sorted draft
+            vocabulary): target ids then order rows as draft ids do, and a greedy row of a fully resident shard may
+            take the Gluon walk, which keys rows by target id. Checked once per d2t (ValueError if wrong), except
+            for a d2t first seen during CUDA-graph capture, where it stays the caller's promise.
         draft_logits: [num_reqs, >= N, V_target] cache to fill with each step's logits before temperature,
             at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`).
         logit_scale: the LogitsProcessor scale applied to the Markov bias.
@@ -490,6 +503,9 @@ def head_walk(
         _check(req_indices.shape == (num_rows,), f"req_indices must be [B={num_rows}]")
     if draft_to_target is not None:
         _check(draft_to_target.shape == (vocab,), f"draft_to_target must be [V={vocab}]")
+        _check(not draft_to_target_increasing or _d2t_increases(draft_to_target),
+               "draft_to_target_increasing=True, but id + draft_to_target[id] does not strictly increase with id: "
+               "pass False (vLLM's wiring checks this itself)")
     if draft_logits is not None:
         _check(draft_logits.dim() == 3 and draft_logits.shape[1] >= num_steps and draft_logits.stride(-1) == 1,
                "draft_logits must be [num_reqs, >= N, V_target], contiguous along the vocabulary")
