@@ -85,7 +85,8 @@ def load_vllm_kernels(dest: Path = EXTRACT_DIR):
 class Problem:
     """Static buffers of one walk, laid out as vLLM's DSpark speculator holds them."""
 
-    def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0, target_vocab=None):
+    def __init__(self, torch, rows, steps, vocab, rank, sampled, device, dtype, seed=0, target_vocab=None,
+                 d2t_layout="random"):
         gen = torch.Generator(device=device).manual_seed(seed)
         rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=device) * scale).to(dtype)  # noqa: E731
         self.rows, self.steps, self.vocab, self.rank, self.sampled = rows, steps, vocab, rank, sampled
@@ -113,7 +114,11 @@ class Problem:
         self.d2t = self.targets = self.scatter_buf = None
         if target_vocab:
             pick = torch.Generator(device="cpu").manual_seed(seed + 11)
-            self.targets = torch.randperm(target_vocab, generator=pick)[:vocab].sort().values.to(device)
+            # "random": a sorted random subset (every 32-byte sector of a cache row holds some draft columns);
+            # "dense": the first `vocab` ids (the draft columns fill whole sectors; a diagnosis layout)
+            chosen = torch.randperm(target_vocab, generator=pick)[:vocab] if d2t_layout == "random" else (
+                torch.arange(vocab))
+            self.targets = chosen.sort().values.to(device)
             self.d2t = self.targets - torch.arange(vocab, device=device)
             self.w1 = rnd(target_vocab, rank, scale=0.25)
             self.input_ids = self.targets[self.input_ids]
@@ -332,19 +337,13 @@ def run_gpu(args) -> dict:
             walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
             steps = kw.pop("steps", 15)
-            p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16)
-            # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids, increasing as vLLM builds
-            # it: W1 then has the target vocabulary's rows and the anchors are target ids.
-            reference_kw = {}
-            target_vocab = kw.pop("d2t_target_vocab", None)
-            if target_vocab:
-                gen = torch.Generator(device="cpu").manual_seed(11)
-                targets = torch.randperm(target_vocab, generator=gen)[:vocab].sort().values.to(device)
-                reference_kw["draft_to_target"] = targets - torch.arange(vocab, device=device)
-                p.w1 = (torch.randn(target_vocab, RANK, generator=gen) * 0.25).to(device, torch.bfloat16)
-                p.first = targets[p.first]
-                kw.update(reference_kw)
-            ours_fn(head_walk, p, lockstep=True, **reference_kw)()
+            # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids (Problem(target_vocab=)),
+            # laid out as d2t_layout; no_cache: a sampled walk without the draft-logits cache.
+            p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16,
+                        target_vocab=kw.pop("d2t_target_vocab", None), d2t_layout=kw.pop("d2t_layout", "random"))
+            if kw.pop("no_cache", False):
+                p.draft_logits = None
+            ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
             errors_before = barrier_errors(device)
             fn = ours_fn(head_walk, p, **kw)
@@ -986,6 +985,15 @@ TUNE_CASES_V42 = (
     + [("default_v32k_b1", 32000, 1, {})]
     + [(f"{name}_blk{steps}_v32k_b1", 32000, 1, dict(kw, steps=steps)) for steps in (7, 1)
        for name, kw in V42_FORMS.items()])
+# v43 (session 11, diagnosis): a sampled walk of 32k drafts with d2t into 151,936 target ids took 244.6 / 636.6 us at
+# b32 / b64 against 190.9 / 339.7 without d2t (run of 1c16d9f). Which part: the draft-logits cache written at
+# scattered target columns (partial 32-byte sectors), or the d2t keying / noise by target id? Each batch: no d2t,
+# d2t (random subset), the same without the cache, d2t over the first 32k ids (whole sectors); greedy d2t beside.
+V43_FORMS = {"plain": dict(sampled=True), "d2t": dict(D2T, sampled=True),
+             "d2t_nocache": dict(D2T, sampled=True, no_cache=True),
+             "d2t_dense": dict(D2T, sampled=True, d2t_layout="dense"),
+             "greedy_d2t": dict(D2T), "greedy_plain": {}}
+TUNE_CASES_V43 = [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (32, 64) for name, kw in V43_FORMS.items()]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1069,6 +1077,7 @@ LADDERS = {
                 sweep_also={"rs2_lean_pair": RS2_RESIDENT}),
     "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
     "v42": dict(rule={}, cases=TUNE_CASES_V42, floors=[]),
+    "v43": dict(rule={}, cases=TUNE_CASES_V43, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
