@@ -343,6 +343,9 @@ def run_gpu(args) -> dict:
                         target_vocab=kw.pop("d2t_target_vocab", None), d2t_layout=kw.pop("d2t_layout", "random"))
             if kw.pop("no_cache", False):
                 p.draft_logits = None
+            cache_width = kw.pop("cache_width", None)
+            if cache_width and p.draft_logits is not None:  # the same draft columns in wider cache rows
+                p.draft_logits = torch.zeros(rows, steps, cache_width, dtype=p.draft_logits.dtype, device=device)
             ours_fn(head_walk, p, lockstep=True)()
             step_tokens = p.draft_tokens.clone()
             errors_before = barrier_errors(device)
@@ -994,6 +997,11 @@ V43_FORMS = {"plain": dict(sampled=True), "d2t": dict(D2T, sampled=True),
              "d2t_dense": dict(D2T, sampled=True, d2t_layout="dense"),
              "greedy_d2t": dict(D2T), "greedy_plain": {}}
 TUNE_CASES_V43 = [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (32, 64) for name, kw in V43_FORMS.items()]
+# v44 (after v43: the cache store is the cost, and d2t over whole sectors still costs 180 us at b64 where the plain
+# walk's cache, the same bytes, costs ~29): is it the width of the cache rows? A walk without d2t writing its 32k
+# columns into cache rows 32k / 64k / 96k / 151,936 wide.
+TUNE_CASES_V44 = [(f"plain_w{width // 1000}k_v32k_b{rows}", 32000, rows, dict(sampled=True, cache_width=width))
+                  for rows in (64, 32) for width in (32000, 64000, 96000, 151936)]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1078,6 +1086,7 @@ LADDERS = {
     "v40": dict(rule={}, cases=TUNE_CASES_V40, floors=[]),
     "v42": dict(rule={}, cases=TUNE_CASES_V42, floors=[]),
     "v43": dict(rule={}, cases=TUNE_CASES_V43, floors=[]),
+    "v44": dict(rule={}, cases=TUNE_CASES_V44, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
