@@ -559,11 +559,11 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
     return p, kw
 
 
-def _mirrored_passes(forms: dict, vocab: int, suffix: str, passes: int = 4) -> list:
-    """Batch-1 cases of `passes` passes over forms (name -> head_walk options), every other pass in reverse order
+def _mirrored_passes(forms: dict, vocab: int, suffix: str, passes: int = 4, rows: int = 1) -> list:
+    """Cases of `passes` passes over forms (name -> head_walk options), every other pass in reverse order
     (ABBA: drift cancels), named name{"", "_again", "_third", "_fourth"}_{suffix}."""
     names = list(forms)
-    return [(f"{name}{tag}_{suffix}", vocab, 1, forms[name])
+    return [(f"{name}{tag}_{suffix}", vocab, rows, forms[name])
             for i, tag in enumerate(("", "_again", "_third", "_fourth")[:passes])
             for name in (names if i % 2 == 0 else names[::-1])]
 
@@ -1002,6 +1002,13 @@ TUNE_CASES_V43 = [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (32, 64)
 # columns into cache rows 32k / 64k / 96k / 151,936 wide.
 TUNE_CASES_V44 = [(f"plain_w{width // 1000}k_v32k_b{rows}", 32000, rows, dict(sampled=True, cache_width=width))
                   for rows in (64, 32) for width in (32000, 64000, 96000, 151936)]
+# v45 (session 11): the compact cache (head_walk(compact_cache=True): the walk stores draft columns contiguously by
+# batch row, one launch then writes the cache's walked target rows whole) against the direct store at the scattered
+# target columns, sampled 32k -> 151,936, ABBA x 2 at b8 / b16 / b32 / b64: where it pays sets COMPACT_CACHE_MIN_ROWS.
+V45_FORMS = {"direct": dict(D2T, sampled=True, compact_cache=False), "compact": dict(D2T, sampled=True,
+                                                                                    compact_cache=True)}
+TUNE_CASES_V45 = [case for rows in (8, 16, 32, 64)
+                  for case in _mirrored_passes(V45_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1087,6 +1094,7 @@ LADDERS = {
     "v42": dict(rule={}, cases=TUNE_CASES_V42, floors=[]),
     "v43": dict(rule={}, cases=TUNE_CASES_V43, floors=[]),
     "v44": dict(rule={}, cases=TUNE_CASES_V44, floors=[]),
+    "v45": dict(rule={}, cases=TUNE_CASES_V45, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -125,6 +125,29 @@ def test_sampled_matches_naive_and_fills_draft_logits(head, reduced_vocab, strea
 
 
 @needs_kernels
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("rows,steps,vocab", [(4, 6, 1031), (17, 3, 200)], ids=["b4-n6-v1031", "b17-n3-v200"])
+def test_compact_cache_writes_whole_rows(sampled, rows, steps, vocab):
+    """With d2t, the compact cache (draft columns stored by batch row, then one launch writing the walked rows whole)
+    gives the tokens of the direct store and the same logits at the draft ids' target columns, -inf at the rest of
+    the walked steps' rows of real requests; padding rows' requests and other steps are untouched."""
+    p = make_problem(rows, steps, vocab, seed=4)
+    kw = dict(draft_to_target=p.d2t, req_indices=p.req, **(sampling_kwargs(p) if sampled else {}))
+    width = vocab + 40
+    direct = torch.full((p.req.max().item() + 3, steps + 1, width), -7.0, device=DEVICE)
+    compact = direct.clone()
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=direct, compact_cache=False, **kw)
+    again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=compact, compact_cache=True, **kw)
+    assert torch.equal(tokens, again)
+    expected = direct.clone()
+    draft_cols = torch.zeros(width, dtype=torch.bool, device=DEVICE)
+    draft_cols[torch.arange(vocab, device=DEVICE) + p.d2t] = True
+    for req in p.req[p.req >= 0].tolist():
+        expected[req, :steps, ~draft_cols] = float("-inf")
+    assert torch.equal(compact, expected)
+
+
+@needs_kernels
 @pytest.mark.parametrize("programs", [2, 5])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("head", ["markov", "rnn"])
@@ -656,6 +679,27 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
     lock_tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
     assert torch.equal(tokens, lock_tokens)
     assert_walk_tolerated(p, tokens, head_kw, sampled)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [16, 64, 70], ids=["b16", "b64", "b70-two-launches"])
+def test_gpu_compact_cache_bf16(rows):
+    """A sampled 32k walk with d2t into 151,936 target ids (a padding row, requests out of order): the compact cache
+    and its whole-row launch give the direct store's tokens and cache at the draft columns, -inf at the others."""
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1,
+                     extra_target=151936 - 32000)
+    kw = dict(draft_to_target=p.d2t, req_indices=p.req, **sampling_kwargs(p))
+    direct = torch.full((rows + 2, 16, 151936), -7.0, dtype=torch.bfloat16, device=DEVICE)
+    compact = direct.clone()
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=direct, compact_cache=False, **kw)
+    again, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=compact, compact_cache=True, **kw)
+    assert torch.equal(tokens, again)
+    draft_cols = torch.zeros(151936, dtype=torch.bool, device=DEVICE)
+    draft_cols[torch.arange(32000, device=DEVICE) + p.d2t] = True
+    for req in p.req[p.req >= 0].tolist():
+        direct[req, :15, ~draft_cols] = float("-inf")
+    assert torch.equal(compact, direct)
 
 
 @gpu

@@ -532,7 +532,10 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
             target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
         else:
             target_ids = rows
-        if STORE_LOGITS:
+        if STORE_LOGITS == 2:  # a compact draft-column buffer by batch row (head_walk expands it after the walk)
+            tl.store(dl_ptr + o_b[None, :] * stride_dlr + step * stride_dlk + rows[:, None],
+                     logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
+        elif STORE_LOGITS:
             tl.store(dl_ptr + req_safe[None, :] * stride_dlr + step * stride_dlk + target_ids[:, None],
                      logits.to(dl_ptr.dtype.element_ty), mask=m_v[:, None] & valid[None, :])
         if SAMPLED:
@@ -580,7 +583,9 @@ def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stri
         target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
     else:
         target_ids = rows
-    if STORE_LOGITS:
+    if STORE_LOGITS == 2:  # compact: draft columns of batch row 0
+        tl.store(dl_ptr + step * stride_dlk + rows, logits.to(dl_ptr.dtype.element_ty), mask=m_v & valid)
+    elif STORE_LOGITS:
         tl.store(dl_ptr + req_safe * stride_dlr + step * stride_dlk + target_ids, logits.to(dl_ptr.dtype.element_ty),
                  mask=m_v & valid)
     if SAMPLED:
@@ -1283,3 +1288,23 @@ def head_walk_kernel(
         x = _pick(keys_ptr, (num_steps - 1) % 2, o_b, m_b, d2t_ptr, NUM_PROGS, PP, BP, HAS_D2T, KEY_BY_TARGET)
         if pid == 0:
             tl.store(tok_ptr + o_b * stride_tb + (num_steps - 1), x, mask=m_b)
+
+
+@triton.jit
+def expand_draft_logits_kernel(compact_ptr, stride_cb, stride_ck, cache_ptr, stride_cr, stride_cs, req_ptr, t2d_ptr,
+                               target_vocab, HAS_REQ: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (target column block, step, batch row): one step's row of the draft-logits cache, BLOCK target
+    columns, written whole: the logit of the draft id mapped there (t2d >= 0, from the walk's compact [B, N, V]
+    buffer), -inf at the other columns (what vLLM's own walk writes there). Whole 32-byte sectors: a walk that wrote
+    only the draft ids' scattered target columns left partial sectors that HBM rewrites read-modify-write."""
+    i_c, k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    if HAS_REQ:
+        req = tl.load(req_ptr + b).to(tl.int64)
+    else:
+        req = b
+    if req >= 0:  # -1: a padding row
+        cols = i_c * BLOCK + tl.arange(0, BLOCK)
+        m = cols < target_vocab
+        draft = tl.load(t2d_ptr + cols, mask=m, other=-1)
+        vals = tl.load(compact_ptr + b * stride_cb + k * stride_ck + draft, mask=draft >= 0, other=float("-inf"))
+        tl.store(cache_ptr + req * stride_cr + k * stride_cs + cols, vals, mask=m)

@@ -25,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._log import log_once
 from . import gluon_b1
-from .kernel import MAX_TOKENS, U_BOX_BYTES, head_walk_kernel
+from .kernel import MAX_TOKENS, U_BOX_BYTES, expand_draft_logits_kernel, head_walk_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, 
 WINNER_STRIDE = 1
 MAX_WINNER_STRIDE = 4096
 MAX_ROWS_PER_LAUNCH = 64
+# With a reduced draft vocabulary (d2t) a walk of at least this many rows stores the step logits in a compact
+# [B, N, V] buffer (contiguous draft columns, as a walk without d2t stores them) and one launch after the walk writes
+# the cache's target-width rows whole (head_walk(compact_cache=)). Written at the scattered target columns inside the
+# walk instead, the cache cost a sampled 32k -> 151,936 walk 79 / 328 us at b32 / b64 (ladder v43; the same walk
+# without any cache: 166 / 311 us).
+COMPACT_CACHE_MIN_ROWS = 16
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
@@ -401,6 +407,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
+    compact_cache: bool | None = None,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -432,7 +439,9 @@ def head_walk(
             take the Gluon walk, which keys rows by target id. Checked once per d2t (ValueError if wrong), except
             for a d2t first seen during CUDA-graph capture, where it stays the caller's promise.
         draft_logits: [num_reqs, >= N, V_target] cache to fill with each step's logits before temperature,
-            at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`).
+            at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`). With
+            draft_to_target, the other columns of the walked steps are left as they are or set to -inf (as vLLM's
+            walk writes them; see compact_cache).
         logit_scale: the LogitsProcessor scale applied to the Markov bias.
         confidence_weights: (wc [d + r] or [d], bc [1]): confidence_k = sigmoid(wc . [h_k; W1[x_{k-1}]] + bc).
         residency: "auto" | "full" (error if W2 does not fit on chip) | "partial" | "off" (stream all of W2).
@@ -451,7 +460,10 @@ def head_walk(
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
-            int64 entries between the rows' winners, WINNER_STRIDE): launch overrides for tests and tuning.
+            int64 entries between the rows' winners, WINNER_STRIDE), compact_cache (with draft_to_target and
+            draft_logits: the walk stores draft columns in a compact buffer and a second launch writes the cache's
+            walked rows whole, -inf outside the draft vocabulary; None: from COMPACT_CACHE_MIN_ROWS rows): launch
+            overrides for tests and tuning.
         gluon: "auto" (default): gluon_b1's walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
             aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; fully
@@ -610,16 +622,44 @@ def head_walk(
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
                                                logit_scale, d2t=draft_to_target if d2t_keyed else None, **flags):
             return tokens, draft_logits, confidence
+    if compact_cache is None:
+        compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
+    compact = None
+    if compact_cache and draft_to_target is not None and draft_logits is not None:
+        compact = torch.empty(num_rows, num_steps, vocab, dtype=draft_logits.dtype, device=device)
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
         rows_req = req_indices[g] if req_indices is not None else (
             None if num_rows <= MAX_ROWS_PER_LAUNCH else torch.arange(g.start, g.stop, device=device))
         _launch(cfg, base_logits[g], w1, w2_rows, w2_scale, first_tokens[g].contiguous(), tokens[g], rows_req,
-                temperature, seeds, positions[g] if sampled else None, draft_to_target, draft_logits,
+                temperature, seeds, positions[g] if sampled else None, draft_to_target,
+                draft_logits if compact is None else compact[g],
                 conf_h[g] if conf_h is not None else None, conf_w, None if confidence is None else confidence[g],
                 gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
-                HEADS[head], logit_scale)
+                HEADS[head], logit_scale, compact_logits=compact is not None)
+    if compact is not None:
+        _expand_draft_logits(compact, draft_logits, req_indices, draft_to_target)
     return tokens, draft_logits, confidence
+
+
+def _target_to_draft(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """[V_target] int32: the draft id mapped to each target id, -1 where none is."""
+    draft_ids = torch.arange(d2t.numel(), device=d2t.device)
+    t2d = torch.full((target_vocab,), -1, dtype=torch.int32, device=d2t.device)
+    t2d[draft_ids + d2t] = draft_ids.to(torch.int32)
+    return t2d
+
+
+def _expand_draft_logits(compact: torch.Tensor, cache: torch.Tensor, req_indices: torch.Tensor | None,
+                         d2t: torch.Tensor, block: int = 4096) -> None:
+    """The walked steps' cache rows [req, k, :V_target] from the compact [B, N, V] draft logits, written whole."""
+    num_rows, num_steps, _ = compact.shape
+    target_vocab = cache.shape[-1]
+    t2d = _cached(f"t2d_{target_vocab}", (d2t,), lambda: _target_to_draft(d2t, target_vocab))
+    expand_draft_logits_kernel[(triton.cdiv(target_vocab, block), num_steps, num_rows)](
+        compact, compact.stride(0), compact.stride(1), cache, cache.stride(0), cache.stride(1),
+        req_indices if req_indices is not None else compact, t2d, target_vocab, HAS_REQ=req_indices is not None,
+        BLOCK=block, num_warps=4)
 
 
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
@@ -947,7 +987,8 @@ def _stream_descriptors(cfg: WalkConfig, u: torch.Tensor, w2_rows: torch.Tensor)
 
 
 def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, temperature, seeds, positions, d2t,
-            draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float) -> None:
+            draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float,
+            compact_logits: bool = False) -> None:
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
     block_rows = cfg.block_rows
@@ -988,7 +1029,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         CHUNK_ROWS=cfg.chunk_rows,
         NUM_PROGS=cfg.programs, PP=triton.next_power_of_2(cfg.programs), HEAD=head,
         SAMPLED=temperature is not None, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
-        STORE_LOGITS=draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,
+        STORE_LOGITS=2 if compact_logits else draft_logits is not None, HAS_CONF=conf_h is not None, W2_SCALED=w2_scale is not None,
         MULTI=cfg.multi, SJ=state_slice, SPIN_LIMIT=SPIN_LIMIT,
         DOT_PRECISION="ieee" if w2_rows.dtype == torch.float32 else "tf32",
         EXCHANGE=EXCHANGE_CODES[cfg.exchange], KEYS_ONCE=cfg.keys_once, KB=1 if num_rows == 1 else block_rows,
