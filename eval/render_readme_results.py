@@ -41,6 +41,13 @@ ROWS = {
         ("speedup_graph_loop_v152k_blk15_b1", "V=151,936 (partial residency), batch 1", ">= 2.5"),
         ("speedup_graph_loop_v32k_blk15_b32", "V=32k, batch 32", ">= 6"),
     ],
+    "head_walk_d2t": [
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b1", "the configuration DSpark users run: 32k draft vocabulary with vLLM's d2t into 151,936 target ids, greedy, block 15, batch 1: vLLM's walk with its d2t / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b1_sampled", "same, sampled, batch 1", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
+    ],
     "verify_profile": [
         ("baseline_growth_4_to_16", "whole Qwen3.6-35B-A3B-shaped verify pass, vLLM path: T(16)/T(4) - 1, batch 1", "0.35-1.1"),
         ("ours_growth_4_to_16", "same with our GDN verify (+ routing probe)", "<= 0.35"),

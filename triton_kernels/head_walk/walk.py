@@ -50,8 +50,9 @@ MAX_ROWS_PER_LAUNCH = 64
 # [B, N, V] buffer (contiguous draft columns, as a walk without d2t stores them) and one launch after the walk writes
 # the cache's target-width rows whole (head_walk(compact_cache=)). Written at the scattered target columns inside the
 # walk instead, the cache cost a sampled 32k -> 151,936 walk 79 / 328 us at b32 / b64 (ladder v43; the same walk
-# without any cache: 166 / 311 us).
-COMPACT_CACHE_MIN_ROWS = 16
+# without any cache: 166 / 311 us). Ladder v45 (ABBA x 2, direct / compact): b8 114 / 126, b16 119 / 143, b32 245 /
+# 236, b64 638 / 491 us.
+COMPACT_CACHE_MIN_ROWS = 32
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
