@@ -327,7 +327,6 @@ def run_gpu(args) -> dict:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
-        shipped_expand = walk.EXPAND_BLOCK, walk.EXPAND_STEPS, walk.EXPAND_WARPS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -337,8 +336,6 @@ def run_gpu(args) -> dict:
             # ... and the "..._pp" forms' stagger between a slot's reads in flight (clock cycles), and their number.
             walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
-            # The compact cache's whole-row launch: (target columns, steps, warps) a program.
-            walk.EXPAND_BLOCK, walk.EXPAND_STEPS, walk.EXPAND_WARPS = kw.pop("expand", shipped_expand)
             steps = kw.pop("steps", 15)
             # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids (Problem(target_vocab=)),
             # laid out as d2t_layout; no_cache: a sampled walk without the draft-logits cache.
@@ -368,7 +365,6 @@ def run_gpu(args) -> dict:
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
-            walk.EXPAND_BLOCK, walk.EXPAND_STEPS, walk.EXPAND_WARPS = shipped_expand
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1013,18 +1009,8 @@ V45_FORMS = {"direct": dict(D2T, sampled=True, compact_cache=False), "compact": 
                                                                                     compact_cache=True)}
 TUNE_CASES_V45 = [case for rows in (8, 16, 32, 64)
                   for case in _mirrored_passes(V45_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
-# v46 (session 11): the whole-row launch ran at ~2 TB/s in v45 (292 MB in ~150 us at b64): each program read its
-# 16 KB t2d block for one step. Forms (target columns, steps, warps a program): v45's (4096, 1, 4) against t2d read
-# once for all 15 steps, blocks of 2048 / 4096 / 8192; direct beside; ABBA x 2 at b32 / b64, one pass at b16.
-V46_FORMS = {"direct": dict(D2T, sampled=True, compact_cache=False),
-             "c4096s1w4": dict(D2T, sampled=True, compact_cache=True, expand=(4096, 1, 4)),
-             "c4096s15w4": dict(D2T, sampled=True, compact_cache=True, expand=(4096, 15, 4)),
-             "c2048s15w8": dict(D2T, sampled=True, compact_cache=True, expand=(2048, 15, 8)),
-             "c8192s15w8": dict(D2T, sampled=True, compact_cache=True, expand=(8192, 15, 8)),
-             "c4096s5w8": dict(D2T, sampled=True, compact_cache=True, expand=(4096, 5, 8))}
-TUNE_CASES_V46 = ([case for rows in (64, 32) for case in _mirrored_passes(V46_FORMS, 32000, f"v32k_b{rows}", passes=2,
-                                                                          rows=rows)]
-                  + _mirrored_passes(V46_FORMS, 32000, "v32k_b16", passes=1, rows=16))
+# (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
+# of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
 # are wrong): only the sync floors take it, as the step's cost without any exchange.
 LOCAL_EXCHANGE = ("local", 7)
@@ -1111,7 +1097,6 @@ LADDERS = {
     "v43": dict(rule={}, cases=TUNE_CASES_V43, floors=[]),
     "v44": dict(rule={}, cases=TUNE_CASES_V44, floors=[]),
     "v45": dict(rule={}, cases=TUNE_CASES_V45, floors=[]),
-    "v46": dict(rule={}, cases=TUNE_CASES_V46, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

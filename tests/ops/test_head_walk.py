@@ -127,18 +127,17 @@ def test_sampled_matches_naive_and_fills_draft_logits(head, reduced_vocab, strea
 @needs_kernels
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("rows,steps,vocab", [(4, 6, 1031), (17, 3, 200)], ids=["b4-n6-v1031", "b17-n3-v200"])
-@pytest.mark.parametrize("expand", [None, (64, 5, 2)], ids=["shipped-launch", "64-columns-5-steps"])
+@pytest.mark.parametrize("expand", [None, (64, 2)], ids=["shipped-launch", "64-columns"])
 def test_compact_cache_writes_whole_rows(monkeypatch, sampled, rows, steps, vocab, expand):
     """With d2t, the compact cache (draft columns stored by batch row, then one launch writing the walked rows whole)
     gives the tokens of the direct store and the same logits at the draft ids' target columns, -inf at the rest of
     the walked steps' rows of real requests; padding rows' requests and other steps are untouched. Also with a launch
-    of small column blocks walking 5 steps each (a last program's steps past N masked)."""
+    of small column blocks (a last block past the target vocabulary masked)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     if expand:
         monkeypatch.setattr(walk, "EXPAND_BLOCK", expand[0])
-        monkeypatch.setattr(walk, "EXPAND_STEPS", expand[1])
-        monkeypatch.setattr(walk, "EXPAND_WARPS", expand[2])
+        monkeypatch.setattr(walk, "EXPAND_WARPS", expand[1])
     p = make_problem(rows, steps, vocab, seed=4)
     kw = dict(draft_to_target=p.d2t, req_indices=p.req, **(sampling_kwargs(p) if sampled else {}))
     width = vocab + 40

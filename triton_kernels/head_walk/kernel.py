@@ -1292,14 +1292,12 @@ def head_walk_kernel(
 
 @triton.jit
 def expand_draft_logits_kernel(compact_ptr, stride_cb, stride_ck, cache_ptr, stride_cr, stride_cs, req_ptr, t2d_ptr,
-                               target_vocab, num_steps, HAS_REQ: tl.constexpr, BLOCK: tl.constexpr,
-                               STEPS: tl.constexpr):
-    """Program (target column block, STEPS steps, batch row): those steps' rows of the draft-logits cache over BLOCK
-    target columns, written whole: the logit of the draft id mapped there (t2d >= 0, from the walk's compact
-    [B, N, V] buffer), -inf at the other columns (what vLLM's own walk writes there). Whole 32-byte sectors: a walk
-    that wrote only the draft ids' scattered target columns left partial sectors that HBM rewrites read-modify-
-    write. The block's t2d is read once for its STEPS steps."""
-    i_c, i_s, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+                               target_vocab, HAS_REQ: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (target column block, step, batch row): one step's row of the draft-logits cache, BLOCK target
+    columns, written whole: the logit of the draft id mapped there (t2d >= 0, from the walk's compact [B, N, V]
+    buffer), -inf at the other columns (what vLLM's own walk writes there). Whole 32-byte sectors: a walk that wrote
+    only the draft ids' scattered target columns left partial sectors that HBM rewrites read-modify-write."""
+    i_c, k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     if HAS_REQ:
         req = tl.load(req_ptr + b).to(tl.int64)
     else:
@@ -1308,9 +1306,5 @@ def expand_draft_logits_kernel(compact_ptr, stride_cb, stride_ck, cache_ptr, str
         cols = i_c * BLOCK + tl.arange(0, BLOCK)
         m = cols < target_vocab
         draft = tl.load(t2d_ptr + cols, mask=m, other=-1)
-        for j in tl.static_range(STEPS):
-            k = i_s * STEPS + j
-            if k < num_steps:
-                vals = tl.load(compact_ptr + b * stride_cb + k * stride_ck + draft, mask=draft >= 0,
-                               other=float("-inf"))
-                tl.store(cache_ptr + req * stride_cr + k * stride_cs + cols, vals, mask=m)
+        vals = tl.load(compact_ptr + b * stride_cb + k * stride_ck + draft, mask=draft >= 0, other=float("-inf"))
+        tl.store(cache_ptr + req * stride_cr + k * stride_cs + cols, vals, mask=m)

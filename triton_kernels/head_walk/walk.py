@@ -53,8 +53,10 @@ MAX_ROWS_PER_LAUNCH = 64
 # without any cache: 166 / 311 us). Ladder v45 (ABBA x 2, direct / compact): b8 114 / 126, b16 119 / 143, b32 245 /
 # 236, b64 638 / 491 us.
 COMPACT_CACHE_MIN_ROWS = 32
-# The whole-row launch: target columns a program and steps it walks with one read of their t2d block.
-EXPAND_BLOCK, EXPAND_STEPS, EXPAND_WARPS = 4096, 1, 4
+# The whole-row launch: target columns and warps a program (one step of one row). Ladder v46: programs walking 5 or
+# 15 steps with one read of their t2d block, blocks of 2048 / 8192: none faster (b64 492.6-507.1 vs 493.6-494.8 us);
+# code at 3c2e8af.
+EXPAND_BLOCK, EXPAND_WARPS = 4096, 4
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
@@ -659,11 +661,10 @@ def _expand_draft_logits(compact: torch.Tensor, cache: torch.Tensor, req_indices
     num_rows, num_steps, _ = compact.shape
     target_vocab = cache.shape[-1]
     t2d = _cached(f"t2d_{target_vocab}", (d2t,), lambda: _target_to_draft(d2t, target_vocab))
-    grid = (triton.cdiv(target_vocab, EXPAND_BLOCK), triton.cdiv(num_steps, EXPAND_STEPS), num_rows)
-    expand_draft_logits_kernel[grid](
+    expand_draft_logits_kernel[(triton.cdiv(target_vocab, EXPAND_BLOCK), num_steps, num_rows)](
         compact, compact.stride(0), compact.stride(1), cache, cache.stride(0), cache.stride(1),
-        req_indices if req_indices is not None else compact, t2d, target_vocab, num_steps,
-        HAS_REQ=req_indices is not None, BLOCK=EXPAND_BLOCK, STEPS=EXPAND_STEPS, num_warps=EXPAND_WARPS)
+        req_indices if req_indices is not None else compact, t2d, target_vocab, HAS_REQ=req_indices is not None,
+        BLOCK=EXPAND_BLOCK, num_warps=EXPAND_WARPS)
 
 
 # head_walk(gluon=...): "auto" (why_not_gluon_auto decides), False (the Triton walk), True / "ss" (gluon_b1's streamed
