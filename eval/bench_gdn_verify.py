@@ -704,13 +704,26 @@ SWEEP_VERIFY_LONG12BF16 = [
 ]
 # (--sweep-set pf12, session 9 GD11: the b1 picks with every input line prefetched into L1 / L2, `input_prefetch`:
 # 1.1-3.5 us slower at L 4 / 16 b1 in its one run at 38737b5, removed; eval/notes/gdn_verify.md)
+# --sweep-set prep13 (session 11; --sweep-lens 16 --batches 8,32,64): the prep's launch at L 16 was only ever timed
+# on 4 warps capped at 128 registers (prep_warps 8 and uncapped forms were swept at L 17..32 only, GD10, where the cap
+# spilled). The L16 b8 / b64 and b32 picks first (incumbents), then each with its prep on 8 warps (uncapped, and capped
+# at 128 registers: 2 programs an SM, the same 16 warps as 4 capped programs of 4 warps, each program's chain split
+# over twice the threads). (The stacked form refuses a prep below 4 warps.)
+_PF10 = dict(l2_prefetch_mib=16, l2_prefetch_ahead=2)
+_B8_13 = dict(block_v=128, num_warps=8, pdl=True, tma_loads=True, two_pass=True, stacked=True)
+_B32_13 = dict(block_v=64, pdl=True, two_pass=True, stacked=True, **_PF10)
+SWEEP_VERIFY_PREP13 = [
+    VerifyConfig(**_B8_13, prep_maxnreg=128), VerifyConfig(**_B32_13, prep_maxnreg=128),  # the L16 b8 / b64, b32 picks
+    *[VerifyConfig(**form, **prep) for form in (_B8_13, _B32_13)
+      for prep in (dict(prep_warps=8), dict(prep_warps=8, prep_maxnreg=128))],
+]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 2}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
-              "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16}
+              "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length

@@ -497,13 +497,14 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
                 KEY_BY_TARGET: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_ROW: tl.constexpr,
-                SCALED: tl.constexpr, SPLIT: tl.constexpr):
+                SCALED: tl.constexpr, SPLIT: tl.constexpr, d2t_rows=None):
     """(keys, ids) of one tile of vocabulary rows for every batch row: int64 keys [rows, BP] (the caller reduces
     them: one max over the keys is the argmax with the first of equal maxima), or with SPLIT the fp32 scores
     [rows, BP] themselves (the caller keeps a running (value, id) max, _fold_split: a few instructions an element
     where a key costs a dozen). ids [rows]: the token ids the keys order by. ONE_ROW (a walk of one batch row;
     temp, seed, pos, req_safe, valid are then scalars): keys [rows]. noise: this tile's Gumbel noise computed
-    ahead (None: computed here). Rows past `vocab` score -inf: their base logits load as -inf (_load_u).
+    ahead (None: computed here). d2t_rows: the tile's d2t offsets loaded once before the step loop (a resident
+    tile's rows never change; None: loaded here). Rows past `vocab` score -inf: their base logits load as -inf (_load_u).
 
     The tile is the dot's first operand ([rows, r] @ [r, BP]): on Hopper that is a wgmma reading W2 straight
     from shared memory, where a [BP, r] @ [r, rows] product would copy the whole tile into registers each step.
@@ -513,7 +514,7 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
-                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED)
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED, d2t_rows)
         ids = rows
     else:
         if W2_SCALED:
@@ -529,7 +530,7 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
             u = _load_u(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b)
         logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
         if HAS_D2T:
-            target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+            target_ids = rows + _tile_d2t(d2t_ptr, rows, m_v, d2t_rows)
         else:
             target_ids = rows
         if STORE_LOGITS == 2:  # a compact draft-column buffer by batch row (head_walk expands it after the walk)
@@ -561,10 +562,18 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
 
 
 @triton.jit
+def _tile_d2t(d2t_ptr, rows, m_v, d2t_rows=None):
+    """The tile's d2t offsets (int32): preloaded ones, else a load."""
+    if d2t_rows is None:
+        return tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+    return d2t_rows
+
+
+@triton.jit
 def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
                stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
                STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
-               SCALED: tl.constexpr):
+               SCALED: tl.constexpr, d2t_rows=None):
     """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
     (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
     reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
@@ -580,7 +589,7 @@ def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stri
         u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
     logits = (u.to(tl.float32) + bias).to(out_ty).to(tl.float32)
     if HAS_D2T:
-        target_ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+        target_ids = rows + _tile_d2t(d2t_ptr, rows, m_v, d2t_rows)
     else:
         target_ids = rows
     if STORE_LOGITS == 2:  # compact: draft columns of batch row 0
@@ -749,6 +758,14 @@ def _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T: tl.constexpr, KEY_BY
 
 
 @triton.jit
+def _resident_d2t(d2t_ptr, rows, shard_end, ON: tl.constexpr):
+    """A resident tile's d2t offsets (int32), or None when ON is false (no d2t, or no such tile)."""
+    if ON:
+        return tl.load(d2t_ptr + rows, mask=rows < shard_end, other=0).to(tl.int32)
+    return None
+
+
+@triton.jit
 def _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r):
     return tl.load(w2_ptr + rows[:, None] * stride_w2v + o_r[None, :] * stride_w2r, mask=(rows < shard_end)[:, None],
                    other=0.0)
@@ -887,6 +904,11 @@ def head_walk_kernel(
         w_res2 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 2 * RT + o_t, shard_end, o_r)
     if RES_TILES >= 4:
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
+    # ... and their d2t offsets (a reduced draft vocabulary): read once, not on every step's chain.
+    d2t_r0 = _resident_d2t(d2t_ptr, shard_begin + o_t, shard_end, HAS_D2T and RES_TILES >= 1)
+    d2t_r1 = _resident_d2t(d2t_ptr, shard_begin + RT + o_t, shard_end, HAS_D2T and RES_TILES >= 2)
+    d2t_r2 = _resident_d2t(d2t_ptr, shard_begin + 2 * RT + o_t, shard_end, HAS_D2T and RES_TILES >= 3)
+    d2t_r3 = _resident_d2t(d2t_ptr, shard_begin + 3 * RT + o_t, shard_end, HAS_D2T and RES_TILES >= 4)
     stream_begin = shard_begin + RES_TILES * RT
     o_s = tl.arange(0, ST)
     STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH and STREAM_TMA == 0
@@ -1080,7 +1102,8 @@ def head_walk_kernel(
             keys, ids = _score_tile(
                 w_res0, u_res0, nz0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
-                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT)
+                SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT,
+                d2t_rows=d2t_r0)
             if SPLIT:
                 # The first tile starts the running max as it is (no -inf start, so no id is ever missing).
                 res_v = keys
@@ -1097,7 +1120,7 @@ def head_walk_kernel(
                 w_res1, u_res1, nz1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                SPLIT)
+                SPLIT, d2t_rows=d2t_r1)
             if SPLIT:
                 res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
             else:
@@ -1107,7 +1130,7 @@ def head_walk_kernel(
                 w_res2, u_res2, nz2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                SPLIT)
+                SPLIT, d2t_rows=d2t_r2)
             if SPLIT:
                 res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
             else:
@@ -1117,7 +1140,7 @@ def head_walk_kernel(
                 w_res3, u_res3, nz3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
-                SPLIT)
+                SPLIT, d2t_rows=d2t_r3)
             if SPLIT:
                 res_v, res_id = _fold_split(res_v, res_id, keys, ids, ORDERED)
             else:
