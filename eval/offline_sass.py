@@ -9,7 +9,7 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
+WHAT: gdn, hw, hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache) or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
 the Triton b1 build, with step-loop instruction counts; and its fully resident lean forms at 32k / 30011, HW12). (head_walk's removed Gluon prototypes' targets: the
 resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
 (gdn_verify's Gluon prototypes' targets gdng / gdnb: at eee43d2, removed with the prototypes.)
@@ -45,7 +45,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg")
+WHATS = ("gdn", "hw", "hwg", "hwd")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -303,6 +303,37 @@ def hw():
                 compile_captured(name, fn, args, kwargs)
 
 
+def hwd():
+    """The Triton walk's builds with a reduced draft vocabulary (d2t, W1 over 151,936 target ids) at V = 32k: greedy
+    b1 / b32 / b64, sampled b1 (cache at target columns) and b32 / b64 (the compact cache, STORE_LOGITS 2)."""
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    steps, rank, vocab, target = 15, 256, 32000, 151936
+    for rows in (1, 32, 64):
+        for sampled in (False, True):
+            name = f"hwd_v{vocab}_b{rows}_{'sampled' if sampled else 'greedy'}"
+            if ONLY and name not in ONLY:
+                continue
+            u, _, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
+            w1 = torch.empty(target, rank, dtype=torch.bfloat16)
+            d2t = torch.zeros(vocab, dtype=torch.long)
+            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled, **HW_OPTS)
+            temp = seeds = pos = dl = None
+            compact = sampled and rows >= walk.COMPACT_CACHE_MIN_ROWS
+            if sampled:
+                temp = torch.ones(rows); seeds = torch.zeros(rows, dtype=torch.long)
+                pos = torch.zeros(rows, steps, dtype=torch.long)
+                dl = torch.empty(rows, steps, vocab if compact else target, dtype=torch.bfloat16)
+            del captured[:]
+            walk._launch(cfg, u, w1, w2, None, first, tokens, None, temp, seeds, pos, d2t, dl, None, None,
+                         None, None, None, None, None, None, 0, 1.0, compact_logits=compact)
+            (fn, args, kwargs), = captured
+            print(name, cfg, flush=True)
+            compile_captured(name, fn, args, kwargs)
+
+
 def _compile_counted(name, cfg):
     """Compiles the one captured launch and prints its step loop's counts; the SASS text, or None where this Triton
     rejects the build (printed: what a Triton version rejects is the finding, not a crash)."""
@@ -385,4 +416,4 @@ def hwg():
                     print(f"{name:40} streamed loops {json.dumps(brief)}", flush=True)
 
 
-{"gdn": gdn, "hwg": hwg, "hw": hw}[WHAT]()
+{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd}[WHAT]()

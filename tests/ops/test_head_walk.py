@@ -327,6 +327,22 @@ def test_increasing_d2t_promise_is_checked_once():
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [1, 3])
+def test_increasing_d2t_keys_break_ties_as_draft_ids(rows):
+    """Keys by target id (the promise) pick what keys by draft id pick, ties included: with every logit equal the
+    walk proposes draft id 0's target at every step, and with a random walk the same tokens either way."""
+    d2t = torch.arange(50) // 2 + 3
+    ties = (torch.zeros(rows, 4, 50), torch.zeros(120, 16), torch.zeros(16, 50), torch.zeros(rows, dtype=torch.long))
+    for promised in (False, True):
+        tokens, _, _ = head_walk(*ties, draft_to_target=d2t, draft_to_target_increasing=promised)
+        assert (tokens == 3).all()
+    walk_args = (torch.randn(rows, 4, 50), torch.randn(120, 16), torch.randn(16, 50), torch.tensor([3, 7, 9])[:rows])
+    plain, _, _ = head_walk(*walk_args, draft_to_target=d2t)
+    promised, _, _ = head_walk(*walk_args, draft_to_target=d2t, draft_to_target_increasing=True)
+    assert torch.equal(plain, promised)
+
+
+@needs_kernels
 @pytest.mark.parametrize("opts", [
     pytest.param(dict(keys_once=False), id="key-reduction-per-tile"),
     pytest.param(dict(residency="off", stream_rows=16), id="all-streamed-16-row-tiles"),

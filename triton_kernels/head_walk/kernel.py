@@ -565,8 +565,10 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
 def _tile_d2t(d2t_ptr, rows, m_v, d2t_rows=None):
     """The tile's d2t offsets (int32): preloaded ones, else a load."""
     if d2t_rows is None:
-        return tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
-    return d2t_rows
+        offsets = tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+    else:
+        offsets = d2t_rows
+    return offsets
 
 
 @triton.jit
@@ -758,11 +760,9 @@ def _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T: tl.constexpr, KEY_BY
 
 
 @triton.jit
-def _resident_d2t(d2t_ptr, rows, shard_end, ON: tl.constexpr):
-    """A resident tile's d2t offsets (int32), or None when ON is false (no d2t, or no such tile)."""
-    if ON:
-        return tl.load(d2t_ptr + rows, mask=rows < shard_end, other=0).to(tl.int32)
-    return None
+def _resident_d2t(d2t_ptr, rows, shard_end):
+    """A resident tile's d2t offsets (int32)."""
+    return tl.load(d2t_ptr + rows, mask=rows < shard_end, other=0).to(tl.int32)
 
 
 @triton.jit
@@ -815,6 +815,7 @@ def head_walk_kernel(
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
+    D2T_INCREASING: tl.constexpr = False,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -838,7 +839,10 @@ def head_walk_kernel(
     # step's winners from their slot and folds its own keys into the next). INLINE_PTX: the arrival and the wait
     # in PTX (False: Triton atomics, for the interpreter). EXCHANGE 7 (with MULTI; the bench's sync floors only): no
     # exchange at all, each program walks its own shard's best (wrong tokens): the step without any exchange.
-    KEY_BY_TARGET: tl.constexpr = SAMPLED
+    # Sampled keys order by target id (vLLM's noised argmax breaks ties in target space). A greedy walk keys by draft
+    # id and maps its winner through d2t after the exchange (a dependent load on every step's chain), unless the
+    # host vouched that d2t increases (D2T_INCREASING): then target ids order as draft ids do and the keys carry them.
+    KEY_BY_TARGET: tl.constexpr = SAMPLED or (HAS_D2T and D2T_INCREASING)
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
     TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2 and EXCHANGE <= 4
     AMAX: tl.constexpr = EXCHANGE == 5
@@ -853,7 +857,7 @@ def head_walk_kernel(
     # the tiles unless sampled keys order by the target ids of a reduced vocabulary.
     SPLIT: tl.constexpr = SPLIT_KEYS and not ONE_ROW
     SPLIT_STREAM: tl.constexpr = SPLIT and SPLIT_STREAMED
-    ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET)
+    ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET) or D2T_INCREASING
     # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
     # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
     NOISE_AHEAD: tl.constexpr = (NOISE_AHEAD_OPT and SAMPLED and TAGGED and (EXCHANGE == 3 or EXCHANGE == 4)
@@ -904,11 +908,12 @@ def head_walk_kernel(
         w_res2 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 2 * RT + o_t, shard_end, o_r)
     if RES_TILES >= 4:
         w_res3 = _resident_tile(w2_ptr, stride_w2r, stride_w2v, shard_begin + 3 * RT + o_t, shard_end, o_r)
-    # ... and their d2t offsets (a reduced draft vocabulary): read once, not on every step's chain.
-    d2t_r0 = _resident_d2t(d2t_ptr, shard_begin + o_t, shard_end, HAS_D2T and RES_TILES >= 1)
-    d2t_r1 = _resident_d2t(d2t_ptr, shard_begin + RT + o_t, shard_end, HAS_D2T and RES_TILES >= 2)
-    d2t_r2 = _resident_d2t(d2t_ptr, shard_begin + 2 * RT + o_t, shard_end, HAS_D2T and RES_TILES >= 3)
-    d2t_r3 = _resident_d2t(d2t_ptr, shard_begin + 3 * RT + o_t, shard_end, HAS_D2T and RES_TILES >= 4)
+    # ... and their d2t offsets (a reduced draft vocabulary): read once, not on every step's chain. (None where
+    # there is no d2t or no such tile: _score_tile then loads nothing, or its own.)
+    d2t_r0 = _resident_d2t(d2t_ptr, shard_begin + o_t, shard_end) if HAS_D2T and RES_TILES >= 1 else None
+    d2t_r1 = _resident_d2t(d2t_ptr, shard_begin + RT + o_t, shard_end) if HAS_D2T and RES_TILES >= 2 else None
+    d2t_r2 = _resident_d2t(d2t_ptr, shard_begin + 2 * RT + o_t, shard_end) if HAS_D2T and RES_TILES >= 3 else None
+    d2t_r3 = _resident_d2t(d2t_ptr, shard_begin + 3 * RT + o_t, shard_end) if HAS_D2T and RES_TILES >= 4 else None
     stream_begin = shard_begin + RES_TILES * RT
     o_s = tl.arange(0, ST)
     STREAM_PREFETCH: tl.constexpr = HAS_STREAM and PREFETCH and STREAM_TMA == 0

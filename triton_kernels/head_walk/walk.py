@@ -440,9 +440,10 @@ def head_walk(
             a padding row. None: row b is request b.
         draft_to_target: [V] int64 offsets of a reduced draft vocabulary (vLLM's d2t): target = id + d2t[id].
         draft_to_target_increasing: id + d2t[id] strictly increases with id (vLLM builds d2t from a sorted draft
-            vocabulary): target ids then order rows as draft ids do, and a greedy row of a fully resident shard may
-            take the Gluon walk, which keys rows by target id. Checked once per d2t (ValueError if wrong), except
-            for a d2t first seen during CUDA-graph capture, where it stays the caller's promise.
+            vocabulary): target ids then order rows as draft ids do, so greedy keys may carry target ids (no d2t
+            lookup after each step's exchange), and a greedy row of a fully resident shard may take the Gluon walk.
+            Checked once per d2t (ValueError if wrong), except for a d2t first seen during CUDA-graph capture,
+            where it stays the caller's promise.
         draft_logits: [num_reqs, >= N, V_target] cache to fill with each step's logits before temperature,
             at target-id columns (what vLLM's rejection sampler reads; pass `speculator.draft_logits`). With
             draft_to_target, the other columns of the walked steps are left as they are or set to -inf (as vLLM's
@@ -641,7 +642,8 @@ def head_walk(
                 draft_logits if compact is None else compact[g],
                 conf_h[g] if conf_h is not None else None, conf_w, None if confidence is None else confidence[g],
                 gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
-                HEADS[head], logit_scale, compact_logits=compact is not None)
+                HEADS[head], logit_scale, compact_logits=compact is not None,
+                d2t_increasing=draft_to_target is not None and draft_to_target_increasing)
     if compact is not None:
         _expand_draft_logits(compact, draft_logits, req_indices, draft_to_target)
     return tokens, draft_logits, confidence
@@ -993,7 +995,7 @@ def _stream_descriptors(cfg: WalkConfig, u: torch.Tensor, w2_rows: torch.Tensor)
 
 def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, temperature, seeds, positions, d2t,
             draft_logits, conf_h, conf_w, confidence, gh, t1, hj, t3, ws, head: int, logit_scale: float,
-            compact_logits: bool = False) -> None:
+            compact_logits: bool = False, d2t_increasing: bool = False) -> None:
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
     block_rows = cfg.block_rows
@@ -1042,7 +1044,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SCALED=float(logit_scale) != 1.0, SPLIT_KEYS=cfg.split_keys, PAIR_REDUCE=cfg.pair_reduce,
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
         L2_BULK=not _interpreting(), STREAM_TMA=cfg.stream_tma, U_RING=cfg.u_ring,
-        WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(),
+        WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(), D2T_INCREASING=d2t_increasing,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
