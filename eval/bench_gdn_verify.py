@@ -704,21 +704,23 @@ SWEEP_VERIFY_LONG12BF16 = [
 ]
 # (--sweep-set pf12, session 9 GD11: the b1 picks with every input line prefetched into L1 / L2, `input_prefetch`:
 # 1.1-3.5 us slower at L 4 / 16 b1 in its one run at 38737b5, removed; eval/notes/gdn_verify.md)
-# --sweep-set prep13 (session 11; --sweep-lens 16 --batches 8,32,64): the prep's launch at L 16 was only ever timed
-# on 4 warps capped at 128 registers (prep_warps 8 and uncapped forms were swept at L 17..32 only, GD10, where the cap
-# spilled). The L16 b8 / b64 and b32 picks first (incumbents), then each with its prep on 8 warps (uncapped, and capped
-# at 128 registers: 2 programs an SM, the same 16 warps as 4 capped programs of 4 warps, each program's chain split
-# over twice the threads). (The stacked form refuses a prep below 4 warps.)
-_PF10 = dict(l2_prefetch_mib=16, l2_prefetch_ahead=2)
-_B8_13 = dict(block_v=128, num_warps=8, pdl=True, tma_loads=True, two_pass=True, stacked=True)
-_B32_13 = dict(block_v=64, pdl=True, two_pass=True, stacked=True, **_PF10)
+# --sweep-set prep13 (session 11; MODE=prep13): the stacked prep's launch at L 16 was only ever timed on 4 warps capped
+# at 128 registers (8-warp and uncapped preps were swept at L 17..32 only, GD10, where the cap spilled). A first probe
+# (call 6 at 39df2ab, L16 b8 / b32 / b64, verify alone, us): on 8 warps capped at 128 the b32 form (BV64, L2 prefetch)
+# took 19.03 at b8 vs the b8 pick's 20.94 (-9 %), but 58.38 vs 53.68 at b32 and 108.66 vs 100.32 at b64; uncapped
+# 8-warp preps were slower than capped ones everywhere. So: the shipped picks at L 4 / 16 first (incumbents: b1 L4 /
+# L16, BV128 x 8 tma, BV64 + prefetch ahead 2 / 4), then the three stacked picks with the prep on 8 warps, capped.
+_B8_13 = dict(block_v=128, num_warps=8, pdl=True, tma_loads=True, two_pass=True, stacked=True, prep_maxnreg=128)
+_B32_13 = dict(block_v=64, pdl=True, two_pass=True, stacked=True, prep_maxnreg=128, l2_prefetch_mib=16)
 SWEEP_VERIFY_PREP13 = [
-    VerifyConfig(**_B8_13, prep_maxnreg=128), VerifyConfig(**_B32_13, prep_maxnreg=128),  # the L16 b8 / b64, b32 picks
-    *[VerifyConfig(**form, **prep) for form in (_B8_13, _B32_13)
-      for prep in (dict(prep_warps=8), dict(prep_warps=8, prep_maxnreg=128))],
+    VerifyConfig(**_B1, **_ES), VerifyConfig(**_B1_4, **_ES),  # b1 picks (L4 / L16)
+    VerifyConfig(**_B8_13), VerifyConfig(**_B32_13, l2_prefetch_ahead=2),  # the stacked picks
+    VerifyConfig(**_B32_13, l2_prefetch_ahead=4),
+    VerifyConfig(**_B8_13, prep_warps=8), VerifyConfig(**_B32_13, l2_prefetch_ahead=2, prep_warps=8),
+    VerifyConfig(**_B32_13, l2_prefetch_ahead=4, prep_warps=8),
 ]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 2}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
@@ -1580,7 +1582,8 @@ def main():
     recon_configs = {"short": SWEEP_RECON_SHORT, "short4": SWEEP_RECON_SHORT4, "short5": SWEEP_RECON_SHORT5,
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
-                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "long11": SWEEP_RECON_LONG11,
+                     "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "prep13": SWEEP_RECON_STACKED7,
+                     "long11": SWEEP_RECON_LONG11,
                      "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
     if args.precompile and ON_GPU:
@@ -1619,7 +1622,8 @@ def main():
                 gdn, device, num_layers, args.rep_ms, batches, seqlen=L, configs=configs,
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
-                                                     "bf16recon", "tma9", "l2pf10", "long11", "long12bf16"),
+                                                     "bf16recon", "tma9", "l2pf10", "prep13", "long11",
+                                                     "long12bf16"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

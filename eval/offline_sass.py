@@ -304,8 +304,9 @@ def hw():
 
 
 def hwd():
-    """The Triton walk's builds with a reduced draft vocabulary (d2t, W1 over 151,936 target ids) at V = 32k: greedy
-    b1 / b32 / b64, sampled b1 (cache at target columns) and b32 / b64 (the compact cache, STORE_LOGITS 2)."""
+    """The Triton walk's builds with a reduced draft vocabulary (d2t, W1 over 151,936 target ids, increasing as vLLM
+    builds it) at V = 32k: greedy b1 / b32 / b64, sampled b1 (cache at target columns) and b32 / b64 (the compact
+    cache, STORE_LOGITS 2)."""
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
     walk._interpreting = lambda: False
@@ -328,7 +329,7 @@ def hwd():
                 dl = torch.empty(rows, steps, vocab if compact else target, dtype=torch.bfloat16)
             del captured[:]
             walk._launch(cfg, u, w1, w2, None, first, tokens, None, temp, seeds, pos, d2t, dl, None, None,
-                         None, None, None, None, None, None, 0, 1.0, compact_logits=compact)
+                         None, None, None, None, None, None, 0, 1.0, compact_logits=compact, d2t_increasing=True)
             (fn, args, kwargs), = captured
             print(name, cfg, flush=True)
             compile_captured(name, fn, args, kwargs)
