@@ -706,6 +706,21 @@ def test_gpu_multi_program_bf16(vocab, rows, head, sampled):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("rows", [8, 32, 64])
+def test_gpu_increasing_d2t_keys_agree(rows):
+    """Greedy 32k walks with d2t into 151,936 target ids on the Triton walk: keyed by target id (the promise that
+    d2t increases) they propose the tokens of the walk keyed by draft id, persistent and lockstep."""
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1,
+                     extra_target=151936 - 32000)
+    kw = dict(draft_to_target=p.d2t, gluon=False)
+    by_draft, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    by_target, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_to_target_increasing=True, **kw)
+    lockstep, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_to_target_increasing=True, lockstep=True, **kw)
+    assert torch.equal(by_target, by_draft) and torch.equal(lockstep, by_draft)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("rows", [16, 64, 70], ids=["b16", "b64", "b70-two-launches"])
 def test_gpu_compact_cache_bf16(rows):
     """A sampled 32k walk with d2t into 151,936 target ids (a padding row, requests out of order): the compact cache
