@@ -327,6 +327,7 @@ def run_gpu(args) -> dict:
             print(f"ladder budget reached, skipping {name}", flush=True)
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
+        shipped_hoist = walk.D2T_HOIST
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -336,6 +337,7 @@ def run_gpu(args) -> dict:
             # ... and the "..._pp" forms' stagger between a slot's reads in flight (clock cycles), and their number.
             walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
+            walk.D2T_HOIST = kw.pop("d2t_hoist", shipped_hoist)  # d2t offsets of resident tiles read once a walk
             steps = kw.pop("steps", 15)
             # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids (Problem(target_vocab=)),
             # laid out as d2t_layout; no_cache: a sampled walk without the draft-logits cache.
@@ -365,6 +367,7 @@ def run_gpu(args) -> dict:
             row = dict(check=f"tune_{name}", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
+            walk.D2T_HOIST = shipped_hoist
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1009,6 +1012,16 @@ V45_FORMS = {"direct": dict(D2T, sampled=True, compact_cache=False), "compact": 
                                                                                     compact_cache=True)}
 TUNE_CASES_V45 = [case for rows in (8, 16, 32, 64)
                   for case in _mirrored_passes(V45_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+# v47 (session 11): after the hoist of resident tiles' d2t offsets and greedy keys by target id, a sampled d2t walk at
+# b32 took 245.7 us (236 in v45, another machine) while b64 gained (491 -> 453): the hoist on / off, ABBA, sampled b32
+# / b64 (compact) and without the cache, greedy b32.
+V47_FORMS = {"hoist": dict(D2T, sampled=True), "nohoist": dict(D2T, sampled=True, d2t_hoist=False)}
+TUNE_CASES_V47 = (_mirrored_passes(V47_FORMS, 32000, "v32k_b32", passes=2, rows=32)
+                  + _mirrored_passes(V47_FORMS, 32000, "v32k_b64", passes=2, rows=64)
+                  + _mirrored_passes({f"{n}_nocache": dict(kw, no_cache=True) for n, kw in V47_FORMS.items()}, 32000,
+                                     "v32k_b32", passes=2, rows=32)
+                  + _mirrored_passes({f"greedy_{n}": dict(kw, sampled=False) for n, kw in V47_FORMS.items()}, 32000,
+                                     "v32k_b32", passes=2, rows=32))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1097,6 +1110,7 @@ LADDERS = {
     "v43": dict(rule={}, cases=TUNE_CASES_V43, floors=[]),
     "v44": dict(rule={}, cases=TUNE_CASES_V44, floors=[]),
     "v45": dict(rule={}, cases=TUNE_CASES_V45, floors=[]),
+    "v47": dict(rule={}, cases=TUNE_CASES_V47, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -815,7 +815,7 @@ def head_walk_kernel(
     SCALED: tl.constexpr, SPLIT_KEYS: tl.constexpr, PAIR_REDUCE: tl.constexpr, NOISE_AHEAD_OPT: tl.constexpr,
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
-    D2T_INCREASING: tl.constexpr = False,
+    D2T_INCREASING: tl.constexpr = False, D2T_HOIST: tl.constexpr = True,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -912,7 +912,7 @@ def head_walk_kernel(
     # (None where there is no d2t or no such tile: _score_tile then loads nothing, or its own. One row: its [rows]
     # vector sits in another layout than the preload's, and converting it each step cost more than the load: triton
     # 3.6, 32k b1 sampled 1,352 -> 1,640 instructions.)
-    HOIST_D2T: tl.constexpr = HAS_D2T and not ONE_ROW
+    HOIST_D2T: tl.constexpr = HAS_D2T and not ONE_ROW and D2T_HOIST
     d2t_r0 = _resident_d2t(d2t_ptr, shard_begin + o_t, shard_end) if HOIST_D2T and RES_TILES >= 1 else None
     d2t_r1 = _resident_d2t(d2t_ptr, shard_begin + RT + o_t, shard_end) if HOIST_D2T and RES_TILES >= 2 else None
     d2t_r2 = _resident_d2t(d2t_ptr, shard_begin + 2 * RT + o_t, shard_end) if HOIST_D2T and RES_TILES >= 3 else None
