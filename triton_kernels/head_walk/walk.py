@@ -53,8 +53,12 @@ MAX_ROWS_PER_LAUNCH = 64
 # without any cache: 166 / 311 us). Ladder v45 (ABBA x 2, direct / compact): b8 114 / 126, b16 119 / 143, b32 245 /
 # 236, b64 638 / 491 us.
 COMPACT_CACHE_MIN_ROWS = 32
-# Several rows with d2t: each resident tile's d2t offsets read once a walk (False: every step; timing only).
-D2T_HOIST = True
+# Several rows with d2t: whether each resident tile's d2t offsets are read once a walk (not every step). Ladder v47
+# (ABBA, us, once a walk / every step): greedy b32 85.4 / 85.7 vs 88.8 / 88.3, sampled b64 458.6 / 459.0 vs 486.8 /
+# 488.2, but sampled b32 246.5 / 246.5 vs 236.2 / 236.3 (and 174.6 / 173.8 vs 168.0 / 166.9 without the cache).
+# None: once a walk except for sampled walks of up to D2T_HOIST_SAMPLED_MIN_ROWS - 1 rows; True / False: timing.
+D2T_HOIST = None
+D2T_HOIST_SAMPLED_MIN_ROWS = 33
 # The whole-row launch: target columns and warps a program (one step of one row). Ladder v46: programs walking 5 or
 # 15 steps with one read of their t2d block, blocks of 2048 / 8192: none faster (b64 492.6-507.1 vs 493.6-494.8 us);
 # code at 3c2e8af.
@@ -1047,7 +1051,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         SPLIT_STREAMED=cfg.split_streamed, NOISE_AHEAD_OPT=cfg.noise_ahead, L2_PREFETCH=cfg.l2_prefetch,
         L2_BULK=not _interpreting(), STREAM_TMA=cfg.stream_tma, U_RING=cfg.u_ring,
         WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(), D2T_INCREASING=d2t_increasing,
-        D2T_HOIST=D2T_HOIST,
+        D2T_HOIST=D2T_HOIST if D2T_HOIST is not None else (
+            temperature is None or num_rows >= D2T_HOIST_SAMPLED_MIN_ROWS),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
