@@ -41,9 +41,16 @@ ROWS = {
         ("speedup_graph_loop_v152k_blk15_b1", "V=151,936 (partial residency), batch 1", ">= 2.5"),
         ("speedup_graph_loop_v32k_blk15_b32", "V=32k, batch 32", ">= 6"),
     ],
+    "gdn_verify_prep13": [
+        ("speedup_L16_b8", "GDN verify per layer incl. reconstruction (fp32 states) with this session's batch-8 / 64 picks (prep on 8 warps at b8), L=16, batch 8: vLLM / ours; the headline `gdn_verify` above is session 8's run (same picks at its goal cells)", "(not a goal)"),
+        ("speedup_L4_b8", "same, L=4, batch 8", "(not a goal)"),
+        ("speedup_L16_b64", "same, L=16, batch 64", "(not a goal)"),
+        ("speedup_L16_b32", "same run, L=16, batch 32 (the goal cell, picks unchanged)", ">= 6.0"),
+    ],
     "head_walk_d2t": [
         ("speedup_graph_loop_v32k_d2t152k_blk15_b1", "the configuration DSpark users run: 32k draft vocabulary with vLLM's d2t into 151,936 target ids, greedy, block 15, batch 1: vLLM's walk with its d2t / ours", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b1_sampled", "same, sampled, batch 1", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b8", "same, greedy, batch 8", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
