@@ -155,6 +155,29 @@ def test_compact_cache_writes_whole_rows(monkeypatch, sampled, rows, steps, voca
 
 
 @needs_kernels
+def test_compact_cache_needs_its_table_before_graph_capture(monkeypatch):
+    """A compact walk captured into a CUDA graph before any walk built its target -> draft table stores at the target
+    columns directly (the table would be recorded there, not filled); once built outside capture, it is used."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    p = make_problem(3, 4, 200, seed=5)
+    kw = dict(draft_to_target=p.d2t, req_indices=p.req, compact_cache=True, **sampling_kwargs(p))
+    cache = torch.full((p.req.max().item() + 3, 5, 240), -7.0, device=DEVICE)
+    monkeypatch.setattr(walk, "_capturing", lambda t: True)
+    launches = []
+    expand = walk._expand_draft_logits
+    monkeypatch.setattr(walk, "_expand_draft_logits", lambda *a: (launches.append(1), expand(*a)))
+    d2t = p.d2t.clone()  # a tensor no earlier walk has seen
+    head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
+    assert not launches and (cache != float("-inf")).all()  # direct store: no column set to -inf
+    monkeypatch.setattr(walk, "_capturing", lambda t: False)
+    head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
+    monkeypatch.setattr(walk, "_capturing", lambda t: True)
+    head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
+    assert len(launches) == 2
+
+
+@needs_kernels
 @pytest.mark.parametrize("programs", [2, 5])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("head", ["markov", "rnn"])

@@ -358,9 +358,26 @@ def _d2t_increases(d2t: torch.Tensor) -> bool:
     key = ("d2t_increases", _tensor_key(d2t))
     if key in _tables:
         return _tables[key][1]
-    if d2t.is_cuda and torch.cuda.is_current_stream_capturing():
+    if _capturing(d2t):
         return True
     return _cached("d2t_increases", (d2t,), lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()))
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether work on t's device is being captured into a CUDA graph (kernels are recorded, not run)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _target_to_draft_table(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor | None:
+    """The cached [V_target] target -> draft id table of d2t; None while a CUDA graph is being captured and the
+    table was never built: built there, it would be recorded, not filled, and read unfilled by anything that runs
+    before the graph's first replay (the walk then stores at the target columns directly)."""
+    key = (f"t2d_{target_vocab}", _tensor_key(d2t))
+    if key in _tables:
+        return _tables[key][1]
+    if _capturing(d2t):
+        return None
+    return _cached(f"t2d_{target_vocab}", (d2t,), lambda: _target_to_draft(d2t, target_vocab))
 
 
 def quantize_w2_fp8(w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -636,8 +653,11 @@ def head_walk(
             return tokens, draft_logits, confidence
     if compact_cache is None:
         compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
-    compact = None
-    if compact_cache and draft_to_target is not None and draft_logits is not None:
+    compact = t2d = None
+    if draft_to_target is not None and draft_logits is not None:
+        # Built by any walk outside graph capture (not only compact ones), so that a capture finds it.
+        t2d = _target_to_draft_table(draft_to_target, draft_logits.shape[-1])
+    if compact_cache and t2d is not None:
         compact = torch.empty(num_rows, num_steps, vocab, dtype=draft_logits.dtype, device=device)
     for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
         g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
@@ -651,7 +671,7 @@ def head_walk(
                 HEADS[head], logit_scale, compact_logits=compact is not None,
                 d2t_increasing=draft_to_target is not None and draft_to_target_increasing)
     if compact is not None:
-        _expand_draft_logits(compact, draft_logits, req_indices, draft_to_target)
+        _expand_draft_logits(compact, draft_logits, req_indices, t2d)
     return tokens, draft_logits, confidence
 
 
@@ -664,11 +684,11 @@ def _target_to_draft(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
 
 
 def _expand_draft_logits(compact: torch.Tensor, cache: torch.Tensor, req_indices: torch.Tensor | None,
-                         d2t: torch.Tensor) -> None:
-    """The walked steps' cache rows [req, k, :V_target] from the compact [B, N, V] draft logits, written whole."""
+                         t2d: torch.Tensor) -> None:
+    """The walked steps' cache rows [req, k, :V_target] from the compact [B, N, V] draft logits, written whole
+    (t2d: _target_to_draft_table)."""
     num_rows, num_steps, _ = compact.shape
     target_vocab = cache.shape[-1]
-    t2d = _cached(f"t2d_{target_vocab}", (d2t,), lambda: _target_to_draft(d2t, target_vocab))
     expand_draft_logits_kernel[(triton.cdiv(target_vocab, EXPAND_BLOCK), num_steps, num_rows)](
         compact, compact.stride(0), compact.stride(1), cache, cache.stride(0), cache.stride(1),
         req_indices if req_indices is not None else compact, t2d, target_vocab, HAS_REQ=req_indices is not None,
