@@ -163,18 +163,20 @@ def test_compact_cache_needs_its_table_before_graph_capture(monkeypatch):
     p = make_problem(3, 4, 200, seed=5)
     kw = dict(draft_to_target=p.d2t, req_indices=p.req, compact_cache=True, **sampling_kwargs(p))
     cache = torch.full((p.req.max().item() + 3, 5, 240), -7.0, device=DEVICE)
-    monkeypatch.setattr(walk, "_capturing", lambda t: True)
+    capturing = [True]
+    monkeypatch.setattr(walk, "_capturing", lambda t: capturing[0])
     launches = []
     expand = walk._expand_draft_logits
     monkeypatch.setattr(walk, "_expand_draft_logits", lambda *a: (launches.append(1), expand(*a)))
     d2t = p.d2t.clone()  # a tensor no earlier walk has seen
     head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
     assert not launches and (cache != float("-inf")).all()  # direct store: no column set to -inf
-    monkeypatch.setattr(walk, "_capturing", lambda t: False)
+    capturing[0] = False
     head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
-    monkeypatch.setattr(walk, "_capturing", lambda t: True)
+    capturing[0] = True
     head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **dict(kw, draft_to_target=d2t))
     assert len(launches) == 2
+
 
 
 @needs_kernels

@@ -355,29 +355,30 @@ def _d2t_increases(d2t: torch.Tensor) -> bool:
     """Whether id + d2t[id] strictly increases: read once per d2t (its identity and contents, as _cached keys them),
     never while a CUDA graph is being captured (a host read would break the capture: a d2t first seen there keeps
     the caller's promise unchecked, as documented)."""
-    key = ("d2t_increases", _tensor_key(d2t))
-    if key in _tables:
-        return _tables[key][1]
-    if _capturing(d2t):
-        return True
-    return _cached("d2t_increases", (d2t,), lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()))
-
-
-def _capturing(t: torch.Tensor) -> bool:
-    """Whether work on t's device is being captured into a CUDA graph (kernels are recorded, not run)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return _cached_outside_capture("d2t_increases", d2t, lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()), True)
 
 
 def _target_to_draft_table(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor | None:
     """The cached [V_target] target -> draft id table of d2t; None while a CUDA graph is being captured and the
     table was never built: built there, it would be recorded, not filled, and read unfilled by anything that runs
     before the graph's first replay (the walk then stores at the target columns directly)."""
-    key = (f"t2d_{target_vocab}", _tensor_key(d2t))
+    return _cached_outside_capture(f"t2d_{target_vocab}", d2t, lambda: _target_to_draft(d2t, target_vocab), None)
+
+
+def _cached_outside_capture(kind: str, source: torch.Tensor, make, while_capturing):
+    """_cached(kind, (source,), make), except that during a CUDA-graph capture (kernels are recorded, not run) an
+    entry not made yet is not made: `while_capturing` instead."""
+    key = (kind, _tensor_key(source))
     if key in _tables:
         return _tables[key][1]
-    if _capturing(d2t):
-        return None
-    return _cached(f"t2d_{target_vocab}", (d2t,), lambda: _target_to_draft(d2t, target_vocab))
+    if _capturing(source):
+        return while_capturing
+    return _cached(kind, (source,), make)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether work on t's device is being captured into a CUDA graph."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def quantize_w2_fp8(w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
