@@ -351,11 +351,12 @@ def _tensor_key(t: torch.Tensor):
     return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
 
 
-def _d2t_increases(d2t: torch.Tensor) -> bool:
-    """Whether id + d2t[id] strictly increases: read once per d2t (its identity and contents, as _cached keys them),
-    never while a CUDA graph is being captured (a host read would break the capture: a d2t first seen there keeps
-    the caller's promise unchecked, as documented)."""
-    return _cached_outside_capture("d2t_increases", d2t, lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()), True)
+def draft_to_target_increases(d2t: torch.Tensor, while_capturing: bool | None = True) -> bool | None:
+    """Whether id + d2t[id] strictly increases with id (vLLM builds d2t from a sorted draft vocabulary): a host read
+    once per d2t (its identity and contents, as _cached keys them), never while a CUDA graph is being captured (the
+    read would break the capture): a d2t first seen there gives `while_capturing`."""
+    return _cached_outside_capture("d2t_increases", d2t, lambda: bool((d2t[1:] + 1 > d2t[:-1]).all()),
+                                   while_capturing)
 
 
 def _target_to_draft_table(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor | None:
@@ -545,7 +546,7 @@ def head_walk(
         _check(req_indices.shape == (num_rows,), f"req_indices must be [B={num_rows}]")
     if draft_to_target is not None:
         _check(draft_to_target.shape == (vocab,), f"draft_to_target must be [V={vocab}]")
-        _check(not draft_to_target_increasing or _d2t_increases(draft_to_target),
+        _check(not draft_to_target_increasing or draft_to_target_increases(draft_to_target),
                "draft_to_target_increasing=True, but id + draft_to_target[id] does not strictly increase with id: "
                "pass False (vLLM's wiring checks this itself)")
     if draft_logits is not None:

@@ -294,14 +294,16 @@ def _backend(plan: WalkPlan) -> Callable[..., Any]:
 
 def _d2t_increasing(plan: WalkPlan, d2t: torch.Tensor) -> bool:
     """Whether d2t maps draft ids to strictly increasing target ids, as vLLM builds it from a sorted draft vocabulary:
-    then the kernel's Gluon walk may key rows by target id (the same order). A host read, so it is taken once, at the
-    first walk outside CUDA-graph capture (vLLM's profile run, after the weights are loaded); during a capture
-    before that, False (the Triton walk)."""
+    then the kernel keys rows by target id (the same order). The kernel's own check (one host read per d2t, which
+    head_walk then finds cached), taken at the first walk outside CUDA-graph capture (vLLM's profile run, after the
+    weights are loaded) and kept on the plan; during a capture before that, False (keys by draft id)."""
     if plan.d2t_increasing is None:
-        if d2t.is_cuda and torch.cuda.is_current_stream_capturing():
+        from hybridspec_kernels.head_walk import draft_to_target_increases
+
+        known = draft_to_target_increases(d2t, while_capturing=None)
+        if known is None:
             return False
-        targets = _draft_columns(plan, d2t)
-        plan.d2t_increasing = bool((targets[1:] > targets[:-1]).all())
+        plan.d2t_increasing = known
     return plan.d2t_increasing
 
 
