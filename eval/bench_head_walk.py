@@ -1022,6 +1022,18 @@ TUNE_CASES_V47 = (_mirrored_passes(V47_FORMS, 32000, "v32k_b32", passes=2, rows=
                                      "v32k_b32", passes=2, rows=32)
                   + _mirrored_passes({f"greedy_{n}": dict(kw, sampled=False) for n, kw in V47_FORMS.items()}, 32000,
                                      "v32k_b32", passes=2, rows=32))
+# v48 (session 12): the Gluon walk of several rows (head_walk(gluon="rows"): each batch row polled by one warp, the
+# one-row walk's guessed W1 rows and pipelined spin) beside the Triton walk's default (probe at b32, poll at b8 / b16,
+# tagged rows otherwise), greedy 32k block 15: ABBA x 2 at b32 and b8, once at b16 / b2; at b32 also with 1 guess
+# round and with the plain spin (stagger 0); blocks 7 / 1 at b32.
+V48_FORMS = {"triton": {}, "rows": dict(gluon="rows")}
+TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
+                  + [("rows_guess1_v32k_b32", 32000, 32, dict(gluon="rows", guess_rounds=1)),
+                     ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", spin_stagger=0))]
+                  + _mirrored_passes(V48_FORMS, 32000, "v32k_b8", passes=2, rows=8)
+                  + [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (16, 2) for name, kw in V48_FORMS.items()]
+                  + [(f"{name}_blk{steps}_v32k_b32", 32000, 32, dict(kw, steps=steps)) for steps in (7, 1)
+                     for name, kw in V48_FORMS.items()])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1111,6 +1123,7 @@ LADDERS = {
     "v44": dict(rule={}, cases=TUNE_CASES_V44, floors=[]),
     "v45": dict(rule={}, cases=TUNE_CASES_V45, floors=[]),
     "v47": dict(rule={}, cases=TUNE_CASES_V47, floors=[]),
+    "v48": dict(rule={}, cases=TUNE_CASES_V48, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

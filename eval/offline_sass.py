@@ -9,7 +9,8 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw, hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache) or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
+WHAT: gdn, hw, hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache), hwrows (the Gluon
+walk of 2..32 rows, gluon_rows, beside the Triton walk's build of each batch) or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
 the Triton b1 build, with step-loop instruction counts; and its fully resident lean forms at 32k / 30011, HW12). (head_walk's removed Gluon prototypes' targets: the
 resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
 (gdn_verify's Gluon prototypes' targets gdng / gdnb: at eee43d2, removed with the prototypes.)
@@ -45,7 +46,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg", "hwd")
+WHATS = ("gdn", "hw", "hwg", "hwd", "hwrows")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -343,7 +344,7 @@ def _compile_counted(name, cfg):
     try:
         sass = compile_captured(name, fn, args, kwargs)
     except Exception as exc:
-        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        print(f"{name:40} FAILED {type(exc).__name__}: {str(exc)[-3000:]}", flush=True)
         return None
     print(f"{name:40} step loop {json.dumps(step_loop_counts(sass))}", flush=True)
     return sass
@@ -417,4 +418,34 @@ def hwg():
                     print(f"{name:40} streamed loops {json.dumps(brief)}", flush=True)
 
 
-{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd}[WHAT]()
+def hwrows():
+    """head_walk(gluon="rows") at 32k / 30011 (fully resident 256-row shards) and 2 / 5 / 8 / 16 / 32 greedy rows, beside
+    the Triton walk's default build of each: registers, stack, shared memory and the step loop's counts."""
+    import hybridspec_kernels.head_walk.gluon_rows as gr
+    import hybridspec_kernels.head_walk.walk as walk
+    walk._num_sms = lambda d: 132
+    walk._interpreting = lambda: False
+    walk.head_walk_kernel = Capture(walk.head_walk_kernel)
+    gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
+    steps, rank = 15, 256
+    for vocab in (32000, 30011):
+        for rows in (2, 5, 8, 16, 32):
+            for form in ("triton", "rows"):
+                name = f"hwrows_v{vocab}_b{rows}_{form}"
+                if ONLY and name not in ONLY:
+                    continue
+                u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
+                cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
+                del captured[:]
+                if form == "triton":
+                    walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                                 None, None, None, None, None, None, 0, 1.0)
+                else:
+                    why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
+                                                  dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
+                    assert why is None, why
+                    walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
+                _compile_counted(name, cfg)
+
+
+{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd, "hwrows": hwrows}[WHAT]()

@@ -1147,7 +1147,7 @@ def test_gluon_stream_forms(monkeypatch, caplog):
 
     assert walk.GLUON_AUTO_FORM == "rs2_sf_lean_pp"
     flags = {form: tuple(walk.gluon_form_flags(form).values()) for form in walk.GLUON_FORMS
-             if form not in ("auto", False)}  # (rs, stream_first, lean_ends, paired, pipelined_spin)
+             if form not in ("auto", False, "rows")}  # (rs, stream_first, lean_ends, paired, pipelined_spin)
     assert flags == {True: (0, False, False, False, False), "ss": (0, False, False, False, False),
                      "rs": (1, False, False, False, False), "rs_sf": (1, True, False, False, False),
                      "rs_sf_lean": (1, True, True, False, False), "rs2_sf_lean": (2, True, True, False, False),
@@ -1333,7 +1333,7 @@ def test_gluon_falls_back_to_the_triton_walk(monkeypatch, caplog):
         head_walk(p.U, p.w1, p.w2, p.x0, gluon="ss_late")
 
 
-def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
+def _assert_gluon_walks_agree(monkeypatch, p, forms: dict, scaled_kw: dict | None = None) -> None:
     """Each Gluon form (name -> head_walk options) walks p twice with the Triton walk's tokens, interleaved with the
     Triton walk on the same workspace, no wait giving up and no fallback (the Triton launch raises); the Triton walk
     is tolerated by the naive reference; logit_scale 0.5 on fp32 base logits agrees too."""
@@ -1359,7 +1359,7 @@ def _assert_gluon_walks_agree(monkeypatch, p, forms: dict) -> None:
     assert_walk_tolerated(p, ref, {}, False)
     scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=False)
     monkeypatch.setattr(walk, "_launch", no_fallback)
-    gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, gluon=True)
+    gluon_scaled, _, _ = head_walk(p.U.float(), p.w1, p.w2, p.x0, logit_scale=0.5, **(scaled_kw or dict(gluon=True)))
     monkeypatch.setattr(walk, "_launch", triton_launch)
     assert torch.equal(gluon_scaled, scaled)
 
@@ -1432,7 +1432,7 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
 
     errors = barrier_errors(DEVICE)
     U = p.U.clone()
-    tokens = torch.empty(1, p.U.shape[1], dtype=torch.long, device=DEVICE)
+    tokens = torch.empty(p.U.shape[0], p.U.shape[1], dtype=torch.long, device=DEVICE)
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
@@ -1453,6 +1453,103 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref), replay
     assert barrier_errors(DEVICE) == errors
+
+
+def test_gluon_rows_selection(monkeypatch):
+    """Which walks gluon_rows' kernel takes (head_walk(gluon="rows"), no GPU needed): 2..32 greedy Markov rows of
+    2-byte weights on sm_90, fully resident shards of <= 256 rows (32k: 125 programs, 30011: 118) in the persistent
+    plan; one row, 33 rows, sampled, other heads, extras, 152k shards, W2 rows TMA cannot read, other dtypes say why.
+    The launch: wgmma N = rows padded to a power of two >= 8, one or two 128-row tiles, the plan's key stride."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    base = dict(head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256, capability=(9, 0),
+                triton_version="3.6.0", have_gluon=True)
+    for vocab, programs in ((32000, 125), (30011, 118)):
+        for rows in (2, 5, 8, 16, 32):
+            plan = _gpu_plan(monkeypatch, vocab, rows)
+            assert (plan.programs, plan.chunk_rows) == (programs, 256)
+            assert walk.why_not_gluon_rows(plan, num_rows=rows, **base) is None, (vocab, rows)
+    plan = _gpu_plan(monkeypatch, 32000, 8)
+    rejected = {
+        "one row": dict(num_rows=1), "33 rows": dict(num_rows=33), "sampled": dict(num_rows=8, sampled=True),
+        "rnn": dict(num_rows=8, head="rnn"), "extras": dict(num_rows=8, extras=True),
+        "no TMA": dict(num_rows=8, w2_tma=False), "fp32": dict(num_rows=8, dtypes=(torch.float32,) * 3),
+        "sm_80": dict(num_rows=8, capability=(8, 0)), "no gluon": dict(num_rows=8, have_gluon=False),
+    }
+    for case, kw in rejected.items():
+        assert isinstance(walk.why_not_gluon_rows(plan, **dict(base, **kw)), str), case
+    assert "256" in walk.why_not_gluon_rows(_gpu_plan(monkeypatch, 151936, 8), num_rows=8, **base)
+    assert [walk.gluon_rows.rows_n(rows) for rows in (2, 5, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 32, 32]
+
+    build = _CapturedBuild()
+    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    for rows, bn, stride in ((5, 8, 16), (32, 32, 32)):
+        u = torch.zeros(rows, 15, 32000, dtype=bf)
+        w = torch.zeros(32000, 256, dtype=bf)
+        tokens = torch.zeros(rows, 15, dtype=torch.long)
+        assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0)
+        grid, kwargs = build.launches[-1]
+        want = dict(BN=bn, RES_T=2, CHUNK_ROWS=256, NUM_PROGS=125, KEY_STRIDE=stride, PP=128, SCALED=False,
+                    GUESS_ROUNDS=walk.GUESS_ROUNDS, SPIN_STAGGER=walk.SPIN_STAGGER, num_warps=8)
+        assert grid == (125,) and {k: kwargs[k] for k in want} == want, (rows, kwargs)
+
+
+@needs_kernels
+def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
+    """head_walk(gluon="rows") where the Gluon rows walk cannot run (here: the interpreter / CPU) or its build fails
+    walks the Triton kernel with the same tokens and says so once (a warning)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    log_once.cache_clear()
+    p = make_problem(3, 4, 1031, seed=47)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows")
+            assert torch.equal(tokens, ref)
+    said = [r.getMessage() for r in caplog.records if "gluon='rows'" in r.getMessage()]
+    assert len(said) == 1 and "no CUDA device" in said[0], said
+
+    caplog.clear()
+    monkeypatch.setattr(walk, "why_not_gluon_rows", lambda *a, **k: None)
+    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", _FailingBuild())
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    big = make_problem(3, 4, 1031, dtype=torch.float16, seed=49)
+    big.w2 = big.w2.t().contiguous().t()
+    big_ref, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=False)
+    with caplog.at_level("WARNING", logger=walk.__name__):
+        for _ in range(2):
+            tokens, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon="rows")
+            assert torch.equal(tokens, big_ref)
+    said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
+    assert len(said) == 1 and "PassManager::run failed" in said[0], said
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab", [32000, 30011], ids=["v32k", "v30011"])
+@pytest.mark.parametrize("rows", [2, 5, 8, 16, 32])
+@pytest.mark.parametrize("steps", [15, 7, 1])
+def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps):
+    """gluon_rows' walk (head_walk(gluon="rows")) proposes exactly the Triton walk's tokens at 2..32 rows, walk after
+    walk on the shared tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too."""
+    p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
+    _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon="rows")}, scaled_kw=dict(gluon="rows"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [8, 32])
+def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
+    """head_walk(gluon="rows") captured in a CUDA graph: replays on new base logits propose the Triton walk's tokens,
+    no fallback, no wait giving up (programs other than 0 leave the last step early, replay after replay)."""
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    _assert_gluon_graph_replays_agree(monkeypatch, p, dict(gluon="rows"))
 
 
 @needs_kernels

@@ -24,7 +24,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._log import log_once
-from . import gluon_b1
+from . import gluon_b1, gluon_rows
 from .kernel import MAX_TOKENS, U_BOX_BYTES, expand_draft_logits_kernel, head_walk_kernel
 
 logger = logging.getLogger(__name__)
@@ -628,7 +628,17 @@ def head_walk(
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
-    if gluon is not False:
+    if gluon == "rows":
+        reason = why_not_gluon_rows(
+            cfg, num_rows=num_rows, head=head, sampled=sampled,
+            extras=draft_to_target is not None or draft_logits is not None or conf_h is not None
+            or tokens.stride(-1) != 1, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+            capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
+        if reason is not None:
+            log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
+        elif _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale):
+            return tokens, draft_logits, confidence
+    elif gluon is not False:
         d2t_keyed = draft_to_target is not None and draft_to_target_increasing
         gluon_case = dict(
             num_rows=num_rows, head=head, sampled=sampled,
@@ -731,8 +741,10 @@ def _expand_draft_logits(compact: torch.Tensor, cache: torch.Tensor, req_indices
 # HW13's "rs_sf_lean_pair" (rs_sf_lean with its register and shared-memory resident tiles' products in flight with one
 # wait, PAIRED beside streamed tiles) measured slower than rs_sf_lean (ladder v34, 7 pairs, median -0.6 %; block 7
 # equal): removed, code at f8823db.
+# Session 12's "rows" (opt-in): gluon_rows' walk of 2..32 greedy Markov rows of fully resident shards (each batch row
+# polled by one warp, the one-row walk's guessed W1 rows and pipelined spin).
 GLUON_FORMS = ("auto", False, True, "ss", "rs", "rs_sf", "rs_sf_lean", "rs2_sf_lean", "ss_lean_pair",
-               "rs2_lean_pair", "rs2_sf_lean_pp", "rs2_lean_pair_pp")
+               "rs2_lean_pair", "rs2_sf_lean_pp", "rs2_lean_pair_pp", "rows")
 
 
 def gluon_form_flags(form: bool | str) -> dict[str, bool | int]:
@@ -994,6 +1006,63 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
                 + ("_lean" if lean_ends else "") + ("_pair" if paired else "") + ("_pp" if stagger else ""))
         log_once(logger, logging.WARNING, f"head_walk(gluon): the Gluon build failed ({form}, {resident} resident "
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
+        return False
+    return True
+
+
+def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
+                       dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
+                       capability: tuple[int, int] | None, w2_tma: bool = True,
+                       triton_version: str = triton.__version__,
+                       have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
+    """None where gluon_rows' walk (head_walk(gluon="rows")) walks this case exactly as the Triton walk would, else
+    why not (the log line of the fallback): 2..32 greedy Markov rows without d2t, draft logits or confidence, fully
+    resident shards of at most 256 rows (W2 rows readable by TMA), the persistent plan."""
+    reason = _why_not_gluon_here(triton_version, have_gluon, capability)
+    if reason is None and not (2 <= num_rows <= gluon_rows.MAX_ROWS and head == "markov" and not sampled
+                               and not extras):
+        reason = (f"only 2..{gluon_rows.MAX_ROWS} greedy Markov rows without d2t / draft logits / confidence have the "
+                  f"Gluon rows walk (got {num_rows} {'sampled' if sampled else 'greedy'} {head} rows)")
+    reason = reason or _why_not_gluon_operands(dtypes, rank)
+    if reason is not None:
+        return reason
+    if not cfg.multi:
+        return "plan multi=False: only the persistent walk has a Gluon form"
+    if cfg.chunk_rows > gluon_rows.MAX_SHARD_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk keeps whole shards of at most "
+                f"{gluon_rows.MAX_SHARD_ROWS} rows on chip")
+    if cfg.programs > gluon_rows.MAX_PROGRAMS:
+        return f"{cfg.programs} programs: the rows walk polls at most {gluon_rows.MAX_PROGRAMS}"
+    if not w2_tma:
+        return "W2's rows cannot be read by TMA (16-byte aligned start and rows needed)"
+    if cfg.block_rows < gluon_rows.rows_n(num_rows):
+        return f"key slots of {cfg.block_rows} columns for {gluon_rows.rows_n(num_rows)} rows"
+    return None
+
+
+def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
+    """One launch of gluon_rows' walk (why_not_gluon_rows said yes); False (logged, remembered per build) where it
+    does not compile, so the caller walks the Triton kernel."""
+    rank = w1.shape[1]
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    bn = gluon_rows.rows_n(u.shape[0])
+    res_t = triton.cdiv(cfg.chunk_rows, gluon_rows.TILE_ROWS)
+    key = ("rows", cfg, bn, res_t, SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, u.dtype, w1.dtype, rank)
+    if key in _gluon_failed:
+        return False
+    try:
+        w2_desc = gluon_b1.stream_descriptor(w2_rows, gluon_rows.TILE_ROWS)
+        gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
+            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
+            wsp["keys"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2], float(logit_scale),
+            R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
+            SPIN_LIMIT=SPIN_LIMIT, GUESS_ROUNDS=GUESS_ROUNDS, SPIN_STAGGER=SPIN_STAGGER, SPIN_READS=SPIN_READS,
+            num_warps=gluon_rows.NUM_WARPS)
+    except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
+        _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
+                 f"resident tiles: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
 

@@ -1,0 +1,214 @@
+"""Gluon walk of SEVERAL batch rows (B = 2..32), greedy, Markov head, fully resident shards (V = 32k class: 256 rows
+a program on 125 SMs): `head_walk_rows_kernel` (walk.py: `gluon="rows"`).
+
+Same keys, tags and tie-break as kernel.py's batched walks (`_ordered_keys`, first of equal maxima; tagged slots
+[2, P, KEY_STRIDE] of the shared workspace), so the tokens are the Triton walk's. What changes is the exchange, which
+is most of the Triton walk's step from 8 rows on (b32: ~3.1 of 5.7 us a step, probe; eval/notes/head_walk.md):
+
+1. Batch row b is polled by warp b % NUM_WARPS alone: its lanes read the [P] tagged keys of row b (one slot per
+   program, padding programs read this program's own slot), the row's winner is a warp max (shuffles, no CTA sync),
+   and the same warp loads the winner's W1 row into row b of the wgmma B operand. The Triton walk's probe spins on
+   column 0, syncs the CTA, then loads [P, B] keys and reduces them CTA-wide twice.
+2. The W1 row of each row's best key seen so far travels while the warp still waits for the rest (gluon_b1's
+   `_next_candidates`, GUESS_ROUNDS reads), and the spin keeps SPIN_READS reads of a slot in flight (the "..._pp"
+   spin of the one-row walk).
+3. Both 128-row tiles of the shard stay in shared memory (TMA, once), and both products are in flight with one wait;
+   the base logits of step k + 1 are loaded in the accumulator's layout right after step k's keys are published,
+   behind the exchange.
+4. Per step 2 CTA syncs of the kernel's own (B operand ready, the score's per-warp maxima).
+
+Session 6's prototype of this walk (gluon_rows at eee43d2: one K-slot PTX poll per thread) proposed wrong tokens and
+its waits gave up on the H200; this one is built from the one-row walk's exchange pieces, which are GPU-tested.
+
+Compiles only for sm_90 (wgmma, TMA); walk.py falls back to the Triton walk (with a log line) where Gluon, the Triton
+version or the case does not fit (why_not_gluon_rows). Not run under TRITON_INTERPRET.
+"""
+import triton.language as tl
+
+from .gluon_b1 import HAVE_GLUON
+from .kernel import ID_MASK, _load_relaxed, _ordered_keys
+
+# Batch rows a launch walks: wgmma N = the rows padded to a power of two >= 8 (the smallest N).
+MAX_ROWS = 32
+MIN_N = 8
+# Shard tiles: wgmma M of 8 warps (two warpgroups); a shard is one or two tiles, all resident.
+TILE_ROWS = 128
+MAX_SHARD_ROWS = 256
+NUM_WARPS = 8
+# Programs padded to a power of two: the [N, PP] poll tile gives each lane PP / 32 slots of its warp's rows.
+MAX_PROGRAMS = 256
+
+
+def rows_n(num_rows: int) -> int:
+    """wgmma N (B operand rows) for num_rows batch rows."""
+    return max(MIN_N, 1 << (num_rows - 1).bit_length())
+
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+    from .gluon_b1 import _cta_sync, _next_candidates, _tma_load, _wait_slots
+
+    @gluon.jit
+    def _publish_rows(ptrs, keys, BN: gl.constexpr):
+        """st.relaxed.gpu of the [BN] keys by threads 0 .. BN - 1 (the layout gives thread t element t % BN, so each
+        slot has one writer)."""
+        gl.inline_asm_elementwise(
+            """{
+            .reg .pred %prp;
+            .reg .u32 %prt;
+            mov.u32 %prt, %tid.x;
+            setp.lt.u32 %prp, %prt, $3;
+            @%prp st.relaxed.gpu.global.b64 [$1], $2;
+            mov.u32 $0, 0;
+            }""", "=r,l,l,r", [ptrs, keys, gl.full(keys.shape, BN, gl.int32, keys.type.layout)], dtype=gl.int32,
+            is_pure=False, pack=1)
+
+    @gluon.jit
+    def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, shard_end, o_n, num_rows):
+        """[ST, BN] base logits U[b, step, rows] in the accumulator's layout (0 outside the shard / live rows)."""
+        ok = (rows < shard_end)[:, None] & (o_n < num_rows)[None, :]
+        return gl.load(u_ptr + o_n[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=ok, other=0.0)
+
+    @gluon.jit
+    def _score_tile(acc, u, rows, shard_end, logit_scale, SCALED: gl.constexpr):
+        """[ST, BN] keys of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
+        + U, round; -inf past the shard."""
+        out_ty = u.dtype
+        bias = acc.to(out_ty).to(gl.float32)
+        if SCALED:
+            bias = (bias * logit_scale).to(out_ty).to(gl.float32)
+        logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
+        scored = gl.where((rows < shard_end)[:, None], logits, float("-inf"))
+        return _ordered_keys(scored, rows[:, None])
+
+    @gluon.jit
+    def head_walk_rows_kernel(
+        u_ptr, stride_ub, stride_uk,
+        w1_ptr, stride_w1,
+        w2_desc,
+        first_ptr, tok_ptr, stride_tb,
+        keys_ptr, gen_ptr, err_ptr,
+        num_rows, num_steps, vocab, logit_scale,
+        R: gl.constexpr, RES_T: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
+        KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
+        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, SPIN_STAGGER: gl.constexpr = 0,
+        SPIN_READS: gl.constexpr = 2,
+    ):
+        # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
+        # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
+        # too and are scored -inf). keys_ptr: the workspace's [2, NUM_PROGS, KEY_STRIDE] tagged keys (columns
+        # 0 .. BN - 1); gen_ptr: per-program tag generation; err_ptr: set when a wait gives up. Batch rows b >=
+        # num_rows are padding: published (every polled slot arrives) and walked on zero base logits, never stored.
+        NW: gl.constexpr = gl.num_warps()
+        ST: gl.constexpr = 16 * NW
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                      instr_shape=[16, BN, 16])
+        ROW_OF_ACC: gl.constexpr = gl.SliceLayout(1, ACC)
+        COL_OF_ACC: gl.constexpr = gl.SliceLayout(0, ACC)
+        # [BN, PP] slots: batch row b polled by warp b % NW, programs across its lanes.
+        SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        # [BN, R] W1 rows: row b gathered by the warp that polled it.
+        CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
+        # [NW, BN] per-warp score maxima read back by column: thread t holds column t % BN (_publish_rows).
+        PARTS: gl.constexpr = gl.BlockedLayout([NW, 1], [1, 32], [1, NW], [0, 1])
+        W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ST, R], w1_ptr.dtype.element_ty)
+        B_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, R], w1_ptr.dtype.element_ty)
+        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        TILE_BYTES: gl.constexpr = ST * R * 2
+
+        pid = gl.program_id(0)
+        shard_begin = pid * CHUNK_ROWS
+        shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
+
+        # The resident tiles by TMA first: the anchors' rows and step 0's base logits load while they travel.
+        res_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [RES_T, ST, R], W_SMEM)
+        res_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(res_ready, count=1)
+        fence_async_shared()
+        _cta_sync()
+        mbarrier.expect(res_ready, RES_T * TILE_BYTES)
+        for t in gl.static_range(RES_T):
+            _tma_load(w2_desc, [shard_begin + t * ST, 0], res_ready, res_smem.index(t))
+        b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [BN, R], B_SMEM)
+        parts_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
+
+        # Poll addresses (row b, program p: slot p * KEY_STRIDE + b of the step's half); padding programs poll this
+        # program's own slot of the row, written before every poll.
+        o_b = gl.arange(0, BN, gl.SliceLayout(1, SPIN))
+        o_p = gl.arange(0, PP, gl.SliceLayout(0, SPIN))
+        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
+        slot_off = prog[None, :] * KEY_STRIDE + o_b[:, None]
+        zero_i = gl.zeros([BN, PP], gl.int32, SPIN)
+        err_addr = err_ptr.to(gl.int64) + zero_i.to(gl.int64)
+        o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
+        o_cb = gl.arange(0, BN, gl.SliceLayout(1, CAND))
+        live_c = o_cb < num_rows
+        o_pub = gl.arange(0, BN, gl.SliceLayout(0, PARTS))
+
+        # Step 0's candidates: the anchors' W1 rows (padding rows: row 0 of W1, walked and never stored).
+        x0 = gl.load(first_ptr + o_cb, mask=live_c, other=0).to(gl.int64)
+        cand = gl.load(w1_ptr + x0[:, None] * stride_w1 + o_cr[None, :])
+        cand_key = gl.full([BN], 0, gl.int64, gl.SliceLayout(1, SPIN))
+        o_t = gl.arange(0, ST, ROW_OF_ACC)
+        o_n = gl.arange(0, BN, COL_OF_ACC)
+        rows0 = shard_begin + o_t
+        u0 = _load_u_tile(u_ptr, stride_ub, stride_uk, 0, rows0, shard_end, o_n, num_rows)
+        if RES_T == 2:
+            u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, 0, rows0 + ST, shard_end, o_n, num_rows)
+        else:
+            u1 = u0  # unused
+        zero_acc = gl.zeros([ST, BN], gl.float32, ACC)
+        gen = gl.load(gen_ptr + pid)
+        mbarrier.wait(res_ready, 0)
+        for k in range(num_steps):
+            # The rows' W1 rows into B (generic stores, fenced for the wgmma's async proxy before the sync).
+            b_smem.store(cand)
+            fence_async_shared()
+            _cta_sync()
+            if k > 0:
+                if pid == 0:
+                    o_sb = gl.arange(0, BN, gl.SliceLayout(1, SPIN))
+                    gl.store(tok_ptr + o_sb * stride_tb + (k - 1), ID_MASK - (cand_key & ID_MASK),
+                             mask=o_sb < num_rows)
+            b_view = b_smem.permute((1, 0))
+            acc0 = warpgroup_mma(res_smem.index(0), b_view, zero_acc, use_acc=False, is_async=True)
+            if RES_T == 2:
+                acc1 = warpgroup_mma(res_smem.index(1), b_view, zero_acc, use_acc=False, is_async=True)
+                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+                keys = gl.maximum(_score_tile(acc0, u0, rows0, shard_end, logit_scale, SCALED),
+                                  _score_tile(acc1, u1, rows0 + ST, shard_end, logit_scale, SCALED))
+            else:
+                acc0 = warpgroup_mma_wait(0, deps=[acc0])
+                keys = _score_tile(acc0, u0, rows0, shard_end, logit_scale, SCALED)
+            # Warp w holds tile rows [16 w, 16 w + 16): shuffles within each warp, then one sync before the
+            # publishing threads reduce the NW maxima of their column.
+            parts_smem.store(gl.max(gl.reshape(keys, [NW, ST // NW, BN]), axis=1))
+            best = gl.max(parts_smem.load(PARTS), axis=0)
+            tag = ((gen + k) % 16383) + 1
+            half = keys_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
+            _publish_rows(half + pid * KEY_STRIDE + o_pub, best | (tag << 18), BN)
+            # The next step's base logits travel while the programs meet.
+            k_next = gl.minimum(k + 1, num_steps - 1)
+            u0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0, shard_end, o_n, num_rows)
+            if RES_T == 2:
+                u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0 + ST, shard_end, o_n, num_rows)
+            slot_ptrs = half + slot_off
+            tags = zero_i + tag.to(gl.int32)
+            if k + 1 < num_steps:
+                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
+            elif pid == 0:
+                # The last step: only program 0 stores tokens, and it needs the winners' keys, not their W1 rows;
+                # the other programs leave once their keys are out.
+                cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
+                                              SPIN_STAGGER, SPIN_READS), axis=1)
+        if pid == 0:
+            o_sb = gl.arange(0, BN, gl.SliceLayout(1, SPIN))
+            gl.store(tok_ptr + o_sb * stride_tb + (num_steps - 1), ID_MASK - (cand_key & ID_MASK),
+                     mask=o_sb < num_rows)
+        gl.store(gen_ptr + pid, gen + num_steps)
+        mbarrier.invalidate(res_ready)
