@@ -328,6 +328,7 @@ def run_gpu(args) -> dict:
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
+        shipped_rows_exchange = walk.ROWS_EXCHANGE
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -338,7 +339,10 @@ def run_gpu(args) -> dict:
             walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
             walk.D2T_HOIST = kw.pop("d2t_hoist", shipped_hoist)  # d2t offsets of resident tiles read once a walk
+            walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange)  # gluon="rows": its exchange
             steps = kw.pop("steps", 15)
+            # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
+            time_always = kw.pop("time_always", False)
             # A reduced draft vocabulary (vLLM's d2t) into d2t_target_vocab target ids (Problem(target_vocab=)),
             # laid out as d2t_layout; no_cache: a sampled walk without the draft-logits cache.
             p = Problem(torch, rows, steps, vocab, RANK, kw.pop("sampled", False), device, torch.bfloat16,
@@ -360,7 +364,7 @@ def run_gpu(args) -> dict:
                        barrier_errors=barrier_errors(device) - errors_before)
             if kw.get("gluon", "auto") is not False:  # the default ("auto") may walk either kernel
                 row["gluon_ran"] = gluon_ran
-            if row["barrier_errors"] == 0 and row["equal_step"]:
+            if row["barrier_errors"] == 0 and (row["equal_step"] or time_always):
                 us, spread = time_graph(torch, fn)
                 row.update(us=round(us, 1), spread=round(spread, 3), us_per_step=round(us / steps, 2))
         except Exception as exc:  # a tuning variant that cannot run is reported, not fatal
@@ -368,6 +372,7 @@ def run_gpu(args) -> dict:
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
+            walk.ROWS_EXCHANGE = shipped_rows_exchange
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1034,6 +1039,20 @@ TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=
                   + [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (16, 2) for name, kw in V48_FORMS.items()]
                   + [(f"{name}_blk{steps}_v32k_b32", 32000, 32, dict(kw, steps=steps)) for steps in (7, 1)
                      for name, kw in V48_FORMS.items()])
+# v49 (session 12, after v48: the "all" exchange's polls of every [P, B] key cost 224 vs 86 us at b32): the inbox
+# exchange (program r reduces row r's [P] keys and stores the winner into every program's inbox; rows_exchange
+# "inbox", now the default) beside the Triton walk, ABBA x 2 at b32 and b8; once: "all", the inbox with the plain
+# spin, and "local" (no exchange at all, wrong tokens, timed anyway: the step's floor) at b32 / b8; b16 / b2; blocks
+# 7 / 1 at b32.
+TUNE_CASES_V49 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
+                  + [("rows_all_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="all")),
+                     ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", spin_stagger=0)),
+                     ("rows_local_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="local", time_always=True))]
+                  + _mirrored_passes(V48_FORMS, 32000, "v32k_b8", passes=2, rows=8)
+                  + [("rows_local_v32k_b8", 32000, 8, dict(gluon="rows", rows_exchange="local", time_always=True))]
+                  + [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (16, 2) for name, kw in V48_FORMS.items()]
+                  + [(f"{name}_blk{steps}_v32k_b32", 32000, 32, dict(kw, steps=steps)) for steps in (7, 1)
+                     for name, kw in V48_FORMS.items()])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1124,6 +1143,7 @@ LADDERS = {
     "v45": dict(rule={}, cases=TUNE_CASES_V45, floors=[]),
     "v47": dict(rule={}, cases=TUNE_CASES_V47, floors=[]),
     "v48": dict(rule={}, cases=TUNE_CASES_V48, floors=[]),
+    "v49": dict(rule={}, cases=TUNE_CASES_V49, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -428,24 +428,24 @@ def hwrows():
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
     steps, rank = 15, 256
-    for vocab in (32000, 30011):
-        for rows in (2, 5, 8, 16, 32):
-            for form in ("triton", "rows"):
-                name = f"hwrows_v{vocab}_b{rows}_{form}"
-                if ONLY and name not in ONLY:
-                    continue
-                u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
-                cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
-                del captured[:]
-                if form == "triton":
-                    walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
-                                 None, None, None, None, None, None, 0, 1.0)
-                else:
-                    why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
-                                                  dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
-                    assert why is None, why
-                    walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
-                _compile_counted(name, cfg)
+    cases = [(vocab, rows, form, steps) for vocab in (32000, 30011) for rows in (2, 5, 8, 16, 32)
+             for form in ("triton", "rows")] + [(32000, 32, "rows", 1), (32000, 8, "rows", 1)]
+    for vocab, rows, form, steps in cases:
+        name = f"hwrows_v{vocab}_b{rows}_{form}" + ("" if steps == 15 else f"_blk{steps}")
+        if ONLY and name not in ONLY:
+            continue
+        u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
+        cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
+        del captured[:]
+        if form == "triton":
+            walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                         None, None, None, None, None, None, 0, 1.0)
+        else:
+            why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
+                                          dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
+            assert why is None, why
+            walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
+        _compile_counted(name, cfg)
 
 
 {"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd, "hwrows": hwrows}[WHAT]()

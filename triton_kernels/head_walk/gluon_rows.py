@@ -55,7 +55,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _publish_rows(ptrs, keys, BN: gl.constexpr):
         """st.relaxed.gpu of the [BN] keys by threads 0 .. BN - 1 (the layout gives thread t element t % BN, so each
-        slot has one writer)."""
+        slot has one writer; also the reducer's push of one key to [BN = PP] inboxes)."""
         gl.inline_asm_elementwise(
             """{
             .reg .pred %prp;
@@ -66,6 +66,40 @@ if HAVE_GLUON:
             mov.u32 $0, 0;
             }""", "=r,l,l,r", [ptrs, keys, gl.full(keys.shape, BN, gl.int32, keys.type.layout)], dtype=gl.int32,
             is_pure=False, pack=1)
+
+    @gluon.jit
+    def _reduce_and_push(keys_half, inbox_half, pid, tag, err_ptr, red_smem, NUM_PROGS: gl.constexpr,
+                         KEY_STRIDE: gl.constexpr, PP: gl.constexpr, SPIN_LIMIT: gl.constexpr,
+                         SPIN_STAGGER: gl.constexpr, SPIN_READS: gl.constexpr):
+        """The inbox exchange's reducer of batch row r = pid: waits for the [P] tagged keys of column r (warp w polls
+        programs [w * PP / NW, (w + 1) * PP / NW), padding slots this program's own key), takes their max (warp
+        shuffles, one CTA sync) and stores it (it carries the step's tag) into row r of every program's inbox."""
+        NW: gl.constexpr = gl.num_warps()
+        POLL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+        ALL: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
+        PUSH: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        o_w = gl.arange(0, NW, gl.SliceLayout(1, POLL))
+        o_j = gl.arange(0, PP // NW, gl.SliceLayout(0, POLL))
+        prog = o_w[:, None] * (PP // NW) + o_j[None, :]
+        ptrs = keys_half + gl.where(prog < NUM_PROGS, prog, pid) * KEY_STRIDE + pid
+        zero = gl.zeros([NW, PP // NW], gl.int32, POLL)
+        slots = _wait_slots(ptrs, _load_relaxed(ptrs), zero + tag.to(gl.int32),
+                            err_ptr.to(gl.int64) + zero.to(gl.int64), SPIN_LIMIT, SPIN_STAGGER, SPIN_READS)
+        red_smem.store(gl.max(slots, axis=1))
+        winner = gl.max(red_smem.load(ALL), axis=0)
+        o_q = gl.arange(0, PP, PUSH)
+        _publish_rows(inbox_half + gl.where(o_q < NUM_PROGS, o_q, pid) * KEY_STRIDE + pid,
+                      gl.full([PP], 0, gl.int64, PUSH) + winner, PP)
+
+    @gluon.jit
+    def _inbox_winners(keys_half, inbox_half, pid, num_rows, tag, err_ptr, o_cb, SPIN_LIMIT: gl.constexpr,
+                       SPIN_STAGGER: gl.constexpr, SPIN_READS: gl.constexpr):
+        """[BN] winners of this step from this program's inbox (row b read by the warp that gathers its W1 row;
+        padding rows b >= num_rows have no reducer: this program's own key of the row, already published)."""
+        ptrs = gl.where(o_cb < num_rows, inbox_half + o_cb, keys_half + o_cb)
+        zero = o_cb * 0
+        return _wait_slots(ptrs, _load_relaxed(ptrs), zero + tag.to(gl.int32),
+                           err_ptr.to(gl.int64) + zero.to(gl.int64), SPIN_LIMIT, SPIN_STAGGER, SPIN_READS)
 
     @gluon.jit
     def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, shard_end, o_n, num_rows):
@@ -85,24 +119,31 @@ if HAVE_GLUON:
         scored = gl.where((rows < shard_end)[:, None], logits, float("-inf"))
         return _ordered_keys(scored, rows[:, None])
 
-    @gluon.jit
+    # A block of 1 step (and its token stride of 1) would be specialized to constants, which triton 3.6's LLVM
+    # lowering of this kernel rejects: both stay runtime values.
+    @gluon.jit(do_not_specialize=["num_steps", "stride_tb"])
     def head_walk_rows_kernel(
         u_ptr, stride_ub, stride_uk,
         w1_ptr, stride_w1,
         w2_desc,
         first_ptr, tok_ptr, stride_tb,
-        keys_ptr, gen_ptr, err_ptr,
+        keys_ptr, inbox_ptr, gen_ptr, err_ptr,
         num_rows, num_steps, vocab, logit_scale,
         R: gl.constexpr, RES_T: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, SPIN_STAGGER: gl.constexpr = 0,
-        SPIN_READS: gl.constexpr = 2,
+        SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1, GUESS_ROUNDS: gl.constexpr = 3,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
         # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
         # too and are scored -inf). keys_ptr: the workspace's [2, NUM_PROGS, KEY_STRIDE] tagged keys (columns
-        # 0 .. BN - 1); gen_ptr: per-program tag generation; err_ptr: set when a wait gives up. Batch rows b >=
-        # num_rows are padding: published (every polled slot arrives) and walked on zero base logits, never stored.
+        # 0 .. BN - 1), inbox_ptr: [2, NUM_PROGS, KEY_STRIDE] each program's rows' winners (EXCHANGE 1); gen_ptr:
+        # per-program tag generation; err_ptr: set when a wait gives up. Batch rows b >= num_rows are padding:
+        # published (every polled slot arrives) and walked on zero base logits, never stored.
+        # EXCHANGE: 0 "all" (every program polls all [P, BN] keys: row b by warp b % NW, guessed W1 rows);
+        # 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every program's inbox;
+        # each program then polls its BN inbox slots: P + BN polled slots a program instead of P x BN);
+        # 2 "local" (the bench's diagnostic: each program walks its own shard's best, no exchange; wrong tokens).
         NW: gl.constexpr = gl.num_warps()
         ST: gl.constexpr = 16 * NW
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -135,6 +176,7 @@ if HAVE_GLUON:
             _tma_load(w2_desc, [shard_begin + t * ST, 0], res_ready, res_smem.index(t))
         b_smem = gl.allocate_shared_memory(w1_ptr.dtype.element_ty, [BN, R], B_SMEM)
         parts_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
+        red_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
         # Poll addresses (row b, program p: slot p * KEY_STRIDE + b of the step's half); padding programs poll this
         # program's own slot of the row, written before every poll.
@@ -196,16 +238,33 @@ if HAVE_GLUON:
             u0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0, shard_end, o_n, num_rows)
             if RES_T == 2:
                 u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0 + ST, shard_end, o_n, num_rows)
-            slot_ptrs = half + slot_off
-            tags = zero_i + tag.to(gl.int32)
-            if k + 1 < num_steps:
-                cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                  SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
-            elif pid == 0:
-                # The last step: only program 0 stores tokens, and it needs the winners' keys, not their W1 rows;
-                # the other programs leave once their keys are out.
-                cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
-                                              SPIN_STAGGER, SPIN_READS), axis=1)
+            if EXCHANGE == 0:
+                slot_ptrs = half + slot_off
+                tags = zero_i + tag.to(gl.int32)
+                if k + 1 < num_steps:
+                    cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
+                                                      SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
+                elif pid == 0:
+                    # The last step: only program 0 stores tokens, and it needs the winners' keys, not their W1
+                    # rows; the other programs leave once their keys are out.
+                    cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
+                                                  SPIN_STAGGER, SPIN_READS), axis=1)
+            elif EXCHANGE == 1:
+                inbox_half = inbox_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
+                if pid < num_rows:
+                    _reduce_and_push(half, inbox_half, pid, tag, err_ptr, red_smem, NUM_PROGS, KEY_STRIDE, PP,
+                                     SPIN_LIMIT, SPIN_STAGGER, SPIN_READS)
+                if (k + 1 < num_steps) | (pid == 0):
+                    # (the last step: only program 0, which stores the tokens, reads its inbox)
+                    won = _inbox_winners(half + pid * KEY_STRIDE, inbox_half + pid * KEY_STRIDE, pid, num_rows, tag,
+                                         err_ptr, o_cb, SPIN_LIMIT, SPIN_STAGGER, SPIN_READS)
+                    cand_key = gl.convert_layout(won, gl.SliceLayout(1, SPIN))
+                    if k + 1 < num_steps:
+                        cand = gl.load(w1_ptr + (ID_MASK - (won & ID_MASK))[:, None] * stride_w1 + o_cr[None, :])
+            else:
+                own = gl.convert_layout(best, gl.SliceLayout(1, CAND))
+                cand = gl.load(w1_ptr + (ID_MASK - (own & ID_MASK))[:, None] * stride_w1 + o_cr[None, :])
+                cand_key = gl.convert_layout(own, gl.SliceLayout(1, SPIN))
         if pid == 0:
             o_sb = gl.arange(0, BN, gl.SliceLayout(1, SPIN))
             gl.store(tok_ptr + o_sb * stride_tb + (num_steps - 1), ID_MASK - (cand_key & ID_MASK),

@@ -1035,9 +1035,19 @@ def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bo
         return f"{cfg.programs} programs: the rows walk polls at most {gluon_rows.MAX_PROGRAMS}"
     if not w2_tma:
         return "W2's rows cannot be read by TMA (16-byte aligned start and rows needed)"
+    if cfg.programs < num_rows:
+        return f"{num_rows} rows on {cfg.programs} programs: the rows walk's inbox exchange needs a program a row"
     if cfg.block_rows < gluon_rows.rows_n(num_rows):
         return f"key slots of {cfg.block_rows} columns for {gluon_rows.rows_n(num_rows)} rows"
     return None
+
+
+# gluon_rows' exchange (its kernel's EXCHANGE): "inbox" (each batch row reduced by one program, which stores the
+# winner into every program's inbox) or "all" (every program polls every program's keys of every row: measured 2.6x
+# slower than the Triton walk at 32k b32, ladder v48: the polls' L2 traffic); "local" is the bench's diagnostic
+# (no exchange, wrong tokens).
+ROWS_EXCHANGE = "inbox"
+ROWS_EXCHANGE_CODES = {"all": 0, "inbox": 1, "local": 2}
 
 
 def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
@@ -1047,18 +1057,20 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     bn = gluon_rows.rows_n(u.shape[0])
     res_t = triton.cdiv(cfg.chunk_rows, gluon_rows.TILE_ROWS)
-    key = ("rows", cfg, bn, res_t, SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, u.dtype, w1.dtype, rank)
+    key = ("rows", cfg, bn, res_t, ROWS_EXCHANGE, SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, u.dtype, w1.dtype, rank)
+    if "inbox" not in wsp:  # zeros: tag 0 never matches a step's tag
+        wsp["inbox"] = torch.zeros_like(wsp["keys"])
     if key in _gluon_failed:
         return False
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, gluon_rows.TILE_ROWS)
         gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
             u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
-            wsp["keys"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2], float(logit_scale),
-            R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
+            float(logit_scale), R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
-            SPIN_LIMIT=SPIN_LIMIT, GUESS_ROUNDS=GUESS_ROUNDS, SPIN_STAGGER=SPIN_STAGGER, SPIN_READS=SPIN_READS,
-            num_warps=gluon_rows.NUM_WARPS)
+            SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE], GUESS_ROUNDS=GUESS_ROUNDS,
+            SPIN_STAGGER=SPIN_STAGGER, SPIN_READS=SPIN_READS, num_warps=gluon_rows.NUM_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
