@@ -328,7 +328,7 @@ def run_gpu(args) -> dict:
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
-        shipped_rows_exchange = walk.ROWS_EXCHANGE
+        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -339,7 +339,8 @@ def run_gpu(args) -> dict:
             walk.SPIN_STAGGER = kw.pop("spin_stagger", shipped_spin[1])
             walk.SPIN_READS = kw.pop("spin_reads", shipped_spin[2])
             walk.D2T_HOIST = kw.pop("d2t_hoist", shipped_hoist)  # d2t offsets of resident tiles read once a walk
-            walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange)  # gluon="rows": its exchange
+            walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange[0])  # gluon="rows": its exchange
+            walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -372,7 +373,7 @@ def run_gpu(args) -> dict:
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
-            walk.ROWS_EXCHANGE = shipped_rows_exchange
+            walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER = shipped_rows_exchange
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1043,16 +1044,26 @@ TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=
 # exchange (program r reduces row r's [P] keys and stores the winner into every program's inbox; rows_exchange
 # "inbox", now the default) beside the Triton walk, ABBA x 2 at b32 and b8; once: "all", the inbox with the plain
 # spin, and "local" (no exchange at all, wrong tokens, timed anyway: the step's floor) at b32 / b8; b16 / b2; blocks
-# 7 / 1 at b32.
+# 7 / 1 at b32. (Run once at 8cc4916, when "rows" spun with two reads in flight: b32 Triton 85.9 / 86.2, rows 106.3 /
+# 106.8, all 226.5, plain spin 90.9, local 64.7; b8 59.3 / 59.4 vs 58.6 / 59.1, local 31.7; b16 62.8 vs 73.0; b2 58.3
+# vs 54.3; block 7 42.5 vs 50.8. Since v50 "rows" spins plainly: its "rows" rows are no longer that form.)
 TUNE_CASES_V49 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
                   + [("rows_all_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="all")),
-                     ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", spin_stagger=0)),
+                     ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", rows_spin_stagger=0)),
                      ("rows_local_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="local", time_always=True))]
                   + _mirrored_passes(V48_FORMS, 32000, "v32k_b8", passes=2, rows=8)
                   + [("rows_local_v32k_b8", 32000, 8, dict(gluon="rows", rows_exchange="local", time_always=True))]
                   + [(f"{name}_v32k_b{rows}", 32000, rows, kw) for rows in (16, 2) for name, kw in V48_FORMS.items()]
                   + [(f"{name}_blk{steps}_v32k_b32", 32000, 32, dict(kw, steps=steps)) for steps in (7, 1)
                      for name, kw in V48_FORMS.items()])
+# v50 (session 12, after v49: the inbox walk with the plain spin 90.9 us at b32 vs the Triton walk's 86, rows with the
+# pipelined spin tied at b8 and -7 % at b2): the plain spin now the rows walk's (ROWS_SPIN_STAGGER 0); ABBA x 2 against
+# the Triton walk at b2 / b4 / b8 / b16 / b32, the pipelined spin once at b2 / b8, "local" at b2 (the floor).
+TUNE_CASES_V50 = ([case for rows in (2, 4, 8, 16, 32)
+                   for case in _mirrored_passes(V48_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+                  + [(f"rows_pp_v32k_b{rows}", 32000, rows, dict(gluon="rows", rows_spin_stagger=600))
+                     for rows in (2, 8)]
+                  + [("rows_local_v32k_b2", 32000, 2, dict(gluon="rows", rows_exchange="local", time_always=True))])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1144,6 +1155,7 @@ LADDERS = {
     "v47": dict(rule={}, cases=TUNE_CASES_V47, floors=[]),
     "v48": dict(rule={}, cases=TUNE_CASES_V48, floors=[]),
     "v49": dict(rule={}, cases=TUNE_CASES_V49, floors=[]),
+    "v50": dict(rule={}, cases=TUNE_CASES_V50, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
