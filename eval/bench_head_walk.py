@@ -1064,6 +1064,11 @@ TUNE_CASES_V50 = ([case for rows in (2, 4, 8, 16, 32)
                   + [(f"rows_pp_v32k_b{rows}", 32000, rows, dict(gluon="rows", rows_spin_stagger=600))
                      for rows in (2, 8)]
                   + [("rows_local_v32k_b2", 32000, 2, dict(gluon="rows", rows_exchange="local", time_always=True))])
+# v51 (session 12): head_walk's default for 2..8 greedy rows is the rows walk since v50; with an increasing d2t (32k
+# drafts into 151,936 target ids, rows keyed by target id) against the Triton walk with that d2t, ABBA x 2 at b4 / b8.
+V51_FORMS = {"d2t_triton": dict(D2T, gluon=False), "d2t_auto": dict(D2T)}
+TUNE_CASES_V51 = [case for rows in (4, 8) for case in _mirrored_passes(V51_FORMS, 32000, f"v32k_b{rows}", passes=2,
+                                                                       rows=rows)]
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1156,6 +1161,7 @@ LADDERS = {
     "v48": dict(rule={}, cases=TUNE_CASES_V48, floors=[]),
     "v49": dict(rule={}, cases=TUNE_CASES_V49, floors=[]),
     "v50": dict(rule={}, cases=TUNE_CASES_V50, floors=[]),
+    "v51": dict(rule={}, cases=TUNE_CASES_V51, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1550,11 +1556,14 @@ def main():
                         help="sweep rows with a reduced draft vocabulary (the --vocabs) mapped by an increasing d2t "
                              "into this many target ids, vLLM's loop with its d2t beside ours; results as "
                              "head_walk_d2t (with --finalize too)")
+    parser.add_argument("--results-name",
+                        help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     args = parser.parse_args()
+    global BENCH
+    BENCH = args.results_name or BENCH
     if args.d2t_target_vocab:
-        global BENCH
         BENCH = f"{BENCH}_d2t"
     if args.skip:
         _drop_variants(args.ladder, args.skip)

@@ -1480,6 +1480,20 @@ def test_gluon_rows_selection(monkeypatch):
     for case, kw in rejected.items():
         assert isinstance(walk.why_not_gluon_rows(plan, **dict(base, **kw)), str), case
     assert "256" in walk.why_not_gluon_rows(_gpu_plan(monkeypatch, 151936, 8), num_rows=8, **base)
+    # An increasing d2t (rows keyed by target id) is not an extra; a d2t that does not increase is (extras=True).
+    assert walk.why_not_gluon_rows(plan, num_rows=8, **dict(base, d2t=True)) is None
+    # gluon="auto": the rows walk for 2..8 rows (measured faster, ladder v50), on triton 3.6, no launch option given.
+    for rows in (2, 5, 8):
+        assert walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 32000, rows), overrides=[],
+                                            **dict(base, num_rows=rows)) is None, rows
+    plan16 = _gpu_plan(monkeypatch, 32000, 16)
+    assert "2..8 rows" in walk.why_not_gluon_rows_auto(plan16, overrides=[], **dict(base, num_rows=16))
+    assert "3.6" in walk.why_not_gluon_rows_auto(plan, overrides=[], **dict(base, num_rows=8,
+                                                                            triton_version="3.9.0"))
+    assert "exchange" in walk.why_not_gluon_rows_auto(plan, overrides=["exchange"], **dict(base, num_rows=8))
+    assert "shards of" in walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 16000, 8), overrides=[],
+                                                       **dict(base, num_rows=8))
+    assert isinstance(walk.why_not_gluon_rows_auto(plan, overrides=[], **dict(base, num_rows=8, sampled=True)), str)
     assert [walk.gluon_rows.rows_n(rows) for rows in (2, 5, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 32, 32]
 
     build = _CapturedBuild()
@@ -1493,8 +1507,11 @@ def test_gluon_rows_selection(monkeypatch):
         assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0)
         grid, kwargs = build.launches[-1]
         want = dict(BN=bn, RES_T=2, CHUNK_ROWS=256, NUM_PROGS=125, KEY_STRIDE=stride, PP=128, SCALED=False, EXCHANGE=1,
-                    GUESS_ROUNDS=walk.GUESS_ROUNDS, SPIN_STAGGER=0, num_warps=8)
+                    GUESS_ROUNDS=walk.GUESS_ROUNDS, SPIN_STAGGER=0, HAS_D2T=False, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (rows, kwargs)
+        d2t = torch.zeros(32000, dtype=torch.long)
+        assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0, d2t=d2t)
+        assert build.launches[-1][1]["HAS_D2T"] is True
 
 
 @needs_kernels
@@ -1543,6 +1560,33 @@ def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("rows", [2, 4, 8, 16])
+@pytest.mark.parametrize("steps", [15, 7])
+def test_gpu_gluon_rows_d2t_and_auto_agree(monkeypatch, rows, steps):
+    """The rows walk with an increasing d2t (32k drafts into 151,936 target ids, rows keyed by target id) proposes the
+    Triton walk's tokens; head_walk's default walks 2..8 rows in it (16: the Triton walk) with the same tokens."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows * 8 + steps, scale=0.1,
+                     extra_target=151936 - 32000)
+    p.w2 = p.w2.t().contiguous().t()
+    d2t_kw = dict(draft_to_target=p.d2t, draft_to_target_increasing=True)
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False, **d2t_kw)
+    assert int(ref.max()) >= 32000  # target ids
+    ran = []
+    launch = walk._launch_gluon_rows
+    monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: ran.append(1) or launch(*a, **k))
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows", **d2t_kw)
+    auto, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **d2t_kw)
+    plain_ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    plain_auto, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    torch.cuda.synchronize()
+    assert torch.equal(tokens, ref) and torch.equal(auto, ref) and torch.equal(plain_auto, plain_ref)
+    assert len(ran) == (3 if rows <= walk.GLUON_AUTO_ROWS_MAX else 1)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("rows", [8, 32])
 def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
     """head_walk(gluon="rows") captured in a CUDA graph: replays on new base logits propose the Triton walk's tokens,
@@ -1550,6 +1594,8 @@ def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
     p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
     _assert_gluon_graph_replays_agree(monkeypatch, p, dict(gluon="rows"))
+    if rows <= 8:  # head_walk's default walks it too
+        _assert_gluon_graph_replays_agree(monkeypatch, p, {})
 
 
 @needs_kernels
@@ -1577,6 +1623,22 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     assert seen["overrides"] == [] and seen["extras"] is False, seen
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     assert torch.equal(tokens, ref)
+    # Several greedy rows reach the rows walk's rule the same way.
+    rows_rule = walk.why_not_gluon_rows_auto
+    seen_rows = {}
+
+    def rows_spy(cfg, **kw):
+        seen_rows.update(kw)
+        return rows_rule(cfg, **kw)
+
+    monkeypatch.setattr(walk, "why_not_gluon_rows_auto", rows_spy)
+    p4 = make_problem(4, 3, 300, seed=5)
+    tokens4 = torch.empty(4, 3, dtype=torch.long)
+    megakernel(p4.U, p4.w1, p4.w2, p4.x0, positions=None, draft_logits=None, out=tokens4,
+               req_indices=torch.tensor([0, 2, 1, 3]), draft_to_target=None, logit_scale=1.0)
+    assert seen_rows["overrides"] == [] and seen_rows["extras"] is False and seen_rows["num_rows"] == 4, seen_rows
+    ref4, _, _ = head_walk(p4.U, p4.w1, p4.w2, p4.x0, gluon=False)
+    assert torch.equal(tokens4, ref4)
     # A reduced draft vocabulary: the wiring reads once whether d2t increases (vLLM's sorted draft vocabulary) and
     # tells the kernel, which may then key rows by target id; a d2t that does not increase stays an extra.
     p = make_problem(1, 3, 300, seed=3)

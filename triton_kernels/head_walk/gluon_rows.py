@@ -108,16 +108,16 @@ if HAVE_GLUON:
         return gl.load(u_ptr + o_n[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=ok, other=0.0)
 
     @gluon.jit
-    def _score_tile(acc, u, rows, shard_end, logit_scale, SCALED: gl.constexpr):
+    def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr):
         """[ST, BN] keys of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
-        + U, round; -inf past the shard."""
+        + U, round; -inf past the shard; keyed by ids (the rows, or their target ids where d2t increases)."""
         out_ty = u.dtype
         bias = acc.to(out_ty).to(gl.float32)
         if SCALED:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
         scored = gl.where((rows < shard_end)[:, None], logits, float("-inf"))
-        return _ordered_keys(scored, rows[:, None])
+        return _ordered_keys(scored, ids[:, None])
 
     # A block of 1 step (and its token stride of 1) would be specialized to constants, which triton 3.6's LLVM
     # lowering of this kernel rejects: both stay runtime values.
@@ -128,11 +128,11 @@ if HAVE_GLUON:
         w2_desc,
         first_ptr, tok_ptr, stride_tb,
         keys_ptr, inbox_ptr, gen_ptr, err_ptr,
-        num_rows, num_steps, vocab, logit_scale,
+        num_rows, num_steps, vocab, logit_scale, d2t_ptr,
         R: gl.constexpr, RES_T: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1, GUESS_ROUNDS: gl.constexpr = 3,
-        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
+        SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
         # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
@@ -144,6 +144,9 @@ if HAVE_GLUON:
         # 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every program's inbox;
         # each program then polls its BN inbox slots: P + BN polled slots a program instead of P x BN);
         # 2 "local" (the bench's diagnostic: each program walks its own shard's best, no exchange; wrong tokens).
+        # HAS_D2T: a reduced draft vocabulary whose d2t the caller promises increasing (walk.head_walk's
+        # draft_to_target_increasing): rows keyed by target id (row + d2t[row], read once a walk), which orders them
+        # as draft ids do, so every key carries the target id the token store and the next W1 gather need.
         NW: gl.constexpr = gl.num_warps()
         ST: gl.constexpr = 16 * NW
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -203,6 +206,12 @@ if HAVE_GLUON:
             u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, 0, rows0 + ST, shard_end, o_n, num_rows)
         else:
             u1 = u0  # unused
+        if HAS_D2T:
+            ids0 = rows0 + gl.load(d2t_ptr + rows0, mask=rows0 < shard_end, other=0).to(gl.int32)
+            ids1 = rows0 + ST + gl.load(d2t_ptr + rows0 + ST, mask=rows0 + ST < shard_end, other=0).to(gl.int32)
+        else:
+            ids0 = rows0
+            ids1 = rows0 + ST
         zero_acc = gl.zeros([ST, BN], gl.float32, ACC)
         gen = gl.load(gen_ptr + pid)
         mbarrier.wait(res_ready, 0)
@@ -221,11 +230,11 @@ if HAVE_GLUON:
             if RES_T == 2:
                 acc1 = warpgroup_mma(res_smem.index(1), b_view, zero_acc, use_acc=False, is_async=True)
                 acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                keys = gl.maximum(_score_tile(acc0, u0, rows0, shard_end, logit_scale, SCALED),
-                                  _score_tile(acc1, u1, rows0 + ST, shard_end, logit_scale, SCALED))
+                keys = gl.maximum(_score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED),
+                                  _score_tile(acc1, u1, rows0 + ST, ids1, shard_end, logit_scale, SCALED))
             else:
                 acc0 = warpgroup_mma_wait(0, deps=[acc0])
-                keys = _score_tile(acc0, u0, rows0, shard_end, logit_scale, SCALED)
+                keys = _score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED)
             # Warp w holds tile rows [16 w, 16 w + 16): shuffles within each warp, then one sync before the
             # publishing threads reduce the NW maxima of their column.
             parts_smem.store(gl.max(gl.reshape(keys, [NW, ST // NW, BN]), axis=1))

@@ -508,8 +508,10 @@ def head_walk(
             flight ("rs2_sf_lean_pp": auto's streamed form);
             "ss_lean_pair": fully resident shards (32k) too, with a lean start and end and both resident tiles'
             products in flight; "rs2_lean_pair": that with both tiles in registers; "rs2_lean_pair_pp": auto's
-            resident form), where why_not_gluon_b1 allows it, else the Triton walk with a warning. A Gluon build
-            that fails falls back the same way.
+            resident form), where why_not_gluon_b1 allows it, else the Triton walk with a warning. "rows":
+            gluon_rows' walk of 2..32 greedy Markov rows of fully resident shards (why_not_gluon_rows), which
+            "auto" takes for 2..GLUON_AUTO_ROWS_MAX rows (why_not_gluon_rows_auto). A Gluon build that fails falls
+            back the same way.
     Returns:
         (draft tokens [B, N] int64 target ids, draft_logits (the filled cache) or None,
          confidence [B, N] fp32 or None).
@@ -628,18 +630,26 @@ def head_walk(
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
-    if gluon == "rows":
-        reason = why_not_gluon_rows(
-            cfg, num_rows=num_rows, head=head, sampled=sampled,
-            extras=draft_to_target is not None or draft_logits is not None or conf_h is not None
-            or tokens.stride(-1) != 1, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
-        if reason is not None:
-            log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
-        elif _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale):
+    d2t_keyed = draft_to_target is not None and draft_to_target_increasing
+    if gluon == "rows" or gluon == "auto" and num_rows > 1:
+        rows_case = dict(
+            num_rows=num_rows, head=head, sampled=sampled,
+            extras=(draft_to_target is not None and not d2t_keyed) or draft_logits is not None or conf_h is not None
+            or tokens.stride(-1) != 1, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
+            rank=rank, capability=torch.cuda.get_device_capability(device) if on_cuda else None,
+            w2_tma=_tma_ok(w2_rows))
+        if gluon == "auto":
+            reason = why_not_gluon_rows_auto(cfg, overrides=overrides, **rows_case)
+            if reason is not None:
+                log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
+        else:
+            reason = why_not_gluon_rows(cfg, **rows_case)
+            if reason is not None:
+                log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
+        if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
+                                                 d2t=draft_to_target if d2t_keyed else None):
             return tokens, draft_logits, confidence
     elif gluon is not False:
-        d2t_keyed = draft_to_target is not None and draft_to_target_increasing
         gluon_case = dict(
             num_rows=num_rows, head=head, sampled=sampled,
             extras=(draft_to_target is not None and not d2t_keyed) or draft_logits is not None or conf_h is not None
@@ -1012,17 +1022,19 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
 
 def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                        dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
-                       capability: tuple[int, int] | None, w2_tma: bool = True,
+                       capability: tuple[int, int] | None, w2_tma: bool = True, d2t: bool = False,
                        triton_version: str = triton.__version__,
                        have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_rows' walk (head_walk(gluon="rows")) walks this case exactly as the Triton walk would, else
-    why not (the log line of the fallback): 2..32 greedy Markov rows without d2t, draft logits or confidence, fully
-    resident shards of at most 256 rows (W2 rows readable by TMA), the persistent plan."""
+    why not (the log line of the fallback): 2..32 greedy Markov rows without draft logits or confidence (extras; a
+    d2t only where it increases: d2t, rows keyed by target id), fully resident shards of at most 256 rows (W2 rows
+    readable by TMA), the persistent plan."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
     if reason is None and not (2 <= num_rows <= gluon_rows.MAX_ROWS and head == "markov" and not sampled
                                and not extras):
-        reason = (f"only 2..{gluon_rows.MAX_ROWS} greedy Markov rows without d2t / draft logits / confidence have the "
-                  f"Gluon rows walk (got {num_rows} {'sampled' if sampled else 'greedy'} {head} rows)")
+        reason = (f"only 2..{gluon_rows.MAX_ROWS} greedy Markov rows without draft logits / confidence (and a d2t only "
+                  f"where it increases) have the Gluon rows walk (got {num_rows} {'sampled' if sampled else 'greedy'} "
+                  f"{head} rows{', extras' if extras else ''})")
     reason = reason or _why_not_gluon_operands(dtypes, rank)
     if reason is not None:
         return reason
@@ -1053,15 +1065,46 @@ ROWS_EXCHANGE_CODES = {"all": 0, "inbox": 1, "local": 2}
 ROWS_SPIN_STAGGER = 0
 
 
-def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float) -> bool:
+# gluon="auto" takes the rows walk for 2..GLUON_AUTO_ROWS_MAX greedy rows of fully resident 256-row shards (V = 32k
+# class), as measured (ladder v50, H200, triton 3.6, 32k block 15, ABBA x 2, us per walk, Triton walk vs rows with the
+# inbox exchange and plain spins): b2 59.8 / 59.9 vs 55.6 / 55.9, b4 60.1 / 60.1 vs 56.0 / 56.1, b8 60.8 / 60.8 vs
+# 57.6 / 57.3 (-5.5..-7 % in all 6 pairs); b16 64.1 / 64.2 vs 71.8 / 69.7 and b32 84.8 / 85.0 vs 90.4 / 90.0 slower.
+GLUON_AUTO_ROWS_MAX = 8
+
+
+def why_not_gluon_rows_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__,
+                            **case) -> str | None:
+    """None where head_walk(gluon="auto") walks several rows in gluon_rows' walk (the case it was measured faster
+    in: 2..GLUON_AUTO_ROWS_MAX rows, shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS, triton of gluon_b1.MEASURED_TRITON, no
+    launch option given); else why the Triton walk runs. case: why_not_gluon_rows' other arguments."""
+    if overrides:
+        return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
+    reason = why_not_gluon_rows(cfg, triton_version=triton_version, **case)
+    if reason is not None:
+        return reason
+    version = ".".join(triton_version.split(".")[:2])
+    if version not in gluon_b1.MEASURED_TRITON:
+        return (f"triton {triton_version}: the Gluon rows walk was measured faster on triton "
+                f"{', '.join(gluon_b1.MEASURED_TRITON)} only (gluon='rows' asks for it)")
+    if case["num_rows"] > GLUON_AUTO_ROWS_MAX:
+        return (f"{case['num_rows']} rows: the Gluon rows walk was measured faster at 2..{GLUON_AUTO_ROWS_MAX} rows "
+                f"only (slower at 16 / 32, ladder v50; gluon='rows' asks for it)")
+    if cfg.chunk_rows not in GLUON_AUTO_RESIDENT_CHUNK_ROWS:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk was measured at "
+                f"{', '.join(map(str, GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only (gluon='rows' asks for it)")
+    return None
+
+
+def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float,
+                       d2t: torch.Tensor | None = None) -> bool:
     """One launch of gluon_rows' walk (why_not_gluon_rows said yes); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     bn = gluon_rows.rows_n(u.shape[0])
     res_t = triton.cdiv(cfg.chunk_rows, gluon_rows.TILE_ROWS)
-    key = ("rows", cfg, bn, res_t, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, u.dtype, w1.dtype,
-           rank)
+    key = ("rows", cfg, bn, res_t, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
+           u.dtype, w1.dtype, rank)
     if "inbox" not in wsp:  # zeros: tag 0 never matches a step's tag
         wsp["inbox"] = torch.zeros_like(wsp["keys"])
     if key in _gluon_failed:
@@ -1071,10 +1114,11 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
         gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
             u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
-            float(logit_scale), R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE], GUESS_ROUNDS=GUESS_ROUNDS,
-            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, num_warps=gluon_rows.NUM_WARPS)
+            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
+            num_warps=gluon_rows.NUM_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
