@@ -1032,7 +1032,9 @@ TUNE_CASES_V47 = (_mirrored_passes(V47_FORMS, 32000, "v32k_b32", passes=2, rows=
 # one-row walk's guessed W1 rows and pipelined spin) beside the Triton walk's default (probe at b32, poll at b8 / b16,
 # tagged rows otherwise), greedy 32k block 15: ABBA x 2 at b32 and b8, once at b16 / b2; at b32 also with 1 guess
 # round and with the plain spin (stagger 0); blocks 7 / 1 at b32.
-V48_FORMS = {"triton": {}, "rows": dict(gluon="rows")}
+# ("triton": the Triton walk named, gluon=False: since v50's adoption head_walk's default walks 2..8 rows in the rows
+# walk; it was the default, {}, when v48 / v49 / v50 ran, the same walk then.)
+V48_FORMS = {"triton": dict(gluon=False), "rows": dict(gluon="rows")}
 TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
                   + [("rows_guess1_v32k_b32", 32000, 32, dict(gluon="rows", guess_rounds=1)),
                      ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", spin_stagger=0))]
