@@ -328,7 +328,7 @@ def run_gpu(args) -> dict:
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
-        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER
+        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -341,6 +341,7 @@ def run_gpu(args) -> dict:
             walk.D2T_HOIST = kw.pop("d2t_hoist", shipped_hoist)  # d2t offsets of resident tiles read once a walk
             walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange[0])  # gluon="rows": its exchange
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
+            walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -373,7 +374,7 @@ def run_gpu(args) -> dict:
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
-            walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER = shipped_rows_exchange
+            walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1071,6 +1072,15 @@ TUNE_CASES_V50 = ([case for rows in (2, 4, 8, 16, 32)
 V51_FORMS = {"d2t_triton": dict(D2T, gluon=False), "d2t_auto": dict(D2T)}
 TUNE_CASES_V51 = [case for rows in (4, 8) for case in _mirrored_passes(V51_FORMS, 32000, f"v32k_b{rows}", passes=2,
                                                                        rows=rows)]
+# v52 (session 12): the rows walk on 16 warps (one 256-row tile, four warpgroups: half the scores, keys and W1 rows a
+# thread; offline 3.6 b32: 115 registers, 940 step-loop instructions a warp, against 249 / 1,568 at 8 warps) beside 8
+# warps and the Triton walk, two passes (forward, backward) at b8 / b16 / b32; its local floor at b32.
+V52_FORMS = {"triton": dict(gluon=False), "rows8": dict(gluon="rows", rows_warps=8),
+             "rows16": dict(gluon="rows", rows_warps=16)}
+TUNE_CASES_V52 = ([case for rows in (32, 16, 8)
+                   for case in _mirrored_passes(V52_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+                  + [("rows16_local_v32k_b32", 32000, 32, dict(gluon="rows", rows_warps=16, rows_exchange="local",
+                                                               time_always=True))])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1164,6 +1174,7 @@ LADDERS = {
     "v49": dict(rule={}, cases=TUNE_CASES_V49, floors=[]),
     "v50": dict(rule={}, cases=TUNE_CASES_V50, floors=[]),
     "v51": dict(rule={}, cases=TUNE_CASES_V51, floors=[]),
+    "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1365,6 +1376,17 @@ def summarize(rows, checks=()) -> dict:
             out[f"ours_us_{name}"] = r.get("ours_us")
             out[f"graph_loop_us_{name}"] = r.get("graph_loop_us")
         return out
+    if not any(r["batch"] in (1, 32) for r in rows):
+        # A run of other batch sizes (the rows walk's, --results-name head_walk_rows): every sweep row's ratio, and the
+        # rows walk against the Triton walk in the run's ladder (mean of its ABBA passes).
+        out = {}
+        for r in rows:
+            name = f"v{round(r['vocab'] / 1000)}k_blk{r['steps']}_b{r['batch']}" + (
+                "_sampled" if r["mode"] == "sampled" else "")
+            out[f"speedup_graph_loop_{name}"] = r.get("speedup_graph_loop")
+            out[f"ours_us_{name}"] = r.get("ours_us")
+            out[f"graph_loop_us_{name}"] = r.get("graph_loop_us")
+        return {**out, **rows_ladder_summary(checks)}
     return {
         "speedup_graph_loop_v32k_blk15_b1": pick(32000, 15, 1, "speedup_graph_loop"),
         "speedup_fused_step_v32k_blk15_b1": pick(32000, 15, 1, "speedup_fused_step"),
@@ -1398,6 +1420,22 @@ def ladder_summary(rows, checks) -> dict:
             out[f"ours_{variant}_us_v32k_blk15_b1"] = c["us"]
             out[f"speedup_graph_loop_v32k_blk15_b1_{variant}"] = round(loop[0]["graph_loop_us"] / c["us"], 2)
     return out
+
+
+def rows_ladder_summary(checks) -> dict:
+    """Ladders v48-v50's ABBA pairs (tune_triton[_again]_v32k_bB beside tune_rows[_again]_v32k_bB, block 15): the
+    Triton walk's mean time over the rows walk's, per batch."""
+    times: dict = {}
+    for c in checks:
+        name = c.get("check", "")
+        for form in ("triton", "rows"):
+            for tag in ("", "_again"):
+                prefix = f"tune_{form}{tag}_v32k_b"
+                if name.startswith(prefix) and name[len(prefix):].isdigit() and c.get("us") and c.get("equal_step"):
+                    times.setdefault(int(name[len(prefix):]), {}).setdefault(form, []).append(c["us"])
+    return {f"rows_walk_speedup_over_triton_v32k_blk15_b{batch}": round(
+        statistics.mean(t["triton"]) / statistics.mean(t["rows"]), 3)
+        for batch, t in sorted(times.items()) if t.get("triton") and t.get("rows")}
 
 
 def run_quick(args) -> dict:
@@ -1558,6 +1596,8 @@ def main():
                         help="sweep rows with a reduced draft vocabulary (the --vocabs) mapped by an increasing d2t "
                              "into this many target ids, vLLM's loop with its d2t beside ours; results as "
                              "head_walk_d2t (with --finalize too)")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="with --finalize: summary and table made again from the run's rows and checks")
     parser.add_argument("--results-name",
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
@@ -1575,6 +1615,12 @@ def main():
     if args.finalize:
         src = args.finalize / f"{BENCH}.json"
         dest = EVAL / "results"
+        if args.resummarize:
+            # The summary (and table) made again from the run's own rows and checks, with its provenance.
+            doc = json.loads(src.read_text())
+            os.environ["HYBRIDSPEC_COMMIT"] = str(doc["commit"])
+            write(dict(rows=doc["rows"], checks=doc["checks"], device=doc["device"], hbm_gbps=doc["hbm_gbps"],
+                       sms=doc["sms"]), doc["command"], args.finalize)
         for suffix in (".json", ".md"):
             shutil.copy(args.finalize / f"{BENCH}{suffix}", dest / f"{BENCH}{suffix}")
         plot(src, dest / f"{BENCH}.png")

@@ -1063,6 +1063,8 @@ ROWS_EXCHANGE_CODES = {"all": 0, "inbox": 1, "local": 2}
 # The rows walk's spins: one read of a slot at a time (ladder v49, 32k b32: 90.9 us against 106.3 / 106.8 with the
 # "..._pp" spin's two reads in flight, SPIN_STAGGER cycles apart: every lane of a warp polls the same inbox slot).
 ROWS_SPIN_STAGGER = 0
+# The rows walk's warps (gluon_rows.NUM_WARPS; its tiles are 16 rows a warp: 8 warps, two tiles of 128 rows).
+ROWS_WARPS = gluon_rows.NUM_WARPS
 
 
 # gluon="auto" takes the rows walk for 2..GLUON_AUTO_ROWS_MAX greedy rows of fully resident 256-row shards (V = 32k
@@ -1102,15 +1104,16 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
     bn = gluon_rows.rows_n(u.shape[0])
-    res_t = triton.cdiv(cfg.chunk_rows, gluon_rows.TILE_ROWS)
-    key = ("rows", cfg, bn, res_t, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
+    tile_rows = 16 * ROWS_WARPS
+    res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
+    key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
            u.dtype, w1.dtype, rank)
     if "inbox" not in wsp:  # zeros: tag 0 never matches a step's tag
         wsp["inbox"] = torch.zeros_like(wsp["keys"])
     if key in _gluon_failed:
         return False
     try:
-        w2_desc = gluon_b1.stream_descriptor(w2_rows, gluon_rows.TILE_ROWS)
+        w2_desc = gluon_b1.stream_descriptor(w2_rows, tile_rows)
         gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
             u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
@@ -1118,7 +1121,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE], GUESS_ROUNDS=GUESS_ROUNDS,
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=gluon_rows.NUM_WARPS)
+            num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
