@@ -1081,6 +1081,13 @@ TUNE_CASES_V52 = ([case for rows in (32, 16, 8)
                    for case in _mirrored_passes(V52_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
                   + [("rows16_local_v32k_b32", 32000, 32, dict(gluon="rows", rows_warps=16, rows_exchange="local",
                                                                time_always=True))])
+# (v52 ran once at 24776bd, us: b32 Triton 86.0 / 85.9, rows8 93.4 / 92.4, rows16 95.5 / 95.3; b16 63.6 / 63.8, 71.6 /
+# 68.0, 72.9 / 73.8; b8 59.3 / 59.8, 58.0 / 58.2, 65.6 / 65.4; rows16 local b32 69.5: 16 warps slower everywhere.)
+# v53 (session 12): the rows walk's spin by batch: plain (ROWS_SPIN_STAGGER 0, shipped) against two reads in flight
+# 600 cycles apart (measured -3.5 % at b2 in three runs, +4 % at b8), ABBA x 2 at b2 / b3 / b4.
+V53_FORMS = {"rows_plain": dict(gluon="rows"), "rows_pp": dict(gluon="rows", rows_spin_stagger=600)}
+TUNE_CASES_V53 = [case for rows in (2, 3, 4)
+                  for case in _mirrored_passes(V53_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1175,6 +1182,7 @@ LADDERS = {
     "v50": dict(rule={}, cases=TUNE_CASES_V50, floors=[]),
     "v51": dict(rule={}, cases=TUNE_CASES_V51, floors=[]),
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
+    "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
