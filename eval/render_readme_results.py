@@ -55,6 +55,16 @@ ROWS = {
         ("speedup_graph_loop_v32k_d2t152k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
     ],
+    "head_walk_rows": [
+        ("speedup_graph_loop_v32k_blk15_b2", "DSpark Markov walk of several greedy rows (head_walk's default there: the Gluon rows walk), V=32k, block 15, batch 2: vLLM graph loop / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_blk15_b8", "same, batch 8", "(not a goal)"),
+        ("rows_walk_speedup_over_triton_v32k_blk15_b8", "same run, batch 8: our Triton walk / the rows walk (ABBA ladder)", "(not a goal)"),
+        ("rows_walk_speedup_over_triton_v32k_blk15_b32", "same, batch 32 (the rows walk is slower there: not the default)", "(not a goal)"),
+    ],
+    "head_walk_rows_d2t": [
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b2", "the same with vLLM's d2t (32k drafts into 151,936 target ids), batch 2: vLLM's walk with its d2t / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b8", "same, batch 8", "(not a goal)"),
+    ],
     "verify_profile": [
         ("baseline_growth_4_to_16", "whole Qwen3.6-35B-A3B-shaped verify pass, vLLM path: T(16)/T(4) - 1, batch 1", "0.35-1.1"),
         ("ours_growth_4_to_16", "same with our GDN verify (+ routing probe)", "<= 0.35"),

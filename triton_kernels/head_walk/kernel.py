@@ -761,8 +761,8 @@ def _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T: tl.constexpr, KEY_BY
 
 @triton.jit
 def _resident_d2t(d2t_ptr, rows, shard_end):
-    """A resident tile's d2t offsets (int32)."""
-    return tl.load(d2t_ptr + rows, mask=rows < shard_end, other=0).to(tl.int32)
+    """A resident tile's d2t offsets (int32), read once a walk."""
+    return _tile_d2t(d2t_ptr, rows, rows < shard_end)
 
 
 @triton.jit
