@@ -1563,8 +1563,10 @@ def profile_walk(vocab: int, rows: int, exchange: str) -> None:
     from hybridspec_kernels.head_walk import head_walk
 
     p = Problem(torch, rows, 15, vocab, RANK, False, torch.device("cuda"), torch.bfloat16)
+    # "rows": the Gluon rows walk (head_walk(gluon="rows")); else a Triton walk's exchange.
+    kw = dict(gluon="rows") if exchange == "rows" else dict(exchange=exchange)
     for _ in range(3):
-        ours_fn(head_walk, p, exchange=exchange)()
+        ours_fn(head_walk, p, **kw)()
     torch.cuda.synchronize()
     print(f"profiled V={vocab} B={rows} exchange={exchange}: tokens {p.draft_tokens[0, :4].tolist()}")
 

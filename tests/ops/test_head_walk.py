@@ -1198,10 +1198,8 @@ def test_gluon_stream_forms(monkeypatch, caplog):
     # rs build of the same plan.
     monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", _FailingBuild())
     log_once.cache_clear()
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for _ in range(2):
-            assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)
-    said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
+    said = _said_on_two_calls(caplog, walk, lambda: _assert_false(walk._launch_gluon_b1(
+        auto_plan, u, w1, w2, first, tokens, 1.0, rs=True, stream_first=True)), "Gluon build failed")
     assert len(said) == 1 and "(rs_sf," in said[0], said
     assert len(walk._gluon_failed) == 1
     assert not walk._launch_gluon_b1(auto_plan, u, w1, w2, first, tokens, 1.0, rs=True)
@@ -1521,13 +1519,14 @@ def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
     import hybridspec_kernels.head_walk.walk as walk
 
     log_once.cache_clear()
+
+    def walks_rows_as_triton(p):
+        ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows")
+        assert torch.equal(tokens, ref)
+
     p = make_problem(3, 4, 1031, seed=47)
-    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
-    with caplog.at_level("WARNING", logger=walk.__name__):
-        for _ in range(2):
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows")
-            assert torch.equal(tokens, ref)
-    said = [r.getMessage() for r in caplog.records if "gluon='rows'" in r.getMessage()]
+    said = _said_on_two_calls(caplog, walk, lambda: walks_rows_as_triton(p), "gluon='rows'")
     assert len(said) == 1 and "no CUDA device" in said[0], said
 
     caplog.clear()
@@ -1536,13 +1535,20 @@ def test_gluon_rows_falls_back_to_the_triton_walk(monkeypatch, caplog):
     monkeypatch.setattr(walk, "_gluon_failed", {})
     big = make_problem(3, 4, 1031, dtype=torch.float16, seed=49)
     big.w2 = big.w2.t().contiguous().t()
-    big_ref, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon=False)
+    said = _said_on_two_calls(caplog, walk, lambda: walks_rows_as_triton(big), "Gluon build failed")
+    assert len(said) == 1 and "PassManager::run failed" in said[0], said
+
+
+def _assert_false(value) -> None:
+    assert value is False
+
+
+def _said_on_two_calls(caplog, walk, fn, needle: str) -> list[str]:
+    """The log lines (walk's logger, WARNING and up) holding needle while fn runs twice."""
     with caplog.at_level("WARNING", logger=walk.__name__):
         for _ in range(2):
-            tokens, _, _ = head_walk(big.U, big.w1, big.w2, big.x0, gluon="rows")
-            assert torch.equal(tokens, big_ref)
-    said = [r.getMessage() for r in caplog.records if "Gluon build failed" in r.getMessage()]
-    assert len(said) == 1 and "PassManager::run failed" in said[0], said
+            fn()
+    return [r.getMessage() for r in caplog.records if needle in r.getMessage()]
 
 
 @gpu
@@ -1598,6 +1604,19 @@ def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
         _assert_gluon_graph_replays_agree(monkeypatch, p, {})
 
 
+def _spy_on(monkeypatch, module, rule_name: str) -> dict:
+    """module.rule_name(cfg, **kw) replaced by itself recording its keyword arguments: the dict it fills."""
+    seen = {}
+    rule = getattr(module, rule_name)
+
+    def spy(cfg, **kw):
+        seen.update(kw)
+        return rule(cfg, **kw)
+
+    monkeypatch.setattr(module, rule_name, spy)
+    return seen
+
+
 @needs_kernels
 def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     """vLLM's DSpark walk patch (vllm_hybridspec/head_walk/walk.py, as it calls the kernel for a greedy row) passes
@@ -1607,14 +1626,7 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     import hybridspec_kernels.head_walk.walk as walk
     from vllm_hybridspec.head_walk import walk as vllm_walk
 
-    seen = {}
-    rule = walk.why_not_gluon_auto
-
-    def spy(cfg, **kw):
-        seen.update(kw)
-        return rule(cfg, **kw)
-
-    monkeypatch.setattr(walk, "why_not_gluon_auto", spy)
+    seen = _spy_on(monkeypatch, walk, "why_not_gluon_auto")
     p = make_problem(1, 3, 300, seed=3)
     tokens = torch.empty(1, 3, dtype=torch.long)
     megakernel = vllm_walk._backend(vllm_walk.WalkPlan(backend="megakernel"))
@@ -1624,14 +1636,7 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     assert torch.equal(tokens, ref)
     # Several greedy rows reach the rows walk's rule the same way.
-    rows_rule = walk.why_not_gluon_rows_auto
-    seen_rows = {}
-
-    def rows_spy(cfg, **kw):
-        seen_rows.update(kw)
-        return rows_rule(cfg, **kw)
-
-    monkeypatch.setattr(walk, "why_not_gluon_rows_auto", rows_spy)
+    seen_rows = _spy_on(monkeypatch, walk, "why_not_gluon_rows_auto")
     p4 = make_problem(4, 3, 300, seed=5)
     tokens4 = torch.empty(4, 3, dtype=torch.long)
     megakernel(p4.U, p4.w1, p4.w2, p4.x0, positions=None, draft_logits=None, out=tokens4,

@@ -893,22 +893,32 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
     return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
 
 
+def _overrides_given(overrides: list[str]) -> str | None:
+    """Why gluon="auto" leaves the walk to the Triton plan: launch options the caller set."""
+    return f"launch options {', '.join(overrides)} given (they configure the Triton walk)" if overrides else None
+
+
+def _triton_not_measured(triton_version: str, walk_name: str, ask: str) -> str | None:
+    """Why gluon="auto" does not take a Gluon walk on this Triton: it was measured faster on gluon_b1.MEASURED_TRITON
+    only (`ask`, the explicit form, still walks it)."""
+    if ".".join(triton_version.split(".")[:2]) in gluon_b1.MEASURED_TRITON:
+        return None
+    return (f"triton {triton_version}: {walk_name} was measured faster on triton "
+            f"{', '.join(gluon_b1.MEASURED_TRITON)} only ({ask} asks for it)")
+
+
 def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__,
                        **case) -> str | None:
     """None where head_walk(gluon="auto") takes the Gluon streamed walk (GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY): the
     case it was measured faster in; else why the Triton walk runs. cfg: the Triton walk's default plan; overrides:
     the launch options the caller set (any: the Triton walk they name); case: why_not_gluon_b1's other
     arguments."""
-    if overrides:
-        return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
-    reason = why_not_gluon_b1(cfg, triton_version=triton_version, lean=gluon_form_flags(gluon_auto_form(cfg)[0])["lean_ends"],
-                              **case)
+    reason = (_overrides_given(overrides)
+              or why_not_gluon_b1(cfg, triton_version=triton_version,
+                                  lean=gluon_form_flags(gluon_auto_form(cfg)[0])["lean_ends"], **case)
+              or _triton_not_measured(triton_version, "the Gluon walk", "gluon=True"))
     if reason is not None:
         return reason
-    version = ".".join(triton_version.split(".")[:2])
-    if version not in gluon_b1.MEASURED_TRITON:
-        return (f"triton {triton_version}: the Gluon walk was measured faster on triton "
-                f"{', '.join(gluon_b1.MEASURED_TRITON)} only (gluon=True asks for it)")
     if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
                 f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only "
@@ -1079,15 +1089,10 @@ def why_not_gluon_rows_auto(cfg: WalkConfig, *, overrides: list[str], triton_ver
     """None where head_walk(gluon="auto") walks several rows in gluon_rows' walk (the case it was measured faster
     in: 2..GLUON_AUTO_ROWS_MAX rows, shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS, triton of gluon_b1.MEASURED_TRITON, no
     launch option given); else why the Triton walk runs. case: why_not_gluon_rows' other arguments."""
-    if overrides:
-        return f"launch options {', '.join(overrides)} given (they configure the Triton walk)"
-    reason = why_not_gluon_rows(cfg, triton_version=triton_version, **case)
+    reason = (_overrides_given(overrides) or why_not_gluon_rows(cfg, triton_version=triton_version, **case)
+              or _triton_not_measured(triton_version, "the Gluon rows walk", "gluon='rows'"))
     if reason is not None:
         return reason
-    version = ".".join(triton_version.split(".")[:2])
-    if version not in gluon_b1.MEASURED_TRITON:
-        return (f"triton {triton_version}: the Gluon rows walk was measured faster on triton "
-                f"{', '.join(gluon_b1.MEASURED_TRITON)} only (gluon='rows' asks for it)")
     if case["num_rows"] > GLUON_AUTO_ROWS_MAX:
         return (f"{case['num_rows']} rows: the Gluon rows walk was measured faster at 2..{GLUON_AUTO_ROWS_MAX} rows "
                 f"only (slower at 16 / 32, ladder v50; gluon='rows' asks for it)")
