@@ -328,7 +328,7 @@ def run_gpu(args) -> dict:
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
-        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS, walk.ROWS_SPLIT_KEYS
+        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -342,7 +342,6 @@ def run_gpu(args) -> dict:
             walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange[0])  # gluon="rows": its exchange
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
-            walk.ROWS_SPLIT_KEYS = kw.pop("rows_split", shipped_rows_exchange[3])  # ... and its score reduction
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -375,8 +374,7 @@ def run_gpu(args) -> dict:
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
-            (walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS,
-             walk.ROWS_SPLIT_KEYS) = shipped_rows_exchange
+            walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1092,13 +1090,11 @@ TUNE_CASES_V53 = [case for rows in (2, 3, 4)
                   for case in _mirrored_passes(V53_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
 # (v53 ran once at 704f90a, us, plain / pp: b2 56.2 / 57.0 vs 54.8 / 55.1, b3 57.0 / 56.6 vs 55.8 / 56.3, b4 57.4 / 57.1
 # vs 58.1 / 57.4: the plain spin stays.)
-# v54 (session 12, after the b32 profile: keys and reductions ~19 % of the step's stall samples): the rows walk's scores
-# reduced as an fp32 max then the smallest id at it (rows_split, gluon_rows' SPLIT; offline 3.6 b32 step loop 1,336
-# instructions, 222 registers, against 1,568 / 248) beside int64 keys and the Triton walk, ABBA x 2 at b32 / b16 / b8.
-V54_FORMS = {"triton": dict(gluon=False), "rows": dict(gluon="rows", rows_split=False),
-             "rows_split": dict(gluon="rows", rows_split=True)}
-TUNE_CASES_V54 = [case for rows in (32, 16, 8)
-                  for case in _mirrored_passes(V54_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+# (v54, session 12, at a5f6d41: the rows walk's scores reduced as an fp32 max then the smallest id at it (SPLIT; offline
+# 3.6 b32 step loop 1,336 instructions, 222 registers, against 1,568 / 248) beside int64 keys and the Triton walk, ABBA
+# x 2, us: b32 Triton 86.5 / 86.1, keys 93.1 / 95.0, split 90.7 / 91.1; b16 62.9 / 63.2, 71.5 / 72.1, 72.1 / 72.1; b8
+# 59.4 / 59.5, 59.4 / 59.2, 60.5 / 60.6. No gain where it matters (b8 +2 %, b32 still slower than the Triton walk):
+# removed with its GPU test cases (70 passed, both forms token-identical), code at a5f6d41.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1194,7 +1190,6 @@ LADDERS = {
     "v51": dict(rule={}, cases=TUNE_CASES_V51, floors=[]),
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
-    "v54": dict(rule={}, cases=TUNE_CASES_V54, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -1556,14 +1556,9 @@ def _said_on_two_calls(caplog, walk, fn, needle: str) -> list[str]:
 @pytest.mark.parametrize("vocab", [32000, 30011], ids=["v32k", "v30011"])
 @pytest.mark.parametrize("rows", [2, 5, 8, 16, 32])
 @pytest.mark.parametrize("steps", [15, 7, 1])
-@pytest.mark.parametrize("split", [False, True], ids=["keys", "split"])
-def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps, split):
+def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps):
     """gluon_rows' walk (head_walk(gluon="rows")) proposes exactly the Triton walk's tokens at 2..32 rows, walk after
-    walk on the shared tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too;
-    with its scores reduced as int64 keys and as an fp32 max + smallest id (SPLIT)."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    monkeypatch.setattr(walk, "ROWS_SPLIT_KEYS", split)
+    walk on the shared tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too."""
     p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon="rows")}, scaled_kw=dict(gluon="rows"))

@@ -108,41 +108,16 @@ if HAVE_GLUON:
         return gl.load(u_ptr + o_n[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=ok, other=0.0)
 
     @gluon.jit
-    def _score_values(acc, u, rows, shard_end, logit_scale, SCALED: gl.constexpr):
-        """[ST, BN] logits of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
-        + U, round; -inf past the shard."""
+    def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr):
+        """[ST, BN] keys of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
+        + U, round; -inf past the shard; keyed by ids (the rows, or their target ids where d2t increases)."""
         out_ty = u.dtype
         bias = acc.to(out_ty).to(gl.float32)
         if SCALED:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
-        return gl.where((rows < shard_end)[:, None], logits, float("-inf"))
-
-    @gluon.jit
-    def _warp_bests(v0, v1, ids0, ids1, NW: gl.constexpr, TILES: gl.constexpr, SPLIT: gl.constexpr):
-        """[NW, BN] key of each warp's best row (warp w holds tile rows [w * ST / NW, (w + 1) * ST / NW)) over the
-        TILES (1 or 2) tiles' [ST, BN] logits v0 (, v1), keyed by ids0 (, ids1) [ST], by shuffles within each warp.
-        SPLIT: an fp32 max, then the smallest id among the rows equal to it (the order of _ordered_keys, whose +0.0
-        folds -0.0 into +0.0 as the fp32 compare does), keyed once a warp and column; else an int64 key a score."""
-        st: gl.constexpr = v0.shape[0]
-        bn: gl.constexpr = v0.shape[1]
-        if SPLIT:
-            r0 = gl.reshape(v0, [NW, st // NW, bn])
-            i0 = gl.reshape(gl.zeros_like(v0, dtype=gl.int32) + ids0[:, None], [NW, st // NW, bn])
-            best = gl.max(r0, axis=1)
-            if TILES == 2:
-                r1 = gl.reshape(v1, [NW, st // NW, bn])
-                i1 = gl.reshape(gl.zeros_like(v1, dtype=gl.int32) + ids1[:, None], [NW, st // NW, bn])
-                best = gl.maximum(best, gl.max(r1, axis=1))
-                hits = gl.minimum(gl.where(r0 == best[:, None, :], i0, ID_MASK + 1),
-                                  gl.where(r1 == best[:, None, :], i1, ID_MASK + 1))
-            else:
-                hits = gl.where(r0 == best[:, None, :], i0, ID_MASK + 1)
-            return _ordered_keys(best, gl.min(hits, axis=1))
-        keys = _ordered_keys(v0, ids0[:, None])
-        if TILES == 2:
-            keys = gl.maximum(keys, _ordered_keys(v1, ids1[:, None]))
-        return gl.max(gl.reshape(keys, [NW, st // NW, bn]), axis=1)
+        scored = gl.where((rows < shard_end)[:, None], logits, float("-inf"))
+        return _ordered_keys(scored, ids[:, None])
 
     # A block of 1 step (and its token stride of 1) would be specialized to constants, which triton 3.6's LLVM
     # lowering of this kernel rejects: both stay runtime values.
@@ -158,7 +133,6 @@ if HAVE_GLUON:
         KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1, GUESS_ROUNDS: gl.constexpr = 3,
         SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
-        SPLIT: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
         # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
@@ -256,16 +230,14 @@ if HAVE_GLUON:
             if RES_T == 2:
                 acc1 = warpgroup_mma(res_smem.index(1), b_view, zero_acc, use_acc=False, is_async=True)
                 acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                bests = _warp_bests(_score_values(acc0, u0, rows0, shard_end, logit_scale, SCALED),
-                                    _score_values(acc1, u1, rows0 + ST, shard_end, logit_scale, SCALED),
-                                    ids0, ids1, NW, 2, SPLIT)
+                keys = gl.maximum(_score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED),
+                                  _score_tile(acc1, u1, rows0 + ST, ids1, shard_end, logit_scale, SCALED))
             else:
                 acc0 = warpgroup_mma_wait(0, deps=[acc0])
-                v0 = _score_values(acc0, u0, rows0, shard_end, logit_scale, SCALED)
-                bests = _warp_bests(v0, v0, ids0, ids0, NW, 1, SPLIT)
+                keys = _score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED)
             # Warp w holds tile rows [16 w, 16 w + 16): shuffles within each warp, then one sync before the
             # publishing threads reduce the NW maxima of their column.
-            parts_smem.store(bests)
+            parts_smem.store(gl.max(gl.reshape(keys, [NW, ST // NW, BN]), axis=1))
             best = gl.max(parts_smem.load(PARTS), axis=0)
             tag = ((gen + k) % 16383) + 1
             half = keys_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE

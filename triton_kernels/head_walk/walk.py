@@ -1075,8 +1075,6 @@ ROWS_EXCHANGE_CODES = {"all": 0, "inbox": 1, "local": 2}
 ROWS_SPIN_STAGGER = 0
 # The rows walk's warps (gluon_rows.NUM_WARPS; its tiles are 16 rows a warp: 8 warps, two tiles of 128 rows).
 ROWS_WARPS = gluon_rows.NUM_WARPS
-# The rows walk's scores reduced as an fp32 max, then the smallest id at it (gluon_rows' SPLIT), not an int64 key each.
-ROWS_SPLIT_KEYS = False
 
 
 # gluon="auto" takes the rows walk for 2..GLUON_AUTO_ROWS_MAX greedy rows of fully resident 256-row shards (V = 32k
@@ -1113,7 +1111,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
-    key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_SPLIT_KEYS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
+    key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
            u.dtype, w1.dtype, rank)
     if "inbox" not in wsp:  # zeros: tag 0 never matches a step's tag
         wsp["inbox"] = torch.zeros_like(wsp["keys"])
@@ -1127,7 +1125,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE], GUESS_ROUNDS=GUESS_ROUNDS,
-            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SPLIT=ROWS_SPLIT_KEYS,
+            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
             num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
