@@ -1453,6 +1453,24 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
     assert barrier_errors(DEVICE) == errors
 
 
+def test_workspaces_of_every_width_at_the_first_walk(monkeypatch):
+    """The first walk of a program count makes the exchange buffers of every batch width (zeroed then, eagerly), so a
+    width first walked while vLLM captures a CUDA graph finds them ready; the rows walk's inboxes and the amax
+    exchange's default winners slots among them."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_workspaces", {})
+    wsp = walk._workspace(torch.device("cpu"), 3, 32, 16)
+    assert sorted(k[2] for k in walk._workspaces) == list(walk.BLOCK_ROWS_ALL)
+    assert wsp is walk._workspaces[("cpu", 3, 32, 16)]
+    for (_, programs, rows, _), made in walk._workspaces.items():
+        assert made["inbox"].shape == made["keys"].shape == (2, programs, rows)
+        assert not made["inbox"].any() and not made["keys"].any()
+        assert made[f"winners{walk.WINNER_STRIDE}"].shape == (3, rows, walk.WINNER_STRIDE)
+    assert walk._workspace(torch.device("cpu"), 3, 64, 16) is walk._workspaces[("cpu", 3, 64, 16)]
+    assert len(walk._workspaces) == 3
+
+
 def test_gluon_rows_selection(monkeypatch):
     """Which walks gluon_rows' kernel takes (head_walk(gluon="rows"), no GPU needed): 2..32 greedy Markov rows of
     2-byte weights on sm_90, fully resident shards of <= 256 rows (32k: 125 programs, 30011: 118) in the persistent

@@ -294,21 +294,40 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
 _workspaces: dict = {}
 
 
+# The batch widths a walk's buffers come in (plan_walk's block_rows).
+BLOCK_ROWS_ALL = (16, 32, 64)
+
+
 def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) -> dict:
     """Exchange buffers and the barrier counter, kept across calls: the counter only grows, so a walk needs no
-    reset launch. One walk at a time per device (and per program count) may use them."""
+    reset launch. One walk at a time per device (and per program count) may use them. Every width's buffers are
+    made at the first walk of a program count: a width first walked during CUDA-graph capture (vLLM captures its
+    drafter's batch sizes after an eager profile run at its largest) would otherwise get buffers whose zero fill is
+    only recorded in the graph, not done, and an eager walk of that width could read leftover tags."""
     key = (str(device), programs, block_rows, rank)
     if key not in _workspaces:
-        _workspaces[key] = {
-            # Zeros: tag 0 never matches a step's tag, where leftover memory could (flags / tagged exchanges).
-            "keys": torch.zeros(2, programs, block_rows, dtype=torch.int64, device=device),
-            "count": torch.zeros(1, dtype=torch.int64, device=device),
-            "gen": torch.zeros(programs, dtype=torch.int64, device=device),
-            "err": torch.zeros(1, dtype=torch.int32, device=device),
-            "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
-            "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
-        }
+        for rows in sorted({block_rows, *BLOCK_ROWS_ALL}):
+            width_key = (str(device), programs, rows, rank)
+            if width_key not in _workspaces:
+                _workspaces[width_key] = _new_workspace(device, programs, rows, rank)
     return _workspaces[key]
+
+
+def _new_workspace(device: torch.device, programs: int, block_rows: int, rank: int) -> dict:
+    # Zeros: tag 0 never matches a step's tag, where leftover memory could (flags / tagged exchanges).
+    keys = torch.zeros(2, programs, block_rows, dtype=torch.int64, device=device)
+    wsp = {
+        "keys": keys,
+        # The rows walk's inboxes (gluon_rows, EXCHANGE 1): each program's rows' winners, tagged like the keys.
+        "inbox": torch.zeros_like(keys),
+        "count": torch.zeros(1, dtype=torch.int64, device=device),
+        "gen": torch.zeros(programs, dtype=torch.int64, device=device),
+        "err": torch.zeros(1, dtype=torch.int32, device=device),
+        "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
+        "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
+    }
+    _winner_slots(wsp, WINNER_STRIDE)  # the amax exchange's, in its default layout
+    return wsp
 
 
 def _winner_slots(wsp: dict, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1113,8 +1132,6 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
     key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
            u.dtype, w1.dtype, rank)
-    if "inbox" not in wsp:  # zeros: tag 0 never matches a step's tag
-        wsp["inbox"] = torch.zeros_like(wsp["keys"])
     if key in _gluon_failed:
         return False
     try:
