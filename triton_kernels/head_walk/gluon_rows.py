@@ -5,17 +5,18 @@ Same keys, tags and tie-break as kernel.py's batched walks (`_ordered_keys`, fir
 [2, P, KEY_STRIDE] of the shared workspace), so the tokens are the Triton walk's. What changes is the exchange, which
 is most of the Triton walk's step from 8 rows on (b32: ~3.1 of 5.7 us a step, probe; eval/notes/head_walk.md):
 
-1. Batch row b is polled by warp b % NUM_WARPS alone: its lanes read the [P] tagged keys of row b (one slot per
-   program, padding programs read this program's own slot), the row's winner is a warp max (shuffles, no CTA sync),
-   and the same warp loads the winner's W1 row into row b of the wgmma B operand. The Triton walk's probe spins on
-   column 0, syncs the CTA, then loads [P, B] keys and reduces them CTA-wide twice.
-2. The W1 row of each row's best key seen so far travels while the warp still waits for the rest (gluon_b1's
-   `_next_candidates`, GUESS_ROUNDS reads), and the spin keeps SPIN_READS reads of a slot in flight (the "..._pp"
-   spin of the one-row walk).
+1. The inbox exchange (EXCHANGE 1, walk.py's ROWS_EXCHANGE default): program r < B reduces batch row r alone, waiting
+   for the [P] tagged keys of column r (8 warps x P / 8 slots, warp shuffles, one CTA sync), and stores the winner,
+   which keeps the step's tag, into row r of every program's inbox; every program then spins on its own B inbox
+   slots (row b by the warp that gathers its W1 row into row b of the wgmma B operand). Polled slots a program and
+   step: P + B for a reducer, B otherwise, against the P x B of every program reading every key (EXCHANGE 0, "all":
+   row b by warp b % NUM_WARPS with gluon_b1's guessed W1 rows; measured 2.6x slower at b32, its L2 requests).
+2. The spins read one slot at a time (SPIN_STAGGER 0: every lane of a warp polls the same inbox slot, so two reads
+   in flight double the requests on its line, +17 % at b32).
 3. Both 128-row tiles of the shard stay in shared memory (TMA, once), and both products are in flight with one wait;
    the base logits of step k + 1 are loaded in the accumulator's layout right after step k's keys are published,
    behind the exchange.
-4. Per step 2 CTA syncs of the kernel's own (B operand ready, the score's per-warp maxima).
+4. Per step 2 CTA syncs of the kernel's own (B operand ready, the score's per-warp maxima), one more in a reducer.
 
 Session 6's prototype of this walk (gluon_rows at eee43d2: one K-slot PTX poll per thread) proposed wrong tokens and
 its waits gave up on the H200; this one is built from the one-row walk's exchange pieces, which are GPU-tested.
@@ -31,8 +32,7 @@ from .kernel import ID_MASK, _load_relaxed, _ordered_keys
 # Batch rows a launch walks: wgmma N = the rows padded to a power of two >= 8 (the smallest N).
 MAX_ROWS = 32
 MIN_N = 8
-# Shard tiles: wgmma M of 8 warps (two warpgroups); a shard is one or two tiles, all resident.
-TILE_ROWS = 128
+# Shards of at most two tiles of 16 rows a warp (128 at NUM_WARPS = 8: the wgmma M of two warpgroups), all resident.
 MAX_SHARD_ROWS = 256
 NUM_WARPS = 8
 # Programs padded to a power of two: the [N, PP] poll tile gives each lane PP / 32 slots of its warp's rows.
