@@ -1034,7 +1034,8 @@ TUNE_CASES_V47 = (_mirrored_passes(V47_FORMS, 32000, "v32k_b32", passes=2, rows=
 # tagged rows otherwise), greedy 32k block 15: ABBA x 2 at b32 and b8, once at b16 / b2; at b32 also with 1 guess
 # round and with the plain spin (stagger 0); blocks 7 / 1 at b32.
 # ("triton": the Triton walk named, gluon=False: since v50's adoption head_walk's default walks 2..8 rows in the rows
-# walk; it was the default, {}, when v48 / v49 / v50 ran, the same walk then.)
+# walk; it was the default, {}, when v48 / v49 / v50 ran, the same walk then. v48's "rows" was the "all" exchange,
+# removed since: run now, v48 times the inbox walk, and its guess1 / plainspin cases that same build.)
 V48_FORMS = {"triton": dict(gluon=False), "rows": dict(gluon="rows")}
 TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
                   + [("rows_guess1_v32k_b32", 32000, 32, dict(gluon="rows", guess_rounds=1)),
@@ -1049,10 +1050,10 @@ TUNE_CASES_V48 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=
 # spin, and "local" (no exchange at all, wrong tokens, timed anyway: the step's floor) at b32 / b8; b16 / b2; blocks
 # 7 / 1 at b32. (Run once at 8cc4916, when "rows" spun with two reads in flight: b32 Triton 85.9 / 86.2, rows 106.3 /
 # 106.8, all 226.5, plain spin 90.9, local 64.7; b8 59.3 / 59.4 vs 58.6 / 59.1, local 31.7; b16 62.8 vs 73.0; b2 58.3
-# vs 54.3; block 7 42.5 vs 50.8. Since v50 "rows" spins plainly: its "rows" rows are no longer that form.)
+# vs 54.3; block 7 42.5 vs 50.8. Since v50 "rows" spins plainly: its "rows" rows are no longer that form. The "all"
+# case went with that exchange.)
 TUNE_CASES_V49 = (_mirrored_passes(V48_FORMS, 32000, "v32k_b32", passes=2, rows=32)
-                  + [("rows_all_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="all")),
-                     ("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", rows_spin_stagger=0)),
+                  + [("rows_plainspin_v32k_b32", 32000, 32, dict(gluon="rows", rows_spin_stagger=0)),
                      ("rows_local_v32k_b32", 32000, 32, dict(gluon="rows", rows_exchange="local", time_always=True))]
                   + _mirrored_passes(V48_FORMS, 32000, "v32k_b8", passes=2, rows=8)
                   + [("rows_local_v32k_b8", 32000, 8, dict(gluon="rows", rows_exchange="local", time_always=True))]

@@ -1523,7 +1523,7 @@ def test_gluon_rows_selection(monkeypatch):
         assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0)
         grid, kwargs = build.launches[-1]
         want = dict(BN=bn, RES_T=2, CHUNK_ROWS=256, NUM_PROGS=125, KEY_STRIDE=stride, PP=128, SCALED=False, EXCHANGE=1,
-                    GUESS_ROUNDS=walk.GUESS_ROUNDS, SPIN_STAGGER=0, HAS_D2T=False, num_warps=8)
+                    SPIN_STAGGER=0, HAS_D2T=False, num_warps=8)
         assert grid == (125,) and {k: kwargs[k] for k in want} == want, (rows, kwargs)
         d2t = torch.zeros(32000, dtype=torch.long)
         assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0, d2t=d2t)

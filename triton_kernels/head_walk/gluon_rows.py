@@ -9,8 +9,8 @@ is most of the Triton walk's step from 8 rows on (b32: ~3.1 of 5.7 us a step, pr
    for the [P] tagged keys of column r (8 warps x P / 8 slots, warp shuffles, one CTA sync), and stores the winner,
    which keeps the step's tag, into row r of every program's inbox; every program then spins on its own B inbox
    slots (row b by the warp that gathers its W1 row into row b of the wgmma B operand). Polled slots a program and
-   step: P + B for a reducer, B otherwise, against the P x B of every program reading every key (EXCHANGE 0, "all":
-   row b by warp b % NUM_WARPS with gluon_b1's guessed W1 rows; measured 2.6x slower at b32, its L2 requests).
+   step: P + B for a reducer, B otherwise, against the P x B of every program reading every key (session 12's "all"
+   exchange, measured 2.6x slower at b32 by its L2 requests and removed: code at 4d416ad).
 2. The spins read one slot at a time (SPIN_STAGGER 0: every lane of a warp polls the same inbox slot, so two reads
    in flight double the requests on its line, +17 % at b32).
 3. Both 128-row tiles of the shard stay in shared memory (TMA, once), and both products are in flight with one wait;
@@ -35,7 +35,8 @@ MIN_N = 8
 # Shards of at most two tiles of 16 rows a warp (128 at NUM_WARPS = 8: the wgmma M of two warpgroups), all resident.
 MAX_SHARD_ROWS = 256
 NUM_WARPS = 8
-# Programs padded to a power of two: the [N, PP] poll tile gives each lane PP / 32 slots of its warp's rows.
+# Programs padded to a power of two (PP): a reducer's warps poll PP / NUM_WARPS programs' keys each, and it pushes the
+# winner to PP inbox slots (padding slots: its own).
 MAX_PROGRAMS = 256
 
 
@@ -50,7 +51,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-    from .gluon_b1 import _cta_sync, _next_candidates, _tma_load, _wait_slots
+    from .gluon_b1 import _cta_sync, _tma_load, _wait_slots
 
     @gluon.jit
     def _publish_rows(ptrs, keys, BN: gl.constexpr):
@@ -131,7 +132,7 @@ if HAVE_GLUON:
         num_rows, num_steps, vocab, logit_scale, d2t_ptr,
         R: gl.constexpr, RES_T: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
-        SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1, GUESS_ROUNDS: gl.constexpr = 3,
+        SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1,
         SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
@@ -140,8 +141,7 @@ if HAVE_GLUON:
         # 0 .. BN - 1), inbox_ptr: [2, NUM_PROGS, KEY_STRIDE] each program's rows' winners (EXCHANGE 1); gen_ptr:
         # per-program tag generation; err_ptr: set when a wait gives up. Batch rows b >= num_rows are padding:
         # published (every polled slot arrives) and walked on zero base logits, never stored.
-        # EXCHANGE: 0 "all" (every program polls all [P, BN] keys: row b by warp b % NW, guessed W1 rows);
-        # 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every program's inbox;
+        # EXCHANGE: 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every program's inbox;
         # each program then polls its BN inbox slots: P + BN polled slots a program instead of P x BN);
         # 2 "local" (the bench's diagnostic: each program walks its own shard's best, no exchange; wrong tokens).
         # HAS_D2T: a reduced draft vocabulary whose d2t the caller promises increasing (walk.head_walk's
@@ -153,7 +153,7 @@ if HAVE_GLUON:
                                                       instr_shape=[16, BN, 16])
         ROW_OF_ACC: gl.constexpr = gl.SliceLayout(1, ACC)
         COL_OF_ACC: gl.constexpr = gl.SliceLayout(0, ACC)
-        # [BN, PP] slots: batch row b polled by warp b % NW, programs across its lanes.
+        # [BN] winners' keys as the token stores read them (row b by warp b % NW).
         SPIN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
         # [BN, R] W1 rows: row b gathered by the warp that polled it.
         CAND: gl.constexpr = gl.BlockedLayout([1, R // 32], [1, 32], [NW, 1], [1, 0])
@@ -181,14 +181,6 @@ if HAVE_GLUON:
         parts_smem = gl.allocate_shared_memory(gl.int64, [NW, BN], PLAIN)
         red_smem = gl.allocate_shared_memory(gl.int64, [NW], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
-        # Poll addresses (row b, program p: slot p * KEY_STRIDE + b of the step's half); padding programs poll this
-        # program's own slot of the row, written before every poll.
-        o_b = gl.arange(0, BN, gl.SliceLayout(1, SPIN))
-        o_p = gl.arange(0, PP, gl.SliceLayout(0, SPIN))
-        prog = gl.where(o_p < NUM_PROGS, o_p, pid)
-        slot_off = prog[None, :] * KEY_STRIDE + o_b[:, None]
-        zero_i = gl.zeros([BN, PP], gl.int32, SPIN)
-        err_addr = err_ptr.to(gl.int64) + zero_i.to(gl.int64)
         o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
         o_cb = gl.arange(0, BN, gl.SliceLayout(1, CAND))
         live_c = o_cb < num_rows
@@ -247,18 +239,7 @@ if HAVE_GLUON:
             u0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0, shard_end, o_n, num_rows)
             if RES_T == 2:
                 u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0 + ST, shard_end, o_n, num_rows)
-            if EXCHANGE == 0:
-                slot_ptrs = half + slot_off
-                tags = zero_i + tag.to(gl.int32)
-                if k + 1 < num_steps:
-                    cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
-                                                      SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
-                elif pid == 0:
-                    # The last step: only program 0 stores tokens, and it needs the winners' keys, not their W1
-                    # rows; the other programs leave once their keys are out.
-                    cand_key = gl.max(_wait_slots(slot_ptrs, _load_relaxed(slot_ptrs), tags, err_addr, SPIN_LIMIT,
-                                                  SPIN_STAGGER, SPIN_READS), axis=1)
-            elif EXCHANGE == 1:
+            if EXCHANGE == 1:
                 inbox_half = inbox_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
                 if pid < num_rows:
                     _reduce_and_push(half, inbox_half, pid, tag, err_ptr, red_smem, NUM_PROGS, KEY_STRIDE, PP,

@@ -1084,11 +1084,11 @@ def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bo
 
 
 # gluon_rows' exchange (its kernel's EXCHANGE): "inbox" (each batch row reduced by one program, which stores the
-# winner into every program's inbox) or "all" (every program polls every program's keys of every row: measured 2.6x
-# slower than the Triton walk at 32k b32, ladder v48: the polls' L2 traffic); "local" is the bench's diagnostic
-# (no exchange, wrong tokens).
+# winner into every program's inbox); "local" is the bench's diagnostic (no exchange, wrong tokens). (Session 12's
+# "all", every program polling every program's keys of every row, measured 2.6x slower than the Triton walk at 32k
+# b32, ladder v48, by the polls' L2 traffic: removed, code at 4d416ad.)
 ROWS_EXCHANGE = "inbox"
-ROWS_EXCHANGE_CODES = {"all": 0, "inbox": 1, "local": 2}
+ROWS_EXCHANGE_CODES = {"inbox": 1, "local": 2}
 # The rows walk's spins: one read of a slot at a time (ladder v49, 32k b32: 90.9 us against 106.3 / 106.8 with the
 # "..._pp" spin's two reads in flight, SPIN_STAGGER cycles apart: every lane of a warp polls the same inbox slot).
 ROWS_SPIN_STAGGER = 0
@@ -1130,8 +1130,8 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
-    key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, GUESS_ROUNDS, d2t is not None,
-           u.dtype, w1.dtype, rank)
+    key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, d2t is not None, u.dtype,
+           w1.dtype, rank)
     if key in _gluon_failed:
         return False
     try:
@@ -1141,7 +1141,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
             float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
-            SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE], GUESS_ROUNDS=GUESS_ROUNDS,
+            SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
             num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
