@@ -45,7 +45,42 @@ def fake_layer(index, generator):
 def main():
     for checkpoints in (False, True):
         run_step(checkpoints)
+    run_after_weight_reload()
     print("OK")
+
+
+def run_after_weight_reload():
+    """The H200's tuned verify configs read a cached transposed copy of the conv weight. vLLM reloads and weight
+    syncs write the weight through `.data` (no version bump): once its loader noted the load, the next step's
+    builder sync (sync_conv_weight_copies) refreshes the copy and the verify uses the new weight."""
+    from hybridspec_kernels.gdn_verify import verify as verify_module
+    from vllm_hybridspec.gdn.kernel_path import note_conv_weight_loaded, sync_conv_weight_copies
+
+    generator = torch.Generator().manual_seed(1)
+    group = GDNLayerGroup(BlockParallelPlan(max_verify_len=MAX_LEN, max_requests=4, use_kernels=True), 1)
+    layer = fake_layer(0, generator)
+    group.add_layer(layer)
+    group.allocate_workspace(layer, torch.device("cpu"), torch.float32)
+    group.add_kv_group([layer.prefix])
+    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    state_indices = torch.tensor([2, 5, 1], dtype=torch.int32)
+    shipped = verify_module.default_verify_config
+    verify_module.default_verify_config = lambda *args, **kwargs: verify_module.VerifyConfig(hoist=True,
+                                                                                             weight_tiles=True)
+    try:
+        for reload in (False, True):
+            if reload:
+                layer.conv1d.weight.data.copy_(torch.randn(D, 1, W, generator=generator) * 0.3)
+                note_conv_weight_loaded()
+                sync_conv_weight_copies()
+            x, a, b = (torch.randn(8, D, generator=generator), torch.randn(8, HV, generator=generator),
+                       torch.randn(8, HV, generator=generator))
+            got = kernel_verify(layer, group.workspace_of(0), x, a, b, state_indices, cu, MAX_LEN)
+            want = naive_gdn_verify(x, a, b, layer.conv1d.weight.view(D, W), None, layer.A_log, layer.dt_bias,
+                                    layer.kv_cache[0], layer.kv_cache[1], state_indices, cu, dtype=torch.float64)
+            torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-3)
+    finally:
+        verify_module.default_verify_config = shipped
 
 
 def run_step(checkpoints: bool):

@@ -224,3 +224,37 @@ def test_plan_falls_back_with_a_reason(config, reason):
     assert block_parallel_plan(config) is None
     recorded = status.get("gdn_verify")
     assert recorded.state == status.FALLBACK and reason in recorded.reason
+
+
+def test_conv_weight_loads_are_noted_and_synced_before_each_step(monkeypatch):
+    """The kernels' cached transposed conv weights follow vLLM's loads (first load, reload_weights, weight syncs:
+    all write `param.data`, unseen by version counters): the layer's loader notes each load, and the metadata
+    builder, which runs before every step's forward (graph replays included), refreshes the copies once."""
+    import sys
+
+    from vllm_hybridspec.gdn import kernel_path
+    from vllm_hybridspec.gdn.backend import block_parallel_backend_class
+    from vllm_hybridspec.gdn.layer import _note_conv_weight_loads
+
+    weight = torch.nn.Parameter(torch.zeros(6, 1, W), requires_grad=False)
+    weight.weight_loader = lambda param, loaded: param.data.copy_(loaded)
+    _note_conv_weight_loads(weight)
+    monkeypatch.setattr(kernel_path, "_conv_weights_loaded", False)
+    weight.weight_loader(weight, torch.ones(6, 1, W))
+    assert torch.equal(weight, torch.ones(6, 1, W)) and kernel_path._conv_weights_loaded
+
+    events = []
+    fake_verify = SimpleNamespace(refresh_transposed_conv_weights=lambda everything: events.append(("refresh",
+                                                                                                    everything)))
+    monkeypatch.setitem(sys.modules, "hybridspec_kernels.gdn_verify.verify", fake_verify)
+    builder_cls = block_parallel_backend_class().get_builder_cls()
+    monkeypatch.setattr(builder_cls.__mro__[1], "build",
+                        lambda self, *args, **kwargs: events.append("vllm build") or SimpleNamespace(
+                            spec_sequence_masks=None))
+    builder = object.__new__(builder_cls)
+    builder.align_mode, builder.kv_group = False, 0
+    builder.gdn_group = SimpleNamespace(record=lambda kv_group, rows: events.append(("record", rows)))
+    builder.build(0, None)
+    builder.build(0, None)
+    assert events == [("refresh", True), "vllm build", ("record", None),
+                      ("refresh", False), "vllm build", ("record", None)]

@@ -1374,7 +1374,23 @@ def test_transposed_conv_weight_cache_follows_in_place_updates():
     first = transposed_conv_weight(w.view(24, 4))
     assert torch.equal(first, w.t()) and transposed_conv_weight(w.view(24, 4)) is first  # fresh views hit
     w.mul_(2.0)
-    assert torch.equal(transposed_conv_weight(w.view(24, 4)), w.t())
+    assert transposed_conv_weight(w.view(24, 4)) is first and torch.equal(first, w.t())  # refreshed in place
+
+
+def test_transposed_conv_weight_follows_writes_through_data():
+    """vLLM's weight loaders and in-place reloads write `param.data`, which moves no version counter: the copy
+    follows at `refresh_transposed_conv_weights(everything=True)`, in place (CUDA graphs keep its address)."""
+    from hybridspec_kernels.gdn_verify.verify import refresh_transposed_conv_weights, transposed_conv_weight
+
+    w = torch.nn.Parameter(torch.randn(24, 1, 4), requires_grad=False)
+    first = transposed_conv_weight(w.view(24, 4))
+    w.data.copy_(torch.randn(24, 1, 4))  # vLLM 0.33 reload: _copy_and_restore_kernel_tensors
+    assert refresh_transposed_conv_weights() == 0  # the version check alone cannot see it
+    assert refresh_transposed_conv_weights(everything=True) >= 1
+    assert transposed_conv_weight(w.view(24, 4)) is first and torch.equal(first, w.view(24, 4).t())
+    w.data[:8] = 0.0  # mamba_v2_sharded_weight_loader's write
+    refresh_transposed_conv_weights(everything=True)
+    assert torch.equal(first, w.view(24, 4).t())
 
 
 def test_tuned_configs_round_trip(tmp_path, monkeypatch):

@@ -554,27 +554,55 @@ def _gdn_verify_kernel(
                 tl.store(ws_x + ws_row[:, None] * D + o_xqk[None, :], b_xqk, mask=m_t[:, None])
 
 
-_CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device) -> (source, version, [W, D] copy)
+_CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device) -> [source, version, [W, D] copy]
 
 
 def transposed_conv_weight(conv_weight):
     """[W, D] contiguous copy of conv_weight [D, W] for the loads-first conv, cached per weight: the entry pins its
-    source (so the address cannot be reused by another tensor while cached) and is rebuilt when the weight is
-    modified in place (version counter, shared by views). A first call inside CUDA-graph capture is not cached
-    (the copy is part of that graph); vLLM's eager warm-up runs fill the cache before capture."""
+    source (so the address cannot be reused by another tensor while cached). A weight modified in place through
+    itself or a view (its version counter moves) has its copy refreshed in place, never replaced: CUDA graphs
+    captured with the copy keep reading live memory, and now the new weights. Writes that bypass the version
+    counter (through `.data`, as vLLM's weight loaders and in-place reloads write) need
+    `refresh_transposed_conv_weights(everything=True)`. A first call inside CUDA-graph capture is not cached (the
+    copy is part of that graph); vLLM's eager warm-up runs fill the cache before capture."""
     key = (conv_weight.data_ptr(), tuple(conv_weight.shape), conv_weight.stride(), conv_weight.dtype,
            conv_weight.device)
-    hit = _CONV_WT_CACHE.get(key)
-    if hit is not None and hit[1] == conv_weight._version:
+    entry = _CONV_WT_CACHE.get(key)
+    if entry is not None:
         _CONV_WT_CACHE.move_to_end(key)
-        return hit[2]
+        if entry[1] != conv_weight._version and not _capturing(conv_weight):
+            _refresh_conv_copy(entry)
+        return entry[2]
     copy = conv_weight.t().contiguous()
-    if conv_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+    if _capturing(conv_weight):
         return copy  # recorded into the graph, filled at replay: a cached copy would be empty for other graphs
-    _CONV_WT_CACHE[key] = (conv_weight, conv_weight._version, copy)
+    _CONV_WT_CACHE[key] = [conv_weight, conv_weight._version, copy]
     while len(_CONV_WT_CACHE) > 256:
         _CONV_WT_CACHE.popitem(last=False)
     return copy
+
+
+def refresh_transposed_conv_weights(everything: bool = False) -> int:
+    """Brings the cached transposed conv weights up to date in place (outside CUDA-graph capture; eager copies, so
+    call it before the forward that reads them, e.g. graph replays): those whose weight's version moved, or every
+    one (everything=True, after writes the version counter does not see: `param.data[...] = ...`). Returns how
+    many were refreshed."""
+    refreshed = 0
+    for entry in _CONV_WT_CACHE.values():
+        if (everything or entry[1] != entry[0]._version) and not _capturing(entry[0]):
+            _refresh_conv_copy(entry)
+            refreshed += 1
+    return refreshed
+
+
+def _refresh_conv_copy(entry) -> None:
+    source, _, copy = entry
+    copy.copy_(source.t())
+    entry[1] = source._version
+
+
+def _capturing(t) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _check_contiguous(name, t, ndim):

@@ -29,6 +29,7 @@ def block_parallel_backend_class() -> type:
     from vllm.v1.attention.backend import max_decode_query_len
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 
+    from vllm_hybridspec.gdn import kernel_path
     from vllm_hybridspec.gdn.step import block_checkpoints, check_prefix_caching_layers, group_for, verified_rows
 
     class BlockParallelGDNMetadataBuilder(GDNAttentionMetadataBuilder):
@@ -50,6 +51,7 @@ def block_parallel_backend_class() -> type:
                 check_prefix_caching_layers(vllm_config.compilation_config.static_forward_context, self.gdn_group)
 
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
+            kernel_path.sync_conv_weight_copies()  # before this step's forward, graph replays included
             metadata = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
             rows = verified_rows(metadata)
             if rows is not None and self.align_mode:

@@ -2,7 +2,30 @@
 Triton interpreter in fp32). The commit side is `GDNLayerGroup._reconstruct_kernel` (step.py)."""
 from __future__ import annotations
 
+import sys
+
 import torch
+
+# Set by the block-parallel layers' conv-weight loaders: vLLM's loaders (the first load, in-place reloads, weight
+# syncs) write through `param.data`, which the transposed copies' version check cannot see.
+_conv_weights_loaded = False
+
+
+def note_conv_weight_loaded() -> None:
+    global _conv_weights_loaded
+    _conv_weights_loaded = True
+
+
+def sync_conv_weight_copies() -> None:
+    """Before a step's forward (the GDN metadata builder, which runs every step, also before graph replays): the
+    kernels' cached transposed conv weights (`transposed_conv_weight`) follow the layers' weights, in place. A no-op
+    until the kernels have run (nothing cached) and while a graph is being captured."""
+    global _conv_weights_loaded
+    verify = sys.modules.get("hybridspec_kernels.gdn_verify.verify")
+    if verify is None or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return
+    verify.refresh_transposed_conv_weights(everything=_conv_weights_loaded)
+    _conv_weights_loaded = False
 
 
 def kernel_verify(layer, workspace, mixed_qkv, a, b, state_indices, cu_seqlens, max_seqlen, out=None) -> torch.Tensor:

@@ -63,6 +63,23 @@ def _register_cpu_op() -> None:
     )
 
 
+def _note_conv_weight_loads(weight) -> None:
+    """Every load of this conv weight through its loader (the first load, `reload_weights`, weight syncs) marks the
+    kernels' transposed copies for a refresh before the next step (kernel_path.sync_conv_weight_copies)."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from vllm_hybridspec.gdn.kernel_path import note_conv_weight_loaded
+
+    loader = getattr(weight, "weight_loader", default_weight_loader)
+
+    def load_and_note(*args, **kwargs):
+        result = loader(*args, **kwargs)
+        note_conv_weight_loaded()
+        return result
+
+    weight.weight_loader = load_and_note
+
+
 @functools.cache
 def block_parallel_gdn_class() -> type:
     from vllm.forward_context import get_forward_context
@@ -88,6 +105,7 @@ def block_parallel_gdn_class() -> type:
             device = self.A_log.device if self.A_log.device.type != "meta" else torch.device(current_platform.device_type)
             group.allocate_workspace(self, device, vllm_config.model_config.dtype)
             self.gdn_group = group
+            _note_conv_weight_loads(self.conv1d.weight)
             if current_platform.is_cpu():
                 _register_cpu_op()
             from vllm_hybridspec.gdn.patches import apply_commit_hooks
