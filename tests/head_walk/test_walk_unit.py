@@ -162,6 +162,12 @@ FALLBACKS = [
     pytest.param({}, _base_logits_in_fp64, "base logits in torch.float64", id="logits-dtype"),
     pytest.param({"sampled": True, "estimator": True}, lambda s: setattr(s, "draft_logits", s.draft_logits.half()),
                  "acceptance estimator with a torch.float16 draft logits cache", id="estimator-cache-dtype"),
+    # vLLM's sampler asserts the cache width; the walk would spill into the next step's or request's row
+    pytest.param({"sampled": True}, lambda s: setattr(s, "draft_logits", s.draft_logits[..., :92].contiguous()),
+                 "draft logits cache of 92 columns for a 100-token draft vocabulary", id="narrow-cache"),
+    pytest.param({"sampled": True, "reduced_vocab": True},
+                 lambda s: setattr(s, "draft_logits", s.draft_logits[..., :130].contiguous()),
+                 "draft logits cache of 130 columns for a 137-token target vocabulary", id="narrow-cache-d2t"),
 ]
 
 
@@ -200,6 +206,25 @@ def test_full_residency_that_cannot_fit_falls_back(kernel_runs_here, warnings_se
     spec = make_speculator(hybridspec={**MEGAKERNEL, "head_walk_residency": "full"}, vocab=1000)
     assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
     _assert_fell_back("hybridspec.head_walk_residency=full: residency='full' needs", warnings_seen)
+
+
+def test_full_residency_that_fits_one_row_but_not_the_widest_batch_falls_back(kernel_runs_here, warnings_seen):
+    """The kernel plan's tiles shrink with the batch width: 'full' must fit at every width the engine's walks take
+    (here 100 rows fit a one-row walk, not a walk of 33+ rows), or that batch would raise inside the engine step."""
+    few = make_speculator(hybridspec={**MEGAKERNEL, "head_walk_residency": "full"}, vocab=100, num_reqs=3)
+    assert walk.make_plan(few).backend == "megakernel"
+    status.reset()
+    spec = make_speculator(hybridspec={**MEGAKERNEL, "head_walk_residency": "full"}, vocab=100, num_reqs=40)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("hybridspec.head_walk_residency=full: residency='full' needs", warnings_seen)
+    assert "(a walk of 42 rows)" in status.get(walk.COMPONENT).reason
+
+
+def test_residency_is_checked_at_every_batch_width():
+    assert walk._rows_of_every_width(1) == [1]
+    assert walk._rows_of_every_width(5) == [1, 5]
+    assert walk._rows_of_every_width(40) == [1, 16, 32, 40]  # widths 16, 32, 64, and the one-row walk's forms
+    assert walk._rows_of_every_width(500) == [1, 16, 32, 64]  # walks of more rows launch 64 at a time
 
 
 def test_disabled_hybridspec_is_plain_vllm(warnings_seen):

