@@ -1880,3 +1880,35 @@ def test_gpu_resident_lean_graph_replays(monkeypatch, form):
     p = make_problem(1, 15, 32000, rank=256, dtype=torch.bfloat16, seed=7, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
     _assert_gluon_graph_replays_agree(monkeypatch, p, RESIDENT_LEAN_FORMS[form])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows,sampled", [(1, False), (4, False), (8, True), (32, True)],
+                         ids=["b1-greedy", "b4-greedy", "b8-sampled", "b32-sampled"])
+def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
+    """The persistent walk assumes its programs co-resident, one per SM. A GEMM on another stream (vLLM 0.33's async
+    EPLB, MPS neighbours) holds SMs while the walk starts: the programs that did start spin until the rest get theirs
+    (SPIN_LIMIT bounds the wait). The tokens and the draft-logits cache must be those of a walk alone, and no wait may
+    give up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
+    kw = dict(sampling_kwargs(p)) if sampled else {}
+    alone_cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
+    alone, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=alone_cache, **kw)
+    errors = barrier_errors(DEVICE)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
+    other = torch.cuda.Stream()
+    for trial in range(3):
+        cache = torch.zeros_like(alone_cache) if sampled else None
+        torch.cuda.synchronize()
+        with torch.cuda.stream(other):
+            for _ in range(8 * (trial + 1)):  # ~1.5 ms a product on an H200
+                a = (a @ a) * 1e-4
+        beside, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(beside, alone), trial
+        if sampled:
+            assert torch.equal(cache, alone_cache), trial
+    assert barrier_errors(DEVICE) == errors
