@@ -2,8 +2,9 @@
 a program on 125 SMs): `head_walk_rows_kernel` (walk.py: `gluon="rows"`).
 
 Same keys, tags and tie-break as kernel.py's batched walks (`_ordered_keys`, first of equal maxima; tagged slots
-[2, P, KEY_STRIDE] of the shared workspace), so the tokens are the Triton walk's. What changes is the exchange, which
-is most of the Triton walk's step from 8 rows on (b32: ~3.1 of 5.7 us a step, probe; eval/notes/head_walk.md):
+[2, P, KEY_STRIDE] of the Gluon walks' workspace, walk.py WORKSPACE_FAMILIES), so the tokens are the Triton walk's.
+What changes is the exchange, which is most of the Triton walk's step from 8 rows on (b32: ~3.1 of 5.7 us a step,
+probe; eval/notes/head_walk.md):
 
 1. The inbox exchange (EXCHANGE 1, walk.py's ROWS_EXCHANGE default): program r < B reduces batch row r alone, waiting
    for the [P] tagged keys of column r (8 warps x P / 8 slots, warp shuffles, one CTA sync), and stores the winner,
