@@ -187,3 +187,27 @@ def test_peeking_rule_is_caught(toy):
 
     tokens, _ = _simulate(peeking, TRIALS, seed=3, p=p, q=q)
     assert _chi_square_pvalue(tokens, p)[0] < 1e-6
+
+
+def test_non_greedy_requests_with_routing_probes_follow_target(toy):
+    """Routing correction grants extra drafts for probes; a non-greedy request must verify only the drafts its
+    length policy admitted (RoutingStep.invalid_rows). Stopping just before its probe instead (its last admitted
+    draft past the policy's budget) verifies draft k depending on draft k itself: that rule is caught."""
+    from vllm_hybridspec.adaptive.budget import assign_drafts
+    from vllm_hybridspec.routing_wiring.step import mark_probes
+
+    p, q = toy
+    caps = torch.full((BATCH,), K, dtype=torch.int32)
+
+    def verified(conf, shipped):
+        out = torch.empty(conf.shape[:2], dtype=torch.int32)
+        for g in range(conf.shape[0]):
+            counts = assign_drafts(conf[g], caps, 4 + 2, min_drafts=0)  # a policy budget of 4, two probes granted
+            probe, _, within_policy = mark_probes(conf[g], caps, counts, 4, min_drafts=0)
+            out[g] = within_policy if shipped else counts - probe.int()
+        return out
+
+    tokens, _ = _simulate(lambda conf, drafts, prevs: verified(conf, True), 40_000, seed=11, p=p, q=q)
+    assert _chi_square_pvalue(tokens, p)[0] > 1e-3
+    tokens, _ = _simulate(lambda conf, drafts, prevs: verified(conf, False), 40_000, seed=11, p=p, q=q)
+    assert _chi_square_pvalue(tokens, p)[0] < 1e-6

@@ -122,6 +122,22 @@ def test_invalid_rows_and_dropped_accepted_count():
     assert step.snapshot()["non_greedy_probes"] == 1
 
 
+def test_non_greedy_requests_verify_only_the_drafts_within_the_policy():
+    """Drafts ranked past the policy's budget (the probes' extra budget) are invalid for non-greedy requests, the
+    probe and the drafts before it alike; greedy requests verify them (any length is lossless there)."""
+    step = make_step(max_tokens=12)
+    # two requests, tokens 0..4 and 5..9 (last sampled + 4 drafts); each admitted 4, its policy 2
+    qsl = torch.tensor([0, 5, 10])
+    beyond = wiring.neutral_token_mask(qsl, torch.tensor([4, 4]), torch.tensor([2, 2]), 12)
+    step.write(torch.tensor([4, 9]), torch.tensor([0.5, 0.5]), 10, 0.1, beyond_policy=beyond)
+    logits_indices = torch.arange(10)
+    greedy = torch.tensor([True] * 5 + [False] * 5)
+    invalid = step.invalid_rows(logits_indices, greedy)
+    assert invalid.tolist() == [False] * 5 + [False, False, False, True, True]
+    step.clear()
+    assert not step.beyond_policy.any()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_probes_are_the_pairs_past_the_policy_budget(seed):
     gen = torch.Generator().manual_seed(seed)
@@ -135,9 +151,12 @@ def test_probes_are_the_pairs_past_the_policy_budget(seed):
     extra = rnd.randint(0, total - policy_budget)
     policy_counts = assign_drafts(conf, capacities, policy_budget, min_drafts=min_drafts)
     counts = assign_drafts(conf, capacities, policy_budget + extra, min_drafts=min_drafts)
-    is_probe, survival = wiring.mark_probes(conf, capacities, counts, policy_budget, min_drafts=min_drafts)
+    is_probe, survival, within_policy = wiring.mark_probes(conf, capacities, counts, policy_budget,
+                                                           min_drafts=min_drafts)
     # a request's last draft is a probe iff the larger split gave it more drafts than the policy's own
     assert is_probe.tolist() == (counts > policy_counts).tolist()
+    # and the drafts ranked within the policy's budget are the policy's own split
+    assert within_policy.tolist() == policy_counts.tolist()
     assert int(is_probe.sum()) <= extra
     cum = torch.cumprod(conf, -1)
     for b in range(batch):

@@ -92,3 +92,27 @@ def test_device_cut_and_probes_fall_back_with_data_parallelism(monkeypatch):
     fake.parallel_config.data_parallel_size = 1
     assert manager_class()._device_lengths_enabled(manager, HybridSpecConfig(device_verify_length=True))[0]
     assert manager_class()._routing_is_correctable(manager, "routing_correction") is True
+
+
+def test_routing_correction_falls_back_on_a_target_without_routed_experts(monkeypatch):
+    """A dense target (no expert count) took the correction's path and failed building its step on the missing
+    `num_experts_per_tok`; it falls back with a reason now, and a Mixtral-style `num_local_experts` counts as MoE."""
+    import vllm.config
+
+    from vllm_hybridspec import status
+    from vllm_hybridspec.adaptive.manager import manager_class
+    from vllm_hybridspec.plugin import model_has_moe_router
+    from vllm_hybridspec.routing_wiring.step import routed_expert_count
+
+    fake = _parallel(tensor_parallel_size=1)
+    fake.model_config = SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4))
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: fake)
+    manager = SimpleNamespace(min_drafts=1, max_drafts=4)
+    status.reset()
+    assert manager_class()._routing_is_correctable(manager, "routing_correction") is False
+    assert "no routed MoE layer" in status.snapshot()["routing_correction"], status.snapshot()
+    assert not model_has_moe_router(fake.model_config)
+    mixtral = SimpleNamespace(num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2)
+    fake.model_config = SimpleNamespace(hf_text_config=mixtral)
+    assert manager_class()._routing_is_correctable(manager, "routing_correction") is True
+    assert model_has_moe_router(fake.model_config) and routed_expert_count(mixtral) == 8

@@ -127,7 +127,11 @@ def manager_class() -> type:
 
             from vllm_hybridspec.routing_wiring import step as wiring
 
-            reason = wiring.routing_fallback_reason(get_current_vllm_config())
+            vllm_config = get_current_vllm_config()
+            reason = wiring.routing_fallback_reason(vllm_config)
+            hf = vllm_config.model_config.hf_text_config
+            if reason is None and not (wiring.has_routed_experts(hf) and getattr(hf, "num_experts_per_tok", None)):
+                reason = "the target has no routed MoE layer (no router to correct)"
             if reason is not None:
                 logger.warning("hybridspec.%s falls back to plain verification: %s", component, reason)
                 status.record(component, status.FALLBACK, reason)
@@ -149,8 +153,8 @@ def manager_class() -> type:
             self.routing_top_k = int(hf.num_experts_per_tok)
             self.routing_moe_layers = wiring.moe_layer_count(hf)
             source = self._build_routing_costs()
-            step = wiring.RoutingStep(max_tokens, device, self.routing_costs.at(1, 1.0), int(hf.num_experts),
-                                      config.routing_correction_threshold)
+            step = wiring.RoutingStep(max_tokens, device, self.routing_costs.at(1, 1.0),
+                                      wiring.routed_expert_count(hf), config.routing_correction_threshold)
             wiring.install(step)
             wiring.record_active(config.routing_correction_threshold, source)
             return step
@@ -287,8 +291,9 @@ def manager_class() -> type:
             if host_probes:
                 from vllm_hybridspec.routing_wiring import step as wiring
 
-                probe, survival = wiring.mark_probes(self._confidence_probs[idx_mapping], capacity_gpu, counts,
-                                                     self._policy_budget, min_drafts=self.min_drafts)
+                probe, survival, within_policy = wiring.mark_probes(self._confidence_probs[idx_mapping],
+                                                                    capacity_gpu, counts, self._policy_budget,
+                                                                    min_drafts=self.min_drafts)
             verified = None
             if self.device_lengths and budget > 0:
                 slots = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
@@ -315,7 +320,11 @@ def manager_class() -> type:
                 if host_probes:
                     probe_token = torch.where(probe, ends - 1, probe_token)
                     probe_survival = survival
-                neutral = None
+                neutral = beyond_policy = None
+                if host_probes:
+                    # a non-greedy request verifies only the drafts its policy admitted (invalid_rows says why)
+                    beyond_policy = wiring.neutral_token_mask(self.query_start_loc, counts, within_policy,
+                                                              self.routing.neutral.shape[0])
                 if verified is not None:
                     cut = verified < counts
                     if self.probing:
@@ -332,7 +341,7 @@ def manager_class() -> type:
                                                         self.routing.neutral.shape[0])
                 self.routing.write(probe_token, probe_survival, num_tokens,
                                    self._routing_rate if self.probing else 1.0, neutral,
-                                   cost=self._step_cost if self.probing else None)
+                                   cost=self._step_cost if self.probing else None, beyond_policy=beyond_policy)
             result = (self._cu_num_logits[: num_reqs + 1], self.query_start_loc, budget)
             if not RETURNS_ADMITTED:  # vLLM 0.32
                 return result

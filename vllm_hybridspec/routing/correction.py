@@ -23,8 +23,10 @@ it changes nothing for the kept tokens.
 Losslessness: the keep decision reads the probe's routing, i.e. it depends on the probe draft token x_k
 itself. Under greedy decoding that is harmless (any verified length yields the target's argmax chain). Under
 sampling a token-dependent decision biases the output distribution (tests/policy/test_routing_correction.py
-computes the bias exactly), so only requests marked `eligible` (greedy ones) may keep a probe; for the others
-the probe is always dropped, which is the policy's own prefix-only decision and stays lossless.
+computes the bias exactly), so only requests marked `eligible` (greedy ones) may keep a probe; the others verify
+the drafts their length policy admitted, without the probe and any other draft past the policy's budget
+(routing_wiring's `RoutingStep.invalid_rows`: dropping the probe alone would still read it), a decision that
+reads only earlier drafts and stays lossless.
 
 All functions are torch ops on device tensors with static shapes.
 """

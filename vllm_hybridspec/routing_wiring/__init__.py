@@ -16,8 +16,12 @@ One verify step, with `hybridspec.routing_correction: true` (needs `verify_lengt
 3. vLLM's rejection sampler (patch `RejectDroppedProbes`) sees each dropped probe's draft as invalid (-1, the
    path grammar-constrained drafts use): verification stops before it and the token at its place is sampled
    from the target's logits of the previous position, exactly as if the request had verified one draft less
-   (`verified_drafts_after_correction`). A probe of a non-greedy request is made invalid too, kept or not:
-   keeping it would bias sampling (tests/policy/test_routing_correction.py), verifying one draft less never does.
+   (`verified_drafts_after_correction`). A non-greedy request verifies only the drafts its length policy
+   admitted: its probe and every other draft ranked past the policy's budget are made invalid, kept or not.
+   Keeping the probe by its routing would bias sampling (tests/policy/test_routing_correction.py), and so would
+   stopping just before it: the probe is the last admitted draft, i.e. the one after which the next draft's
+   confidence (read from the probe) lost the ranking (tests/policy/test_lossless.py); the policy's own ranking
+   depends only on earlier drafts (`RoutingStep.invalid_rows`).
    The step's buffers are cleared afterwards, so steps the manager does not plan (no drafts) route untouched.
 
 The device cut of the adaptive length (`device_verify_length`) uses the same machinery: the manager marks each

@@ -44,6 +44,9 @@ class RoutingStep:
         self.probe_mask = torch.zeros(max_tokens, dtype=torch.bool, device=device)
         self.survival = torch.zeros(max_tokens, dtype=torch.float32, device=device)
         self.neutral = torch.zeros(max_tokens, dtype=torch.bool, device=device)
+        # drafts ranked past the policy's own budget (admitted for the probes' extra budget): invalid for
+        # non-greedy requests, so those verify exactly the drafts their policy admitted (see invalid_rows)
+        self.beyond_policy = torch.zeros(max_tokens, dtype=torch.bool, device=device)
         self.keep = torch.ones(max_tokens, dtype=torch.bool, device=device)
         self.num_tokens = torch.zeros(1, dtype=torch.int64, device=device)
         self.tokens_per_us = torch.ones(1, dtype=torch.float32, device=device)
@@ -64,23 +67,29 @@ class RoutingStep:
 
     def write(self, probe_token_index: torch.Tensor, probe_survival: torch.Tensor, num_tokens: int,
               tokens_per_us: float | torch.Tensor, neutral: torch.Tensor | None = None,
-              cost: ExpertCost | None = None) -> None:
+              cost: ExpertCost | None = None, beyond_policy: torch.Tensor | None = None) -> None:
         """Plans a step. probe_token_index: [B] token index of each request's probe, -1 for none (always
         -1 without routing correction). probe_survival: [B] survival of those drafts. neutral: [max_tokens]
         bool, the draft tokens to neutralise (None: none); a probe on a neutral token is no probe. cost: the
-        probe's cost at this step's shape (`ProbeCostModel.at`; None: keep the current one)."""
+        probe's cost at this step's shape (`ProbeCostModel.at`; None: keep the current one). beyond_policy:
+        [max_tokens] bool, the draft tokens ranked past the policy's budget (`mark_probes`; None: none)."""
         if probe_token_index.shape != probe_survival.shape:
             raise ValueError("probe_token_index and probe_survival must both be [B]")
         if not 0 <= num_tokens <= self.probe_mask.shape[0]:
             raise ValueError(f"num_tokens {num_tokens} outside [0, {self.probe_mask.shape[0]}]")
-        if neutral is not None and neutral.shape != self.neutral.shape:
-            raise ValueError(f"neutral must be [{self.neutral.shape[0]}] bool, got {tuple(neutral.shape)}")
+        for name, mask in (("neutral", neutral), ("beyond_policy", beyond_policy)):
+            if mask is not None and mask.shape != self.neutral.shape:
+                raise ValueError(f"{name} must be [{self.neutral.shape[0]}] bool, got {tuple(mask.shape)}")
         if cost is not None:
             self.set_cost(cost)
         if neutral is None:
             self.neutral.zero_()
         else:
             self.neutral.copy_(neutral)
+        if beyond_policy is None:
+            self.beyond_policy.zero_()
+        else:
+            self.beyond_policy.copy_(beyond_policy)
         self.keep.copy_(~self.neutral)
         has = probe_token_index >= 0
         # requests without a probe write into one spare slot past the buffers
@@ -106,6 +115,7 @@ class RoutingStep:
     def clear(self) -> None:
         self.probe_mask.zero_()
         self.neutral.zero_()
+        self.beyond_policy.zero_()
         self.keep.fill_(True)
 
     def decide(self, topk_ids: torch.Tensor) -> None:
@@ -125,12 +135,19 @@ class RoutingStep:
         return neutralize_dropped(topk_weights, topk_ids, self.keep[: topk_ids.shape[0]])
 
     def invalid_rows(self, logits_indices: torch.Tensor, row_greedy: torch.Tensor) -> torch.Tensor:
-        """[num_logits] bool: logit rows holding a dropped probe, any probe of a non-greedy request, or a
-        neutral draft."""
-        probe = self.probe_mask[logits_indices.long()]
-        keep = self.keep[logits_indices.long()]
+        """[num_logits] bool: logit rows holding a dropped probe, a neutral draft, or, of a non-greedy request,
+        its probe and every draft ranked past the policy's budget.
+
+        Why every such draft, not only the probe: a request's probe is its last admitted draft k where k ranks
+        past the policy's budget, i.e. where draft k + 1 was not admitted, which its confidence (read from draft
+        k) decided. Stopping a sampled request before its probe alone would verify draft k depending on draft k
+        itself, which biases rejection sampling. Whether a draft ranks within the policy's budget depends only on
+        the drafts before it (the survival order is monotone along a request), so stopping there is lossless."""
+        rows = logits_indices.long()
+        probe = self.probe_mask[rows]
+        keep = self.keep[rows]
         self._counts[3] += (probe & ~row_greedy).sum()
-        return (probe & (~keep | ~row_greedy)) | self.neutral[logits_indices.long()]
+        return (probe & (~keep | ~row_greedy)) | self.neutral[rows] | (self.beyond_policy[rows] & ~row_greedy)
 
     def count_outcomes(self, logits_indices: torch.Tensor, row_greedy: torch.Tensor, draft_tokens: torch.Tensor,
                        sampled: torch.Tensor, num_sampled: torch.Tensor, cu_num_logits: torch.Tensor) -> None:
@@ -147,7 +164,7 @@ class RoutingStep:
             return
         rows = logits_indices.long()
         probe = self.probe_mask[rows] & (~self.keep[rows] | ~row_greedy)
-        invalid = probe | self.neutral[rows]
+        invalid = probe | self.neutral[rows] | (self.beyond_policy[rows] & ~row_greedy)
         row = torch.arange(rows.shape[0], device=rows.device)
         starts = cu_num_logits[:num_reqs].long()
         request = torch.searchsorted(cu_num_logits[1 : num_reqs + 1].long(), row, right=True).clamp(max=num_reqs - 1)
@@ -302,12 +319,16 @@ def routing_fallback_reason(vllm_config: Any) -> str | None:
     return None
 
 
+def routed_expert_count(hf_config: Any) -> int:
+    """Routed experts a MoE layer has (Qwen-MoE / Qwen3-Next `num_experts`, Mixtral `num_local_experts`, DeepSeek
+    `n_routed_experts`); 0 for a dense model."""
+    return int(next((getattr(hf_config, key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
+                     if getattr(hf_config, key, None)), 0))
+
+
 def has_routed_experts(hf_config: Any) -> bool:
-    """Whether the target routes tokens to experts (Qwen-MoE / Qwen3-Next `num_experts`, Mixtral
-    `num_local_experts`, DeepSeek `n_routed_experts`) in at least one layer."""
-    experts = next((getattr(hf_config, key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
-                    if getattr(hf_config, key, None)), 0)
-    if not experts or int(experts) < 2:
+    """Whether the target routes tokens to experts in at least one layer."""
+    if routed_expert_count(hf_config) < 2:
         return False
     try:
         return moe_layer_count(hf_config) > 0
@@ -386,9 +407,11 @@ def neutral_token_mask(query_start_loc: torch.Tensor, scheduled: torch.Tensor, v
 
 
 def mark_probes(confidences: torch.Tensor, capacities: torch.Tensor, counts: torch.Tensor, policy_budget: int,
-                *, min_drafts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(is_probe [B] bool, survival [B]) on the device: a request's last verified draft is its probe when
-    it ranks past the policy's own budget in the survival order that split the drafts (`assign_drafts`)."""
+                *, min_drafts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(is_probe [B] bool, survival [B], within_policy [B] int32) on the device: a request's last verified draft
+    is its probe when it ranks past the policy's own budget in the survival order that split the drafts
+    (`assign_drafts`); within_policy counts each request's admitted drafts that rank within that budget (a prefix
+    of them: survival falls along a request)."""
     batch, k = confidences.shape
     survival, order = rank_draft_pairs(confidences, capacities, min_drafts=min_drafts)
     rank = torch.empty_like(order)
@@ -396,4 +419,6 @@ def mark_probes(confidences: torch.Tensor, capacities: torch.Tensor, counts: tor
     last = (counts.long() - 1).clamp(min=0).unsqueeze(1)
     last_rank = rank.view(batch, k).gather(1, last).squeeze(1)
     is_probe = (counts > 0) & (last_rank >= policy_budget) & (counts > min_drafts)
-    return is_probe, survival.gather(1, last).squeeze(1)
+    admitted = torch.arange(k, device=counts.device).unsqueeze(0) < counts.long().unsqueeze(1)
+    within_policy = ((rank.view(batch, k) < policy_budget) & admitted).sum(1).to(torch.int32)
+    return is_probe, survival.gather(1, last).squeeze(1), within_policy
