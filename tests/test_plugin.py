@@ -127,6 +127,20 @@ def test_plan_on_model_without_gdn_warns_and_falls_back(registered, caplog):
     assert snapshot["routing_correction"] == "fallback: model has no MoE router"
 
 
+def test_fixed_verify_length_says_what_it_ignores(registered, caplog):
+    """With verify_length 'fixed' every draft is verified: a max_verify_length or the device cut given anyway is
+    logged as ignored, and the status names the real length (it named the unused cap)."""
+    engine = _fake_engine("Qwen3NextForCausalLM", ["linear_attention", "full_attention"], num_speculative_tokens=4)
+    config = plugin.HybridSpecConfig(enabled=True, max_verify_length=2, device_verify_length=True)
+    logging.getLogger("vllm.hybridspec").addHandler(caplog.handler)
+    try:
+        plugin.plan_components(engine, config)
+    finally:
+        logging.getLogger("vllm.hybridspec").removeHandler(caplog.handler)
+    assert "max_verify_length, hybridspec.device_verify_length: ignored with verify_length 'fixed'" in caplog.text
+    assert status.snapshot()["verify_length"] == "off: fixed at 4"
+
+
 def test_enabled_without_speculative_decoding_turns_everything_off(registered):
     config = _vllm_config(additional_config={"hybridspec": {"enabled": True}})
     assert config.speculative_config is None

@@ -117,7 +117,14 @@ def plan_components(vllm_config: Any, config: HybridSpecConfig) -> None:
 
     max_length = config.max_verify_length_for(speculative.num_speculative_tokens)
     if config.verify_length == "fixed":
-        status.plan("verify_length", status.OFF, f"fixed at {max_length}")
+        # every draft is verified: min / max_verify_length and the device cut act on adaptive lengths only
+        ignored = [key for key, given in (("min_verify_length", "min_verify_length" in config.model_fields_set),
+                                          ("max_verify_length", config.max_verify_length is not None),
+                                          ("device_verify_length", config.device_verify_length)) if given]
+        if ignored:
+            logger.warning("hybridspec.%s: ignored with verify_length 'fixed' (every draft is verified)",
+                           ", hybridspec.".join(ignored))
+        status.plan("verify_length", status.OFF, f"fixed at {speculative.num_speculative_tokens}")
     else:
         status.plan("verify_length", status.REQUESTED, f"adaptive in [{config.min_verify_length}, {max_length}]")
         status.plan("latency_profile", status.REQUESTED, config.latency_profile)
