@@ -112,14 +112,19 @@ def test_plan_on_gdn_model_without_gpu_uses_reference_paths(registered):
     assert snapshot["routing_correction"] == "requested: threshold 1.0"
 
 
-def test_plan_on_model_without_gdn_warns_and_falls_back(registered, caplog):
-    engine = _fake_engine("Qwen3ForCausalLM", None, method="dflash", num_experts=0)
-    config = plugin.HybridSpecConfig(enabled=True, routing_correction=True)
+def _plan_logged(engine, config, caplog) -> None:
+    """plan_components with hybridspec's log lines captured in caplog."""
     logging.getLogger("vllm.hybridspec").addHandler(caplog.handler)
     try:
         plugin.plan_components(engine, config)
     finally:
         logging.getLogger("vllm.hybridspec").removeHandler(caplog.handler)
+
+
+def test_plan_on_model_without_gdn_warns_and_falls_back(registered, caplog):
+    engine = _fake_engine("Qwen3ForCausalLM", None, method="dflash", num_experts=0)
+    config = plugin.HybridSpecConfig(enabled=True, routing_correction=True)
+    _plan_logged(engine, config, caplog)
     assert "has no Gated DeltaNet layers" in caplog.text
     snapshot = status.snapshot()
     assert snapshot["gdn_verify"] == "fallback: model Qwen3ForCausalLM has no GDN layers"
@@ -132,11 +137,7 @@ def test_fixed_verify_length_says_what_it_ignores(registered, caplog):
     logged as ignored, and the status names the real length (it named the unused cap)."""
     engine = _fake_engine("Qwen3NextForCausalLM", ["linear_attention", "full_attention"], num_speculative_tokens=4)
     config = plugin.HybridSpecConfig(enabled=True, max_verify_length=2, device_verify_length=True)
-    logging.getLogger("vllm.hybridspec").addHandler(caplog.handler)
-    try:
-        plugin.plan_components(engine, config)
-    finally:
-        logging.getLogger("vllm.hybridspec").removeHandler(caplog.handler)
+    _plan_logged(engine, config, caplog)
     assert "max_verify_length, hybridspec.device_verify_length: ignored with verify_length 'fixed'" in caplog.text
     assert status.snapshot()["verify_length"] == "off: fixed at 4"
 
