@@ -317,11 +317,10 @@ def manager_class() -> type:
                 ends = self.query_start_loc[1 : num_reqs + 1].long()
                 probe_token = torch.full((num_reqs,), -1, dtype=torch.long, device=counts.device)
                 probe_survival = torch.zeros(num_reqs, device=counts.device)
+                neutral = beyond_policy = None
                 if host_probes:
                     probe_token = torch.where(probe, ends - 1, probe_token)
                     probe_survival = survival
-                neutral = beyond_policy = None
-                if host_probes:
                     # a non-greedy request verifies only the drafts its policy admitted (invalid_rows says why)
                     beyond_policy = wiring.neutral_token_mask(self.query_start_loc, counts, within_policy,
                                                               self.routing.neutral.shape[0])
