@@ -1387,8 +1387,8 @@ def test_gluon_falls_back_to_the_triton_walk(monkeypatch, caplog):
 
 def _assert_gluon_walks_agree(monkeypatch, p, forms: dict, scaled_kw: dict | None = None) -> None:
     """Each Gluon form (name -> head_walk options) walks p twice with the Triton walk's tokens, interleaved with the
-    Triton walk (each family on its own exchange buffers), no wait giving up and no fallback (the Triton launch raises); the Triton walk
-    is tolerated by the naive reference; logit_scale 0.5 on fp32 base logits agrees too."""
+    Triton walk (each family on its own exchange buffers), no wait giving up and no fallback (the Triton launch
+    raises); the Triton walk is tolerated by the naive reference; logit_scale 0.5 on fp32 base logits agrees too."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 
@@ -1450,9 +1450,9 @@ GLUON_STREAM_FORMS = {
 def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
     """gluon_b1's streamed walk (W2 ring across the steps) proposes exactly the tokens of the Triton walk (at 152k its
     default TMA ring, at 150001, whose U rows are not 16-byte aligned, its register path), walk after walk on the
-    Gluon family's tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default (auto: the
-    rs_sf_lean_res256_s2_t128 form since HW11); the Triton walk is tolerated by the naive reference. A fallback to the
-    Triton walk fails the test."""
+    Gluon family's tagged workspace, no wait giving up, in every form and ring geometry, and as head_walk's default
+    (auto: the rs_sf_lean_res256_s2_t128 form since HW11); the Triton walk is tolerated by the naive reference. A
+    fallback to the Triton walk fails the test."""
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, dict(GLUON_STREAM_FORMS, auto={}))
@@ -1695,7 +1695,8 @@ def _said_on_two_calls(caplog, walk, fn, needle: str) -> list[str]:
 @pytest.mark.parametrize("steps", [15, 7, 1])
 def test_gpu_gluon_rows_agrees(monkeypatch, vocab, rows, steps):
     """gluon_rows' walk (head_walk(gluon="rows")) proposes exactly the Triton walk's tokens at 2..32 rows, walk after
-    walk on the Gluon family's tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits too."""
+    walk on the Gluon family's tagged workspace, no wait giving up, no fallback; logit_scale 0.5 on fp32 base logits
+    too."""
     p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()  # row-contiguous W2 rows (vLLM's markov_w2.weight): what TMA reads
     _assert_gluon_walks_agree(monkeypatch, p, {"rows": dict(gluon="rows")}, scaled_kw=dict(gluon="rows"))
@@ -1815,9 +1816,9 @@ def _resident_cases(test):
 @_resident_cases
 def test_gpu_resident_lean_agrees(monkeypatch, vocab, steps, seed):
     """ss_lean_pair, the fully resident walk's lean form (gluon_b1's streamed kernel with no streamed tile), explicit
-    and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it (each on
-    its family's tagged workspace), no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by
-    the naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
+    and as auto's form, proposes exactly the Triton walk's tokens, twice, interleaved with it (each on its family's
+    tagged workspace), no wait giving up and no fallback to the Triton kernel; the Triton walk is tolerated by the
+    naive reference. 32k (125 programs of 256 rows) and 30011 (118, the last shard 59 rows), blocks 15 / 7 / 1."""
     import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk import barrier_errors
 

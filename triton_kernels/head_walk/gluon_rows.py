@@ -142,8 +142,9 @@ if HAVE_GLUON:
         # 0 .. BN - 1), inbox_ptr: [2, NUM_PROGS, KEY_STRIDE] each program's rows' winners (EXCHANGE 1); gen_ptr:
         # per-program tag generation; err_ptr: set when a wait gives up. Batch rows b >= num_rows are padding:
         # published (every polled slot arrives) and walked on zero base logits, never stored.
-        # EXCHANGE: 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every program's inbox;
-        # each program then polls its BN inbox slots: P + BN polled slots a program instead of P x BN);
+        # EXCHANGE: 1 "inbox" (program r < num_rows reduces row r's [P] keys and stores the winner into every
+        # program's inbox; each program then polls its BN inbox slots: P + BN polled slots a program instead of
+        # P x BN);
         # 2 "local" (the bench's diagnostic: each program walks its own shard's best, no exchange; wrong tokens).
         # HAS_D2T: a reduced draft vocabulary whose d2t the caller promises increasing (walk.head_walk's
         # draft_to_target_increasing): rows keyed by target id (row + d2t[row], read once a walk), which orders them
