@@ -329,6 +329,7 @@ def run_gpu(args) -> dict:
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
         shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
+        shipped_cooperative = walk.COOPERATIVE_LAUNCH
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -342,6 +343,7 @@ def run_gpu(args) -> dict:
             walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange[0])  # gluon="rows": its exchange
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
+            walk.COOPERATIVE_LAUNCH = kw.pop("cooperative", shipped_cooperative)  # launch_cooperative_grid
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -375,6 +377,7 @@ def run_gpu(args) -> dict:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
             walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
+            walk.COOPERATIVE_LAUNCH = shipped_cooperative
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1096,6 +1099,17 @@ TUNE_CASES_V53 = [case for rows in (2, 3, 4)
 # x 2, us: b32 Triton 86.5 / 86.1, keys 93.1 / 95.0, split 90.7 / 91.1; b16 62.9 / 63.2, 71.5 / 72.1, 72.1 / 72.1; b8
 # 59.4 / 59.5, 59.4 / 59.2, 60.5 / 60.6. No gain where it matters (b8 +2 %, b32 still slower than the Triton walk):
 # removed with its GPU test cases (70 passed, both forms token-identical), code at a5f6d41.)
+# v55 (session 14): the cooperative launch (walk.COOPERATIVE_LAUNCH, launch_cooperative_grid: the grid starts only
+# once every program is resident) against the plain launch, ABBA x 2, at each walk head_walk picks by default: 32k
+# greedy b1 (the Gluon one-row walk), b8 (the rows walk), b32 (the Triton walk); sampled b8 / b32; 152k greedy b1
+# (partial residency).
+V55_FORMS = {"coop": dict(cooperative=True), "plain": dict(cooperative=False)}
+TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
+                   for case in _mirrored_passes(V55_FORMS, 32000, f"v32k_b{rows}", passes=4, rows=rows)]
+                  + [case for rows in (8, 32)
+                     for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V55_FORMS.items()},
+                                                  32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(V55_FORMS, 151936, "v152k_b1", passes=2, rows=1))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1108,6 +1122,55 @@ def _allow_local_exchange(walk) -> None:
     if name not in walk.EXCHANGES:
         walk.EXCHANGES = walk.EXCHANGES + (name,)
         walk.EXCHANGE_CODES[name] = code
+
+
+def neighbour_check(spin_limit: int, gemms: int, cases=((1, False), (8, True), (32, True))) -> list[dict]:
+    """Walks launched while `gemms` 8192^3 bf16 products run on another stream, with SPIN_LIMIT lowered to
+    `spin_limit` polls (far below the products' hold on the SMs), plainly and cooperatively launched: whether a wait
+    gave up, whether tokens (and a sampled walk's draft-logits cache) equal the walk alone's, and when the walk ended
+    (ms after its launch, CUDA events on its stream)."""
+    import torch
+
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors, head_walk
+
+    device = torch.device("cuda")
+    shipped = walk.SPIN_LIMIT, walk.COOPERATIVE_LAUNCH
+    out = []
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    other = torch.cuda.Stream()
+    try:
+        walk.SPIN_LIMIT = spin_limit
+        for rows, sampled in cases:
+            for cooperative in (False, True):
+                walk.COOPERATIVE_LAUNCH = cooperative
+                p = Problem(torch, rows, 15, 32000, RANK, sampled, device, torch.bfloat16)
+                fn = ours_fn(head_walk, p)
+                fn()
+                torch.cuda.synchronize()
+                alone_tokens = p.draft_tokens.clone()
+                alone_cache = p.draft_logits.clone() if p.draft_logits is not None else None
+                errors = barrier_errors(device)
+                p.draft_tokens.fill_(-1)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(other):
+                    for _ in range(gemms):
+                        a = (a @ a) * 1e-4
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                row = dict(check="neighbour", batch=rows, sampled=sampled, cooperative=cooperative,
+                           spin_limit=spin_limit, gemms=gemms, gave_up=barrier_errors(device) - errors,
+                           tokens_equal=bool(torch.equal(p.draft_tokens, alone_tokens)),
+                           walk_end_ms=round(start.elapsed_time(end), 3))
+                if alone_cache is not None:
+                    row["cache_equal"] = bool(torch.equal(p.draft_logits, alone_cache))
+                out.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        walk.SPIN_LIMIT, walk.COOPERATIVE_LAUNCH = shipped
+    return out
 
 
 def _walks_gluon(walk, fn) -> bool:
@@ -1191,6 +1254,7 @@ LADDERS = {
     "v51": dict(rule={}, cases=TUNE_CASES_V51, floors=[]),
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
+    "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1620,6 +1684,9 @@ def main():
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
+    parser.add_argument("--neighbour-check", nargs=2, type=int, metavar=("SPIN_LIMIT", "GEMMS"),
+                        help="walks beside GEMMs on another stream with a lowered spin limit, plain and cooperative "
+                             "launches (JSON lines), then exit")
     args = parser.parse_args()
     global BENCH
     BENCH = args.results_name or BENCH
@@ -1643,6 +1710,9 @@ def main():
             shutil.copy(args.finalize / f"{BENCH}{suffix}", dest / f"{BENCH}{suffix}")
         plot(src, dest / f"{BENCH}.png")
         print(f"results in {dest}")
+        return
+    if args.neighbour_check:
+        neighbour_check(*args.neighbour_check)
         return
     if args.profile_walk:
         profile_walk(int(args.profile_walk[0]), int(args.profile_walk[1]), args.profile_walk[2])

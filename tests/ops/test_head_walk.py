@@ -1913,3 +1913,49 @@ def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
         if sampled:
             assert torch.equal(cache, alone_cache), trial
     assert barrier_errors(DEVICE) == errors
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows,sampled", [(1, False), (8, True), (32, True)], ids=["b1-greedy", "b8-sampled",
+                                                                                  "b32-sampled"])
+def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(rows, sampled, monkeypatch):
+    """SPIN_LIMIT lowered to 2^10 polls (~1 ms), far below the ~1.3 ms a product of 16 queued on another stream holds
+    its SMs: a plainly launched walk's started programs would give up waiting for the rest; the cooperative launch
+    starts the grid only once every program is resident, so no wait gives up and the walk is the walk alone's."""
+    import hybridspec_kernels.head_walk.walk as walk_module
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 1, scale=0.1)
+    kw = dict(sampling_kwargs(p)) if sampled else {}
+    alone_cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
+    alone, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=alone_cache, **kw)
+    torch.cuda.synchronize()
+    errors = barrier_errors(DEVICE)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
+    other = torch.cuda.Stream()
+    cache = torch.zeros_like(alone_cache) if sampled else None
+    with torch.cuda.stream(other):
+        for _ in range(16):
+            a = (a @ a) * 1e-4
+    beside, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    assert torch.equal(beside, alone)
+    if sampled:
+        assert torch.equal(cache, alone_cache)
+
+
+def test_cooperative_launch_only_for_grids_that_wait_on_each_other(monkeypatch):
+    """One program (and the interpreter, which runs programs one after another) needs no co-residency."""
+    import hybridspec_kernels.head_walk.walk as walk_module
+
+    monkeypatch.setattr(walk_module, "_interpreting", lambda: False)
+    assert walk_module._cooperative(132) and not walk_module._cooperative(1)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", False)
+    assert not walk_module._cooperative(132)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    monkeypatch.setattr(walk_module, "_interpreting", lambda: True)
+    assert not walk_module._cooperative(132)

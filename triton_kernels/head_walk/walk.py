@@ -66,8 +66,13 @@ EXPAND_BLOCK, EXPAND_WARPS = 4096, 4
 # Bytes of W2 a program keeps resident: 128 KiB leaves room in the 227 KiB of shared memory a program may
 # use for the streamed tiles' pipeline buffers.
 RESIDENT_BYTES = 128 * 1024
-# A barrier gives up (and flags barrier_errors) after this many polls, ~1 s, instead of hanging the GPU.
+# A barrier gives up (and flags barrier_errors) after this many polls, ~0.1-0.3 s, instead of hanging the GPU.
 SPIN_LIMIT = 1 << 18
+# A walk's programs wait on each other every step, so all of them must be resident at once. A plain launch starts
+# programs as SMs free up: beside a kernel on another stream (async EPLB, MPS neighbours) the started ones spin
+# until the rest get SMs, and a neighbour holding SMs longer than SPIN_LIMIT made the walk give up with stale keys
+# (a sampled walk then loses exactness). A cooperative launch starts the grid only once every program is resident.
+COOPERATIVE_LAUNCH = True
 # Noise computed a step ahead (carried in registers, one fp32 per score a thread) up to this padded batch: none,
 # measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
 # the tile's dot and base-logit loads than behind the exchange.
@@ -302,6 +307,11 @@ BLOCK_ROWS_ALL = (16, 32, 64)
 # shares their keys. Within the Gluon family the same can still happen (gluon_rows after a run of one-row walks), but
 # those walks are greedy only: a stale key there changes drafts, never exactness (vLLM verifies every draft).
 WORKSPACE_FAMILIES = ("triton", "gluon")
+
+
+def _cooperative(programs: int) -> bool:
+    """launch_cooperative_grid for a walk of `programs` programs (the interpreter runs programs one at a time)."""
+    return COOPERATIVE_LAUNCH and programs > 1 and not _interpreting()
 
 
 def _device_name(device: torch.device | str) -> str:
@@ -1124,7 +1134,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
             SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=gluon_b1.stream_warps(st))
+            num_warps=gluon_b1.stream_warps(st), launch_cooperative_grid=_cooperative(cfg.programs))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
@@ -1229,7 +1239,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=ROWS_WARPS)
+            num_warps=ROWS_WARPS, launch_cooperative_grid=_cooperative(cfg.programs))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
@@ -1315,7 +1325,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(), D2T_INCREASING=d2t_increasing,
         D2T_HOIST=D2T_HOIST if D2T_HOIST is not None else (
             temperature is None or num_rows >= D2T_HOIST_SAMPLED_MIN_ROWS),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_cooperative_grid=_cooperative(cfg.programs),
     )
     grid = (cfg.programs,)
     # A build that needs more shared memory than the SM has drops TMA ring stages (down to 2), then the streamed
