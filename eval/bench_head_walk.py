@@ -1124,20 +1124,21 @@ def _allow_local_exchange(walk) -> None:
         walk.EXCHANGE_CODES[name] = code
 
 
-def neighbour_check(spin_limit: int, gemms: int, cases=((1, False), (8, True), (32, True))) -> list[dict]:
-    """Walks launched while `gemms` 8192^3 bf16 products run on another stream, with SPIN_LIMIT lowered to
-    `spin_limit` polls (far below the products' hold on the SMs), plainly and cooperatively launched: whether a wait
-    gave up, whether tokens (and a sampled walk's draft-logits cache) equal the walk alone's, and when the walk ended
-    (ms after its launch, CUDA events on its stream)."""
+def neighbour_check(spin_limit: int, hold_ms: float, holders: int = 16,
+                    cases=((1, False), (8, True), (32, True))) -> list[dict]:
+    """Walks launched while `holders` programs of eval/_sm_holder.py hold whole SMs for `hold_ms` on another stream,
+    with SPIN_LIMIT at `spin_limit` polls, plainly and cooperatively launched: whether a wait gave up, whether the
+    tokens (and a sampled walk's draft-logits cache) equal the walk alone's, and when the walk ended (ms after its
+    launch, CUDA events on its stream)."""
     import torch
 
     import hybridspec_kernels.head_walk.walk as walk
+    from _sm_holder import hold_sms
     from hybridspec_kernels.head_walk import barrier_errors, head_walk
 
     device = torch.device("cuda")
     shipped = walk.SPIN_LIMIT, walk.COOPERATIVE_LAUNCH
     out = []
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
     other = torch.cuda.Stream()
     try:
         walk.SPIN_LIMIT = spin_limit
@@ -1154,14 +1155,14 @@ def neighbour_check(spin_limit: int, gemms: int, cases=((1, False), (8, True), (
                 p.draft_tokens.fill_(-1)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with torch.cuda.stream(other):
-                    for _ in range(gemms):
-                        a = (a @ a) * 1e-4
+                    hold_sms(holders, hold_ms, device)
                 start.record()
                 fn()
                 end.record()
                 torch.cuda.synchronize()
                 row = dict(check="neighbour", batch=rows, sampled=sampled, cooperative=cooperative,
-                           spin_limit=spin_limit, gemms=gemms, gave_up=barrier_errors(device) - errors,
+                           spin_limit=spin_limit, hold_ms=hold_ms, holders=holders,
+                           gave_up=barrier_errors(device) - errors,
                            tokens_equal=bool(torch.equal(p.draft_tokens, alone_tokens)),
                            walk_end_ms=round(start.elapsed_time(end), 3))
                 if alone_cache is not None:
@@ -1684,9 +1685,9 @@ def main():
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
-    parser.add_argument("--neighbour-check", nargs=2, type=int, metavar=("SPIN_LIMIT", "GEMMS"),
-                        help="walks beside GEMMs on another stream with a lowered spin limit, plain and cooperative "
-                             "launches (JSON lines), then exit")
+    parser.add_argument("--neighbour-check", nargs="+", type=float, metavar="SPIN_LIMIT HOLD_MS [HOLDERS]",
+                        help="walks beside programs holding SMs on another stream (eval/_sm_holder.py), SPIN_LIMIT "
+                             "polls a wait, plain and cooperative launches (JSON lines), then exit")
     args = parser.parse_args()
     global BENCH
     BENCH = args.results_name or BENCH
@@ -1712,7 +1713,8 @@ def main():
         print(f"results in {dest}")
         return
     if args.neighbour_check:
-        neighbour_check(*args.neighbour_check)
+        spin_limit, hold_ms = args.neighbour_check[:2]
+        neighbour_check(int(spin_limit), hold_ms, *[int(x) for x in args.neighbour_check[2:]])
         return
     if args.profile_walk:
         profile_walk(int(args.profile_walk[0]), int(args.profile_walk[1]), args.profile_walk[2])

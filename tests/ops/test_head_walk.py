@@ -1920,12 +1920,17 @@ def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
 @pytest.mark.parametrize("rows,sampled", [(1, False), (8, True), (32, True)], ids=["b1-greedy", "b8-sampled",
                                                                                   "b32-sampled"])
 def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(rows, sampled, monkeypatch):
-    """SPIN_LIMIT lowered to 2^10 polls (~1 ms), far below the ~1.3 ms a product of 16 queued on another stream holds
-    its SMs: a plainly launched walk's started programs would give up waiting for the rest; the cooperative launch
-    starts the grid only once every program is resident, so no wait gives up and the walk is the walk alone's."""
+    """16 programs of eval/_sm_holder.py hold whole SMs (128 KiB of shared memory each: no walk program fits beside
+    one) for 30 ms on another stream, SPIN_LIMIT lowered to 2^10 polls (~1 ms): a plainly launched walk's started
+    programs give up waiting for the rest (bench_head_walk.py --neighbour-check); the cooperative launch starts the
+    grid only once every program is resident, so no wait gives up and the walk is the walk alone's."""
     import hybridspec_kernels.head_walk.walk as walk_module
     from hybridspec_kernels.head_walk import barrier_errors
 
+    spec = importlib.util.spec_from_file_location(
+        "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
+    holder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(holder)
     monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
     monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
     p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 1, scale=0.1)
@@ -1934,12 +1939,10 @@ def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(ro
     alone, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=alone_cache, **kw)
     torch.cuda.synchronize()
     errors = barrier_errors(DEVICE)
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
     other = torch.cuda.Stream()
     cache = torch.zeros_like(alone_cache) if sampled else None
     with torch.cuda.stream(other):
-        for _ in range(16):
-            a = (a @ a) * 1e-4
+        holder.hold_sms(16, 30.0, torch.device(DEVICE))
     beside, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
     torch.cuda.synchronize()
     assert barrier_errors(DEVICE) == errors
