@@ -72,6 +72,9 @@ SPIN_LIMIT = 1 << 18
 # programs as SMs free up: beside a kernel on another stream (async EPLB, MPS neighbours) the started ones spin
 # until the rest get SMs, and a neighbour holding SMs longer than SPIN_LIMIT made the walk give up with stale keys
 # (a sampled walk then loses exactness). A cooperative launch starts the grid only once every program is resident.
+# Measured on the H200 (session 14, bench --neighbour-check, ladder v55): beside 16 programs holding SMs for 1.5 s,
+# plain launches gave up (wrong tokens and caches), cooperative ones waited and matched the walk alone; no cost alone
+# (ABBA, b1 / b8 / b32 / sampled / 152k within 1 %).
 COOPERATIVE_LAUNCH = True
 # Noise computed a step ahead (carried in registers, one fp32 per score a thread) up to this padded batch: none,
 # measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
