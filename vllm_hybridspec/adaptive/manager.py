@@ -138,7 +138,7 @@ def manager_class() -> type:
             return reason is None
 
         def _routing_step(self, config, device):
-            """Routing correction (vllm_hybridspec/routing_wiring): static buffers + the two patches."""
+            """Routing correction (vllm_hybridspec/routing_wiring): static buffers + the three patches."""
             from vllm.config import get_current_vllm_config
 
             from vllm_hybridspec.routing_wiring import step as wiring

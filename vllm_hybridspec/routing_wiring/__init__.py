@@ -23,6 +23,10 @@ One verify step, with `hybridspec.routing_correction: true` (needs `verify_lengt
    confidence (read from the probe) lost the ranking (tests/policy/test_lossless.py); the policy's own ranking
    depends only on earlier drafts (`RoutingStep.invalid_rows`).
    The step's buffers are cleared afterwards, so steps the manager does not plan (no drafts) route untouched.
+4. vLLM's online acceptance estimator (DFlash, MTP, DSpark without a confidence head) learns from each request's
+   accepted drafts and its first rejected one (patch `ObserveVerifiedDraftsOnly`): a request stopped at an
+   invalid draft reports no rejection there (`RoutingStep.estimator_rejections`), since the target never judged
+   that draft; counting it rejected would teach the estimator that drafts fail where our policy stops.
 
 The device cut of the adaptive length (`device_verify_length`) uses the same machinery: the manager marks each
 request's drafts past the length policy's choice as neutral (`neutral_token_mask`); every router neutralises

@@ -1,5 +1,6 @@
-"""The two vLLM patches of the routing correction (listed in `vllm_hybridspec.patches.ALL_PATCHES`; applied by
-`step.install` when an engine turns the correction on, so register() imports neither vLLM's MoE nor torch)."""
+"""The three vLLM patches of the routing correction and the device cut (listed in
+`vllm_hybridspec.patches.ALL_PATCHES`; applied by `step.install` when an engine turns either on, so register()
+imports neither vLLM's MoE nor torch)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -61,4 +62,29 @@ class RejectDroppedProbes(VllmPatch):
         return __call__
 
 
-ROUTING_PATCHES: list[type[VllmPatch]] = [CorrectMoeRouting, RejectDroppedProbes]
+class ObserveVerifiedDraftsOnly(VllmPatch):
+    target = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator.observe_verification"
+    what = ("vLLM's online acceptance estimator learns only from drafts the target verified: a request that "
+            "RejectDroppedProbes stopped at an invalid draft reports no rejection there unless it rejected an "
+            "earlier, verified draft")
+    why = ("vLLM counts every logit row past the sampled tokens as rejected, so the estimator would learn that "
+           "drafts fail where our policy stopped and shorten later lengths; postprocessing and the drafter must "
+           "keep vLLM's own count, and this is the one call that hands it to the estimator")
+    vllm_versions = ">=0.32,<0.34"
+    process = "worker"
+    on_demand = True
+
+    @staticmethod
+    def replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+        from vllm_hybridspec.routing_wiring import step
+
+        def observe_verification(self, idx_mapping, num_sampled, num_rejected):
+            routing = step.current_step()
+            if routing is not None and self.acceptance_estimator is not None:  # None: DSpark's confidence head
+                num_rejected = routing.estimator_rejections(num_sampled, num_rejected)
+            return original(self, idx_mapping, num_sampled, num_rejected)
+
+        return observe_verification
+
+
+ROUTING_PATCHES: list[type[VllmPatch]] = [CorrectMoeRouting, RejectDroppedProbes, ObserveVerifiedDraftsOnly]

@@ -55,6 +55,9 @@ class RoutingStep:
         # accepted (must stay 0), first neutralised drafts plain verification would have accepted, steps
         # with a neutralised draft
         self._counts = torch.zeros(9, dtype=torch.int64, device=device)
+        # (num_sampled of the last step `count_outcomes` read, [B] logit row of each request's first invalid draft,
+        # int64 max for none): what `estimator_rejections` reads once, for that same step
+        self._verified: tuple[torch.Tensor, torch.Tensor] | None = None
         self.first_router: Any = None
         self.planned = False  # a step has been written at least once (the sampler has something to do)
         self._planned_steps = 0
@@ -159,6 +162,7 @@ class RoutingStep:
         anyway (must stay 0); `*_would_accept`: greedy requests where plain verification would have accepted
         that draft (every earlier draft accepted and the draft equal to the target's token there): the tokens
         the correction / the cut gave up."""
+        self._verified = None
         num_reqs = num_sampled.shape[0]
         if num_reqs == 0 or logits_indices.shape[0] == 0:
             return
@@ -184,6 +188,23 @@ class RoutingStep:
         self._counts[4] += (is_probe & would).sum()
         self._counts[6] += (is_neutral & accepted).sum()
         self._counts[7] += (is_neutral & would).sum()
+        self._verified = (num_sampled, first)
+
+    def estimator_rejections(self, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> torch.Tensor:
+        """num_rejected as vLLM's acceptance estimator should read it: counting only the drafts really verified.
+
+        The estimator labels draft steps 0..accepted-1 accepted (accepted = num_sampled - 1) and, only when
+        num_rejected > 0, step `accepted` rejected (`_accumulate_kernel`: observed iff step <= accepted and
+        step < accepted + num_rejected). vLLM's num_rejected counts logit rows, so a request stopped at an invalid
+        draft j (drafts 1..j-1 verified, num_sampled <= j) would have draft j labelled rejected although the target
+        never judged it. j - num_sampled is 0 when every verified draft was accepted (no label for draft j) and >= 1
+        when a verified draft was rejected (that one labelled, as vLLM does). Read once, and only for the step whose
+        num_sampled `count_outcomes` saw; any other call gets num_rejected back unchanged."""
+        verified, self._verified = self._verified, None
+        if verified is None or verified[0] is not num_sampled:
+            return num_rejected
+        limit = (verified[1] - num_sampled.long()).clamp(min=0)
+        return torch.minimum(num_rejected.long(), limit).to(num_rejected.dtype)
 
     def snapshot(self) -> dict:
         (probes, kept, dropped_accepted, non_greedy, would_accept, neutralised, neutralised_accepted,
@@ -225,7 +246,7 @@ _STEP: RoutingStep | None = None
 
 
 def install(step: RoutingStep | None) -> None:
-    """Makes `step` this process's routing correction (None: off) and applies the two patches."""
+    """Makes `step` this process's routing correction (None: off) and applies the three patches."""
     global _STEP
     with _lock:
         _STEP = step
