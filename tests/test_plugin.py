@@ -93,7 +93,8 @@ def test_installed_vllm_is_supported():
 
 
 def _fake_engine(architecture, layer_types, method="mtp", num_speculative_tokens=3, num_experts=4):
-    hf = SimpleNamespace(layer_types=layer_types, num_experts=num_experts)
+    hf = SimpleNamespace(layer_types=layer_types, num_experts=num_experts, num_experts_per_tok=2,
+                         num_hidden_layers=len(layer_types) if layer_types else 4)
     return SimpleNamespace(
         model_config=SimpleNamespace(architectures=[architecture], architecture=architecture, hf_text_config=hf),
         speculative_config=SimpleNamespace(method=method, num_speculative_tokens=num_speculative_tokens),

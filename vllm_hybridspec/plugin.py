@@ -74,10 +74,10 @@ def model_has_gdn_layers(model_config: Any) -> bool:
 
 
 def model_has_moe_router(model_config: Any) -> bool:
-    from vllm_hybridspec.routing_wiring.step import routed_expert_count
+    from vllm_hybridspec.routing_wiring.step import has_moe_router
 
     hf_config = getattr(model_config, "hf_text_config", None)
-    return hf_config is not None and routed_expert_count(hf_config) > 0
+    return hf_config is not None and has_moe_router(hf_config)
 
 
 def _has_cuda_gpu() -> bool:

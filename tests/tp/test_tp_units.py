@@ -116,3 +116,10 @@ def test_routing_correction_falls_back_on_a_target_without_routed_experts(monkey
     fake.model_config = SimpleNamespace(hf_text_config=mixtral)
     assert manager_class()._routing_is_correctable(manager, "routing_correction") is True
     assert model_has_moe_router(fake.model_config) and routed_expert_count(mixtral) == 8
+    # The plan judges as the manager does: experts without a top-k (or without a MoE layer) are no router.
+    for hf in (SimpleNamespace(num_hidden_layers=4, num_experts=8),
+               SimpleNamespace(num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, mlp_only_layers=[0, 1])):
+        fake.model_config = SimpleNamespace(hf_text_config=hf)
+        status.reset()
+        assert not model_has_moe_router(fake.model_config)
+        assert manager_class()._routing_is_correctable(manager, "routing_correction") is False

@@ -130,7 +130,7 @@ def manager_class() -> type:
             vllm_config = get_current_vllm_config()
             reason = wiring.routing_fallback_reason(vllm_config)
             hf = vllm_config.model_config.hf_text_config
-            if reason is None and not (wiring.has_routed_experts(hf) and getattr(hf, "num_experts_per_tok", None)):
+            if reason is None and not wiring.has_moe_router(hf):
                 reason = "the target has no routed MoE layer (no router to correct)"
             if reason is not None:
                 logger.warning("hybridspec.%s falls back to plain verification: %s", component, reason)

@@ -357,6 +357,12 @@ def has_routed_experts(hf_config: Any) -> bool:
         return False
 
 
+def has_moe_router(hf_config: Any) -> bool:
+    """Whether the routing correction has a router to correct: routed MoE layers and a top-k. The engine plan and
+    the manager both judge by this, so the plan's status is the one the engine then reports."""
+    return has_routed_experts(hf_config) and bool(getattr(hf_config, "num_experts_per_tok", None))
+
+
 def moe_layer_count(hf_config: Any) -> int:
     """Decoder layers with a routed MoE block (Qwen2/3-MoE / Qwen3-Next conventions; all of them by default)."""
     layers = int(hf_config.num_hidden_layers)
