@@ -5,6 +5,7 @@ Against the sequential float64 reference (`naive_gdn_reconstruct` with the same 
 a plain reconstruction of c_i tokens into the checkpoint slot. CPU: Triton interpreter, fp32 / fp16; GPU (marker
 gpu): the Qwen3-Next GDN shape with bf16 inputs.
 """
+import functools
 import os
 
 import torch
@@ -110,12 +111,29 @@ def every_checkpoint_position(length):
     return [length] * num_requests, slots, as_int(counts), ckpt_slots.to(torch.int32).to(DEVICE), as_int(ckpt_lens)
 
 
+@functools.cache
+def _verified_every_checkpoint_position(length, num_layers, **shape):
+    lens, slots, counts, ckpt_slots, ckpt_lens = every_checkpoint_position(length)
+    layers, before, _, ws, slots, cu = verified_layers(lens, slots, num_layers=num_layers, max_len=16, **shape)
+    return layers, before, ws, slots, cu, counts, ckpt_slots, ckpt_lens
+
+
+def verified_every_checkpoint_position(length, num_layers, **shape):
+    """`every_checkpoint_position(length)` through `verified_layers` (max_len 16), verified once per arguments and
+    shared by the cases that differ only in how they commit (CI time: the interpreted verify was ~80 % of each such
+    case). Each call gets its own copies of the verified states; the reconstruction only reads the workspace."""
+    verified, before, ws, slots, cu, counts, ckpt_slots, ckpt_lens = _verified_every_checkpoint_position(
+        length, num_layers, **shape)
+    layers = [{**p, "ssm_state": p["ssm_state"].clone(), "conv_state": p["conv_state"].clone()} for p in verified]
+    table = GDNStateTable([p["ssm_state"] for p in layers], [p["conv_state"] for p in layers], WIDTH)
+    return layers, before, table, ws, slots, cu, counts, ckpt_slots, ckpt_lens
+
+
 @needs_kernels
 @pytest.mark.parametrize("length", [5, 2])
 @pytest.mark.parametrize("outer_loop", [False, True], ids=["product", "loop"])
 def test_every_checkpoint_position_over_layers(length, outer_loop):
-    lens, slots, counts, ckpt_slots, ckpt_lens = every_checkpoint_position(length)
-    layers, before, table, ws, slots, cu = verified_layers(lens, slots, num_layers=2, max_len=16)
+    layers, before, table, ws, slots, cu, counts, ckpt_slots, ckpt_lens = verified_every_checkpoint_position(length, 2)
     gdn_reconstruct(table, ws, slots, counts, cu, outer_loop=outer_loop, block_v=16,
                     checkpoint_indices=ckpt_slots, checkpoint_lens=ckpt_lens)
     for p, state in zip(layers, before):
@@ -172,8 +190,8 @@ def test_checkpoint_equals_reconstruction_to_its_length():
 @needs_kernels
 @pytest.mark.parametrize("parts", ["conv", "ssm"])
 def test_checkpoint_follows_parts(parts):
-    lens, slots, counts, ckpt_slots, ckpt_lens = every_checkpoint_position(3)
-    layers, before, table, ws, slots, cu = verified_layers(lens, slots, num_layers=1, max_len=16, dtype=torch.float16)
+    layers, before, table, ws, slots, cu, counts, ckpt_slots, ckpt_lens = verified_every_checkpoint_position(
+        3, 1, dtype=torch.float16)
     gdn_reconstruct(table, ws, slots, counts, cu, parts=parts, checkpoint_indices=ckpt_slots,
                     checkpoint_lens=ckpt_lens)
     ref_ssm, ref_conv = reference(layers[0], before[0], slots, cu, counts, ckpt_slots, ckpt_lens, parts=parts)
