@@ -1962,3 +1962,40 @@ def test_cooperative_launch_only_for_grids_that_wait_on_each_other(monkeypatch):
     monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
     monkeypatch.setattr(walk_module, "_interpreting", lambda: True)
     assert not walk_module._cooperative(132)
+
+
+def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, caplog):
+    """A driver that refuses the cooperative launch (an MPS client below the SM count) gets the walk launched plainly,
+    with a warning, and is not asked again; any other launch error propagates."""
+    import logging
+
+    import hybridspec_kernels.head_walk.walk as walk_module
+
+    monkeypatch.setattr(walk_module, "_interpreting", lambda: False)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    monkeypatch.setattr(walk_module, "_cooperative_refused", set())
+    launches = []
+
+    class Kernel:
+        def __init__(self, error):
+            self.error = error
+
+        def __getitem__(self, grid):
+            def launch(*args, launch_cooperative_grid, **kwargs):
+                launches.append((grid, args, kwargs, launch_cooperative_grid))
+                if launch_cooperative_grid or "cooperative" not in self.error:
+                    raise RuntimeError(self.error)
+            return launch
+
+    refusing = Kernel("Triton Error [CUDA]: too many blocks in cooperative launch")
+    with caplog.at_level(logging.WARNING):
+        walk_module._launch_walk(refusing, 132, "cuda:1", 7, x=8)
+    assert launches == [((132,), (7,), {"x": 8}, True), ((132,), (7,), {"x": 8}, False)]
+    assert "refused a cooperative launch" in caplog.text
+    assert not walk_module._cooperative(132, "cuda:1") and walk_module._cooperative(132, "cuda:0")
+    launches.clear()
+    walk_module._launch_walk(refusing, 132, "cuda:1", 7, x=8)
+    assert launches == [((132,), (7,), {"x": 8}, False)]
+    with pytest.raises(RuntimeError, match="illegal address"):
+        walk_module._launch_walk(Kernel("Triton Error [CUDA]: an illegal memory access was encountered: illegal "
+                                        "address"), 132, "cuda:0")

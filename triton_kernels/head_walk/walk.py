@@ -312,9 +312,32 @@ BLOCK_ROWS_ALL = (16, 32, 64)
 WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
-def _cooperative(programs: int) -> bool:
+# Devices whose driver refused a cooperative walk launch (an MPS client held below the device's SM count, a GPU
+# without cooperative launches): their walks launch plainly, as before session 14, with a warning.
+_cooperative_refused: set[str] = set()
+
+
+def _cooperative(programs: int, device: torch.device | str = "cuda") -> bool:
     """launch_cooperative_grid for a walk of `programs` programs (the interpreter runs programs one at a time)."""
-    return COOPERATIVE_LAUNCH and programs > 1 and not _interpreting()
+    return (COOPERATIVE_LAUNCH and programs > 1 and not _interpreting()
+            and (not _cooperative_refused or _device_name(device) not in _cooperative_refused))
+
+
+def _launch_walk(kernel, programs: int, device: torch.device, *args, **kwargs) -> None:
+    """kernel[(programs,)](*args, **kwargs), cooperatively where _cooperative says so. A driver that refuses the
+    cooperative launch (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: "too many blocks in cooperative launch") is
+    remembered per device and the walk launched plainly."""
+    cooperative = _cooperative(programs, device)
+    try:
+        kernel[(programs,)](*args, **kwargs, launch_cooperative_grid=cooperative)
+    except RuntimeError as exc:
+        if not (cooperative and "cooperative" in str(exc)):
+            raise
+        _cooperative_refused.add(_device_name(device))
+        log_once(logger, logging.WARNING, f"head_walk: the driver refused a cooperative launch of {programs} "
+                 f"programs on {device} ({exc}); its walks launch plainly, so a kernel on another stream holding "
+                 f"SMs for longer than the spin limit (~0.1-0.3 s) can make a walk give up (barrier_errors)")
+        kernel[(programs,)](*args, **kwargs, launch_cooperative_grid=False)
 
 
 def _device_name(device: torch.device | str) -> str:
@@ -1126,8 +1149,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
         return False
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
-        gluon_b1.head_walk_b1_stream_kernel[(cfg.programs,)](
-            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
+        _launch_walk(
+            gluon_b1.head_walk_b1_stream_kernel, cfg.programs, u.device, u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
             d2t if d2t is not None else first,
             R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
@@ -1137,7 +1160,7 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
             SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=gluon_b1.stream_warps(st), launch_cooperative_grid=_cooperative(cfg.programs))
+            num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
@@ -1235,14 +1258,14 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
         return False
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, tile_rows)
-        gluon_rows.head_walk_rows_kernel[(cfg.programs,)](
-            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
+        _launch_walk(
+            gluon_rows.head_walk_rows_kernel, cfg.programs, u.device, u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
             float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=ROWS_WARPS, launch_cooperative_grid=_cooperative(cfg.programs))
+            num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
@@ -1328,7 +1351,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(), D2T_INCREASING=d2t_increasing,
         D2T_HOIST=D2T_HOIST if D2T_HOIST is not None else (
             temperature is None or num_rows >= D2T_HOIST_SAMPLED_MIN_ROWS),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_cooperative_grid=_cooperative(cfg.programs),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
     # A build that needs more shared memory than the SM has drops TMA ring stages (down to 2), then the streamed
@@ -1339,7 +1362,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         cfg = _shrunk.get(key, cfg)
         args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
         try:
-            _run(cfg, grid, args, num_steps)
+            _run(cfg, grid, args, num_steps, u.device)
             return
         except OutOfResources:
             if cfg.stream_tma > 2:
@@ -1355,9 +1378,10 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
 _shrunk: dict = {}
 
 
-def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
+def _run(cfg: WalkConfig, grid, args: dict, num_steps: int, device: torch.device) -> None:
     if cfg.lockstep:
         for k in range(num_steps + 1):
-            head_walk_kernel[grid](k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False, **args)
+            _launch_walk(head_walk_kernel, grid[0], device, k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False,
+                         **args)
     else:
-        head_walk_kernel[grid](k_begin=0, k_end=num_steps, DO_FINAL=True, **args)
+        _launch_walk(head_walk_kernel, grid[0], device, k_begin=0, k_end=num_steps, DO_FINAL=True, **args)
