@@ -358,14 +358,14 @@ def test_16bit_state_products_match_naive(config):
 # ---------------------------------------------------------------------------------------------------------------
 # Fold: the previous step's ssm reconstruction applied inside the next verify (GDNFold), conv advanced eagerly
 
+# The fold is not wired (eval/notes/gdn_verify.md): one config per state-pass form (CI time: the grouped-whole-v and
+# hoisted-loads-first cases, 12 s, were dropped in session 14; their unfolded forms are tested above).
 FOLD_CONFIGS = [
     pytest.param(None, id="default"),
     pytest.param(VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8), id="hoisted-weight-tiles"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, loop_stages=2), id="whole-v-rolled"),
     pytest.param(VerifyConfig(block_v=16, whole_v=True, two_pass=True, loop_stages=2), id="two-pass-whole-v-rolled"),
     pytest.param(VerifyConfig(block_v=16, two_pass=True, weight_tiles=True), id="two-pass-per-block"),
-    pytest.param(VerifyConfig(block_v=16, whole_v=True, group_heads=True), id="grouped-whole-v"),
-    pytest.param(VerifyConfig(block_v=16, hoist=True, loads_first=True), id="hoisted-loads-first"),
 ]
 
 
