@@ -1362,7 +1362,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         cfg = _shrunk.get(key, cfg)
         args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
         try:
-            _run(cfg, grid, args, num_steps, u.device)
+            _run(cfg, grid, args, num_steps)
             return
         except OutOfResources:
             if cfg.stream_tma > 2:
@@ -1378,7 +1378,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
 _shrunk: dict = {}
 
 
-def _run(cfg: WalkConfig, grid, args: dict, num_steps: int, device: torch.device) -> None:
+def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
+    device = args["u_ptr"].device
     if cfg.lockstep:
         for k in range(num_steps + 1):
             _launch_walk(head_walk_kernel, grid[0], device, k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False,
