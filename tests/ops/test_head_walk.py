@@ -1883,36 +1883,50 @@ def test_gpu_resident_lean_graph_replays(monkeypatch, form):
     _assert_gluon_graph_replays_agree(monkeypatch, p, RESIDENT_LEAN_FORMS[form])
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("rows,sampled", [(1, False), (4, False), (8, True), (32, True)],
-                         ids=["b1-greedy", "b4-greedy", "b8-sampled", "b32-sampled"])
-def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
-    """The persistent walk assumes its programs co-resident, one per SM. A GEMM on another stream (vLLM 0.33's async
-    EPLB, MPS neighbours) holds SMs while the walk starts: the programs that did start spin until the rest get theirs
-    (SPIN_LIMIT bounds the wait). The tokens and the draft-logits cache must be those of a walk alone, and no wait may
-    give up."""
+def _assert_walks_beside_neighbours_as_alone(rows: int, sampled: bool, seed: int, neighbours) -> None:
+    """A 32k walk alone, then once launched right after each of `neighbours` (callables queueing kernels on another
+    stream): its tokens and a sampled walk's draft-logits cache equal the walk alone's every time, and no wait gives
+    up."""
     from hybridspec_kernels.head_walk import barrier_errors
 
-    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     kw = dict(sampling_kwargs(p)) if sampled else {}
     alone_cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
     alone, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=alone_cache, **kw)
     errors = barrier_errors(DEVICE)
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
     other = torch.cuda.Stream()
-    for trial in range(3):
+    for trial, neighbour in enumerate(neighbours):
         cache = torch.zeros_like(alone_cache) if sampled else None
         torch.cuda.synchronize()
         with torch.cuda.stream(other):
-            for _ in range(8 * (trial + 1)):  # ~1.5 ms a product on an H200
-                a = (a @ a) * 1e-4
+            neighbour()
         beside, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
         torch.cuda.synchronize()
         assert torch.equal(beside, alone), trial
         if sampled:
             assert torch.equal(cache, alone_cache), trial
     assert barrier_errors(DEVICE) == errors
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows,sampled", [(1, False), (4, False), (8, True), (32, True)],
+                         ids=["b1-greedy", "b4-greedy", "b8-sampled", "b32-sampled"])
+def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
+    """The persistent walk assumes its programs co-resident, one per SM. A GEMM on another stream (vLLM 0.33's async
+    EPLB, MPS neighbours) holds SMs while the walk starts: the walk starts once they are free (a cooperative launch;
+    SPIN_LIMIT bounds any wait). The tokens and the draft-logits cache must be those of a walk alone, and no wait may
+    give up."""
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
+
+    def gemms(count):  # ~1.5 ms a product on an H200
+        def queue():
+            x = a
+            for _ in range(count):
+                x = (x @ x) * 1e-4
+        return queue
+
+    _assert_walks_beside_neighbours_as_alone(rows, sampled, rows, [gemms(8 * (trial + 1)) for trial in range(3)])
 
 
 @gpu
@@ -1925,7 +1939,6 @@ def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(ro
     programs give up waiting for the rest (bench_head_walk.py --neighbour-check); the cooperative launch starts the
     grid only once every program is resident, so no wait gives up and the walk is the walk alone's."""
     import hybridspec_kernels.head_walk.walk as walk_module
-    from hybridspec_kernels.head_walk import barrier_errors
 
     spec = importlib.util.spec_from_file_location(
         "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
@@ -1933,22 +1946,8 @@ def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(ro
     spec.loader.exec_module(holder)
     monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
     monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
-    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 1, scale=0.1)
-    kw = dict(sampling_kwargs(p)) if sampled else {}
-    alone_cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
-    alone, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=alone_cache, **kw)
-    torch.cuda.synchronize()
-    errors = barrier_errors(DEVICE)
-    other = torch.cuda.Stream()
-    cache = torch.zeros_like(alone_cache) if sampled else None
-    with torch.cuda.stream(other):
-        holder.hold_sms(16, 30.0, torch.device(DEVICE))
-    beside, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
-    torch.cuda.synchronize()
-    assert barrier_errors(DEVICE) == errors
-    assert torch.equal(beside, alone)
-    if sampled:
-        assert torch.equal(cache, alone_cache)
+    _assert_walks_beside_neighbours_as_alone(rows, sampled, rows + 1,
+                                             [lambda: holder.hold_sms(16, 30.0, torch.device(DEVICE))])
 
 
 def test_cooperative_launch_only_for_grids_that_wait_on_each_other(monkeypatch):
@@ -1956,12 +1955,12 @@ def test_cooperative_launch_only_for_grids_that_wait_on_each_other(monkeypatch):
     import hybridspec_kernels.head_walk.walk as walk_module
 
     monkeypatch.setattr(walk_module, "_interpreting", lambda: False)
-    assert walk_module._cooperative(132) and not walk_module._cooperative(1)
+    assert walk_module._cooperative(132, "cuda:0") and not walk_module._cooperative(1, "cuda:0")
     monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", False)
-    assert not walk_module._cooperative(132)
+    assert not walk_module._cooperative(132, "cuda:0")
     monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
     monkeypatch.setattr(walk_module, "_interpreting", lambda: True)
-    assert not walk_module._cooperative(132)
+    assert not walk_module._cooperative(132, "cuda:0")
 
 
 def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, caplog):

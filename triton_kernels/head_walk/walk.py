@@ -317,7 +317,7 @@ WORKSPACE_FAMILIES = ("triton", "gluon")
 _cooperative_refused: set[str] = set()
 
 
-def _cooperative(programs: int, device: torch.device | str = "cuda") -> bool:
+def _cooperative(programs: int, device: torch.device | str) -> bool:
     """launch_cooperative_grid for a walk of `programs` programs (the interpreter runs programs one at a time)."""
     return (COOPERATIVE_LAUNCH and programs > 1 and not _interpreting()
             and (not _cooperative_refused or _device_name(device) not in _cooperative_refused))
@@ -1150,7 +1150,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
         _launch_walk(
-            gluon_b1.head_walk_b1_stream_kernel, cfg.programs, u.device, u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
+            gluon_b1.head_walk_b1_stream_kernel, cfg.programs, u.device,
+            u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
             d2t if d2t is not None else first,
             R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
@@ -1259,9 +1260,11 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, tile_rows)
         _launch_walk(
-            gluon_rows.head_walk_rows_kernel, cfg.programs, u.device, u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
+            gluon_rows.head_walk_rows_kernel, cfg.programs, u.device,
+            u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
-            float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
+            float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows,
+            NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
