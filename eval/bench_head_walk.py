@@ -1110,6 +1110,21 @@ TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
                      for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V55_FORMS.items()},
                                                   32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
                   + _mirrored_passes(V55_FORMS, 151936, "v152k_b1", passes=2, rows=1))
+# v56 (session 15): the batch rows in two interleaved halves (head_walk(halves=True), halves.py: one half's exchange in
+# flight while the other half scores) against the rows walked together (the shipped Triton walk), ABBA x 2: greedy
+# b24 / b32 / b64, sampled b32 / b64, and the 32k -> 151,936 d2t configuration (greedy b32, sampled b32 / b64 with the
+# draft-logits cache).
+V56_FORMS = {"halves": dict(halves=True), "together": dict(halves=False)}
+TUNE_CASES_V56 = ([case for rows in (32, 64, 24)
+                   for case in _mirrored_passes(V56_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+                  + [case for rows in (32, 64)
+                     for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V56_FORMS.items()},
+                                                  32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + [case for rows, sampled in ((32, False), (32, True), (64, True))
+                     for case in _mirrored_passes({name: dict(kw, sampled=sampled, d2t_target_vocab=151936)
+                                                   for name, kw in V56_FORMS.items()},
+                                                  32000, f"d2t_{'sampled' if sampled else 'greedy'}_v32k_b{rows}",
+                                                  passes=2, rows=rows)])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1256,6 +1271,7 @@ LADDERS = {
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
+    "v56": dict(rule={}, cases=TUNE_CASES_V56, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

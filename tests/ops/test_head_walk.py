@@ -1526,7 +1526,7 @@ def test_workspaces_of_every_width_at_the_first_walk(monkeypatch):
     gluon = walk._workspace("cpu", 3, 16, 16, family="gluon")
     assert gluon is walk._workspaces[("cpu", 3, 16, 16, "gluon")]
     assert gluon["keys"] is not walk._workspace("cpu", 3, 16, 16)["keys"]
-    assert len(walk._workspaces) == 2 * len(walk.BLOCK_ROWS_ALL)
+    assert len(walk._workspaces) == len(walk.WORKSPACE_FAMILIES) * len(walk.BLOCK_ROWS_ALL)
 
 
 class _CapturedArgs(_CapturedBuild):
@@ -1998,3 +1998,130 @@ def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, cap
     with pytest.raises(RuntimeError, match="illegal address"):
         walk_module._launch_walk(Kernel("Triton Error [CUDA]: an illegal memory access was encountered: illegal "
                                         "address"), 132, "cuda:0")
+
+
+def test_halves_plan_and_why_not(monkeypatch):
+    """The interleaved halves (halves.py) are planned with a half's tiles and exchange: 32 rows walk two halves of
+    16 (one resident tile of 256 rows, the probe exchange), 64 rows two halves of 32 (two tiles of 128, probe where
+    the rows together would take amax); what they cannot walk says why (and head_walk then walks the plain plan)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    b32 = _gpu_plan(monkeypatch, 32000, 32, halves=True)
+    assert (b32.halves, b32.tile_rows, b32.resident_tiles, b32.exchange) == (True, 256, 1, "probe")
+    assert walk.why_not_halves(b32, num_rows=32, head="markov") is None
+    assert walk.why_not_halves(b32, num_rows=32, head="gated_markov") is None
+    b64 = _gpu_plan(monkeypatch, 32000, 64, halves=True)
+    assert (b64.tile_rows, b64.resident_tiles, b64.exchange) == (128, 2, "probe")
+    assert _gpu_plan(monkeypatch, 32000, 64).exchange == "amax"
+    assert walk.why_not_halves(b64, num_rows=64, head="markov") is None
+    reasons = {
+        "rnn": walk.why_not_halves(b32, num_rows=32, head="rnn"),
+        "one half": walk.why_not_halves(_gpu_plan(monkeypatch, 32000, 16, halves=True), num_rows=16, head="markov"),
+        "streamed": walk.why_not_halves(_gpu_plan(monkeypatch, 151936, 32, halves=True), num_rows=32,
+                                        head="markov"),
+        "amax": walk.why_not_halves(_gpu_plan(monkeypatch, 32000, 32, halves=True, exchange="amax"), num_rows=32,
+                                    head="markov"),
+        "keys64": walk.why_not_halves(_gpu_plan(monkeypatch, 32000, 32, halves=True, split_keys=False),
+                                      num_rows=32, head="markov"),
+    }
+    for case, reason in reasons.items():
+        assert reason, case
+    plain = _gpu_plan(monkeypatch, 32000, 32)
+    assert not plain.halves and plain.tile_rows == 128
+
+
+@needs_kernels
+def test_halves_without_a_gpu_walk_the_plain_plan(caplog):
+    """halves=True where no persistent walk runs (the interpreter: one program) warns once and walks the plain plan:
+    the same tokens as without it."""
+    p = make_problem(20, 5, 300, dtype=torch.float32, seed=3)
+    plain, _, _ = head_walk(p.U, p.w1, p.w2, p.x0)
+    with caplog.at_level("WARNING"):
+        asked, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, halves=True)
+    assert torch.equal(asked, plain)
+    assert "walking the rows together" in caplog.text
+
+
+def _halves_case(rows, head, sampled, extras, seed):
+    p = make_problem(rows, 15, 32000, rank=256, d_model=128, dtype=torch.bfloat16, seed=seed, scale=0.1,
+                     extra_target=151936 - 32000 if extras == "d2t" else 40)
+    kw = dict(head=head, hidden=p.hidden, **head_kwargs(p, head), **(sampling_kwargs(p) if sampled else {}))
+    if extras == "cache":
+        # A padding row, requests out of order, the draft-logits cache and the confidence head.
+        req = p.req.clone()
+        req[rows // 3] = -1
+        kw.update(req_indices=req, confidence_weights=p.conf,
+                  draft_logits=torch.full((rows + 2, 16, 32040), -7.0, dtype=torch.bfloat16, device=DEVICE))
+    elif extras == "d2t":
+        kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
+        if sampled:
+            kw.update(req_indices=p.req, draft_logits=torch.full((rows + 2, 16, 151936), -7.0, dtype=torch.bfloat16,
+                                                                device=DEVICE))
+    return p, kw
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [17, 32, 40, 64, 70], ids=["b17", "b32", "b40", "b64", "b70-two-launches"])
+@pytest.mark.parametrize("head", ["markov", "gated_markov"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("extras", ["none", "cache", "d2t"])
+def test_gpu_halves_walk_agrees(monkeypatch, rows, head, sampled, extras):
+    """The interleaved halves propose the plain walk's tokens, fill the same draft-logits cache (direct or compact)
+    and confidence, with padding rows, a second half of 1..16 live rows, and a 70-row walk whose second launch has
+    no live row in its second half; no wait gives up."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    if head == "gated_markov" and extras != "none":
+        pytest.skip("the extras are the Markov head's; the gated head's gate is the one difference")
+    p, kw = _halves_case(rows, head, sampled, extras, seed=rows)
+    errors = barrier_errors(DEVICE)
+    launched = []
+    real_launch = walk._launch_walk
+
+    def spy(kernel, *args, **kwargs):
+        launched.append(kernel)
+        real_launch(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(walk, "_launch_walk", spy)
+    halves_kw = dict(kw)
+    if kw.get("draft_logits") is not None:
+        halves_kw["draft_logits"] = kw["draft_logits"].clone()
+    tokens, cache, conf = head_walk(p.U, p.w1, p.w2, p.x0, halves=True, **halves_kw)
+    assert walk.head_walk_halves_kernel in launched
+    plain, plain_cache, plain_conf = head_walk(p.U, p.w1, p.w2, p.x0, halves=False, **kw)
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    assert torch.equal(tokens, plain)
+    if cache is not None:
+        assert torch.equal(cache, plain_cache)
+    if conf is not None:
+        assert torch.equal(conf, plain_conf)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_halves_graph_replays(sampled):
+    """A halves walk captured in a CUDA graph and replayed on new base logits proposes the plain walk's tokens each
+    time (the step tags advance per replay as in the plain walk)."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(32, 15, 32000, rank=256, dtype=torch.bfloat16, seed=11, scale=0.1)
+    kw = sampling_kwargs(p) if sampled else {}
+    errors = barrier_errors(DEVICE)
+    U = p.U.clone()
+    tokens = torch.empty(32, 15, dtype=torch.long, device=DEVICE)
+    head_walk(U, p.w1, p.w2, p.x0, out=tokens, halves=True, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        head_walk(U, p.w1, p.w2, p.x0, out=tokens, halves=True, **kw)
+    for _ in range(4):
+        U.copy_(torch.randn(U.shape, device=DEVICE).to(U.dtype) * 2)
+        graph.replay()
+        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, halves=False, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref)
+    assert barrier_errors(DEVICE) == errors
