@@ -402,6 +402,10 @@ def run_gpu(args) -> dict:
         checks.append(dict(check="sweep_resident_auto", form=walk.GLUON_AUTO_RESIDENT_FORM,
                            chunk_rows=list(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS)))
         print(json.dumps(checks[-1]), flush=True)
+    if args.halves_min_rows is not None:
+        walk.HALVES_MIN_ROWS = args.halves_min_rows
+        checks.append(dict(check="sweep_halves_min_rows", value=walk.HALVES_MIN_ROWS))
+        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -1699,6 +1703,9 @@ def main():
                         help="with --finalize: summary and table made again from the run's rows and checks")
     parser.add_argument("--results-name",
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
+    parser.add_argument("--halves-min-rows", type=int,
+                        help="the sweep's walks take the interleaved halves from this many rows (walk.HALVES_MIN_ROWS; "
+                             "the ladder's cases name theirs)")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     parser.add_argument("--neighbour-check", nargs="+", type=float, metavar="SPIN_LIMIT HOLD_MS [HOLDERS]",
