@@ -402,10 +402,6 @@ def run_gpu(args) -> dict:
         checks.append(dict(check="sweep_resident_auto", form=walk.GLUON_AUTO_RESIDENT_FORM,
                            chunk_rows=list(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS)))
         print(json.dumps(checks[-1]), flush=True)
-    if args.halves_min_rows is not None:
-        walk.HALVES_MIN_ROWS = args.halves_min_rows
-        checks.append(dict(check="sweep_halves_min_rows", value=walk.HALVES_MIN_ROWS))
-        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -1114,21 +1110,14 @@ TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
                      for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V55_FORMS.items()},
                                                   32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
                   + _mirrored_passes(V55_FORMS, 151936, "v152k_b1", passes=2, rows=1))
-# v56 (session 15): the batch rows in two interleaved halves (head_walk(halves=True), halves.py: one half's exchange in
-# flight while the other half scores) against the rows walked together (the shipped Triton walk), ABBA x 2: greedy
-# b24 / b32 / b64, sampled b32 / b64, and the 32k -> 151,936 d2t configuration (greedy b32, sampled b32 / b64 with the
-# draft-logits cache).
-V56_FORMS = {"halves": dict(halves=True), "together": dict(halves=False)}
-TUNE_CASES_V56 = ([case for rows in (32, 64, 24)
-                   for case in _mirrored_passes(V56_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
-                  + [case for rows in (32, 64)
-                     for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V56_FORMS.items()},
-                                                  32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
-                  + [case for rows, sampled in ((32, False), (32, True), (64, True))
-                     for case in _mirrored_passes({name: dict(kw, sampled=sampled, d2t_target_vocab=151936)
-                                                   for name, kw in V56_FORMS.items()},
-                                                  32000, f"d2t_{'sampled' if sampled else 'greedy'}_v32k_b{rows}",
-                                                  passes=2, rows=rows)])
+# (v56, session 15, at 88695b1: the batch rows in two interleaved halves (head_walk(halves=True), a kernel of its own:
+# half 0 publishes its step-k keys, half 1 waits for its step k - 1 keys, scores step k and publishes, then half 0 reads
+# its step-k keys), against the rows walked together, ABBA x 2, us: greedy b24 118.2 / 115.9 vs 91.3 / 91.4, b32 122.4 /
+# 122.3 vs 85.3 / 85.1, b64 176.5 / 177.4 vs 142.5 / 142.1; sampled b32 211.3 / 211.1 vs 190.0 / 189.1, b64 337.3 /
+# 338.0 vs 343.2 / 342.7; d2t greedy b32 124.7 / 123.2 vs 85.1 / 85.0, sampled b32 268.8 / 270.0 vs 236.7 / 236.5, b64
+# 450.0 / 449.6 vs 461.1 / 461.3. Tokens equal to the lockstep walk's in every case, 34 GPU tests passed. Each half-step
+# cost a whole b16 step (~4.1 us): the exchange's round trips and the W1 gather stay on one instruction stream, so the
+# other half's scoring does not hide them. Removed, code at 88695b1.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1275,7 +1264,6 @@ LADDERS = {
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
-    "v56": dict(rule={}, cases=TUNE_CASES_V56, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1703,9 +1691,6 @@ def main():
                         help="with --finalize: summary and table made again from the run's rows and checks")
     parser.add_argument("--results-name",
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
-    parser.add_argument("--halves-min-rows", type=int,
-                        help="the sweep's walks take the interleaved halves from this many rows (walk.HALVES_MIN_ROWS; "
-                             "the ladder's cases name theirs)")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     parser.add_argument("--neighbour-check", nargs="+", type=float, metavar="SPIN_LIMIT HOLD_MS [HOLDERS]",

@@ -9,7 +9,7 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw, hwh (head_walk's interleaved halves at 32k, b32 / b64 greedy and sampled), hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache), hwrows (the Gluon
+WHAT: gdn, hw, hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache), hwrows (the Gluon
 walk of 2..32 rows, gluon_rows, beside the Triton walk's build of each batch) or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
 the Triton b1 build, with step-loop instruction counts; and its fully resident lean forms at 32k / 30011, HW12). (head_walk's removed Gluon prototypes' targets: the
 resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
@@ -46,7 +46,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg", "hwd", "hwrows", "hwh")
+WHATS = ("gdn", "hw", "hwg", "hwd", "hwrows")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -64,9 +64,6 @@ captured = []
 class Capture:
     def __init__(self, fn):
         self.fn = fn
-
-    def __getattr__(self, name):  # arg_names and the like, as the wrapped kernel has them
-        return getattr(self.fn, name)
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -307,32 +304,6 @@ def hw():
                 compile_captured(name, fn, args, kwargs)
 
 
-def hwh():
-    import hybridspec_kernels.head_walk.walk as walk
-    walk._num_sms = lambda d: 132
-    walk._interpreting = lambda: False
-    walk.head_walk_halves_kernel = Capture(walk.head_walk_halves_kernel)
-    steps, rank, vocab = 15, 256, 32000
-    for rows in (32, 64):
-        for sampled in (False, True):
-            name = f"hwh_v{vocab}_b{rows}_{'sampled' if sampled else 'greedy'}"
-            if ONLY and name not in ONLY:
-                continue
-            u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
-            cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled, halves=True)
-            temp = seeds = pos = dl = None
-            if sampled:
-                temp = torch.ones(rows); seeds = torch.zeros(rows, dtype=torch.long)
-                pos = torch.zeros(rows, steps, dtype=torch.long)
-                dl = torch.empty(rows, steps, vocab, dtype=torch.bfloat16)
-            del captured[:]
-            walk._launch(cfg, u, w1, w2, None, first, tokens, None, temp, seeds, pos, None, dl, None, None,
-                         None, None, None, None, None, None, 0, 1.0)
-            (fn, args, kwargs), = captured
-            print(name, cfg, flush=True)
-            compile_captured(name, fn, args, kwargs)
-
-
 def hwd():
     """The Triton walk's builds with a reduced draft vocabulary (d2t, W1 over 151,936 target ids, increasing as vLLM
     builds it) at V = 32k: greedy b1 / b32 / b64, sampled b1 (cache at target columns) and b32 / b64 (the compact
@@ -477,4 +448,4 @@ def hwrows():
         _compile_counted(name, cfg)
 
 
-{"gdn": gdn, "hwg": hwg, "hw": hw, "hwh": hwh, "hwd": hwd, "hwrows": hwrows}[WHAT]()
+{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd, "hwrows": hwrows}[WHAT]()

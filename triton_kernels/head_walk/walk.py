@@ -25,7 +25,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._log import log_once
 from . import gluon_b1, gluon_rows
-from .halves import head_walk_halves_kernel
 from .kernel import MAX_TOKENS, U_BOX_BYTES, expand_draft_logits_kernel, head_walk_kernel
 
 logger = logging.getLogger(__name__)
@@ -123,9 +122,6 @@ class WalkConfig:
     u_ring: bool = True
     # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
     winner_stride: int = WINNER_STRIDE
-    # The batch rows walked in two interleaved halves of block_rows // 2 (halves.py); tile_rows and exchange are a
-    # half's.
-    halves: bool = False
 
 
 def _interpreting() -> bool:
@@ -197,28 +193,6 @@ def choose_exchange(num_rows: int, sampled: bool = False, streamed: bool = False
     return next((exchange for rows, exchange in rule if num_rows <= rows), rule[-1][1])
 
 
-# Walks of at least this many rows take the interleaved halves (halves.py) by default where why_not_halves allows
-# them; None: only when asked (head_walk(halves=True)).
-HALVES_MIN_ROWS: int | None = None
-
-
-def why_not_halves(cfg: WalkConfig, *, num_rows: int, head: str) -> str | None:
-    """Why a walk planned with halves=True cannot walk its rows in two interleaved halves (halves.py), or None."""
-    if not cfg.multi:
-        return "the halves need the persistent walk of several programs (a GPU)"
-    if cfg.exchange not in ("probe", "poll"):
-        return f"the halves need a batched tagged exchange (probe / poll), not {cfg.exchange!r}"
-    if cfg.block_rows < 32 or num_rows <= cfg.block_rows // 2:
-        return f"{num_rows} rows fit in one half"
-    if cfg.chunk_rows > cfg.resident_tiles * cfg.tile_rows:
-        return "the halves need each program's shard fully resident"
-    if head == "rnn":
-        return "the RNN head advances its state for all rows together"
-    if not (cfg.split_keys and cfg.keys_once) or cfg.noise_ahead or cfg.l1_prefetch:
-        return "the halves score with split keys reduced once a step (no noise_ahead, no l1_prefetch)"
-    return None
-
-
 def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: torch.device, *,
               residency: str = "auto", programs: int | None = None, lockstep: bool = False,
               tile_rows: int | None = None, resident_tiles: int | None = None, exchange: str = "auto",
@@ -226,13 +200,10 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, halves: bool | None = None,
-              sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False) -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
-    shape, residency or prefetch option is given; else none. halves: the rows in two interleaved halves (tiles and
-    exchange sized for a half; None: not); why_not_halves says whether the plan can walk that way."""
-    halves = bool(halves)
+    shape, residency or prefetch option is given; else none."""
     tiles_given = tile_rows is not None or resident_tiles is not None or stream_rows is not None
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -249,13 +220,11 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
-    # A half's rows size the tiles and the exchange (a dot operand needs 16 of them).
-    dot_rows = max(16, block_rows // 2) if halves else block_rows
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
     if tile_rows is None:
-        tile_rows = min(256, max(64, 4096 // dot_rows), resident_rows)
+        tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
     stream_rows = stream_rows or 64
     on_gpu = device.type == "cuda" and not _interpreting()
     max_programs = _num_sms(device) if on_gpu else 1
@@ -276,7 +245,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         resident_tiles = 0
     elif on_gpu:
         fit = min(4, max(1, resident_rows // tile_rows), triton.cdiv(chunk_rows, tile_rows))
-        if chunk_rows > fit * tile_rows and dot_rows >= 64:
+        if chunk_rows > fit * tile_rows and block_rows >= 64:
             # The streamed tiles' pipeline buffers and the wide batch need the shared memory of two tiles.
             fit = min(fit, 2)
         resident_tiles = fit if resident_tiles is None else min(resident_tiles, fit)
@@ -313,7 +282,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         split_keys = scoring != "keys64" if split_keys is None else split_keys
         split_streamed = scoring == "split" if split_streamed is None else split_streamed
     if exchange == "auto":
-        exchange = choose_exchange(triton.cdiv(num_rows, 2) if halves else num_rows, sampled, streamed)
+        exchange = choose_exchange(num_rows, sampled, streamed)
     if num_stages is None:
         # Fully resident shards stream nothing: no pipeline buffers to pay shared memory for. Triton does not
         # pipeline the streamed tiles' loads either (no cp.async / TMA in the sm_90 SASS): the register
@@ -327,7 +296,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
-                      winner_stride=winner_stride, halves=halves)
+                      winner_stride=winner_stride)
 
 
 _workspaces: dict = {}
@@ -340,8 +309,7 @@ BLOCK_ROWS_ALL = (16, 32, 64)
 # could match its tag after the 14-bit tags wrapped around (a stale key taken as this step's): the Triton walk never
 # shares their keys. Within the Gluon family the same can still happen (gluon_rows after a run of one-row walks), but
 # those walks are greedy only: a stale key there changes drafts, never exactness (vLLM verifies every draft).
-# The interleaved halves (halves.py) use a slot layout of their own (4 slots of half-width keys): their own family.
-WORKSPACE_FAMILIES = ("triton", "gluon", "halves")
+WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
 # Devices whose driver refused a cooperative walk launch (an MPS client held below the device's SM count, a GPU
@@ -605,7 +573,6 @@ def head_walk(
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
     compact_cache: bool | None = None,
-    halves: bool | None = None,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Walk DSpark's serial head over a block: B rows x N steps, one persistent launch.
@@ -663,9 +630,6 @@ def head_walk(
             draft_logits: the walk stores draft columns in a compact buffer and a second launch writes the cache's
             walked rows whole, -inf outside the draft vocabulary; None: from COMPACT_CACHE_MIN_ROWS rows): launch
             overrides for tests and tuning.
-        halves: walk the rows in two interleaved halves, each half's exchange in flight while the other half
-            scores (halves.py; why_not_halves says where it cannot, and the walk then takes the plain plan with a
-            warning); None: from HALVES_MIN_ROWS rows where it can.
         gluon: "auto" (default): gluon_b1's walk where it was measured faster than the Triton walk
             (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
             aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; fully
@@ -788,7 +752,7 @@ def head_walk(
                    stream_rows=stream_rows, keys_once=keys_once, prefetch=prefetch, l1_prefetch=l1_prefetch,
                    split_keys=split_keys, pair_reduce=pair_reduce, split_streamed=split_streamed,
                    noise_ahead=noise_ahead, l2_prefetch=l2_prefetch, stream_tma=stream_tma, u_ring=u_ring,
-                   winner_stride=winner_stride, halves=halves)
+                   winner_stride=winner_stride)
     # Launch options the caller changed from their defaults: gluon="auto" then leaves the walk to the Triton plan.
     overrides = sorted(name for name, value in plan_kw.items() if value != PLAN_DEFAULTS[name])
     if w2_dtype is not None:
@@ -802,16 +766,7 @@ def head_walk(
                   stream_tma=kw["stream_tma"] if stream_ok else 0)
         return plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, sampled=sampled, **kw)
 
-    if halves is None and HALVES_MIN_ROWS is not None and num_rows >= HALVES_MIN_ROWS:
-        reason = why_not_halves(plan(halves=True), num_rows=num_rows, head=head)
-        plan_kw["halves"] = reason is None
     cfg = plan()
-    if cfg.halves:
-        reason = why_not_halves(cfg, num_rows=num_rows, head=head)
-        if reason is not None:
-            log_once(logger, logging.WARNING, f"head_walk(halves=True): walking the rows together: {reason}")
-            plan_kw["halves"] = False
-            cfg = plan()
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -1016,8 +971,7 @@ def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
                      prefetch=True, l1_prefetch=False, split_keys=None, pair_reduce=True, split_streamed=None,
-                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE,
-                     halves=None)
+                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE)
 
 
 def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
@@ -1352,7 +1306,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
     block_rows = cfg.block_rows
-    wsp = _workspace(u.device, cfg.programs, block_rows, rank, family="halves" if cfg.halves else "triton")
+    wsp = _workspace(u.device, cfg.programs, block_rows, rank)
     # State dims a program advances at a time: its whole share with grid barriers, else 16 at a time (a
     # [r, r] weight block per dot would not fit in shared memory).
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
@@ -1403,14 +1357,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
-    if cfg.halves:
-        # Its keys buffer [2, P, 2 * BP] is read as 4 slots of [P, BP]. Planned to fit (a half's tiles are the plain
-        # walk's of that width): no shrinking.
-        names = set(head_walk_halves_kernel.arg_names)
-        halves_args = {name: value for name, value in args.items() if name in names}
-        halves_args.update(BP=block_rows // 2, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        _launch_walk(head_walk_halves_kernel, cfg.programs, u.device, **halves_args)
-        return
     # A build that needs more shared memory than the SM has drops TMA ring stages (down to 2), then the streamed
     # tiles' register pipelining, then resident
     # tiles (their rows are then streamed), until it fits; the choice is remembered for the next walk.
