@@ -402,10 +402,6 @@ def run_gpu(args) -> dict:
         checks.append(dict(check="sweep_resident_auto", form=walk.GLUON_AUTO_RESIDENT_FORM,
                            chunk_rows=list(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS)))
         print(json.dumps(checks[-1]), flush=True)
-    if args.exchange_rule:
-        walk.MEASURED_EXCHANGES = tuple((int(rows), name) for rows, name in json.loads(args.exchange_rule))
-        checks.append(dict(check="sweep_exchange_rule", value=[list(r) for r in walk.MEASURED_EXCHANGES]))
-        print(json.dumps(checks[-1]), flush=True)
     t_start = time.time()
     # Block lengths in the order given (the headline block 15 first), both vocabularies before the next block.
     for steps in args.steps:
@@ -1122,20 +1118,14 @@ TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
 # 450.0 / 449.6 vs 461.1 / 461.3. Tokens equal to the lockstep walk's in every case, 34 GPU tests passed. Each half-step
 # cost a whole b16 step (~4.1 us): the exchange's round trips and the W1 gather stay on one instruction stream, so the
 # other half's scoring does not hide them. Removed, code at 88695b1.)
-# v57 (session 15): the inbox exchange in the Triton walk (exchange="inbox", kernel._exchange_inbox: one reducer program
-# a row, the winners pushed into every program's inbox; gluon_rows' exchange, ~1.75 us a step there against the
-# probe's ~3.1 here) against each batch's measured exchange, ABBA x 2: greedy b8 (poll), b16 / b32 (probe), b64
-# (amax); sampled b32 (probe) / b64 (amax); the 32k -> 151,936 d2t sampled b32; 152k greedy b32 (probe, streamed).
-def _v57_cases(measured: str, rows: int, vocab: int = 32000, label: str = "", **kw) -> list:
-    forms = {"inbox": dict(kw, exchange="inbox"), measured: dict(kw, exchange=measured)}
-    return _mirrored_passes(forms, vocab, f"{label}v{round(vocab / 1000)}k_b{rows}", passes=2, rows=rows)
-
-
-TUNE_CASES_V57 = (_v57_cases("probe", 32) + _v57_cases("amax", 64) + _v57_cases("probe", 16) + _v57_cases("poll", 8)
-                  + _v57_cases("probe", 32, label="sampled_", sampled=True)
-                  + _v57_cases("amax", 64, label="sampled_", sampled=True)
-                  + _v57_cases("probe", 32, label="d2t_sampled_", sampled=True, d2t_target_vocab=151936)
-                  + _v57_cases("probe", 32, vocab=151936))
+# (v57, session 15, at ee6ebfe: the inbox exchange in the Triton walk (exchange="inbox": one reducer program a row, the
+# winners pushed into every program's inbox, then each program spins on its own slots) against each batch's measured
+# exchange, ABBA x 2, us: greedy b8 80.6 / 80.2 vs poll 63.7 / 63.7, b16 80.5 / 86.3 vs probe 66.6 / 66.5, b32 106.2 /
+# 106.5 vs probe 86.3 / 85.8, b64 152.8 / 148.2 vs amax 140.4 / 140.1; sampled b32 203.5 / 210.8 vs 189.5 / 191.2, b64
+# 404.9 / 413.5 vs 342.6 / 341.4; d2t sampled b32 266.1 / 265.9 vs 237.3 / 236.9; 152k greedy b32 381.9 / 382.2 vs
+# probe 388.8 / 390.9 (-2 %, under the rule). Tokens equal everywhere (10 exchange GPU tests passed). Two dependent
+# spins (the reducer's, then the inbox's), each seeing a key up to a round trip late, cost more than the probe's
+# batched read of all P x B keys. Removed, code at ee6ebfe.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1282,7 +1272,6 @@ LADDERS = {
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
-    "v57": dict(rule={}, cases=TUNE_CASES_V57, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1710,9 +1699,6 @@ def main():
                         help="with --finalize: summary and table made again from the run's rows and checks")
     parser.add_argument("--results-name",
                         help="the results' file name (default head_walk; a d2t sweep appends _d2t), --finalize too")
-    parser.add_argument("--exchange-rule",
-                        help="the sweep's walks choose their exchange by this rule (JSON [[rows, exchange], ...] for "
-                             "walk.MEASURED_EXCHANGES; the ladder's cases name theirs)")
     parser.add_argument("--profile-walk", nargs=3, metavar=("VOCAB", "ROWS", "EXCHANGE"),
                         help="run three greedy walks of one configuration and exit (for ncu: the third is profiled)")
     parser.add_argument("--neighbour-check", nargs="+", type=float, metavar="SPIN_LIMIT HOLD_MS [HOLDERS]",

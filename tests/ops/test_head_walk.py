@@ -821,11 +821,11 @@ def test_gpu_compact_cache_bf16(rows):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("vocab, rows", [(32000, 1), (32000, 8), (32000, 40), (32000, 64), (151936, 8)],
-                         ids=["v32k-b1", "v32k-b8", "v32k-b40", "v32k-b64", "v152k-b8"])
+@pytest.mark.parametrize("vocab, rows", [(32000, 1), (32000, 8), (32000, 40), (151936, 8)],
+                         ids=["v32k-b1", "v32k-b8", "v32k-b40", "v152k-b8"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_exchanges_agree(vocab, rows, sampled):
-    """Every exchange (counter, flags, tagged, probe, poll, inbox; poll also with 16 warps and with the L1 prefetch) and
+    """Every exchange (counter, flags, tagged, probe, poll; poll also with 16 warps and with the L1 prefetch) and
     every scoring (running value + id max ending in a pair or an int64 reduction, int64 keys per score; sampled:
     noise computed a step ahead or inline) picks the same tokens, and no wait gives up. 40 rows: padding rows in
     the polled keys, two polling passes."""
@@ -834,7 +834,7 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
     p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1)
     p.req = torch.arange(rows, device=DEVICE)
     kw = sampling_kwargs(p) if sampled else {}
-    variants = {ex: dict(exchange=ex) for ex in ("counter", "flags", "tagged", "probe", "poll", "inbox")}
+    variants = {ex: dict(exchange=ex) for ex in ("counter", "flags", "tagged", "probe", "poll")}
     variants.update(poll_warps16=dict(exchange="poll", num_warps=16), poll_l1=dict(exchange="poll", l1_prefetch=True),
                     poll_key=dict(exchange="poll", pair_reduce=False),
                     probe_keys64=dict(exchange="probe", split_keys=False))

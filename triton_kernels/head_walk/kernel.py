@@ -493,33 +493,6 @@ def _exchange_tagged(keys_ptr, slot, pid, o_b, tag, first, err_ptr, num_rows, w1
 
 
 @triton.jit
-def _exchange_inbox(keys_ptr, inbox_ptr, slot, pid, o_b, tag, err_ptr, num_rows, NUM_PROGS: tl.constexpr,
-                    PP: tl.constexpr, BP: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """Inbox exchange (several rows, after _publish_tagged; gluon_rows' EXCHANGE 1 in the Triton walk): program
-    r < num_rows reduces batch row r alone, spinning on column r of every program's tagged keys (one slot a thread),
-    and stores the winner, which keeps the step's tag, into row r of every program's inbox; every program then spins
-    on its own [BP] inbox slots. Polled slots a program and step: P + BP for a reducer, BP otherwise, where the
-    probe and poll exchanges read all P x BP keys. Padding rows have no reducer: they read this program's own key.
-
-    Slot reuse (slot = k % 2) is safe as in _exchange_tagged: a program publishes step k + 2's keys only after it
-    read its step k + 1 inbox, whose row r reducer r pushed after it read all of step k + 1's (and so step k's)
-    column r; and it reads its step k + 2 inbox only after reducer r read step k + 2's keys, which every program
-    published after reading its step k + 1 inbox (so after step k's)."""
-    err_addr = err_ptr.to(tl.int64)
-    base = keys_ptr + slot * NUM_PROGS * BP
-    inbox = inbox_ptr + slot * NUM_PROGS * BP
-    if pid < num_rows:
-        o_p = tl.arange(0, PP)
-        prog = tl.where(o_p < NUM_PROGS, o_p, pid)
-        column = _spin_tagged(base + prog * BP + pid, tl.full([PP], 0, tl.int32) + tag, err_addr + 0 * o_p,
-                              SPIN_LIMIT)
-        winner = tl.max(column, axis=0)
-        _publish_relaxed(inbox + prog * BP + pid, tl.full([PP], 0, tl.int64) + winner)
-    ptrs = tl.where(o_b < num_rows, inbox + pid * BP + o_b, base + pid * BP + o_b)
-    return _spin_tagged(ptrs, tl.full([BP], 0, tl.int32) + tag, err_addr + 0 * o_b, SPIN_LIMIT)
-
-
-@triton.jit
 def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                 stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab,
                 SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr,
@@ -832,7 +805,7 @@ def head_walk_kernel(
     keys_ptr, count_ptr, gen_ptr, err_ptr,
     w2_desc, u_desc,
     num_rows, num_steps, vocab, logit_scale, k_begin, k_end,
-    win_ptr, arrive_ptr, inbox_ptr,
+    win_ptr, arrive_ptr,
     R: tl.constexpr, BP: tl.constexpr, RT: tl.constexpr, RES_TILES: tl.constexpr, ST: tl.constexpr, CHUNK_ROWS: tl.constexpr,
     NUM_PROGS: tl.constexpr, PP: tl.constexpr, HEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, STORE_LOGITS: tl.constexpr,
@@ -849,8 +822,7 @@ def head_walk_kernel(
     # the batch rows have BP entries; KB = 1 when the walk has one row (then scored as [rows] vectors, and the
     # tagged exchange polls one column), else BP. EXCHANGE (with MULTI): 0 counter barrier + key read, 1 flags
     # (row 0's key is the arrival flag), 2 tagged (every key its own flag, relaxed stores, per-thread spin),
-    # 3 probe / 4 poll (tagged keys; B > 1: batched loads of every live key, after a column-0 spin for probe),
-    # 6 inbox (tagged keys; B > 1: one reducer program a row, the winners pushed to every program: _exchange_inbox).
+    # 3 probe / 4 poll (tagged keys; B > 1: batched loads of every live key, after a column-0 spin for probe).
     # KEYS_ONCE: one CTA-wide key reduction per step instead of one per tile. PREFETCH: streamed tiles are
     # double-buffered in registers. L1_PREFETCH: the next U and the candidates' W1 rows into L1 (measured slower).
     # L2_PREFETCH > 0 (streamed tiles, with PREFETCH): the tile that many ahead is bulk-prefetched into L2 (the
@@ -872,13 +844,11 @@ def head_walk_kernel(
     # host vouched that d2t increases (D2T_INCREASING): then target ids order as draft ids do and the keys carry them.
     KEY_BY_TARGET: tl.constexpr = SAMPLED or (HAS_D2T and D2T_INCREASING)
     FLAGS: tl.constexpr = MULTI and EXCHANGE == 1
-    # EXCHANGE 6 "inbox" (several rows; one row walks it as "tagged"): _exchange_inbox.
-    INBOX: tl.constexpr = MULTI and EXCHANGE == 6 and KB > 1
-    TAGGED: tl.constexpr = MULTI and (EXCHANGE >= 2 and EXCHANGE <= 4 or EXCHANGE == 6 and KB == 1)
+    TAGGED: tl.constexpr = MULTI and EXCHANGE >= 2 and EXCHANGE <= 4
     AMAX: tl.constexpr = EXCHANGE == 5
     LOCAL: tl.constexpr = MULTI and EXCHANGE == 7
     # Exchanges that leave each step's winning keys in registers (`winners`, or `best0` for one row).
-    WINNERS: tl.constexpr = TAGGED or INBOX or (MULTI and AMAX) or LOCAL
+    WINNERS: tl.constexpr = TAGGED or (MULTI and AMAX) or LOCAL
     # Candidate W1 rows are prefetched by target id: greedy keys of a reduced vocabulary carry draft ids.
     PREFETCH_W1: tl.constexpr = L1_PREFETCH and not (HAS_D2T and not KEY_BY_TARGET)
     HAS_STREAM: tl.constexpr = CHUNK_ROWS > RES_TILES * RT
@@ -962,7 +932,7 @@ def head_walk_kernel(
         u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, tl.minimum(k_begin, num_steps - 1), stream_begin + o_s,
                               shard_end, o_b, m_b, ONE_ROW)
 
-    if FLAGS or TAGGED or INBOX:
+    if FLAGS or TAGGED:
         gen = tl.load(gen_ptr + pid)
     if AMAX:
         # Fewer than NUM_PROGS arrivals of this launch can precede this read (this program has not arrived), so
@@ -1315,11 +1285,6 @@ def head_walk_kernel(
             else:
                 winners = _exchange_tagged(keys_ptr, k % 2, pid, o_b, tag, first, err_ptr, num_rows, w1_ptr,
                                            stride_w1, NUM_PROGS, PP, BP, KB, EXCHANGE, PREFETCH_W1, R, SPIN_LIMIT)
-        elif INBOX:
-            tag = (((gen + k) % 16383) + 1).to(tl.int32)
-            _publish_tagged(keys_ptr, k % 2, pid, best, tag, NUM_PROGS, BP)
-            winners = _exchange_inbox(keys_ptr, inbox_ptr, k % 2, pid, o_b, tag, err_ptr, num_rows, NUM_PROGS, PP,
-                                      BP, SPIN_LIMIT)
         elif AMAX and MULTI:
             winners = _exchange_amax(win_ptr, arrive_ptr, err_ptr, epoch0 + (k - k_begin), pid, best, o_b, m_b,
                                      NUM_PROGS, BP, WIN_STRIDE, SPIN_LIMIT, INLINE_PTX)
@@ -1344,7 +1309,7 @@ def head_walk_kernel(
             else:
                 tl.debug_barrier()
 
-    if FLAGS or TAGGED or INBOX:
+    if FLAGS or TAGGED:
         tl.store(gen_ptr + pid, gen + (k_end - k_begin))
     if DO_FINAL and WINNERS:
         x = _winner_ids(best0, winners, o_b, m_b, d2t_ptr, HAS_D2T, KEY_BY_TARGET, KB)

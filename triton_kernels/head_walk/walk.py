@@ -38,11 +38,9 @@ RESIDENCIES = ("auto", "full", "partial", "off")
 # column 0, then one batch of loads brings every live key and re-polls the few still missing), "poll" (that batch
 # of loads and re-polls from the start), "amax" (every program folds its row bests into one [B] winners slot with
 # atomic max, arrives on a step counter and reads the [B] winners back: traffic that does not grow with the
-# programs), "inbox" (program r reduces batch row r's keys alone and stores the winner into every program's inbox;
-# each program then polls its own B inbox slots), "auto" (choose_exchange). With one row, probe, poll and inbox are
-# tagged.
-EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll", "amax", "inbox")
-EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4, "amax": 5, "inbox": 6}
+# programs), "auto" (choose_exchange). With one row, probe and poll are tagged.
+EXCHANGES = ("auto", "counter", "flags", "tagged", "probe", "poll", "amax")
+EXCHANGE_CODES = {"none": 0, "counter": 0, "flags": 1, "tagged": 2, "probe": 3, "poll": 4, "amax": 5}
 # amax: int64 entries between two rows' winners. Packed (1) measured faster than a 128-byte line a row (16) at every
 # batch (H200, 32k block 15, ladder v15 at 76ac2af: b8 71.5 vs 82.3 us, b32 119.8 vs 127.9, b64 140.8 vs 150.8).
 WINNER_STRIDE = 1
@@ -1339,7 +1337,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         sb_ptr=wsp["state"], ob_ptr=wsp["out"],
         keys_ptr=wsp["keys"], count_ptr=wsp["count"], gen_ptr=wsp["gen"], err_ptr=wsp["err"],
         w2_desc=w2_desc, u_desc=u_desc,
-        win_ptr=winners, arrive_ptr=arrive, inbox_ptr=wsp["inbox"],
+        win_ptr=winners, arrive_ptr=arrive,
         num_rows=num_rows, num_steps=num_steps, vocab=vocab, logit_scale=float(logit_scale),
         R=rank, BP=block_rows, RT=cfg.tile_rows, RES_TILES=cfg.resident_tiles, ST=cfg.stream_rows,
         CHUNK_ROWS=cfg.chunk_rows,
