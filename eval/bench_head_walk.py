@@ -1126,6 +1126,16 @@ TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
 # probe 388.8 / 390.9 (-2 %, under the rule). Tokens equal everywhere (10 exchange GPU tests passed). Two dependent
 # spins (the reducer's, then the inbox's), each seeing a key up to a round trip late, cost more than the probe's
 # batched read of all P x B keys. Removed, code at ee6ebfe.)
+# v58 (session 15, diagnosis): what the exchange costs the Triton walk, each batch's measured exchange against the
+# same walk with no exchange at all (LOCAL_EXCHANGE: each program walks its own shard's best, wrong tokens, timed
+# anyway), ABBA x 2: greedy b8 (poll), b16 / b32 (probe), b64 (amax), sampled b32 (probe).
+def _v58_cases(measured: str, rows: int, label: str = "", **kw) -> list:
+    forms = {measured: dict(kw, exchange=measured), "local": dict(kw, exchange="local", time_always=True)}
+    return _mirrored_passes(forms, 32000, f"{label}v32k_b{rows}", passes=2, rows=rows)
+
+
+TUNE_CASES_V58 = (_v58_cases("probe", 32) + _v58_cases("probe", 16) + _v58_cases("poll", 8) + _v58_cases("amax", 64)
+                  + _v58_cases("probe", 32, label="sampled_", sampled=True))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1272,6 +1282,7 @@ LADDERS = {
     "v52": dict(rule={}, cases=TUNE_CASES_V52, floors=[]),
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
+    "v58": dict(rule={}, cases=TUNE_CASES_V58, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
