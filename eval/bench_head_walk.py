@@ -1136,6 +1136,20 @@ def _v58_cases(measured: str, rows: int, label: str = "", **kw) -> list:
 
 TUNE_CASES_V58 = (_v58_cases("probe", 32) + _v58_cases("probe", 16) + _v58_cases("poll", 8) + _v58_cases("amax", 64)
                   + _v58_cases("probe", 32, label="sampled_", sampled=True))
+# v59 (session 15): after v58's profile (b32 probe walk: the two 128-row tiles' wgmma waits ~10 % of the stall samples,
+# one wait each, a layout round trip between them), the fully resident 32k shard as one 256-row tile at 32 / 64 rows
+# (plan_walk's default caps a tile's [rows, B] accumulator at 4096 entries: two 128-row tiles at b32), ABBA x 2: greedy
+# b24 / b32 / b64, sampled b32, the d2t greedy b32 and sampled b32.
+V59_FORMS = {"tile256": dict(tile_rows=256), "tile_default": dict()}
+TUNE_CASES_V59 = ([case for rows in (32, 64, 24)
+                   for case in _mirrored_passes(V59_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V59_FORMS.items()}, 32000,
+                                     "sampled_v32k_b32", passes=2, rows=32)
+                  + [case for sampled in (False, True)
+                     for case in _mirrored_passes({name: dict(kw, sampled=sampled, d2t_target_vocab=151936)
+                                                   for name, kw in V59_FORMS.items()},
+                                                  32000, f"d2t_{'sampled' if sampled else 'greedy'}_v32k_b32",
+                                                  passes=2, rows=32)])
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1283,6 +1297,7 @@ LADDERS = {
     "v53": dict(rule={}, cases=TUNE_CASES_V53, floors=[]),
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
     "v58": dict(rule={}, cases=TUNE_CASES_V58, floors=[]),
+    "v59": dict(rule={}, cases=TUNE_CASES_V59, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
