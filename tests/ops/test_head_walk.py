@@ -1998,3 +1998,49 @@ def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, cap
     with pytest.raises(RuntimeError, match="illegal address"):
         walk_module._launch_walk(Kernel("Triton Error [CUDA]: an illegal memory access was encountered: illegal "
                                         "address"), 132, "cuda:0")
+
+
+def test_plan_takes_one_wide_tile_where_measured(monkeypatch):
+    """Fully resident 32k shards (256 rows a program) walk as one 256-row tile where ladder v59 measured it faster than
+    the accumulator cap's two 128-row tiles (sampled walks of 17..32 rows, greedy ones of 33..64), and keep the cap
+    elsewhere: greedy 17..32 rows, sampled 33..64, up to 16 rows (one tile of 256 already), partly streamed shards (152k),
+    a given tile size, fp8 W2, lockstep, the gated and RNN heads."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    def tiles(rows, vocab=32000, sampled=False, w2_bytes=2, **kw):
+        cfg = walk.plan_walk(vocab, 256, rows, w2_bytes, torch.device("cuda"), sampled=sampled, **kw)
+        return cfg.tile_rows, cfg.resident_tiles
+
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(walk, "_interpreting", lambda: False)
+    assert tiles(32, sampled=True) == tiles(17, sampled=True) == (256, 1)
+    assert tiles(64) == tiles(40) == (256, 1)
+    assert tiles(32) == (128, 2) and tiles(64, sampled=True) == (64, 4)
+    assert tiles(16) == tiles(16, sampled=True) == (256, 1)
+    assert tiles(32, vocab=151936, sampled=True)[0] == tiles(64, vocab=151936)[0] == 64
+    assert tiles(32, sampled=True, tile_rows=128) == (128, 2)
+    assert tiles(32, sampled=True, w2_bytes=1) == (128, 2)
+    assert tiles(64, lockstep=True) == (64, 4)
+    assert tiles(64, head="gated_markov") == (64, 4) and tiles(32, sampled=True, head="rnn") == (128, 2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows, sampled", [(24, True), (32, True), (64, False), (40, False)],
+                         ids=["sampled-b24", "sampled-b32", "greedy-b64", "greedy-b40"])
+def test_gpu_wide_tile_agrees(rows, sampled):
+    """Where the plan walks one 256-row tile (sampled 17..32 rows, greedy 33..64) it proposes the two 128-row tiles'
+    tokens and fills the same draft-logits cache; the one-launch-per-step walk agrees; no wait gives up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 100, scale=0.1)
+    kw = dict(req_indices=p.req, **(sampling_kwargs(p) if sampled else {}))
+    caches = [torch.full((rows + 2, 16, 32040), -7.0, dtype=torch.bfloat16, device=DEVICE) for _ in range(2)]
+    errors = barrier_errors(DEVICE)
+    wide, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=caches[0], **kw)
+    narrow, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=caches[1], tile_rows=128, **kw)
+    step, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, lockstep=True, **kw)
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    assert torch.equal(wide, narrow) and torch.equal(wide, step)
+    assert torch.equal(caches[0], caches[1])

@@ -159,6 +159,18 @@ MEASURED_STREAMED_L2_PREFETCH = ((1, 0), (8, 4), (32, 4), (64, 0))
 MEASURED_STREAMED_L2_PREFETCH_SAMPLED = ((1, 0), (8, 0), (32, 2), (64, 0))
 
 
+# Fully resident shards walked as one tile of WIDE_TILE_ROWS rows at these (padded batch rows, sampled), where the
+# accumulator cap of plan_walk (4096 fp32 entries a tile) would give two tiles of 128 rows, each product waited on by
+# itself with a shared-memory layout round trip between them. Ladder v59 (H200, 32k, block 15, r 256, ABBA x 2, us, one
+# tile vs two): sampled b32 175.1 / 173.5 vs 189.2 / 189.7 (with d2t and the cache 223.3 / 221.9 vs 235.1 / 235.2),
+# greedy b64 136.5 / 136.8 vs 139.7 / 139.6; not taken: greedy b32 86.0 / 85.6 vs 85.3 / 85.0 (b24 89.2 / 89.2 vs
+# 91.9 / 92.0, d2t b32 84.5 / 83.8 vs 85.2 / 85.2: the same build, so no rule by batch inside it), sampled b64 (its
+# one-tile build spills 672 B, triton 3.6: not timed). Up to 16 padded rows one tile already holds 256 rows. Markov
+# heads only (the gated and RNN heads' builds were not timed with it).
+MEASURED_WIDE_TILE = ((32, True), (64, False))
+WIDE_TILE_ROWS = 256
+
+
 # Partly streamed shards (V = 152k), 2-byte W2: (TMA ring stages, resident tile rows, resident tiles, warps) each batch
 # size walks with by default, as measured (eval/results/head_walk.json, H200, block 15, same-run comparisons):
 # ladder v12 (greedy): b1 4 stages + one resident tile of 128 rows 311.2 us vs the register double buffer 373.6 (-17%;
@@ -200,10 +212,11 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False) -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False,
+              head: str = "markov") -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
-    shape, residency or prefetch option is given; else none."""
+    shape, residency or prefetch option is given; else none. sampled, head: the walk's, for the measured rules."""
     tiles_given = tile_rows is not None or resident_tiles is not None or stream_rows is not None
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -223,7 +236,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
-    if tile_rows is None:
+    tile_default = tile_rows is None
+    if tile_default:
         tile_rows = min(256, max(64, 4096 // block_rows), resident_rows)
     stream_rows = stream_rows or 64
     on_gpu = device.type == "cuda" and not _interpreting()
@@ -239,6 +253,9 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     else:
         chunk_rows = vocab
     num_programs = triton.cdiv(vocab, chunk_rows)
+    if (tile_default and on_gpu and not lockstep and residency != "off" and w2_elt_bytes == 2 and head == "markov"
+            and (block_rows, sampled) in MEASURED_WIDE_TILE and chunk_rows <= WIDE_TILE_ROWS <= resident_rows):
+        tile_rows = WIDE_TILE_ROWS
     if not on_gpu:
         tile_rows = min(tile_rows, triton.next_power_of_2(chunk_rows))
     if residency == "off":
@@ -764,7 +781,7 @@ def head_walk(
         stream_ok = w2_scale is None and _tma_ok(w2_rows) and (_tma_ok(base_logits) or not ring_reads_u)
         kw.update(l2_prefetch=kw["l2_prefetch"] if w2_rows.stride(1) == 1 and w2_rows.stride(0) == rank else 0,
                   stream_tma=kw["stream_tma"] if stream_ok else 0)
-        return plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, sampled=sampled, **kw)
+        return plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, sampled=sampled, head=head, **kw)
 
     cfg = plan()
 
