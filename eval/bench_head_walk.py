@@ -1465,10 +1465,21 @@ def precompile(args, sms: int) -> None:
 
 def merge_runs(paths, commits) -> tuple[dict, str]:
     """Several GPU runs' results as one: a later run's row replaces an earlier run's row of the same
-    configuration; every row and check keeps its run number, every ratio stays within one run."""
+    configuration; every row and check keeps its run number, every ratio stays within one run. A path may be an
+    earlier merge (its runs come first, in their order)."""
     runs, by_key, checks = [], {}, []
-    for number, (path, commit) in enumerate(zip(paths, commits), 1):
+    for path, commit in zip(paths, commits):
         doc = json.loads(Path(path).read_text())
+        if "runs" in doc:
+            # An earlier merge (the committed results file): its runs, rows and checks keep their run numbers, moved
+            # past the runs before it.
+            offset = len(runs)
+            runs += [dict(r, run=r["run"] + offset) for r in doc["runs"]]
+            for row in doc["rows"]:
+                by_key[(row["vocab"], row["steps"], row["batch"], row["mode"])] = dict(row, run=row["run"] + offset)
+            checks += [dict(c, run=c["run"] + offset) for c in doc.get("checks", [])]
+            continue
+        number = len(runs) + 1
         runs.append(dict(run=number, commit=commit or doc["commit"], date=doc["date"], command=doc["command"],
                          device=doc["device"], hbm_gbps=doc.get("hbm_gbps")))
         for row in doc["rows"]:
