@@ -1150,6 +1150,13 @@ TUNE_CASES_V59 = ([case for rows in (32, 64, 24)
                                                    for name, kw in V59_FORMS.items()},
                                                   32000, f"d2t_{'sampled' if sampled else 'greedy'}_v32k_b32",
                                                   passes=2, rows=32)])
+# v60 (session 15): sampled walks of 33..64 rows (the plan's four 64-row tiles, 384 B of stack, triton 3.6) as two
+# 128-row tiles (608 B) or one of 256 (672 B), ABBA x 2, plain and with the 32k -> 151,936 d2t and its cache.
+V60_FORMS = {"tile256": dict(tile_rows=256, sampled=True), "tile128": dict(tile_rows=128, sampled=True),
+             "tile_default": dict(sampled=True)}
+TUNE_CASES_V60 = (_mirrored_passes(V60_FORMS, 32000, "sampled_v32k_b64", passes=2, rows=64)
+                  + _mirrored_passes({name: dict(kw, d2t_target_vocab=151936) for name, kw in V60_FORMS.items()},
+                                     32000, "d2t_sampled_v32k_b64", passes=2, rows=64))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1298,6 +1305,7 @@ LADDERS = {
     "v55": dict(rule={}, cases=TUNE_CASES_V55, floors=[]),
     "v58": dict(rule={}, cases=TUNE_CASES_V58, floors=[]),
     "v59": dict(rule={}, cases=TUNE_CASES_V59, floors=[]),
+    "v60": dict(rule={}, cases=TUNE_CASES_V60, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
