@@ -1157,6 +1157,8 @@ V60_FORMS = {"tile256": dict(tile_rows=256, sampled=True), "tile128": dict(tile_
 TUNE_CASES_V60 = (_mirrored_passes(V60_FORMS, 32000, "sampled_v32k_b64", passes=2, rows=64)
                   + _mirrored_passes({name: dict(kw, d2t_target_vocab=151936) for name, kw in V60_FORMS.items()},
                                      32000, "d2t_sampled_v32k_b64", passes=2, rows=64))
+# (v60 ran once at a26b8a5, us, tile256 / tile128 / default: sampled b64 412.2 / 421.3, 445.2 / 435.1, 339.8 / 339.9;
+# d2t sampled b64 540.2 / 543.1, 568.8 / 558.8, 453.8 / 451.7: the spills win, the four 64-row tiles stay.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
