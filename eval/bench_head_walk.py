@@ -1159,6 +1159,15 @@ TUNE_CASES_V60 = (_mirrored_passes(V60_FORMS, 32000, "sampled_v32k_b64", passes=
                                      32000, "d2t_sampled_v32k_b64", passes=2, rows=64))
 # (v60 ran once at a26b8a5, us, tile256 / tile128 / default: sampled b64 412.2 / 421.3, 445.2 / 435.1, 339.8 / 339.9;
 # d2t sampled b64 540.2 / 543.1, 568.8 / 558.8, 453.8 / 451.7: the spills win, the four 64-row tiles stay.)
+# v61 (session 15): 16 warps for the Triton walk at 17..64 rows (half the scores, keys and reductions a thread; offline
+# 3.6: b32 greedy 1,504 instructions, 112 registers, no stack, against 2,184 / 139 at 8 warps; b32 sampled 128 + 128 B of
+# stack; b64 greedy 128 + 8 B), ABBA x 2: greedy b32 (also with one 256-row tile), b64, sampled b32.
+V61_FORMS = {"warps16": dict(num_warps=16), "warps8": dict()}
+TUNE_CASES_V61 = (_mirrored_passes(dict(V61_FORMS, warps16_tile256=dict(num_warps=16, tile_rows=256)), 32000,
+                                   "v32k_b32", passes=2, rows=32)
+                  + _mirrored_passes(V61_FORMS, 32000, "v32k_b64", passes=2, rows=64)
+                  + _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V61_FORMS.items()}, 32000,
+                                     "sampled_v32k_b32", passes=2, rows=32))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1308,6 +1317,7 @@ LADDERS = {
     "v58": dict(rule={}, cases=TUNE_CASES_V58, floors=[]),
     "v59": dict(rule={}, cases=TUNE_CASES_V59, floors=[]),
     "v60": dict(rule={}, cases=TUNE_CASES_V60, floors=[]),
+    "v61": dict(rule={}, cases=TUNE_CASES_V61, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
