@@ -1168,6 +1168,8 @@ TUNE_CASES_V61 = (_mirrored_passes(dict(V61_FORMS, warps16_tile256=dict(num_warp
                   + _mirrored_passes(V61_FORMS, 32000, "v32k_b64", passes=2, rows=64)
                   + _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V61_FORMS.items()}, 32000,
                                      "sampled_v32k_b32", passes=2, rows=32))
+# (v61 ran once at b2e0fcd, us, 16 / 8 warps: greedy b32 102.5 / 101.5 vs 85.2 / 85.7 (16 warps + one 256-row tile 102.7
+# / 102.4), b64 189.3 / 189.3 vs 136.2 / 136.5, sampled b32 186.4 / 186.0 vs 173.4 / 173.7: 8 warps stay.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
