@@ -572,6 +572,11 @@ def head_case(torch, device, rows, head, sampled, vocab=32000, steps=15, d_model
     return p, kw
 
 
+def _with(forms: dict, **options) -> dict:
+    """forms (name -> head_walk options) with options added to each (sampled=True, a d2t target vocabulary)."""
+    return {name: dict(kw, **options) for name, kw in forms.items()}
+
+
 def _mirrored_passes(forms: dict, vocab: int, suffix: str, passes: int = 4, rows: int = 1) -> list:
     """Cases of `passes` passes over forms (name -> head_walk options), every other pass in reverse order
     (ABBA: drift cancels), named name{"", "_again", "_third", "_fourth"}_{suffix}."""
@@ -1107,7 +1112,7 @@ V55_FORMS = {"coop": dict(cooperative=True), "plain": dict(cooperative=False)}
 TUNE_CASES_V55 = ([case for rows in (1, 8, 32)
                    for case in _mirrored_passes(V55_FORMS, 32000, f"v32k_b{rows}", passes=4, rows=rows)]
                   + [case for rows in (8, 32)
-                     for case in _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V55_FORMS.items()},
+                     for case in _mirrored_passes(_with(V55_FORMS, sampled=True),
                                                   32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
                   + _mirrored_passes(V55_FORMS, 151936, "v152k_b1", passes=2, rows=1))
 # (v56, session 15, at 88695b1: the batch rows in two interleaved halves (head_walk(halves=True), a kernel of its own:
@@ -1143,11 +1148,10 @@ TUNE_CASES_V58 = (_v58_cases("probe", 32) + _v58_cases("probe", 16) + _v58_cases
 V59_FORMS = {"tile256": dict(tile_rows=256), "tile_default": dict()}
 TUNE_CASES_V59 = ([case for rows in (32, 64, 24)
                    for case in _mirrored_passes(V59_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
-                  + _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V59_FORMS.items()}, 32000,
+                  + _mirrored_passes(_with(V59_FORMS, sampled=True), 32000,
                                      "sampled_v32k_b32", passes=2, rows=32)
                   + [case for sampled in (False, True)
-                     for case in _mirrored_passes({name: dict(kw, sampled=sampled, d2t_target_vocab=151936)
-                                                   for name, kw in V59_FORMS.items()},
+                     for case in _mirrored_passes(_with(V59_FORMS, sampled=sampled, d2t_target_vocab=151936),
                                                   32000, f"d2t_{'sampled' if sampled else 'greedy'}_v32k_b32",
                                                   passes=2, rows=32)])
 # v60 (session 15): sampled walks of 33..64 rows (the plan's four 64-row tiles, 384 B of stack, triton 3.6) as two
@@ -1155,7 +1159,7 @@ TUNE_CASES_V59 = ([case for rows in (32, 64, 24)
 V60_FORMS = {"tile256": dict(tile_rows=256, sampled=True), "tile128": dict(tile_rows=128, sampled=True),
              "tile_default": dict(sampled=True)}
 TUNE_CASES_V60 = (_mirrored_passes(V60_FORMS, 32000, "sampled_v32k_b64", passes=2, rows=64)
-                  + _mirrored_passes({name: dict(kw, d2t_target_vocab=151936) for name, kw in V60_FORMS.items()},
+                  + _mirrored_passes(_with(V60_FORMS, d2t_target_vocab=151936),
                                      32000, "d2t_sampled_v32k_b64", passes=2, rows=64))
 # (v60 ran once at a26b8a5, us, tile256 / tile128 / default: sampled b64 412.2 / 421.3, 445.2 / 435.1, 339.8 / 339.9;
 # d2t sampled b64 540.2 / 543.1, 568.8 / 558.8, 453.8 / 451.7: the spills win, the four 64-row tiles stay.)
@@ -1166,7 +1170,7 @@ V61_FORMS = {"warps16": dict(num_warps=16), "warps8": dict()}
 TUNE_CASES_V61 = (_mirrored_passes(dict(V61_FORMS, warps16_tile256=dict(num_warps=16, tile_rows=256)), 32000,
                                    "v32k_b32", passes=2, rows=32)
                   + _mirrored_passes(V61_FORMS, 32000, "v32k_b64", passes=2, rows=64)
-                  + _mirrored_passes({name: dict(kw, sampled=True) for name, kw in V61_FORMS.items()}, 32000,
+                  + _mirrored_passes(_with(V61_FORMS, sampled=True), 32000,
                                      "sampled_v32k_b32", passes=2, rows=32))
 # (v61 ran once at b2e0fcd, us, 16 / 8 warps: greedy b32 102.5 / 101.5 vs 85.2 / 85.7 (16 warps + one 256-row tile 102.7
 # / 102.4), b64 189.3 / 189.3 vs 136.2 / 136.5, sampled b32 186.4 / 186.0 vs 173.4 / 173.7: 8 warps stay.)

@@ -2007,19 +2007,18 @@ def test_plan_takes_one_wide_tile_where_measured(monkeypatch):
     a given tile size, fp8 W2, lockstep, the gated and RNN heads."""
     import hybridspec_kernels.head_walk.walk as walk
 
-    def tiles(rows, vocab=32000, sampled=False, w2_bytes=2, **kw):
-        cfg = walk.plan_walk(vocab, 256, rows, w2_bytes, torch.device("cuda"), sampled=sampled, **kw)
+    def tiles(rows, vocab=32000, **kw):
+        cfg = _gpu_plan(monkeypatch, vocab, rows, **kw)
         return cfg.tile_rows, cfg.resident_tiles
 
-    monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(walk, "_interpreting", lambda: False)
     assert tiles(32, sampled=True) == tiles(17, sampled=True) == (256, 1)
     assert tiles(64) == tiles(40) == (256, 1)
     assert tiles(32) == (128, 2) and tiles(64, sampled=True) == (64, 4)
     assert tiles(16) == tiles(16, sampled=True) == (256, 1)
     assert tiles(32, vocab=151936, sampled=True)[0] == tiles(64, vocab=151936)[0] == 64
     assert tiles(32, sampled=True, tile_rows=128) == (128, 2)
-    assert tiles(32, sampled=True, w2_bytes=1) == (128, 2)
+    fp8 = walk.plan_walk(32000, 256, 32, 1, torch.device("cuda"), sampled=True)  # still on _gpu_plan's stand-in GPU
+    assert (fp8.tile_rows, fp8.resident_tiles) == (128, 2)
     assert tiles(64, lockstep=True) == (64, 4)
     assert tiles(64, head="gated_markov") == (64, 4) and tiles(32, sampled=True, head="rnn") == (128, 2)
 
