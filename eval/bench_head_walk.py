@@ -1174,6 +1174,18 @@ TUNE_CASES_V61 = (_mirrored_passes(dict(V61_FORMS, warps16_tile256=dict(num_warp
                                      "sampled_v32k_b32", passes=2, rows=32))
 # (v61 ran once at b2e0fcd, us, 16 / 8 warps: greedy b32 102.5 / 101.5 vs 85.2 / 85.7 (16 warps + one 256-row tile 102.7
 # / 102.4), b64 189.3 / 189.3 vs 136.2 / 136.5, sampled b32 186.4 / 186.0 vs 173.4 / 173.7: 8 warps stay.)
+# v62 (session 16): sampled walks whose Gumbel noise is made before the walk by noise_table_kernel (every step's, at full
+# occupancy) and loaded by the walk beside its base logits, against the walk that computes it while scoring (v58: the
+# noise is ~6.7 of the sampled b32 step's 10.7 us without exchange), ABBA x 2: 32k sampled b8 / b16 / b32 / b64 (b64
+# also "late": each 64-row tile's noise loaded just before it is scored), the d2t sampled b32 with its cache. The
+# table variant's time includes the table's launch (both are in the captured graph).
+V62_FORMS = {"table": dict(noise_table=True, sampled=True), "inline": dict(noise_table=False, sampled=True)}
+TUNE_CASES_V62 = ([case for rows in (8, 16, 32)
+                   for case in _mirrored_passes(V62_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(dict(V62_FORMS, table_late=dict(noise_table="late", sampled=True)), 32000,
+                                     "sampled_v32k_b64", passes=2, rows=64)
+                  + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b32",
+                                     passes=2, rows=32))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1324,6 +1336,7 @@ LADDERS = {
     "v59": dict(rule={}, cases=TUNE_CASES_V59, floors=[]),
     "v60": dict(rule={}, cases=TUNE_CASES_V60, floors=[]),
     "v61": dict(rule={}, cases=TUNE_CASES_V61, floors=[]),
+    "v62": dict(rule={}, cases=TUNE_CASES_V62, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -681,6 +681,80 @@ def test_plan_of_the_amax_exchange():
         plan_walk(300, 16, 4, 4, cpu, exchange="amax", winner_stride=8192)
 
 
+@needs_kernels
+@pytest.mark.parametrize("reduced_vocab", [False, True], ids=["full-vocab", "d2t"])
+@pytest.mark.parametrize("rows,steps,vocab,opts", [
+    pytest.param(5, 7, 200, dict(), id="b5-one-program"),
+    pytest.param(3, 5, 1031, dict(programs=3, lockstep=True, resident_tiles=2), id="b3-three-programs-lockstep"),
+    pytest.param(4, 4, 300, dict(exchange="amax"), id="b4-amax"),
+])
+def test_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
+    """Sampled walks whose noise is made before the walk (noise_table) propose the naive walk's tokens and fill the
+    draft-logits cache as the walk that computes its noise: a greedy request and a padding row among the rows,
+    requests out of order, the d2t's target ids as noise keys."""
+    p = make_problem(rows, steps, vocab, seed=21)
+    extra = dict(draft_to_target=p.d2t) if reduced_vocab else {}
+    kw = dict(sampling_kwargs(p), req_indices=p.req, **extra)
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
+    caches = {}
+    for table in (True, "late", False):
+        cache = torch.full((rows + 2, steps, vocab + 40), -7.0, device=DEVICE)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, noise_table=table, **opts, **kw)
+        assert torch.equal(tokens, ref), table
+        caches[table] = cache
+    assert torch.equal(caches[True], caches[False]) and torch.equal(caches["late"], caches[False])
+
+
+@needs_kernels
+def test_noise_table_kernel_writes_vllms_noise():
+    """noise_table_kernel's [N, B, V] table: vLLM's draft noise of each sampled row (seed ^ k << 32, position + 2^30,
+    target id), nothing written for greedy and padding rows."""
+    import triton
+
+    from hybridspec_kernels.head_walk.kernel import noise_table_kernel
+    from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed
+
+    rows, steps, vocab = 4, 3, 1500
+    p = make_problem(rows, steps, vocab, seed=5)
+    table = torch.full((steps, rows, vocab), 123.0, device=DEVICE)
+    noise_table_kernel[(triton.cdiv(vocab, 1024), rows, steps)](
+        table, table.stride(0), table.stride(1), p.req, p.temperature, p.seeds, p.positions, p.positions.stride(0),
+        p.d2t, vocab, HAS_REQ=True, HAS_D2T=True, BLOCK=1024)
+    ids = torch.arange(vocab, device=DEVICE) + p.d2t
+    for b in range(rows):
+        req = int(p.req[b])
+        if req < 0 or float(p.temperature[req]) == 0.0:
+            assert bool((table[:, b] == 123.0).all()), b
+            continue
+        for k in range(steps):
+            expected = gumbel_noise(spec_step_seed(p.seeds[req:req + 1], k), p.positions[b, k] + DRAFT_NOISE_SALT, ids)
+            torch.testing.assert_close(table[k, b], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_plan_of_the_noise_table():
+    """A table only where the kernel loads one: sampled walks of several rows over fully resident shards, within
+    NOISE_TABLE_MAX_BYTES; noise_table=None takes MEASURED_NOISE_TABLE's widths."""
+    from hybridspec_kernels.head_walk.walk import (MEASURED_NOISE_TABLE, NOISE_TABLE_MAX_BYTES, choose_noise_table,
+                                                   plan_walk)
+
+    cpu = torch.device("cpu")
+    on = plan_walk(200, 16, 4, 4, cpu, noise_table=True)
+    assert on.noise_table and choose_noise_table(on, 4, 7, 200, sampled=True)
+    assert not choose_noise_table(on, 4, 7, 200, sampled=False)
+    assert not choose_noise_table(on, 1, 7, 200, sampled=True)
+    too_big = NOISE_TABLE_MAX_BYTES // (4 * 4 * 200) + 1
+    assert not choose_noise_table(on, 4, too_big, 200, sampled=True)
+    streamed = plan_walk(1031, 16, 4, 4, cpu, noise_table=True)
+    assert streamed.chunk_rows > streamed.resident_tiles * streamed.tile_rows
+    assert not choose_noise_table(streamed, 4, 7, 1031, sampled=True)
+    assert not plan_walk(200, 16, 4, 4, cpu, noise_table=False).noise_table
+    assert plan_walk(200, 16, 4, 4, cpu).noise_table == (16 in MEASURED_NOISE_TABLE)
+    assert plan_walk(200, 16, 40, 4, cpu).noise_table == (64 in MEASURED_NOISE_TABLE)
+    assert plan_walk(200, 16, 4, 4, cpu, noise_table="late").noise_table == 2
+    with pytest.raises(ValueError, match="noise_table"):
+        plan_walk(200, 16, 4, 4, cpu, noise_table="early")
+
+
 def test_auto_exchange_follows_the_measured_rule():
     """exchange='auto': tagged keys for one row, the measured exchanges from two rows on, each batch size taking
     the exchange measured fastest for the smallest measured size at or above it (eval/results/head_walk.json,
@@ -851,6 +925,36 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
     for name, tokens in walks.items():
         assert torch.equal(tokens, walks["counter"]), name
     assert_walk_tolerated(p, walks["poll"], {}, sampled)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows,d2t", [(8, False), (32, False), (64, False), (32, True), (70, False)],
+                         ids=["b8", "b32", "b64", "b32-d2t-cache", "b70-two-launches"])
+def test_gpu_noise_table_agrees(rows, d2t):
+    """Sampled 32k walks with their noise made before the walk propose the tokens (and fill the draft-logits cache)
+    of the walk that computes its noise, persistent and lockstep, and no wait gives up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1,
+                     extra_target=151936 - 32000 if d2t else 40)
+    kw = dict(sampling_kwargs(p), req_indices=p.req)
+    if d2t:
+        kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
+    width = 151936 if d2t else 32000
+    errors = barrier_errors(DEVICE)
+    walks = {}
+    for name, opts in (("inline", dict(noise_table=False)), ("table", dict(noise_table=True)),
+                       ("table_late", dict(noise_table="late")),
+                       ("table_lockstep", dict(noise_table=True, lockstep=True))):
+        cache = torch.full((rows + 2, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
+        walks[name] = (tokens, cache)
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    for name in ("table", "table_late", "table_lockstep"):
+        assert torch.equal(walks[name][0], walks["inline"][0]), name
+        assert torch.equal(walks[name][1], walks["inline"][1]), name
 
 
 @gpu

@@ -689,6 +689,41 @@ def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab,
 
 
 @triton.jit
+def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, vocab, o_b, m_hot):
+    """[rows, BP] of the noise table at `step` (0 where a row is greedy or padding: its score ignores it)."""
+    return tl.load(nt_ptr + step * stride_ntk + o_b[None, :] * stride_ntb + rows[:, None],
+                   mask=(rows < vocab)[:, None] & m_hot[None, :], other=0.0)
+
+
+@triton.jit
+def noise_table_kernel(nt_ptr, stride_ntk, stride_ntb, req_ptr, temp_ptr, seed_ptr, pos_ptr, stride_pb, d2t_ptr,
+                       vocab, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (vocabulary block, batch row, step): the Gumbel noise the walk adds to that row's scores at that step,
+    nt[k, b, v] = G(seed ^ k << 32, positions[b, k] + 2**30, target id of v), computed as _tile_noise computes it
+    (the same function on the same values: bit-identical), for sampled rows only (greedy and padding rows are left
+    as they are; the walk does not read them). The noise depends on no drawn token, so all of it can be made at once,
+    at full occupancy, before the walk (whose 8 warps an SM compute it ~2.5x slower between its exchanges)."""
+    i_v, b, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_REQ:
+        req = tl.load(req_ptr + b).to(tl.int64)
+    else:
+        req = b.to(tl.int64)
+    req_safe = tl.maximum(req, 0)
+    temp = tl.load(temp_ptr + req_safe)
+    if (req >= 0) & (temp != 0.0):
+        rows = i_v * BLOCK + tl.arange(0, BLOCK)
+        m_v = rows < vocab
+        if HAS_D2T:
+            ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+        else:
+            ids = rows
+        seed = tl.load(seed_ptr + req_safe).to(tl.int64) ^ (tl.cast(k, tl.int64) << 32)
+        pos = tl.load(pos_ptr + b * stride_pb + k).to(tl.int64) + DRAFT_NOISE_SALT
+        noise = _gumbel_noise(seed, pos, ids)
+        tl.store(nt_ptr + k * stride_ntk + b * stride_ntb + rows, noise, mask=m_v)
+
+
+@triton.jit
 def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b, ONE_ROW: tl.constexpr):
     if ONE_ROW:
         u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
@@ -816,6 +851,7 @@ def head_walk_kernel(
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
     D2T_INCREASING: tl.constexpr = False, D2T_HOIST: tl.constexpr = True,
+    nt_ptr=None, stride_ntk=0, stride_ntb=0, NOISE_TABLE: tl.constexpr = 0,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -860,7 +896,14 @@ def head_walk_kernel(
     ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET) or D2T_INCREASING
     # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
     # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
-    NOISE_AHEAD: tl.constexpr = (NOISE_AHEAD_OPT and SAMPLED and TAGGED and (EXCHANGE == 3 or EXCHANGE == 4)
+    # NOISE_TABLE (sampled, several rows, fully resident shards): the resident tiles' Gumbel noise is loaded from
+    # nt_ptr ([N, B, V] fp32, noise_table_kernel's output, written before the walk) instead of computed here; 1:
+    # every tile's at the step's top with the base logits, 2: the first tile's there, each other tile's just before
+    # it is scored (fewer live registers).
+    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE > 0 and SAMPLED and not ONE_ROW and not HAS_STREAM
+    NOISE_TABLE_LATE: tl.constexpr = NOISE_TABLE_ON and NOISE_TABLE == 2
+    NOISE_AHEAD: tl.constexpr = (not NOISE_TABLE_ON and NOISE_AHEAD_OPT and SAMPLED and TAGGED
+                                 and (EXCHANGE == 3 or EXCHANGE == 4)
                                  and SPLIT and KEYS_ONCE and RES_TILES >= 1 and not HAS_STREAM)
     pid = tl.program_id(0)
     o_b = tl.arange(0, BP)
@@ -1016,6 +1059,25 @@ def head_walk_kernel(
         if RES_TILES >= 4:
             u_res3 = _load_u_tile(u_ptr, stride_ub, stride_uk, k, shard_begin + 3 * RT + o_t, shard_end, o_b, m_b,
                                   ONE_ROW)
+        # This step's noise tiles: computed ahead (nz*), loaded from the table or None (computed while scoring).
+        sn0 = nz0
+        sn1 = nz1
+        sn2 = nz2
+        sn3 = nz3
+        if NOISE_TABLE_ON:
+            # The table's tiles travel beside the base logits and the W1 gather (none of them waits on another).
+            m_hot = m_b & (temp != 0.0)
+            if RES_TILES >= 1:
+                sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot)
+            if RES_TILES >= 2 and not NOISE_TABLE_LATE:
+                sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
+                                       m_hot)
+            if RES_TILES >= 3 and not NOISE_TABLE_LATE:
+                sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end,
+                                       o_b, m_hot)
+            if RES_TILES >= 4 and not NOISE_TABLE_LATE:
+                sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end,
+                                       o_b, m_hot)
         if ONE_ROW:
             # [R, BP]: W1[x] in column 0, gathered from a scalar address.
             e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
@@ -1108,7 +1170,7 @@ def head_walk_kernel(
             seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
         if RES_TILES >= 1:
             keys, ids = _score_tile(
-                w_res0, u_res0, nz0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
+                w_res0, u_res0, sn0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
                 stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                 SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED, SPLIT,
                 d2t_rows=d2t_r0)
@@ -1124,8 +1186,11 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
+            if NOISE_TABLE_LATE:
+                sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
+                                        m_hot)
             keys, ids = _score_tile(
-                w_res1, u_res1, nz1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                w_res1, u_res1, sn1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                 SPLIT, d2t_rows=d2t_r1)
@@ -1134,8 +1199,11 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 3:
+            if NOISE_TABLE_LATE:
+                sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end, o_b,
+                                        m_hot)
             keys, ids = _score_tile(
-                w_res2, u_res2, nz2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                w_res2, u_res2, sn2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                 SPLIT, d2t_rows=d2t_r2)
@@ -1144,8 +1212,11 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 4:
+            if NOISE_TABLE_LATE:
+                sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end, o_b,
+                                        m_hot)
             keys, ids = _score_tile(
-                w_res3, u_res3, nz3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
+                w_res3, u_res3, sn3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
                 shard_end, SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                 SPLIT, d2t_rows=d2t_r3)

@@ -25,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._log import log_once
 from . import gluon_b1, gluon_rows
-from .kernel import MAX_TOKENS, U_BOX_BYTES, expand_draft_logits_kernel, head_walk_kernel
+from .kernel import MAX_TOKENS, U_BOX_BYTES, expand_draft_logits_kernel, head_walk_kernel, noise_table_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,12 @@ COOPERATIVE_LAUNCH = True
 # measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
 # the tile's dot and base-logit loads than behind the exchange.
 NOISE_AHEAD_MAX_ROWS = 0
+# noise_table: padded batch widths (plan_walk's block_rows) that make the noise before the walk by default; a table
+# takes steps x rows x V x 4 bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES.
+MEASURED_NOISE_TABLE: tuple[int, ...] = ()
+NOISE_TABLE_MAX_BYTES = 128 << 20
+NOISE_TABLE_BLOCK = 1024
+NOISE_TABLE_FORMS = {False: 0, True: 1, "late": 2}
 MAX_STREAM_STAGES = 8
 
 
@@ -122,6 +128,11 @@ class WalkConfig:
     u_ring: bool = True
     # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
     winner_stride: int = WINNER_STRIDE
+    # Sampled, several rows, fully resident shards: every step's Gumbel noise made before the walk by
+    # noise_table_kernel (at full occupancy), which the walk loads instead of computing it (choose_noise_table):
+    # 0 off, 1 every tile's noise loaded at the step's top, 2 ("late") each tile's but the first just before it is
+    # scored.
+    noise_table: int = 0
 
 
 def _interpreting() -> bool:
@@ -212,11 +223,13 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, sampled: bool = False,
-              head: str = "markov") -> WalkConfig:
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, noise_table: bool | str | None = None,
+              sampled: bool = False, head: str = "markov") -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
-    shape, residency or prefetch option is given; else none. sampled, head: the walk's, for the measured rules."""
+    shape, residency or prefetch option is given; else none. noise_table None: MEASURED_NOISE_TABLE's batch widths
+    (the walk still takes a table only where choose_noise_table allows it). sampled, head: the walk's, for the
+    measured rules."""
     tiles_given = tile_rows is not None or resident_tiles is not None or stream_rows is not None
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {RESIDENCIES}, got {residency!r}")
@@ -232,6 +245,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"winner_stride must be a power of two in [1, {MAX_WINNER_STRIDE}], got {winner_stride}")
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
+    if noise_table is not None and noise_table not in NOISE_TABLE_FORMS:
+        raise ValueError(f"noise_table must be None, True, False or 'late', got {noise_table!r}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
@@ -313,7 +328,17 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       pair_reduce=pair_reduce, split_streamed=split_streamed,
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
-                      winner_stride=winner_stride)
+                      winner_stride=winner_stride,
+                      noise_table=NOISE_TABLE_FORMS[block_rows in MEASURED_NOISE_TABLE if noise_table is None
+                                                    else noise_table])
+
+
+def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: int, sampled: bool) -> bool:
+    """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks of several rows over
+    fully resident shards (the kernel loads the table for resident tiles only) whose table fits
+    NOISE_TABLE_MAX_BYTES."""
+    return bool(cfg.noise_table and sampled and num_rows > 1 and cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
+            and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
 
 
 _workspaces: dict = {}
@@ -589,6 +614,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
+    noise_table: bool | str | None = None,
     compact_cache: bool | None = None,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -643,7 +669,10 @@ def head_walk(
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
-            int64 entries between the rows' winners, WINNER_STRIDE), compact_cache (with draft_to_target and
+            int64 entries between the rows' winners, WINNER_STRIDE), noise_table (sampled walks of several rows
+            over fully resident shards: every step's noise made before the walk and loaded by it; None: the
+            measured rule, choose_noise_table; "late": each tile's noise but the first loaded just before it is
+            scored), compact_cache (with draft_to_target and
             draft_logits: the walk stores draft columns in a compact buffer and a second launch writes the cache's
             walked rows whole, -inf outside the draft vocabulary; None: from COMPACT_CACHE_MIN_ROWS rows): launch
             overrides for tests and tuning.
@@ -769,7 +798,7 @@ def head_walk(
                    stream_rows=stream_rows, keys_once=keys_once, prefetch=prefetch, l1_prefetch=l1_prefetch,
                    split_keys=split_keys, pair_reduce=pair_reduce, split_streamed=split_streamed,
                    noise_ahead=noise_ahead, l2_prefetch=l2_prefetch, stream_tma=stream_tma, u_ring=u_ring,
-                   winner_stride=winner_stride)
+                   winner_stride=winner_stride, noise_table=noise_table)
     # Launch options the caller changed from their defaults: gluon="auto" then leaves the walk to the Triton plan.
     overrides = sorted(name for name, value in plan_kw.items() if value != PLAN_DEFAULTS[name])
     if w2_dtype is not None:
@@ -988,7 +1017,8 @@ def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
                      exchange="auto", num_warps=None, num_stages=None, stream_rows=None, keys_once=True,
                      prefetch=True, l1_prefetch=False, split_keys=None, pair_reduce=True, split_streamed=None,
-                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE)
+                     noise_ahead=None, l2_prefetch=None, stream_tma=None, u_ring=True, winner_stride=WINNER_STRIDE,
+                     noise_table=None)
 
 
 def _why_not_gluon_here(triton_version: str, have_gluon: bool, capability: tuple[int, int] | None) -> str | None:
@@ -1331,6 +1361,13 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     winners, arrive = _winner_slots(wsp, cfg.winner_stride) if cfg.exchange == "amax" else (None, None)
     w2_desc, u_desc = _stream_descriptors(cfg, u, w2_rows)
     pos = positions.contiguous() if positions is not None else None
+    table = None
+    if choose_noise_table(cfg, num_rows, num_steps, vocab, temperature is not None):
+        table = torch.empty(num_steps, num_rows, vocab, dtype=torch.float32, device=u.device)
+        noise_table_kernel[(triton.cdiv(vocab, NOISE_TABLE_BLOCK), num_rows, num_steps)](
+            table, table.stride(0), table.stride(1), req if req is not None else dummy, temperature, seeds, pos,
+            pos.stride(0), d2t if d2t is not None else dummy, vocab, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
+            BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
         w1_ptr=w1, stride_w1=w1.stride(0),
@@ -1371,6 +1408,10 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         WIN_STRIDE=cfg.winner_stride, INLINE_PTX=not _interpreting(), D2T_INCREASING=d2t_increasing,
         D2T_HOIST=D2T_HOIST if D2T_HOIST is not None else (
             temperature is None or num_rows >= D2T_HOIST_SAMPLED_MIN_ROWS),
+        # (None without a table: constexpr, so the walk's parameters are those of a build without the option)
+        nt_ptr=table, stride_ntk=table.stride(0) if table is not None else None,
+        stride_ntb=table.stride(1) if table is not None else None,
+        NOISE_TABLE=cfg.noise_table if table is not None else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
