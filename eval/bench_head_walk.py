@@ -1186,6 +1186,14 @@ TUNE_CASES_V62 = ([case for rows in (8, 16, 32)
                                      "sampled_v32k_b64", passes=2, rows=64)
                   + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b32",
                                      passes=2, rows=32))
+# (v62 ran once at a65685d, us, table / inline: b8 94.2 / 95.7 vs 102.8 / 103.4; b16 120.3 / 120.7 vs 108.4 / 108.3; b32
+# 179.9 / 180.0 vs 173.5 / 173.7; b64 377.1 / 377.9, late 365.5 / 364.8 vs 340.8 / 340.1; d2t b32 241.0 / 240.4 vs
+# 222.4 / 222.3; the table's launch alone 14.2 / 49.1 / 94.5 us at b8 / b32 / b64.)
+# v63 (session 16): the same at 2 / 4 / 8 rows (the rule's lower end), and b8 with d2t and its cache.
+TUNE_CASES_V63 = ([case for rows in (2, 4, 8)
+                   for case in _mirrored_passes(V62_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b8",
+                                     passes=2, rows=8))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1337,6 +1345,7 @@ LADDERS = {
     "v60": dict(rule={}, cases=TUNE_CASES_V60, floors=[]),
     "v61": dict(rule={}, cases=TUNE_CASES_V61, floors=[]),
     "v62": dict(rule={}, cases=TUNE_CASES_V62, floors=[]),
+    "v63": dict(rule={}, cases=TUNE_CASES_V63, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

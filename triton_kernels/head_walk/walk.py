@@ -80,9 +80,13 @@ COOPERATIVE_LAUNCH = True
 # measured slower at every batch (ladder v6: 32k sampled b8 +6%, b32 +5%, b64 +6%): the noise hid better behind
 # the tile's dot and base-logit loads than behind the exchange.
 NOISE_AHEAD_MAX_ROWS = 0
-# noise_table: padded batch widths (plan_walk's block_rows) that make the noise before the walk by default; a table
-# takes steps x rows x V x 4 bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES.
-MEASURED_NOISE_TABLE: tuple[int, ...] = ()
+# noise_table: the batch rows (first, last) whose sampled walks make their noise before the walk by default. Ladder v62
+# (H200, 32k, block 15, ABBA x 2, us incl. the table's launch, table vs inline): b8 94.2 / 95.7 vs 102.8 / 103.4; slower
+# from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 ("late"
+# 365.5 / 364.8) vs 340.8 / 340.1, d2t b32 241.0 / 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 /
+# 49.1 / 94.5 us at b8 / b32 / b64, more than the walk saves by loading the noise. A table takes steps x rows x V x 4
+# bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES.
+MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 NOISE_TABLE_FORMS = {False: 0, True: 1, "late": 2}
@@ -227,7 +231,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               sampled: bool = False, head: str = "markov") -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
-    shape, residency or prefetch option is given; else none. noise_table None: MEASURED_NOISE_TABLE's batch widths
+    shape, residency or prefetch option is given; else none. noise_table None: MEASURED_NOISE_TABLE_ROWS' batches
     (the walk still takes a table only where choose_noise_table allows it). sampled, head: the walk's, for the
     measured rules."""
     tiles_given = tile_rows is not None or resident_tiles is not None or stream_rows is not None
@@ -329,7 +333,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
                       winner_stride=winner_stride,
-                      noise_table=NOISE_TABLE_FORMS[block_rows in MEASURED_NOISE_TABLE if noise_table is None
+                      noise_table=NOISE_TABLE_FORMS[MEASURED_NOISE_TABLE_ROWS[0] <= num_rows
+                                                    <= MEASURED_NOISE_TABLE_ROWS[1] if noise_table is None
                                                     else noise_table])
 
 
