@@ -85,7 +85,9 @@ NOISE_AHEAD_MAX_ROWS = 0
 # from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 ("late"
 # 365.5 / 364.8) vs 340.8 / 340.1, d2t b32 241.0 / 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 /
 # 49.1 / 94.5 us at b8 / b32 / b64, more than the walk saves by loading the noise. A table takes steps x rows x V x 4
-# bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES.
+# bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES. Ladder v63 (same form): b2 73.2 / 74.7 vs 100.9 /
+# 100.8, b4 78.4 / 79.1 vs 101.0 / 101.8, b8 94.2 / 93.6 vs 102.4 / 102.0, d2t b8 with its cache 109.9 / 108.9 vs 114.7 /
+# 114.3. One row keeps the noise inline (the kernel's one-row scoring has no table form).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
