@@ -1194,6 +1194,15 @@ TUNE_CASES_V63 = ([case for rows in (2, 4, 8)
                    for case in _mirrored_passes(V62_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
                   + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b8",
                                      passes=2, rows=8))
+# v64 (session 16, diagnosis): what the sampled walk pays besides its noise: with and without the draft-logits cache
+# store (no_cache), noise inline and from the table, at 16 / 32 / 64 rows, beside the greedy walk, ABBA x 2.
+V64_FORMS = {"inline": dict(noise_table=False, sampled=True), "inline_nocache": dict(noise_table=False, sampled=True,
+                                                                                     no_cache=True),
+             "table": dict(noise_table=True, sampled=True), "table_nocache": dict(noise_table=True, sampled=True,
+                                                                                  no_cache=True),
+             "greedy": dict()}
+TUNE_CASES_V64 = [case for rows in (32, 16, 64)
+                  for case in _mirrored_passes(V64_FORMS, 32000, f"v32k_b{rows}", passes=2, rows=rows)]
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1346,6 +1355,7 @@ LADDERS = {
     "v61": dict(rule={}, cases=TUNE_CASES_V61, floors=[]),
     "v62": dict(rule={}, cases=TUNE_CASES_V62, floors=[]),
     "v63": dict(rule={}, cases=TUNE_CASES_V63, floors=[]),
+    "v64": dict(rule={}, cases=TUNE_CASES_V64, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
