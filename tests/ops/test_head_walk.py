@@ -719,7 +719,7 @@ def test_noise_table_kernel_writes_vllms_noise():
     table = torch.full((steps, rows, vocab), 123.0, device=DEVICE)
     noise_table_kernel[(triton.cdiv(vocab, 1024), rows, steps)](
         table, table.stride(0), table.stride(1), p.req, p.temperature, p.seeds, p.positions, p.positions.stride(0),
-        p.d2t, vocab, HAS_REQ=True, HAS_D2T=True, BLOCK=1024)
+        p.d2t, vocab, steps, HAS_REQ=True, HAS_D2T=True, BLOCK=1024)
     ids = torch.arange(vocab, device=DEVICE) + p.d2t
     for b in range(rows):
         req = int(p.req[b])

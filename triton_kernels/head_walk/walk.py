@@ -92,6 +92,8 @@ MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 NOISE_TABLE_FORMS = {False: 0, True: 1, "late": 2}
+# noise_table: the next step's table lines prefetched into L2 at each step's top (a module switch, for the bench).
+NOISE_TABLE_PREFETCH = False
 MAX_STREAM_STAGES = 8
 
 
@@ -1373,7 +1375,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         table = torch.empty(num_steps, num_rows, vocab, dtype=torch.float32, device=u.device)
         noise_table_kernel[(triton.cdiv(vocab, NOISE_TABLE_BLOCK), num_rows, num_steps)](
             table, table.stride(0), table.stride(1), req if req is not None else dummy, temperature, seeds, pos,
-            pos.stride(0), d2t if d2t is not None else dummy, vocab, HAS_REQ=req is not None, HAS_D2T=d2t is not None,
+            pos.stride(0), d2t if d2t is not None else dummy, vocab, num_steps, HAS_REQ=req is not None,
+            HAS_D2T=d2t is not None,
             BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
@@ -1419,6 +1422,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         nt_ptr=table, stride_ntk=table.stride(0) if table is not None else None,
         stride_ntb=table.stride(1) if table is not None else None,
         NOISE_TABLE=cfg.noise_table if table is not None else 0,
+        NOISE_PREFETCH=table is not None and NOISE_TABLE_PREFETCH and not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
