@@ -330,7 +330,6 @@ def run_gpu(args) -> dict:
         shipped_hoist = walk.D2T_HOIST
         shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
         shipped_cooperative = walk.COOPERATIVE_LAUNCH
-        shipped_noise_prefetch = walk.NOISE_TABLE_PREFETCH
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -345,7 +344,6 @@ def run_gpu(args) -> dict:
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
             walk.COOPERATIVE_LAUNCH = kw.pop("cooperative", shipped_cooperative)  # launch_cooperative_grid
-            walk.NOISE_TABLE_PREFETCH = kw.pop("noise_prefetch", shipped_noise_prefetch)  # next step's table lines
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -380,7 +378,6 @@ def run_gpu(args) -> dict:
             walk.D2T_HOIST = shipped_hoist
             walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
             walk.COOPERATIVE_LAUNCH = shipped_cooperative
-            walk.NOISE_TABLE_PREFETCH = shipped_noise_prefetch
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1209,13 +1206,10 @@ TUNE_CASES_V64 = [case for rows in (32, 16, 64)
 # (v64 ran once at e276a4c, us (ABBA x 2): b32 inline 173.6 / 174.2, inline without the cache 161.8 / 160.6, table 180.8 /
 # 180.6, table without the cache 172.8 / 172.9, greedy 85.9 / 85.1; b16 109.5 / 108.9, 106.5 / 106.4, 121.5 / 121.8,
 # 120.6 / 120.3, 66.8 / 66.4; b64 340.4 / 342.3, 321.9 / 321.9, 377.8 / 377.7, 331.0 / 331.3, 136.5 / 136.8.)
-# v65 (session 16): the table's next-step lines prefetched into L2 at each step's top (noise_prefetch; the fill writes
-# the last steps first), against the table without it and the inline noise, ABBA x 2, 8 / 16 / 32 / 64 rows.
-V65_FORMS = {"table_pf": dict(noise_table=True, noise_prefetch=True, sampled=True),
-             "table": dict(noise_table=True, noise_prefetch=False, sampled=True),
-             "inline": dict(noise_table=False, sampled=True)}
-TUNE_CASES_V65 = [case for rows in (32, 16, 64, 8)
-                  for case in _mirrored_passes(V65_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+# (v65, session 16: the table's next-step lines prefetched into L2 at each step's top (noise_prefetch), ABBA x 2, us,
+# table + prefetch / table / inline: b32 176.8 / 177.9, 177.8 / 177.6, 173.5 / 173.4; b16 120.5 / 119.9, 117.8 / 118.4,
+# 108.5 / 108.2; b64 383.7 / 383.6, 377.1 / 375.7, 339.1 / 340.0; b8 100.9 / 100.6, 96.2 / 95.2, 102.9 / 102.7: no
+# gain, slower at b8 / b64. Removed, code at 0640c6d.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1369,7 +1363,6 @@ LADDERS = {
     "v62": dict(rule={}, cases=TUNE_CASES_V62, floors=[]),
     "v63": dict(rule={}, cases=TUNE_CASES_V63, floors=[]),
     "v64": dict(rule={}, cases=TUNE_CASES_V64, floors=[]),
-    "v65": dict(rule={}, cases=TUNE_CASES_V65, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -696,27 +696,6 @@ def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, vocab, o_b, m_h
 
 
 @triton.jit
-def _prefetch_noise_l2(nt_ptr, stride_ntk, stride_ntb, step, row0, vocab, o_b, m_hot, RT: tl.constexpr,
-                       TILES: tl.constexpr):
-    """The 128-byte lines of the table holding `step`'s noise of this program's TILES x RT rows, for every sampled
-    row, into L2 (prefetch.global.L2: nothing waits on it), so the step's tile loads hit L2 rather than HBM (the
-    table outgrows L2 from ~16 rows). Lines of greedy and padding rows, and past the vocabulary, fall back to
-    the table's first line (a valid address)."""
-    LINES: tl.constexpr = TILES * RT * 4 // 128
-    o_l = tl.arange(0, LINES)
-    rows = tl.minimum(row0 + o_l * 32, vocab - 1)
-    offs = step * stride_ntk + o_b[None, :] * stride_ntb + rows[:, None]
-    offs = tl.where(m_hot[None, :] & (row0 + o_l * 32 < vocab)[:, None], offs, 0)
-    _prefetch_l2(nt_ptr + offs)
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def noise_table_kernel(nt_ptr, stride_ntk, stride_ntb, req_ptr, temp_ptr, seed_ptr, pos_ptr, stride_pb, d2t_ptr,
                        vocab, num_steps, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK: tl.constexpr):
     """Program (vocabulary block, batch row, step): the Gumbel noise the walk adds to that row's scores at that step,
@@ -873,7 +852,7 @@ def head_walk_kernel(
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
     D2T_INCREASING: tl.constexpr = False, D2T_HOIST: tl.constexpr = True,
-    nt_ptr=None, stride_ntk=0, stride_ntb=0, NOISE_TABLE: tl.constexpr = 0, NOISE_PREFETCH: tl.constexpr = False,
+    nt_ptr=None, stride_ntk=0, stride_ntb=0, NOISE_TABLE: tl.constexpr = 0,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -1044,9 +1023,6 @@ def head_walk_kernel(
         if RES_TILES >= 4:
             nz3 = _tile_noise(seed0, k_first, pos_ptr, stride_pb, o_b, m_b, shard_begin + 3 * RT + o_t, d2t_ptr,
                               shard_end, None, HAS_D2T)
-    if NOISE_TABLE_ON and NOISE_PREFETCH:
-        _prefetch_noise_l2(nt_ptr, stride_ntk, stride_ntb, tl.minimum(k_begin, num_steps - 1), shard_begin,
-                           shard_end, o_b, m_b & (temp != 0.0), RT, RES_TILES)
     for k in range(k_begin, k_end):
         if k > k_begin and WINNERS and ONE_ROW:
             # The winner is a scalar every thread holds: no vector of ids, no layout conversion before the gather.
@@ -1090,12 +1066,8 @@ def head_walk_kernel(
         sn2 = nz2
         sn3 = nz3
         if NOISE_TABLE_ON:
-            # The table's tiles travel beside the base logits and the W1 gather (none of them waits on another);
-            # the next step's lines are on their way into L2 meanwhile.
+            # The table's tiles travel beside the base logits and the W1 gather (none of them waits on another).
             m_hot = m_b & (temp != 0.0)
-            if NOISE_PREFETCH and k + 1 < k_end:
-                _prefetch_noise_l2(nt_ptr, stride_ntk, stride_ntb, k + 1, shard_begin, shard_end, o_b, m_hot, RT,
-                                   RES_TILES)
             if RES_TILES >= 1:
                 sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot)
             if RES_TILES >= 2 and not NOISE_TABLE_LATE:

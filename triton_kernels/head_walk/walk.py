@@ -92,8 +92,6 @@ MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 NOISE_TABLE_FORMS = {False: 0, True: 1, "late": 2}
-# noise_table: the next step's table lines prefetched into L2 at each step's top (a module switch, for the bench).
-NOISE_TABLE_PREFETCH = False
 MAX_STREAM_STAGES = 8
 
 
@@ -1422,7 +1420,6 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         nt_ptr=table, stride_ntk=table.stride(0) if table is not None else None,
         stride_ntb=table.stride(1) if table is not None else None,
         NOISE_TABLE=cfg.noise_table if table is not None else 0,
-        NOISE_PREFETCH=table is not None and NOISE_TABLE_PREFETCH and not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
