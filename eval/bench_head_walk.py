@@ -1210,6 +1210,11 @@ TUNE_CASES_V64 = [case for rows in (32, 16, 64)
 # table + prefetch / table / inline: b32 176.8 / 177.9, 177.8 / 177.6, 173.5 / 173.4; b16 120.5 / 119.9, 117.8 / 118.4,
 # 108.5 / 108.2; b64 383.7 / 383.6, 377.1 / 375.7, 339.1 / 340.0; b8 100.9 / 100.6, 96.2 / 95.2, 102.9 / 102.7: no
 # gain, slower at b8 / b64. Removed, code at 0640c6d.)
+# v66 (session 16): the noise table for one row (the one-row scoring loads its [rows] noise), ABBA x 2: 32k sampled b1,
+# plain and with the d2t and its cache.
+TUNE_CASES_V66 = (_mirrored_passes(V62_FORMS, 32000, "sampled_v32k_b1", passes=2, rows=1)
+                  + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b1",
+                                     passes=2, rows=1))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1363,6 +1368,7 @@ LADDERS = {
     "v62": dict(rule={}, cases=TUNE_CASES_V62, floors=[]),
     "v63": dict(rule={}, cases=TUNE_CASES_V63, floors=[]),
     "v64": dict(rule={}, cases=TUNE_CASES_V64, floors=[]),
+    "v66": dict(rule={}, cases=TUNE_CASES_V66, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

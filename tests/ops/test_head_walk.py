@@ -687,14 +687,18 @@ def test_plan_of_the_amax_exchange():
     pytest.param(5, 7, 200, dict(), id="b5-one-program"),
     pytest.param(3, 5, 1031, dict(programs=3, lockstep=True, resident_tiles=2), id="b3-three-programs-lockstep"),
     pytest.param(4, 4, 300, dict(exchange="amax"), id="b4-amax"),
+    pytest.param(1, 6, 200, dict(), id="b1-one-program"),
+    pytest.param(1, 5, 1031, dict(programs=3, lockstep=True, resident_tiles=2), id="b1-three-programs-lockstep"),
 ])
 def test_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
     """Sampled walks whose noise is made before the walk (noise_table) propose the naive walk's tokens and fill the
     draft-logits cache as the walk that computes its noise: a greedy request and a padding row among the rows,
-    requests out of order, the d2t's target ids as noise keys."""
+    requests out of order, the d2t's target ids as noise keys; one row (its own scoring form) too."""
     p = make_problem(rows, steps, vocab, seed=21)
     extra = dict(draft_to_target=p.d2t) if reduced_vocab else {}
-    kw = dict(sampling_kwargs(p), req_indices=p.req, **extra)
+    # (One row with req_indices and a cache trips the interpreter, table or not: "mask has unsupported dtype" on the
+    # one-row cache store; the GPU test below walks that case.)
+    kw = dict(sampling_kwargs(p), req_indices=p.req if rows > 1 else None, **extra)
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     caches = {}
     for table in (True, "late", False):
@@ -741,7 +745,7 @@ def test_plan_of_the_noise_table():
     on = plan_walk(200, 16, 4, 4, cpu, noise_table=True)
     assert on.noise_table and choose_noise_table(on, 4, 7, 200, sampled=True)
     assert not choose_noise_table(on, 4, 7, 200, sampled=False)
-    assert not choose_noise_table(on, 1, 7, 200, sampled=True)
+    assert choose_noise_table(on, 1, 7, 200, sampled=True)
     too_big = NOISE_TABLE_MAX_BYTES // (4 * 4 * 200) + 1
     assert not choose_noise_table(on, 4, too_big, 200, sampled=True)
     streamed = plan_walk(1031, 16, 4, 4, cpu, noise_table=True)
@@ -930,8 +934,9 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("rows,d2t", [(8, False), (32, False), (64, False), (32, True), (70, False)],
-                         ids=["b8", "b32", "b64", "b32-d2t-cache", "b70-two-launches"])
+@pytest.mark.parametrize("rows,d2t", [(1, False), (1, True), (8, False), (32, False), (64, False), (32, True),
+                                      (70, False)],
+                         ids=["b1", "b1-d2t-cache", "b8", "b32", "b64", "b32-d2t-cache", "b70-two-launches"])
 def test_gpu_noise_table_agrees(rows, d2t):
     """Sampled 32k walks with their noise made before the walk propose the tokens (and fill the draft-logits cache)
     of the walk that computes its noise, persistent and lockstep, and no wait gives up."""

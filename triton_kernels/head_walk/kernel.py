@@ -514,7 +514,7 @@ def _score_tile(w, u, noise, m_dot, rows, step, o_b, m_b, valid, req_safe, temp,
     if ONE_ROW:
         keys = _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr,
                           d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED, HAS_D2T,
-                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED, d2t_rows)
+                          STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, SCALED, d2t_rows, noise)
         ids = rows
     else:
         if W2_SCALED:
@@ -575,10 +575,11 @@ def _tile_d2t(d2t_ptr, rows, m_v, d2t_rows=None):
 def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr,
                stride_dlr, stride_dlk, logit_scale, vocab, o_b, SAMPLED: tl.constexpr, HAS_D2T: tl.constexpr,
                STORE_LOGITS: tl.constexpr, W2_SCALED: tl.constexpr, KEY_BY_TARGET: tl.constexpr,
-               SCALED: tl.constexpr, d2t_rows=None):
+               SCALED: tl.constexpr, d2t_rows=None, noise=None):
     """_score_tile for a walk of one batch row: [rows] keys. The accumulator is folded to its live column first
     (a column's 16 neighbours sit in one thread quad: shuffles only), so the rounding, the noise and the key
-    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector."""
+    reduction work on [rows] instead of [rows, BP], and the base logits come as a [rows] vector. noise: the row's
+    [rows] noise from the table (None: computed here)."""
     m_v = rows < vocab
     acc = tl.sum(tl.where((o_b == 0)[None, :], acc, 0.0), axis=1)
     if W2_SCALED:
@@ -601,7 +602,10 @@ def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stri
                  mask=m_v & valid)
     if SAMPLED:
         hot = temp != 0.0
-        scored = tl.where(hot, logits / tl.where(hot, temp, 1.0) + _gumbel_noise(seed, pos, target_ids), logits)
+        if noise is None:
+            scored = tl.where(hot, logits / tl.where(hot, temp, 1.0) + _gumbel_noise(seed, pos, target_ids), logits)
+        else:
+            scored = tl.where(hot, logits / tl.where(hot, temp, 1.0) + noise, logits)
     else:
         scored = logits
     scored = tl.where(m_v, scored, float("-inf"))
@@ -689,10 +693,15 @@ def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab,
 
 
 @triton.jit
-def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, vocab, o_b, m_hot):
-    """[rows, BP] of the noise table at `step` (0 where a row is greedy or padding: its score ignores it)."""
-    return tl.load(nt_ptr + step * stride_ntk + o_b[None, :] * stride_ntb + rows[:, None],
-                   mask=(rows < vocab)[:, None] & m_hot[None, :], other=0.0)
+def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, vocab, o_b, m_hot, ONE_ROW: tl.constexpr):
+    """[rows, BP] of the noise table at `step` (0 where a row is greedy or padding: its score ignores it); one row:
+    its [rows] (unmasked by the row: a greedy or padding row's score ignores whatever the table holds there)."""
+    if ONE_ROW:
+        noise = tl.load(nt_ptr + step * stride_ntk + rows, mask=rows < vocab, other=0.0)
+    else:
+        noise = tl.load(nt_ptr + step * stride_ntk + o_b[None, :] * stride_ntb + rows[:, None],
+                        mask=(rows < vocab)[:, None] & m_hot[None, :], other=0.0)
+    return noise
 
 
 @triton.jit
@@ -901,7 +910,7 @@ def head_walk_kernel(
     # nt_ptr ([N, B, V] fp32, noise_table_kernel's output, written before the walk) instead of computed here; 1:
     # every tile's at the step's top with the base logits, 2: the first tile's there, each other tile's just before
     # it is scored (fewer live registers).
-    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE > 0 and SAMPLED and not ONE_ROW and not HAS_STREAM
+    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE > 0 and SAMPLED and not HAS_STREAM
     NOISE_TABLE_LATE: tl.constexpr = NOISE_TABLE_ON and NOISE_TABLE == 2
     NOISE_AHEAD: tl.constexpr = (not NOISE_TABLE_ON and NOISE_AHEAD_OPT and SAMPLED and TAGGED
                                  and (EXCHANGE == 3 or EXCHANGE == 4)
@@ -1067,18 +1076,21 @@ def head_walk_kernel(
         sn3 = nz3
         if NOISE_TABLE_ON:
             # The table's tiles travel beside the base logits and the W1 gather (none of them waits on another).
-            m_hot = m_b & (temp != 0.0)
+            m_hot = m_b
+            if not ONE_ROW:  # (one row: the load is not masked by the row)
+                m_hot = m_b & (temp != 0.0)
             if RES_TILES >= 1:
-                sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot)
+                sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot,
+                                       ONE_ROW)
             if RES_TILES >= 2 and not NOISE_TABLE_LATE:
                 sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
-                                       m_hot)
+                                       m_hot, ONE_ROW)
             if RES_TILES >= 3 and not NOISE_TABLE_LATE:
                 sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end,
-                                       o_b, m_hot)
+                                       o_b, m_hot, ONE_ROW)
             if RES_TILES >= 4 and not NOISE_TABLE_LATE:
                 sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end,
-                                       o_b, m_hot)
+                                       o_b, m_hot, ONE_ROW)
         if ONE_ROW:
             # [R, BP]: W1[x] in column 0, gathered from a scalar address.
             e = tl.load(w1_ptr + x0 * stride_w1 + o_r[:, None] + 0 * o_b[None, :], mask=(o_b == 0)[None, :],
@@ -1189,7 +1201,7 @@ def head_walk_kernel(
         if RES_TILES >= 2:
             if NOISE_TABLE_LATE:
                 sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
-                                        m_hot)
+                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res1, u_res1, sn1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
@@ -1202,7 +1214,7 @@ def head_walk_kernel(
         if RES_TILES >= 3:
             if NOISE_TABLE_LATE:
                 sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end, o_b,
-                                        m_hot)
+                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res2, u_res2, sn2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
@@ -1215,7 +1227,7 @@ def head_walk_kernel(
         if RES_TILES >= 4:
             if NOISE_TABLE_LATE:
                 sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end, o_b,
-                                        m_hot)
+                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res3, u_res3, sn3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,

@@ -341,10 +341,9 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
 
 
 def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: int, sampled: bool) -> bool:
-    """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks of several rows over
-    fully resident shards (the kernel loads the table for resident tiles only) whose table fits
-    NOISE_TABLE_MAX_BYTES."""
-    return bool(cfg.noise_table and sampled and num_rows > 1 and cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
+    """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks over fully resident
+    shards (the kernel loads the table for resident tiles only) whose table fits NOISE_TABLE_MAX_BYTES."""
+    return bool(cfg.noise_table and sampled and cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
             and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
 
 
