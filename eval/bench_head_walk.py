@@ -1215,6 +1215,8 @@ TUNE_CASES_V64 = [case for rows in (32, 16, 64)
 TUNE_CASES_V66 = (_mirrored_passes(V62_FORMS, 32000, "sampled_v32k_b1", passes=2, rows=1)
                   + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b1",
                                      passes=2, rows=1))
+# (v66 ran once at e2a58ef, us, table / inline: b1 52.8 / 52.3 vs 54.9 / 55.3; d2t b1 57.7 / 58.8 vs 52.4 / 52.6: one row
+# keeps the inline noise by default.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens

@@ -87,7 +87,8 @@ NOISE_AHEAD_MAX_ROWS = 0
 # 49.1 / 94.5 us at b8 / b32 / b64, more than the walk saves by loading the noise. A table takes steps x rows x V x 4
 # bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES. Ladder v63 (same form): b2 73.2 / 74.7 vs 100.9 /
 # 100.8, b4 78.4 / 79.1 vs 101.0 / 101.8, b8 94.2 / 93.6 vs 102.4 / 102.0, d2t b8 with its cache 109.9 / 108.9 vs 114.7 /
-# 114.3. One row keeps the noise inline (the kernel's one-row scoring has no table form).
+# 114.3. Ladder v66, one row: 52.8 / 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run)
+# 57.7 / 58.8 vs 52.4 / 52.6: one row keeps the noise inline by default (noise_table=True still walks the table).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
