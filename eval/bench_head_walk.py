@@ -1177,13 +1177,12 @@ TUNE_CASES_V61 = (_mirrored_passes(dict(V61_FORMS, warps16_tile256=dict(num_warp
 # v62 (session 16): sampled walks whose Gumbel noise is made before the walk by noise_table_kernel (every step's, at full
 # occupancy) and loaded by the walk beside its base logits, against the walk that computes it while scoring (v58: the
 # noise is ~6.7 of the sampled b32 step's 10.7 us without exchange), ABBA x 2: 32k sampled b8 / b16 / b32 / b64 (b64
-# also "late": each 64-row tile's noise loaded just before it is scored), the d2t sampled b32 with its cache. The
+# also "late": each 64-row tile's noise loaded just before it is scored; removed since, code at c6d9d5f), the d2t
+# sampled b32 with its cache. The
 # table variant's time includes the table's launch (both are in the captured graph).
 V62_FORMS = {"table": dict(noise_table=True, sampled=True), "inline": dict(noise_table=False, sampled=True)}
-TUNE_CASES_V62 = ([case for rows in (8, 16, 32)
+TUNE_CASES_V62 = ([case for rows in (8, 16, 32, 64)
                    for case in _mirrored_passes(V62_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
-                  + _mirrored_passes(dict(V62_FORMS, table_late=dict(noise_table="late", sampled=True)), 32000,
-                                     "sampled_v32k_b64", passes=2, rows=64)
                   + _mirrored_passes(_with(V62_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b32",
                                      passes=2, rows=32))
 # (v62 ran once at a65685d, us, table / inline: b8 94.2 / 95.7 vs 102.8 / 103.4; b16 120.3 / 120.7 vs 108.4 / 108.3; b32

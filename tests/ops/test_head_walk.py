@@ -701,12 +701,12 @@ def test_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
     kw = dict(sampling_kwargs(p), req_indices=p.req if rows > 1 else None, **extra)
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     caches = {}
-    for table in (True, "late", False):
+    for table in (True, False):
         cache = torch.full((rows + 2, steps, vocab + 40), -7.0, device=DEVICE)
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, noise_table=table, **opts, **kw)
         assert torch.equal(tokens, ref), table
         caches[table] = cache
-    assert torch.equal(caches[True], caches[False]) and torch.equal(caches["late"], caches[False])
+    assert torch.equal(caches[True], caches[False])
 
 
 @needs_kernels
@@ -755,9 +755,8 @@ def test_plan_of_the_noise_table():
     first, last = MEASURED_NOISE_TABLE_ROWS
     for rows in range(1, 70):
         assert plan_walk(200, 16, rows, 4, cpu).noise_table == (first <= rows <= last), rows
-    assert plan_walk(200, 16, 4, 4, cpu, noise_table="late").noise_table == 2
     with pytest.raises(ValueError, match="noise_table"):
-        plan_walk(200, 16, 4, 4, cpu, noise_table="early")
+        plan_walk(200, 16, 4, 4, cpu, noise_table="late")
 
 
 def test_auto_exchange_follows_the_measured_rule():
@@ -951,14 +950,13 @@ def test_gpu_noise_table_agrees(rows, d2t):
     errors = barrier_errors(DEVICE)
     walks = {}
     for name, opts in (("inline", dict(noise_table=False)), ("table", dict(noise_table=True)),
-                       ("table_late", dict(noise_table="late")),
                        ("table_lockstep", dict(noise_table=True, lockstep=True))):
         cache = torch.full((rows + 2, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
         walks[name] = (tokens, cache)
     torch.cuda.synchronize()
     assert barrier_errors(DEVICE) == errors
-    for name in ("table", "table_late", "table_lockstep"):
+    for name in ("table", "table_lockstep"):
         assert torch.equal(walks[name][0], walks["inline"][0]), name
         assert torch.equal(walks[name][1], walks["inline"][1]), name
 

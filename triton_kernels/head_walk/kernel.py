@@ -861,7 +861,7 @@ def head_walk_kernel(
     SPLIT_STREAMED: tl.constexpr, L2_PREFETCH: tl.constexpr, L2_BULK: tl.constexpr, STREAM_TMA: tl.constexpr,
     U_RING: tl.constexpr = True, WIN_STRIDE: tl.constexpr = 1, INLINE_PTX: tl.constexpr = True,
     D2T_INCREASING: tl.constexpr = False, D2T_HOIST: tl.constexpr = True,
-    nt_ptr=None, stride_ntk=0, stride_ntb=0, NOISE_TABLE: tl.constexpr = 0,
+    nt_ptr=None, stride_ntk=0, stride_ntb=0, NOISE_TABLE: tl.constexpr = False,
 ):
     # HEAD: 0 markov, 1 gated markov, 2 rnn. RES_TILES (0-4) tiles of RT rows stay resident; the rest of the
     # shard is streamed in ST-row tiles (smaller: each pipeline stage holds one in shared memory). Vectors over
@@ -906,12 +906,10 @@ def head_walk_kernel(
     ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET) or D2T_INCREASING
     # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
     # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
-    # NOISE_TABLE (sampled, several rows, fully resident shards): the resident tiles' Gumbel noise is loaded from
-    # nt_ptr ([N, B, V] fp32, noise_table_kernel's output, written before the walk) instead of computed here; 1:
-    # every tile's at the step's top with the base logits, 2: the first tile's there, each other tile's just before
-    # it is scored (fewer live registers).
-    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE > 0 and SAMPLED and not HAS_STREAM
-    NOISE_TABLE_LATE: tl.constexpr = NOISE_TABLE_ON and NOISE_TABLE == 2
+    # NOISE_TABLE (sampled, fully resident shards): the resident tiles' Gumbel noise is loaded from nt_ptr ([N, B, V]
+    # fp32, noise_table_kernel's output, written before the walk) at the step's top, beside the base logits, instead
+    # of computed while scoring.
+    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE and SAMPLED and not HAS_STREAM
     NOISE_AHEAD: tl.constexpr = (not NOISE_TABLE_ON and NOISE_AHEAD_OPT and SAMPLED and TAGGED
                                  and (EXCHANGE == 3 or EXCHANGE == 4)
                                  and SPLIT and KEYS_ONCE and RES_TILES >= 1 and not HAS_STREAM)
@@ -1082,13 +1080,13 @@ def head_walk_kernel(
             if RES_TILES >= 1:
                 sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot,
                                        ONE_ROW)
-            if RES_TILES >= 2 and not NOISE_TABLE_LATE:
+            if RES_TILES >= 2:
                 sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
                                        m_hot, ONE_ROW)
-            if RES_TILES >= 3 and not NOISE_TABLE_LATE:
+            if RES_TILES >= 3:
                 sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end,
                                        o_b, m_hot, ONE_ROW)
-            if RES_TILES >= 4 and not NOISE_TABLE_LATE:
+            if RES_TILES >= 4:
                 sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end,
                                        o_b, m_hot, ONE_ROW)
         if ONE_ROW:
@@ -1199,9 +1197,6 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 2:
-            if NOISE_TABLE_LATE:
-                sn1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + RT + o_t, shard_end, o_b,
-                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res1, u_res1, sn1, m_dot, shard_begin + RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
@@ -1212,9 +1207,6 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 3:
-            if NOISE_TABLE_LATE:
-                sn2 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 2 * RT + o_t, shard_end, o_b,
-                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res2, u_res2, sn2, m_dot, shard_begin + 2 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,
@@ -1225,9 +1217,6 @@ def head_walk_kernel(
             else:
                 res_keys, best = _fold(res_keys, best, keys, KEYS_ONCE)
         if RES_TILES >= 4:
-            if NOISE_TABLE_LATE:
-                sn3 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + 3 * RT + o_t, shard_end, o_b,
-                                        m_hot, ONE_ROW)
             keys, ids = _score_tile(
                 w_res3, u_res3, sn3, m_dot, shard_begin + 3 * RT + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos,
                 u_ptr, stride_ub, stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale,

@@ -82,8 +82,8 @@ COOPERATIVE_LAUNCH = True
 NOISE_AHEAD_MAX_ROWS = 0
 # noise_table: the batch rows (first, last) whose sampled walks make their noise before the walk by default. Ladder v62
 # (H200, 32k, block 15, ABBA x 2, us incl. the table's launch, table vs inline): b8 94.2 / 95.7 vs 102.8 / 103.4; slower
-# from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 ("late"
-# 365.5 / 364.8) vs 340.8 / 340.1, d2t b32 241.0 / 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 /
+# from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 (each tile's
+# noise loaded just before it is scored: 365.5 / 364.8, removed, code at c6d9d5f) vs 340.8 / 340.1, d2t b32 241.0 / 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 /
 # 49.1 / 94.5 us at b8 / b32 / b64, more than the walk saves by loading the noise. A table takes steps x rows x V x 4
 # bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES. Ladder v63 (same form): b2 73.2 / 74.7 vs 100.9 /
 # 100.8, b4 78.4 / 79.1 vs 101.0 / 101.8, b8 94.2 / 93.6 vs 102.4 / 102.0, d2t b8 with its cache 109.9 / 108.9 vs 114.7 /
@@ -92,7 +92,6 @@ NOISE_AHEAD_MAX_ROWS = 0
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
-NOISE_TABLE_FORMS = {False: 0, True: 1, "late": 2}
 MAX_STREAM_STAGES = 8
 
 
@@ -136,10 +135,8 @@ class WalkConfig:
     # exchange 'amax': int64 entries between the rows' winners slots (WINNER_STRIDE).
     winner_stride: int = WINNER_STRIDE
     # Sampled, several rows, fully resident shards: every step's Gumbel noise made before the walk by
-    # noise_table_kernel (at full occupancy), which the walk loads instead of computing it (choose_noise_table):
-    # 0 off, 1 every tile's noise loaded at the step's top, 2 ("late") each tile's but the first just before it is
-    # scored.
-    noise_table: int = 0
+    # noise_table_kernel (at full occupancy), which the walk loads instead of computing it (choose_noise_table).
+    noise_table: bool = False
 
 
 def _interpreting() -> bool:
@@ -230,7 +227,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
               keys_once: bool = True, prefetch: bool = True, l1_prefetch: bool = False,
               split_keys: bool | None = None, pair_reduce: bool = True, split_streamed: bool | None = None,
               noise_ahead: bool | None = None, l2_prefetch: int | None = None, stream_tma: int | None = None,
-              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, noise_table: bool | str | None = None,
+              u_ring: bool = True, winner_stride: int = WINNER_STRIDE, noise_table: bool | None = None,
               sampled: bool = False, head: str = "markov") -> WalkConfig:
     """How the vocabulary is split over programs and how much of each shard stays on chip. stream_tma None: the
     measured TMA ring (choose_streamed_tma) where a GPU plan of 2-byte W2 streams part of each shard and no tile
@@ -252,8 +249,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"winner_stride must be a power of two in [1, {MAX_WINNER_STRIDE}], got {winner_stride}")
     if stream_tma is not None and not 0 <= stream_tma <= MAX_STREAM_STAGES:
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
-    if noise_table is not None and noise_table not in NOISE_TABLE_FORMS:
-        raise ValueError(f"noise_table must be None, True, False or 'late', got {noise_table!r}")
+    if noise_table is not None and not isinstance(noise_table, bool):
+        raise ValueError(f"noise_table must be None, True or False, got {noise_table!r}")
     block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
@@ -336,9 +333,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
                       noise_ahead=NOISE_AHEAD_MAX_ROWS >= block_rows if noise_ahead is None else noise_ahead,
                       l2_prefetch=l2_prefetch, stream_tma=stream_tma if streamed else 0, u_ring=u_ring,
                       winner_stride=winner_stride,
-                      noise_table=NOISE_TABLE_FORMS[MEASURED_NOISE_TABLE_ROWS[0] <= num_rows
-                                                    <= MEASURED_NOISE_TABLE_ROWS[1] if noise_table is None
-                                                    else noise_table])
+                      noise_table=(MEASURED_NOISE_TABLE_ROWS[0] <= num_rows <= MEASURED_NOISE_TABLE_ROWS[1]
+                                   if noise_table is None else noise_table))
 
 
 def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: int, sampled: bool) -> bool:
@@ -621,7 +617,7 @@ def head_walk(
     stream_tma: int | None = None,
     u_ring: bool = True,
     winner_stride: int = WINNER_STRIDE,
-    noise_table: bool | str | None = None,
+    noise_table: bool | None = None,
     compact_cache: bool | None = None,
     gluon: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -676,10 +672,9 @@ def head_walk(
             of this many shared-memory stages; 0: the register double buffer; None: plan_walk's measured choice;
             needs 16-byte aligned rows of W2 and U and no fp8, else 0), u_ring (False: with stream_tma, the
             streamed tiles' base logits by pointer loads, not through the ring), winner_stride (exchange 'amax':
-            int64 entries between the rows' winners, WINNER_STRIDE), noise_table (sampled walks of several rows
-            over fully resident shards: every step's noise made before the walk and loaded by it; None: the
-            measured rule, choose_noise_table; "late": each tile's noise but the first loaded just before it is
-            scored), compact_cache (with draft_to_target and
+            int64 entries between the rows' winners, WINNER_STRIDE), noise_table (sampled walks over fully
+            resident shards: every step's noise made before the walk and loaded by it; None: the
+            measured rule, choose_noise_table), compact_cache (with draft_to_target and
             draft_logits: the walk stores draft columns in a compact buffer and a second launch writes the cache's
             walked rows whole, -inf outside the draft vocabulary; None: from COMPACT_CACHE_MIN_ROWS rows): launch
             overrides for tests and tuning.
@@ -1419,7 +1414,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         # (None without a table: constexpr, so the walk's parameters are those of a build without the option)
         nt_ptr=table, stride_ntk=table.stride(0) if table is not None else None,
         stride_ntb=table.stride(1) if table is not None else None,
-        NOISE_TABLE=cfg.noise_table if table is not None else 0,
+        NOISE_TABLE=table is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (cfg.programs,)
