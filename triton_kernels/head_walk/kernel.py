@@ -724,7 +724,7 @@ def noise_table_kernel(nt_ptr, stride_ntk, stride_ntb, req_ptr, temp_ptr, seed_p
         rows = i_v * BLOCK + tl.arange(0, BLOCK)
         m_v = rows < vocab
         if HAS_D2T:
-            ids = rows + tl.load(d2t_ptr + rows, mask=m_v, other=0).to(tl.int32)
+            ids = rows + _tile_d2t(d2t_ptr, rows, m_v)
         else:
             ids = rows
         seed = tl.load(seed_ptr + req_safe).to(tl.int64) ^ (tl.cast(k, tl.int64) << 32)

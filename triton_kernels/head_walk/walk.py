@@ -82,13 +82,14 @@ COOPERATIVE_LAUNCH = True
 NOISE_AHEAD_MAX_ROWS = 0
 # noise_table: the batch rows (first, last) whose sampled walks make their noise before the walk by default. Ladder v62
 # (H200, 32k, block 15, ABBA x 2, us incl. the table's launch, table vs inline): b8 94.2 / 95.7 vs 102.8 / 103.4; slower
-# from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 (each tile's
-# noise loaded just before it is scored: 365.5 / 364.8, removed, code at c6d9d5f) vs 340.8 / 340.1, d2t b32 241.0 / 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 /
-# 49.1 / 94.5 us at b8 / b32 / b64, more than the walk saves by loading the noise. A table takes steps x rows x V x 4
-# bytes (15 x 64 x 32k: 123 MB), so none above NOISE_TABLE_MAX_BYTES. Ladder v63 (same form): b2 73.2 / 74.7 vs 100.9 /
-# 100.8, b4 78.4 / 79.1 vs 101.0 / 101.8, b8 94.2 / 93.6 vs 102.4 / 102.0, d2t b8 with its cache 109.9 / 108.9 vs 114.7 /
-# 114.3. Ladder v66, one row: 52.8 / 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run)
-# 57.7 / 58.8 vs 52.4 / 52.6: one row keeps the noise inline by default (noise_table=True still walks the table).
+# from 16 rows (b16 120.3 / 120.7 vs 108.4 / 108.3, b32 179.9 / 180.0 vs 173.5 / 173.7, b64 377.1 / 377.9 vs 340.8 /
+# 340.1 (each tile's noise loaded just before it is scored: 365.5 / 364.8, removed, code at c6d9d5f), d2t b32 241.0 /
+# 240.4 vs 222.4 / 222.3): the table's launch alone takes 14.2 / 49.1 / 94.5 us at b8 / b32 / b64, more than the walk
+# saves by loading the noise. A table takes steps x rows x V x 4 bytes (15 x 64 x 32k: 123 MB), so none above
+# NOISE_TABLE_MAX_BYTES. Ladder v63 (same form): b2 73.2 / 74.7 vs 100.9 / 100.8, b4 78.4 / 79.1 vs 101.0 / 101.8, b8
+# 94.2 / 93.6 vs 102.4 / 102.0, d2t b8 with its cache 109.9 / 108.9 vs 114.7 / 114.3. Ladder v66, one row: 52.8 /
+# 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run) 57.7 / 58.8 vs 52.4 / 52.6: one row
+# keeps the noise inline by default (noise_table=True still walks the table).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
@@ -341,7 +342,7 @@ def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: in
     """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks over fully resident
     shards (the kernel loads the table for resident tiles only) whose table fits NOISE_TABLE_MAX_BYTES."""
     return bool(cfg.noise_table and sampled and cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
-            and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
+                and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
 
 
 _workspaces: dict = {}
@@ -1369,8 +1370,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
         noise_table_kernel[(triton.cdiv(vocab, NOISE_TABLE_BLOCK), num_rows, num_steps)](
             table, table.stride(0), table.stride(1), req if req is not None else dummy, temperature, seeds, pos,
             pos.stride(0), d2t if d2t is not None else dummy, vocab, num_steps, HAS_REQ=req is not None,
-            HAS_D2T=d2t is not None,
-            BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
+            HAS_D2T=d2t is not None, BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
         w1_ptr=w1, stride_w1=w1.stride(0),
