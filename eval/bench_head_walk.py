@@ -1216,6 +1216,19 @@ TUNE_CASES_V66 = (_mirrored_passes(V62_FORMS, 32000, "sampled_v32k_b1", passes=2
                                      passes=2, rows=1))
 # (v66 ran once at e2a58ef, us, table / inline: b1 52.8 / 52.3 vs 54.9 / 55.3; d2t b1 57.7 / 58.8 vs 52.4 / 52.6: one row
 # keeps the inline noise by default.)
+# v67 (session 17): one sampled row drawn by gluon_b1's walk (the noise table made before it, the draft-logits cache
+# stored by the walk) against the Triton walk's sampled default, ABBA x 2: 32k (the resident form), 32k with the d2t
+# into 151,936 target ids and its cache, 152k (the streamed form), blocks 15.
+V67_RESIDENT = {"gluon": dict(sampled=True, gluon="rs2_lean_pair_pp", tile_rows=128, resident_tiles=2,
+                              stream_rows=128),
+                "triton": dict(sampled=True)}
+V67_STREAMED = {"gluon": dict(sampled=True, gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2,
+                              stream_rows=128),
+                "triton": dict(sampled=True)}
+TUNE_CASES_V67 = (_mirrored_passes(V67_RESIDENT, 32000, "sampled_v32k_b1", passes=2)
+                  + _mirrored_passes(_with(V67_RESIDENT, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b1",
+                                     passes=2)
+                  + _mirrored_passes(V67_STREAMED, 151936, "sampled_v152k_b1", passes=2))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1370,6 +1383,7 @@ LADDERS = {
     "v63": dict(rule={}, cases=TUNE_CASES_V63, floors=[]),
     "v64": dict(rule={}, cases=TUNE_CASES_V64, floors=[]),
     "v66": dict(rule={}, cases=TUNE_CASES_V66, floors=[]),
+    "v67": dict(rule={}, cases=TUNE_CASES_V67, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -277,6 +277,14 @@ def _walk_operands(rows, steps, vocab, rank):
             torch.empty(rows, steps, dtype=torch.long))
 
 
+def _sampled_draw(steps, vocab):
+    """A sampled row's operands as the engine passes them: its request, temperature, seed, positions and fp32
+    draft-logits cache (only dtypes and strides reach the compile)."""
+    return dict(req_indices=torch.zeros(1, dtype=torch.int32), temperature=torch.ones(1),
+                seeds=torch.zeros(1, dtype=torch.long), positions=torch.zeros(1, steps, dtype=torch.long),
+                draft_logits=torch.empty(1, steps, vocab))
+
+
 def hw():
     import hybridspec_kernels.head_walk.walk as walk
     walk._num_sms = lambda d: 132
@@ -363,6 +371,7 @@ def hwg():
     walk._interpreting = lambda: False
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gb.head_walk_b1_stream_kernel = Capture(gb.head_walk_b1_stream_kernel)
+    walk.noise_table_kernel = Capture(walk.noise_table_kernel)
     steps, rank = 15, 256
     # Ring geometries beyond the plan's (name suffix -> plan options): resident rows / ring stages (_t128: 128-row
     # tiles at 8 warps, 128 rows in registers). res256_s2_t128 is gluon="auto"'s (walk.GLUON_AUTO_GEOMETRY; before
@@ -378,17 +387,21 @@ def hwg():
     forms = {151936: ("triton", "ss", "rs", "ss_res192_s3", "rs_res192_s4", "rs_res256_s3", "rs_res256_s2",
                       "rs_res256_s2_t128", "rs_res128_s3_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128",
-                      "rs2_sf_lean_pp_res256_s2_t128"),
+                      "rs2_sf_lean_pp_res256_s2_t128", "triton_sampled", "rs2_sf_lean_pp_sampled_res256_s2_t128"),
              150001: ("triton", "ss", "rs_res256_s3", "rs_res256_s2_t128", "rs_sf_res256_s2_t128",
                       "rs_sf_lean_res256_s2_t128", "rs2_sf_lean_res256_s2_t128"),
              # HW12: the fully resident walk (the Triton walk, the Gluon lean form ss_lean_pair)
              32000: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128",
-                     "rs2_lean_pair_pp_res256_t128", "rs2_lean_pair_pp_d2t_res256_t128"),
+                     "rs2_lean_pair_pp_res256_t128", "rs2_lean_pair_pp_d2t_res256_t128", "triton_sampled",
+                     "rs2_lean_pair_pp_sampled_res256_t128", "rs2_lean_pair_pp_d2t_sampled_res256_t128"),
              30011: ("triton", "ss_lean_pair_res256_t128", "rs2_lean_pair_res256_t128")}
     for vocab, names in forms.items():
         for form_name in names:
             form, _, geo = form_name.partition("_res")
-            # "..._d2t": rows keyed by target id (an increasing d2t; the launch's d2t argument)
+            # "..._sampled": one sampled row (a request's temperature, seed and positions) with its draft-logits
+            # cache; "..._d2t": rows keyed by target id (an increasing d2t; the launch's d2t argument)
+            sampled_form = form.endswith("_sampled")
+            form = form.removesuffix("_sampled")
             d2t_form = form.endswith("_d2t")
             form = form.removesuffix("_d2t")
             name = f"hwg_v{vocab}_b1_{form_name}"
@@ -400,7 +413,9 @@ def hwg():
                 # As head_walk: no Triton ring where U's rows are not 16-byte aligned.
                 cfg = walk.plan_walk(vocab, rank, 1, 2, torch.device("cuda"),
                                      stream_tma=None if vocab % 8 == 0 else 0)
-                walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
+                draw = _sampled_draw(steps, vocab) if sampled_form else {}
+                walk._launch(cfg, u, w1, w2, None, first, tokens, draw.get("req_indices"), draw.get("temperature"),
+                             draw.get("seeds"), draw.get("positions"), None, draw.get("draft_logits"), None, None,
                              None, None, None, None, None, None, 0, 1.0)
             else:
                 # The Gluon walk's ring reads only W2: its plan keeps the ring whatever U's alignment.
@@ -411,7 +426,9 @@ def hwg():
                                             rs=flags["rs"], lean=flags["lean_ends"])
                 assert why is None, why
                 walk._launch_gluon_b1(cfg, u, w1, w2, first, tokens, 1.0, **flags,
-                                      d2t=torch.zeros(vocab, dtype=torch.long, device=u.device) if d2t_form else None)
+                                      d2t=torch.zeros(vocab, dtype=torch.long, device=u.device) if d2t_form else None,
+                                      draw=_sampled_draw(steps, vocab) if sampled_form else None)
+            del captured[:-1]  # a sampled row's noise table launches first (compiled by hw())
             sass = _compile_counted(name, cfg)
             if sass:  # one streamed tile's iteration (the step loop counts it once)
                 print(f"{name:40} streamed loop {json.dumps(step_loop_counts(sass, narrowest=True))}", flush=True)

@@ -1090,7 +1090,7 @@ def test_gluon_stream_selection(monkeypatch):
                      (no_ring, dict(base, triton_version="3.9.1", dtypes=(torch.float16, torch.float16,
                                                                            torch.float32))),
                      (res192_s3, base), (res192_s4, dict(base, rs=True)), (res256_s3, dict(base, rs=True)),
-                     (nothing_resident, base)):
+                     (nothing_resident, base), (v152k, dict(base, sampled=True)), (v152k, dict(base, cache=True))):
         assert walk.why_not_gluon_b1(plan, **kw) is None, (plan, kw)
     rejected = {
         "32k: resident shards": (_gpu_plan(monkeypatch, 32000), base),
@@ -1110,8 +1110,7 @@ def test_gluon_stream_selection(monkeypatch):
         "ampere": (v152k, dict(base, capability=(8, 0))),
         "two rows": (v152k, dict(base, num_rows=2)),
         "gated head": (v152k, dict(base, head="gated_markov")),
-        "sampled": (v152k, dict(base, sampled=True)),
-        "d2t / cache / confidence": (v152k, dict(base, extras=True)),
+        "d2t / compact cache / confidence / oversized noise table": (v152k, dict(base, extras=True)),
         "fp32 weights": (v152k, dict(base, dtypes=(torch.float32, torch.float32, bf))),
         "mixed weights": (v152k, dict(base, dtypes=(bf, torch.float16, bf))),
         "fp64 logits": (v152k, dict(base, dtypes=(bf, bf, torch.float64))),
@@ -1149,7 +1148,7 @@ def test_gluon_resident_lean_selection(monkeypatch):
             assert walk.why_not_gluon_b1(plan, rs=rs, lean=True, **base) is None, (vocab, rs)
             assert "eee43d2" in walk.why_not_gluon_b1(plan, rs=rs, **base)
         assert "TMA" in walk.why_not_gluon_b1(plan, lean=True, w2_tma=False, **base)
-        assert isinstance(walk.why_not_gluon_b1(plan, lean=True, **dict(base, sampled=True)), str)
+        assert walk.why_not_gluon_b1(plan, rs=2, lean=True, **dict(base, sampled=True, cache=True)) is None
     # The plan's own geometry (256-row tiles): 4 warps of 64-row tiles, all four resident.
     assert walk._gluon_stream_form(_gpu_plan(monkeypatch, 32000)) == (256, 0, 1)
 
@@ -1207,6 +1206,53 @@ def test_gluon_d2t_selection(monkeypatch, caplog):
     assert any("'..._pair' form" in r.getMessage() for r in caplog.records)
     assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, **walk.gluon_form_flags("rs2_lean_pair_pp"))
     assert build.launches[-1][1]["HAS_D2T"] is False
+
+
+def test_gluon_draw_selection_and_launch(monkeypatch):
+    """One sampled row and / or a draft-logits cache (gluon_b1's draw): why_not_gluon_b1 lets an explicit form walk
+    them; gluon="auto" only at the shard sizes of MEASURED_GLUON_DRAW_CHUNK_ROWS, and says why elsewhere. The launch
+    makes the row's noise table first (sampled only) and passes SAMPLED / STORE_LOGITS / HAS_REQ with the table, the
+    request, the temperature and the cache's strides; a greedy walk without a cache launches as before (no request
+    read, no table); the noise table's shared memory counts in the 152k form's budget."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True)
+    monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", ())
+    for vocab in (32000, 151936):
+        plan = _gpu_plan(monkeypatch, vocab)
+        assert walk.why_not_gluon_auto(plan, overrides=[], **base) is None, vocab
+        for draw in (dict(sampled=True, cache=True), dict(cache=True)):
+            assert "not measured faster" in walk.why_not_gluon_auto(plan, overrides=[], **dict(base, **draw)), vocab
+        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", (plan.chunk_rows,))
+        assert walk.why_not_gluon_auto(plan, overrides=[], **dict(base, sampled=True, cache=True)) is None, vocab
+        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", ())
+    streamed = _gpu_plan(monkeypatch, 151936, **walk.GLUON_AUTO_GEOMETRY)
+    assert walk._why_not_gluon_b1_stream(streamed, 2, True, sampled=True) is None
+    assert "shared memory" in walk._why_not_gluon_b1_stream(
+        dataclasses.replace(streamed, stream_tma=3), 2, True, sampled=False)
+
+    tables = []
+    monkeypatch.setattr(walk, "_noise_table", lambda *a: tables.append(a) or torch.zeros(a[1], a[0], a[2]))
+    build, (u, w1, w2, first, tokens) = _capture_stream_launches(monkeypatch, 32000)
+    plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
+    flags = walk.gluon_form_flags("rs2_lean_pair_pp")
+    req = torch.tensor([2])
+    temperature, seeds = torch.tensor([0.5, 0.0, 0.8]), torch.tensor([1, 2, 3])
+    positions = torch.arange(15).view(1, 15)
+    cache = torch.zeros(3, 16, 32000)
+    draws = {"sampled": dict(req_indices=req, temperature=temperature, seeds=seeds, positions=positions,
+                             draft_logits=cache),
+             "cache": dict(req_indices=req, draft_logits=cache), "greedy": dict(req_indices=req), "none": None}
+    for name, draw in draws.items():
+        assert walk._launch_gluon_b1(plan, u, w1, w2, first, tokens, 1.0, draw=draw, **flags)
+        grid, kwargs = build.launches[-1]
+        assert (kwargs["SAMPLED"], kwargs["STORE_LOGITS"], kwargs["HAS_REQ"]) == {
+            "sampled": (True, True, True), "cache": (False, True, True), "greedy": (False, False, False),
+            "none": (False, False, False)}[name], name
+    assert len(tables) == 1 and tables[0][:3] == (1, 15, 32000) and tables[0][3] is req
+    assert tables[0][4] is temperature and tables[0][5] is seeds and torch.equal(tables[0][6], positions)
 
 
 class _CapturedBuild:
@@ -2151,3 +2197,100 @@ def test_gpu_wide_tile_agrees(rows, sampled):
     assert barrier_errors(DEVICE) == errors
     assert torch.equal(wide, narrow) and torch.equal(wide, step)
     assert torch.equal(caches[0], caches[1])
+
+
+# gluon_b1's draw (one sampled row, a draft-logits cache): case -> (vocab, d2t, head_walk options of the Gluon form).
+GLUON_DRAW_CASES = {
+    "v32k": (32000, False, dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT)),
+    "v32k-d2t": (32000, True, dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT)),
+    "v30011": (30011, False, dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT)),
+    "v152k": (151936, False, dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2,
+                                  stream_rows=128)),
+}
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", list(GLUON_DRAW_CASES))
+@pytest.mark.parametrize("req", [0, 1, -1], ids=["sampled", "greedy-request", "padding"])
+@pytest.mark.parametrize("steps", [15, 7])
+def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
+    """One row drawn by gluon_b1's walk (its noise made before the walk, its logits stored into the draft-logits cache)
+    proposes exactly the Triton walk's tokens and fills the cache exactly as it does: a sampled request, a greedy
+    request (temperature 0) in a sampled walk, a padding row (no cache row written), and a greedy walk with a cache;
+    walk after walk on the Gluon family's workspace, no fallback (the Triton launch fails the test), no wait giving
+    up. gluon="auto" takes the same walk where MEASURED_GLUON_DRAW_CHUNK_ROWS names the shard size; for one case
+    a CUDA graph of the draw replays on new base logits with the Triton walk's tokens and cache."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    vocab, d2t, form = GLUON_DRAW_CASES[case]
+    p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=steps + req, scale=0.1,
+                     extra_target=151936 - vocab if d2t else 40)
+    p.w2 = p.w2.t().contiguous().t()
+    p.req = torch.tensor([req], device=DEVICE)
+    width = 151936 if d2t else vocab
+    base_kw = dict(req_indices=p.req)
+    if d2t:
+        base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
+    errors = barrier_errors(DEVICE)
+    triton_launch = walk._launch
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    for sampled in (True, False):
+        kw = dict(base_kw, **(sampling_kwargs(p) if sampled else {}))
+
+        def walk_with(opts):
+            cache = torch.full((3, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
+            return tokens, cache
+
+        ref = walk_with(dict(gluon=False))
+        monkeypatch.setattr(walk, "_launch", no_fallback)
+        walks = [walk_with(form), walk_with(form)]
+        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", (walk.plan_walk(
+            vocab, 256, 1, 2, torch.device(DEVICE)).chunk_rows,))
+        walks.append(walk_with({}))
+        monkeypatch.setattr(walk, "_launch", triton_launch)
+        torch.cuda.synchronize()
+        for i, (tokens, cache) in enumerate(walks):
+            assert torch.equal(tokens, ref[0]), (sampled, i)
+            assert torch.equal(cache, ref[1]), (sampled, i)
+        if req == -1:
+            assert bool((ref[1] == -7.0).all())
+        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", ())
+    assert barrier_errors(DEVICE) == errors
+    if steps == 15 and req == 0:
+        _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form, dict(base_kw, **sampling_kwargs(p)), width)
+
+
+def _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form: dict, kw: dict, width: int) -> None:
+    """A sampled Gluon draw (form) captured in a CUDA graph with no fallback, then 3 replays on new base logits, each
+    with the Triton walk's tokens and draft-logits cache."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    U = p.U.clone()
+    tokens = torch.empty(1, p.U.shape[1], dtype=torch.long, device=DEVICE)
+    cache = torch.zeros(3, 16, width, dtype=torch.bfloat16, device=DEVICE)
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    triton_launch = walk._launch
+    monkeypatch.setattr(walk, "_launch", no_fallback)
+    head_walk(U, p.w1, p.w2, p.x0, out=tokens, draft_logits=cache, **form, **kw)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        head_walk(U, p.w1, p.w2, p.x0, out=tokens, draft_logits=cache, **form, **kw)
+    monkeypatch.setattr(walk, "_launch", triton_launch)
+    gen = torch.Generator(device=DEVICE).manual_seed(11)
+    for _ in range(3):
+        U.copy_(torch.randn(U.shape, generator=gen, device=DEVICE).to(U.dtype) * 2.0)
+        cache.zero_()
+        graph.replay()
+        ref_cache = torch.zeros_like(cache)
+        ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, draft_logits=ref_cache, gluon=False, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, ref) and torch.equal(cache, ref_cache)

@@ -268,11 +268,16 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _score_tile(acc, col, u_smem, tile, row0, shard_end, logit_scale, SCALED: gl.constexpr,
-                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr, HAS_D2T: gl.constexpr = False, id_offsets=0):
+                    CANDS: gl.constexpr, ACC_LAYOUT: gl.constexpr, HAS_D2T: gl.constexpr = False, id_offsets=0,
+                    dl_step=0, valid=True, temp=0.0, n_smem=0, SAMPLED: gl.constexpr = False,
+                    STORE_LOGITS: gl.constexpr = False):
         """Keys of one [ST] tile of the shard from the accumulator's winning column, rounded as vLLM (kernel.py's
         _score_row): bias to U's dtype, (scale, round), + U, round; its base logits are row `tile` of this step's
         u_smem. HAS_D2T: keyed by target id (row + id_offsets, the tile's d2t), which orders as the draft id does
-        where d2t maps draft ids to increasing target ids (the caller's promise)."""
+        where d2t maps draft ids to increasing target ids (the caller's promise). STORE_LOGITS: the logits stored at
+        their target ids of the step's draft-logits cache row dl_step (where the row is `valid`, not padding).
+        SAMPLED: a row of temperature temp != 0 scores logits / temp + noise (row `tile` of the step's Gumbel noise,
+        n_smem), the same operations as kernel.py's _score_row."""
         st: gl.constexpr = acc.shape[0]
         rows = row0 + gl.arange(0, st, gl.SliceLayout(1, ACC_LAYOUT))
         u = u_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
@@ -283,10 +288,18 @@ if HAVE_GLUON:
         if SCALED:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
-        scored = gl.where(rows < shard_end, logits, float("-inf"))
+        ids = rows
         if HAS_D2T:
-            return _ordered_keys(scored, rows + id_offsets)
-        return _ordered_keys(scored, rows)
+            ids = rows + id_offsets
+        if STORE_LOGITS:
+            gl.store(dl_step + ids, logits.to(dl_step.dtype.element_ty), mask=(rows < shard_end) & valid)
+        scored = logits
+        if SAMPLED:
+            noise = n_smem.index(tile).load(gl.SliceLayout(1, ACC_LAYOUT))
+            hot = temp != 0.0
+            scored = gl.where(hot, logits / gl.where(hot, temp, 1.0) + noise, logits)
+        scored = gl.where(rows < shard_end, scored, float("-inf"))
+        return _ordered_keys(scored, ids)
 
     @gluon.jit
     def _load_u_tiles(u_ptr, step, stride_uk, shard_begin, shard_end, TILES_P2: gl.constexpr, ST: gl.constexpr,
@@ -301,11 +314,13 @@ if HAVE_GLUON:
     def _resident_tiles(run, col, b_view, zero_acc, a_regs, a_regs2, res_smem, res_ready, u_smem, shard_begin,
                         shard_end, logit_scale, RES_T: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
                         LEAN_ENDS: gl.constexpr, PAIRED: gl.constexpr = False, HAS_D2T: gl.constexpr = False,
-                        id_off0=0, id_off1=0):
+                        id_off0=0, id_off1=0, dl_step=0, valid=True, temp=0.0, n_smem=0,
+                        SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False):
         """run folded with the keys of the shard's RES_T resident tiles (the first in registers where RS_ROWS; with
         LEAN_ENDS the shared-memory ones arrive by TMA on res_ready, whose one phase is waited every step: a try-wait
         of a completed phase returns at once). PAIRED (RES_T == 2): both tiles' products in flight, one wait, then
-        both scored (else each tile's product is waited for and scored before the next is issued)."""
+        both scored (else each tile's product is waited for and scored before the next is issued). dl_step .. STORE_LOGITS:
+        _score_tile's draw (a draft-logits cache, a sampled row)."""
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
@@ -325,9 +340,9 @@ if HAVE_GLUON:
                                      is_async=True)
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
             keys0 = _score_tile(acc0, col, u_smem, 0, shard_begin, shard_end, logit_scale, SCALED, CANDS, ACC,
-                                HAS_D2T, id_off0)
+                                HAS_D2T, id_off0, dl_step, valid, temp, n_smem, SAMPLED, STORE_LOGITS)
             keys1 = _score_tile(acc1, col, u_smem, 1, shard_begin + ST, shard_end, logit_scale, SCALED, CANDS, ACC,
-                                HAS_D2T, id_off1)
+                                HAS_D2T, id_off1, dl_step, valid, temp, n_smem, SAMPLED, STORE_LOGITS)
             return gl.maximum(run, gl.maximum(keys0, keys1))
         for t in gl.static_range(RES_T):
             if t == 0 and RS_ROWS > 0:
@@ -341,14 +356,17 @@ if HAVE_GLUON:
                                     is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
             run = gl.maximum(run, _score_tile(acc, col, u_smem, t, shard_begin + t * ST, shard_end,
-                                              logit_scale, SCALED, CANDS, ACC))
+                                              logit_scale, SCALED, CANDS, ACC, False, 0, dl_step, valid, temp,
+                                              n_smem, SAMPLED, STORE_LOGITS))
         return run
 
     @gluon.jit
     def _streamed_tile(run, g, j, col, b_view, zero_acc, ring, ready, u_smem, w2_desc, stream_begin, shard_end,
-                       logit_scale, total, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, SCALED: gl.constexpr):
+                       logit_scale, total, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr, SCALED: gl.constexpr,
+                       dl_step=0, valid=True, temp=0.0, n_smem=0, SAMPLED: gl.constexpr = False,
+                       STORE_LOGITS: gl.constexpr = False):
         """run folded with the keys of streamed tile j, global streamed iteration g (slot g % STAGES); its slot
-        refilled by this CTA's thread 0 with iteration g + STAGES's tile."""
+        refilled by this CTA's thread 0 with iteration g + STAGES's tile. dl_step .. STORE_LOGITS: _score_tile's."""
         ACC: gl.constexpr = zero_acc.type.layout
         ST: gl.constexpr = zero_acc.shape[0]
         CANDS: gl.constexpr = zero_acc.shape[1]
@@ -365,7 +383,8 @@ if HAVE_GLUON:
         _tma_load(w2_desc, [stream_begin + (g_next % STREAM_TILES) * ST, 0], ready.index(slot), ring.index(slot),
                   pred=g_next < total)
         return gl.maximum(run, _score_tile(acc, col, u_smem, RES_T + j, stream_begin + j * ST, shard_end,
-                                           logit_scale, SCALED, CANDS, ACC))
+                                           logit_scale, SCALED, CANDS, ACC, False, 0, dl_step, valid, temp, n_smem,
+                                           SAMPLED, STORE_LOGITS))
 
     @gluon.jit
     def _step_publish(k, a0, a1, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
@@ -373,10 +392,13 @@ if HAVE_GLUON:
                       shard_begin, shard_end, stream_begin, STREAM_TILES: gl.constexpr, RES_T: gl.constexpr,
                       RS_ROWS: gl.constexpr, SCALED: gl.constexpr, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                       TILES_P2: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
-                      PAIRED: gl.constexpr, HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0):
+                      PAIRED: gl.constexpr, HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0, dl_row=0,
+                      stride_dlk=0, valid=True, temp=0.0, nt_ptr=0, stride_ntk=0, n_smem=0,
+                      SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False):
         """Step k up to its key's publication: the candidates' rows into B, the shard's keys (resident tiles' A
         operands a0 / a1: registers, or shared memory), the CTA's best published; returns (tag, key slot, the next
-        step's base logits, loaded while the programs meet)."""
+        step's base logits and, SAMPLED, Gumbel noise (nt_ptr: the noise table's row), loaded while the programs
+        meet). STORE_LOGITS: the step's logits into row dl_row + k * stride_dlk of the draft-logits cache."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         STAGES: gl.constexpr = ring.shape[0]
@@ -391,20 +413,24 @@ if HAVE_GLUON:
         # W1[x] once a step: each candidate's row into its B column (the streamed wgmmas reuse it).
         col = _step_start(b_smem, cand, key_smem, cand_key, k, pid, tok_ptr, CAND_KEYS, CANDS)
         b_view = b_smem.permute((1, 0))
+        dl_step = 0
+        if STORE_LOGITS:
+            dl_step = dl_row + k * stride_dlk
         run = gl.full([ST], -9223372036854775807 - 1, gl.int64, gl.SliceLayout(1, ACC))
         # STREAM_FIRST: the ring's tiles that landed during the exchange first, so their slots' refills are issued
         # before the resident tiles' work, which then runs while those refills travel.
         for j in range(lead):  # (lead is 0 without streamed tiles)
             run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
-                                 w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED)
+                                 w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T, SCALED,
+                                 dl_step, valid, temp, n_smem, SAMPLED, STORE_LOGITS)
         run = _resident_tiles(run, col, b_view, zero_acc, a0, a1, res_smem, res_ready, u_smem, shard_begin,
                               shard_end, logit_scale, RES_T, RS_ROWS, SCALED, LEAN_ENDS, PAIRED, HAS_D2T, id_off0,
-                              id_off1)
+                              id_off1, dl_step, valid, temp, n_smem, SAMPLED, STORE_LOGITS)
         if STREAM_TILES > 0:
             for j in range(lead, STREAM_TILES):
                 run = _streamed_tile(run, k * STREAM_TILES + j, j, col, b_view, zero_acc, ring, ready, u_smem,
                                      w2_desc, stream_begin, shard_end, logit_scale, total, STREAM_TILES, RES_T,
-                                     SCALED)
+                                     SCALED, dl_step, valid, temp, n_smem, SAMPLED, STORE_LOGITS)
         best = _cta_max(run, best_smem, WARP_KEYS, NW)
         tag = ((gen + k) % 16383) + 1
         kslot = k % 2
@@ -413,15 +439,20 @@ if HAVE_GLUON:
         # step's from u_smem before _cta_max's sync).
         u_next = _load_u_tiles(u_ptr, gl.minimum(k + 1, num_steps - 1), stride_uk, shard_begin, shard_end,
                                TILES_P2, ST, U_TILES)
-        return tag, kslot, u_next
+        n_next = 0
+        if SAMPLED:
+            n_next = _load_u_tiles(nt_ptr, gl.minimum(k + 1, num_steps - 1), stride_ntk, shard_begin, shard_end,
+                                   TILES_P2, ST, U_TILES)
+        return tag, kslot, u_next, n_next
 
     @gluon.jit
     def _step_exchange(k, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr, num_steps, u_tiles, o_cr,
                        prog, err_addr, pid, NUM_PROGS: gl.constexpr, KEY_STRIDE: gl.constexpr,
                        SLOTS_PER_CAND: gl.constexpr, SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr,
-                       LEAN_ENDS: gl.constexpr, SPIN_STAGGER: gl.constexpr, SPIN_READS: gl.constexpr):
+                       LEAN_ENDS: gl.constexpr, SPIN_STAGGER: gl.constexpr, SPIN_READS: gl.constexpr, n_next=0,
+                       n_tiles=0, SAMPLED: gl.constexpr = False):
         """Step k's exchange: the next step's candidates (keys, W1 rows) once every program's key is in, and its base
-        logits stored; returns (candidate keys, candidate rows)."""
+        logits (SAMPLED: and noise) stored; returns (candidate keys, candidate rows)."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         R: gl.constexpr = o_cr.shape[0]
@@ -434,6 +465,8 @@ if HAVE_GLUON:
                 cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
                                                   SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
                 u_tiles.store(u_next)
+                if SAMPLED:
+                    n_tiles.store(n_next)
             elif pid == 0:
                 # The last step: only program 0 stores a token, and it needs the winner's key, not its W1 row; the
                 # other programs leave once their key is out.
@@ -443,6 +476,8 @@ if HAVE_GLUON:
             cand_key, cand = _next_candidates(slot_ptrs, tags, err_addr, w1_ptr, stride_w1, o_cr, CAND,
                                               SPIN_LIMIT, GUESS_ROUNDS, SPIN_STAGGER, SPIN_READS)
             u_tiles.store(u_next)
+            if SAMPLED:
+                n_tiles.store(n_next)
         return cand_key, cand
 
     @gluon.jit
@@ -454,7 +489,9 @@ if HAVE_GLUON:
                       SLOTS_PER_CAND: gl.constexpr, TILES_P2: gl.constexpr, SPIN_LIMIT: gl.constexpr,
                       GUESS_ROUNDS: gl.constexpr, STREAM_FIRST: gl.constexpr, LEAN_ENDS: gl.constexpr,
                       PAIRED: gl.constexpr, SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2,
-                      HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0):
+                      HAS_D2T: gl.constexpr = False, id_off0=0, id_off1=0, dl_row=0, stride_dlk=0, valid=True,
+                      temp=0.0, nt_ptr=0, stride_ntk=0, n_tiles=0, n_smem=0, SAMPLED: gl.constexpr = False,
+                      STORE_LOGITS: gl.constexpr = False):
         """The walk's steps (head_walk_b1_stream_kernel's loop): each publishes its key, then exchanges it."""
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
@@ -464,15 +501,16 @@ if HAVE_GLUON:
         CAND_KEYS: gl.constexpr = gl.BlockedLayout([CANDS], [32], [NW], [0])
         zero_acc = gl.zeros([ST, CANDS], gl.float32, ACC)
         for k in range(num_steps):
-            tag, kslot, u_next = _step_publish(
+            tag, kslot, u_next, n_next = _step_publish(
                 k, a_regs, a_regs2, cand, cand_key, zero_acc, u_ptr, stride_uk, w2_desc, tok_ptr, keys_ptr, num_steps,
                 logit_scale, ring, ready, res_smem, res_ready, b_smem, key_smem, best_smem, u_smem, gen, pid,
                 shard_begin, shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
-                TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED, HAS_D2T, id_off0, id_off1)
+                TILES_P2, STREAM_FIRST, LEAN_ENDS, PAIRED, HAS_D2T, id_off0, id_off1, dl_row, stride_dlk, valid, temp,
+                nt_ptr, stride_ntk, n_smem, SAMPLED, STORE_LOGITS)
             cand_key, cand = _step_exchange(k, tag, kslot, u_next, cand, cand_key, w1_ptr, stride_w1, keys_ptr,
                                             num_steps, u_tiles, o_cr, prog, err_addr, pid, NUM_PROGS, KEY_STRIDE,
                                             SLOTS_PER_CAND, SPIN_LIMIT, GUESS_ROUNDS, LEAN_ENDS, SPIN_STAGGER,
-                                            SPIN_READS)
+                                            SPIN_READS, n_next, n_tiles, SAMPLED)
         winner, col = _agree(key_smem, cand_key, CAND_KEYS, CANDS)
         if pid == 0:
             gl.store(tok_ptr + num_steps - 1, ID_MASK - (winner & ID_MASK))
@@ -486,12 +524,14 @@ if HAVE_GLUON:
         first_ptr, tok_ptr,
         keys_ptr, gen_ptr, err_ptr,
         num_steps, vocab, logit_scale, d2t_ptr,
+        req_ptr, temp_ptr, nt_ptr, stride_ntk, dl_ptr, stride_dlr, stride_dlk,
         R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, GUESS_ROUNDS: gl.constexpr = 3, STREAM_FIRST: gl.constexpr = False,
         LEAN_ENDS: gl.constexpr = False, PAIRED: gl.constexpr = False, RS_TMA: gl.constexpr = False,
         SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
+        SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False, HAS_REQ: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS): the first RES_ROWS stay in
         # shared memory (the first RS_ROWS of those in registers), the other STREAM_TILES tiles of ST rows come
@@ -500,6 +540,11 @@ if HAVE_GLUON:
         # phase (g // STAGES) & 1, and refills that slot with iteration g + STAGES's tile: the ring never drains
         # between steps, so the next step's first STAGES tiles are copied while the programs exchange keys (W2
         # does not depend on the token). Keys / tags / slots as head_walk_b1_kernel (and kernel.py).
+        # SAMPLED: the row's request (req_ptr[0] with HAS_REQ, else 0; -1: a padding row, greedy, stores nothing)
+        # draws with its temperature temp_ptr[req] (0: greedy) and the Gumbel noise of the table nt_ptr ([N, V] rows
+        # stride_ntk apart, noise_table_kernel's), which travels with the base logits: the next step's is loaded while
+        # the programs meet and kept in shared memory beside them. STORE_LOGITS: each step's logits into the
+        # draft-logits cache dl_ptr[req, k, target id].
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         RES_T: gl.constexpr = RES_ROWS // ST
@@ -521,6 +566,19 @@ if HAVE_GLUON:
         shard_begin = pid * CHUNK_ROWS
         shard_end = gl.minimum(shard_begin + CHUNK_ROWS, vocab)
         stream_begin = shard_begin + RES_ROWS
+        # The row's draw: its request (a padding row, -1, walks greedy and stores nothing) and temperature.
+        valid = True
+        req_safe = 0
+        if HAS_REQ:
+            req = gl.load(req_ptr).to(gl.int64)
+            valid = req >= 0
+            req_safe = gl.where(valid, req, 0)
+        temp = 0.0
+        if SAMPLED:
+            if HAS_REQ:
+                temp = gl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(gl.float32)
+            else:
+                temp = gl.load(temp_ptr).to(gl.float32)
 
         # The ring first: its first STAGES copies travel while the resident rows are loaded.
         ring = gl.allocate_shared_memory(w_ty, [STAGES, ST, R], W_SMEM)
@@ -566,6 +624,9 @@ if HAVE_GLUON:
                 # load, which waits for the anchor token (one dependent round trip in front of the tile).
                 _cta_sync()
             u_first = _load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES)
+            n_first = 0
+            if SAMPLED:
+                n_first = _load_u_tiles(nt_ptr, 0, stride_ntk, shard_begin, shard_end, TILES_P2, ST, U_TILES)
             o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
             prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
@@ -630,6 +691,9 @@ if HAVE_GLUON:
         else:
             u_tiles.store(_load_u_tiles(u_ptr, 0, stride_uk, shard_begin, shard_end, TILES_P2, ST, U_TILES))
             fence_async_shared()
+            n_first = 0
+            if SAMPLED:
+                n_first = _load_u_tiles(nt_ptr, 0, stride_ntk, shard_begin, shard_end, TILES_P2, ST, U_TILES)
             o_cr = gl.arange(0, R, gl.SliceLayout(0, CAND))
             prog, err_addr, cand, cand_key = _poll_setup(pid, err_ptr, first_ptr, w1_ptr, stride_w1, o_cr, CANDS,
                                                          SLOTS_PER_CAND, NUM_PROGS, SPIN, CAND)
@@ -641,13 +705,27 @@ if HAVE_GLUON:
         else:
             id_off0 = 0
             id_off1 = 0
+        # The row's noise buffer and cache row (placeholders where not used).
+        n_tiles = u_tiles  # unused unless SAMPLED
+        n_smem = u_smem
+        if SAMPLED:
+            n_tiles = gl.allocate_shared_memory(gl.float32, [TILES_P2, ST], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            if _PUBLIC_REINTERPRET:
+                n_smem = n_tiles.reinterpret(gl.float32, [TILES_P2, ST], PLAIN)
+            else:
+                n_smem = n_tiles._reinterpret(gl.float32, [TILES_P2, ST], PLAIN)
+            n_tiles.store(n_first)
+        dl_row = 0
+        if STORE_LOGITS:
+            dl_row = dl_ptr + req_safe * stride_dlr
         gen = gl.load(gen_ptr + pid)
         _stream_steps(u_ptr, stride_uk, w1_ptr, stride_w1, w2_desc, tok_ptr, keys_ptr, gen_ptr,
                       num_steps, logit_scale, ring, ready, a_regs, a_regs2, res_smem, res_ready, b_smem, key_smem,
                       best_smem, u_tiles, u_smem, o_cr, prog, err_addr, cand, cand_key, gen, pid, shard_begin,
                       shard_end, stream_begin, STREAM_TILES, RES_T, RS_ROWS, SCALED, NUM_PROGS, KEY_STRIDE,
                       SLOTS_PER_CAND, TILES_P2, SPIN_LIMIT, GUESS_ROUNDS, STREAM_FIRST, LEAN_ENDS, PAIRED,
-                      SPIN_STAGGER, SPIN_READS, HAS_D2T, id_off0, id_off1)
+                      SPIN_STAGGER, SPIN_READS, HAS_D2T, id_off0, id_off1, dl_row, stride_dlk, valid, temp, nt_ptr,
+                      stride_ntk, n_tiles, n_smem, SAMPLED, STORE_LOGITS)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         if LEAN_ENDS:

@@ -840,10 +840,15 @@ def head_walk(
                                                  d2t=draft_to_target if d2t_keyed else None):
             return tokens, draft_logits, confidence
     elif gluon is not False:
+        # One row's draft-logits cache is the Gluon walk's to store (not a compact one: its expansion is the Triton
+        # path's); a sampled row's noise table has to fit NOISE_TABLE_MAX_BYTES.
+        compact_b1 = draft_logits is not None and draft_to_target is not None and (
+            compact_cache if compact_cache is not None else num_rows >= COMPACT_CACHE_MIN_ROWS)
         gluon_case = dict(
-            num_rows=num_rows, head=head, sampled=sampled,
-            extras=(draft_to_target is not None and not d2t_keyed) or draft_logits is not None or conf_h is not None
-            or tokens.stride(-1) != 1, d2t=d2t_keyed, target_vocab=w1.shape[0],
+            num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
+            extras=(draft_to_target is not None and not d2t_keyed) or compact_b1 or conf_h is not None
+            or tokens.stride(-1) != 1 or sampled and num_steps * vocab * 4 > NOISE_TABLE_MAX_BYTES,
+            d2t=d2t_keyed, target_vocab=w1.shape[0],
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
@@ -860,8 +865,11 @@ def head_walk(
             reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+        draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
+                    draft_logits=draft_logits)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, d2t=draft_to_target if d2t_keyed else None, **flags):
+                                               logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
+                                               **flags):
             return tokens, draft_logits, confidence
     if compact_cache is None:
         compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
@@ -1053,18 +1061,19 @@ def _why_not_gluon_operands(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]
 def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                      dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
                      capability: tuple[int, int] | None, rs: int = 0, w2_tma: bool = True, lean: bool = False,
-                     d2t: bool = False, target_vocab: int = 0,
+                     d2t: bool = False, target_vocab: int = 0, cache: bool = False,
                      triton_version: str = triton.__version__, have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_b1's streamed walk walks this case exactly as the Triton walk would, else why not (the log
-    line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t not known to be increasing, a draft-logits
-    cache, confidence or a token buffer not contiguous along the steps (req_indices do not change a greedy row's
-    tokens). w2_tma: W2's rows can be read by TMA. lean: a "..._lean" form (the only ones that walk fully resident
-    shards, HW12). d2t: an increasing d2t (rows keyed by target id: fully resident shards only (and, at launch, a
-    paired two-tile form), target ids below 2^18; target_vocab = W1's rows)."""
+    line of the fallback). dtypes: (W1, W2 rows, base logits). extras: d2t not known to be increasing, a compact
+    draft-logits cache, confidence, a token buffer not contiguous along the steps, or a sampled row's noise table
+    over NOISE_TABLE_MAX_BYTES. A sampled row (its noise made before the walk) and a draft-logits cache (cache)
+    are the Gluon walk's. w2_tma: W2's rows can be read by TMA. lean: a "..._lean" form (the only ones that walk
+    fully resident shards, HW12). d2t: an increasing d2t (rows keyed by target id: fully resident shards only (and,
+    at launch, a paired two-tile form), target ids below 2^18; target_vocab = W1's rows)."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
-    if reason is None and (num_rows != 1 or head != "markov" or sampled or extras):
-        reason = ("only one greedy Markov row without draft logits / confidence (and a d2t only where it increases) "
-                  "has a Gluon walk")
+    if reason is None and (num_rows != 1 or head != "markov" or extras):
+        reason = ("only one Markov row without confidence or a compact draft-logits cache (a d2t only where it "
+                  "increases, a sampled row's noise table within NOISE_TABLE_MAX_BYTES) has a Gluon walk")
     if reason is None and d2t and not (lean and cfg.chunk_rows <= gluon_b1.MAX_SHARD_ROWS):
         reason = (f"a d2t with shards of {cfg.chunk_rows} rows: the Gluon walk keys rows by target id only in its "
                   f"fully resident forms")
@@ -1081,7 +1090,7 @@ def why_not_gluon_b1(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool
         return (f"shards of {cfg.chunk_rows} rows stay on chip: the Gluon walk of resident shards measured no faster "
                 f"(32k b1 45.8 vs 45.1 us, session 7) and was removed (code at eee43d2); the '..._lean' forms walk "
                 f"them (HW12)")
-    return _why_not_gluon_b1_stream(cfg, rs, w2_tma)
+    return _why_not_gluon_b1_stream(cfg, rs, w2_tma, sampled)
 
 
 def _overrides_given(overrides: list[str]) -> str | None:
@@ -1114,7 +1123,15 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
                 f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only "
                 f"(gluon=True asks for it)")
+    if (case.get("sampled") or case.get("cache")) and cfg.chunk_rows not in MEASURED_GLUON_DRAW_CHUNK_ROWS:
+        return (f"a {'sampled row' if case.get('sampled') else 'draft-logits cache'} with shards of {cfg.chunk_rows} "
+                f"rows: the Gluon walk's draw was not measured faster there (an explicit gluon= form walks it)")
     return None
+
+
+# Shard sizes (rows a program, as GLUON_AUTO_CHUNK_ROWS) where gluon="auto" also takes one sampled row and / or a
+# draft-logits cache (gluon_b1's SAMPLED / STORE_LOGITS, the noise made before the walk): none until measured.
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = ()
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
@@ -1139,7 +1156,7 @@ def _gluon_stream_form(cfg: WalkConfig, rs: int = 0) -> tuple[int, int, int]:
     return resident, (cfg.chunk_rows - resident) // cfg.stream_rows, stages
 
 
-def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool) -> str | None:
+def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool, sampled: bool = False) -> str | None:
     """Partly streamed shards (V = 152k), or fully resident ones in a "..._lean" form (32k): gluon_b1's
     head_walk_b1_stream_kernel (_gluon_stream_form's geometry, tiles of gluon_b1.STREAM_TILE_ROWS rows); None where it
     can walk, else why not."""
@@ -1155,6 +1172,8 @@ def _why_not_gluon_b1_stream(cfg: WalkConfig, rs: int, w2_tma: bool) -> str | No
     # 'rs' holds the first resident tile (rs2: the first two) in registers, not in shared memory (a fully resident
     # shard stages them there: its register tiles come by TMA).
     smem = (resident - (cfg.stream_rows * rs if tiles else 0) + stages * cfg.stream_rows) * 256 * 2 + 12 * 1024
+    if sampled:  # the step's noise beside its base logits, fp32
+        smem += triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, cfg.stream_rows)) * cfg.stream_rows * 4
     if smem > GLUON_STREAM_SMEM:
         return f"{resident} resident rows + {stages} ring stages need {smem} B of shared memory (> {GLUON_STREAM_SMEM})"
     if cfg.programs > gluon_b1.STREAM_CANDS * 32:
@@ -1172,10 +1191,17 @@ _gluon_failed: dict = {}
 
 def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float, rs: int,
                      stream_first: bool = False, lean_ends: bool = False, paired: bool = False,
-                     pipelined_spin: bool = False, d2t: torch.Tensor | None = None) -> bool:
+                     pipelined_spin: bool = False, d2t: torch.Tensor | None = None,
+                     draw: dict | None = None) -> bool:
     """One launch of gluon_b1's streamed walk (why_not_gluon_b1 said yes: partly resident shards, TMA ring kept
     across the steps; stream_first / lean_ends: gluon_form_flags); False (logged, remembered per build) where it
-    does not compile, so the caller walks the Triton kernel."""
+    does not compile, so the caller walks the Triton kernel. draw: the row's request and sampling (head_walk's
+    req_indices, temperature, seeds, positions: None for a greedy walk) and draft_logits (None: no cache); a
+    sampled walk's noise is made before it (_noise_table), since the Gluon walk loads it."""
+    draw = draw or {}
+    temperature, cache = draw.get("temperature"), draw.get("draft_logits")
+    # (a greedy walk without a cache reads no request: its build is the greedy one)
+    req = draw.get("req_indices") if temperature is not None or cache is not None else None
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     resident, tiles, stages = _gluon_stream_form(cfg, rs)
@@ -1193,10 +1219,16 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
                  "(rows keyed by target id); walking the Triton kernel")
         return False
     stagger = SPIN_STAGGER if pipelined_spin else 0
+    sampled, store = temperature is not None, cache is not None
     key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, d2t is not None, u.dtype, w1.dtype,
-           rank)
+           rank, sampled, store, req is not None, cache.dtype if store else None)
     if key in _gluon_failed:
         return False
+    table = None
+    if sampled:
+        positions = draw["positions"].contiguous()
+        table = _noise_table(1, u.shape[1], u.shape[2], req, temperature, draw["seeds"], positions, d2t,
+                             wsp["count"])
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
         _launch_walk(
@@ -1204,14 +1236,17 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
             d2t if d2t is not None else first,
+            req if req is not None else first, temperature if sampled else first, table if sampled else u,
+            table.stride(0) if sampled else 0, cache if store else u, cache.stride(0) if store else 0,
+            cache.stride(1) if store else 0,
             R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
             TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=gluon_b1.stream_warps(st))
+            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
+            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
@@ -1366,11 +1401,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     pos = positions.contiguous() if positions is not None else None
     table = None
     if choose_noise_table(cfg, num_rows, num_steps, vocab, temperature is not None):
-        table = torch.empty(num_steps, num_rows, vocab, dtype=torch.float32, device=u.device)
-        noise_table_kernel[(triton.cdiv(vocab, NOISE_TABLE_BLOCK), num_rows, num_steps)](
-            table, table.stride(0), table.stride(1), req if req is not None else dummy, temperature, seeds, pos,
-            pos.stride(0), d2t if d2t is not None else dummy, vocab, num_steps, HAS_REQ=req is not None,
-            HAS_D2T=d2t is not None, BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
+        table = _noise_table(num_rows, num_steps, vocab, req, temperature, seeds, pos, d2t, dummy)
     args = dict(
         u_ptr=u, stride_ub=u.stride(0), stride_uk=u.stride(1),
         w1_ptr=w1, stride_w1=w1.stride(0),
@@ -1440,6 +1471,18 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
 
 
 _shrunk: dict = {}
+
+
+def _noise_table(num_rows: int, num_steps: int, vocab: int, req, temperature, seeds, positions, d2t,
+                 dummy: torch.Tensor) -> torch.Tensor:
+    """[N, B, V] fp32: every step's Gumbel noise of every sampled row (noise_table_kernel), made before the walk that
+    loads it; positions contiguous [B, N]; dummy: any tensor on the device (for the absent req / d2t)."""
+    table = torch.empty(num_steps, num_rows, vocab, dtype=torch.float32, device=positions.device)
+    noise_table_kernel[(triton.cdiv(vocab, NOISE_TABLE_BLOCK), num_rows, num_steps)](
+        table, table.stride(0), table.stride(1), req if req is not None else dummy, temperature, seeds, positions,
+        positions.stride(0), d2t if d2t is not None else dummy, vocab, num_steps, HAS_REQ=req is not None,
+        HAS_D2T=d2t is not None, BLOCK=NOISE_TABLE_BLOCK, num_warps=4)
+    return table
 
 
 def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
