@@ -1481,14 +1481,18 @@ def test_gluon_auto_selection(monkeypatch):
         "9001 (resident shards of an unmeasured size)": (_gpu_plan(monkeypatch, 9001), base),
         "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 262144), base),
         "8 rows": (_gpu_plan(monkeypatch, 151936, 8), dict(base, num_rows=8)),
-        "sampled": (v152k, dict(base, sampled=True)),
-        "d2t / cache / confidence": (v152k, dict(base, extras=True)),
+        "d2t / compact cache / confidence": (v152k, dict(base, extras=True)),
         "interpreter / cpu": (v152k, dict(base, capability=None)),
         "ampere": (v152k, dict(base, capability=(8, 0))),
         "W2 rows not TMA-readable": (v152k, dict(base, w2_tma=False)),
     }
     for case, (plan, kw) in rejected.items():
         assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
+    # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes.
+    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 1152)
+    monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
+    for plan in (v152k, v150001, _gpu_plan(monkeypatch, 32000)):
+        assert walk.why_not_gluon_auto(plan, **dict(base, sampled=True, cache=True)) is None, plan.chunk_rows
 
 
 class _FailingBuild:
@@ -1949,6 +1953,18 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
         assert seen["d2t"] is increasing and seen["extras"] is not increasing, seen
         ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False, draft_to_target=d2t)
         assert torch.equal(tokens, ref)
+    # A sampled row with its draft-logits cache (what an engine that allocates the cache walks) is no extra: the
+    # Gluon walk draws it where gluon="auto" measured it (session 17).
+    # (The interpreter cannot store one row's cache with req_indices: "mask has unsupported dtype" from a loaded
+    # scalar's comparison; the GPU walk can. Only the rule's inputs are checked here.)
+    seen.clear()
+    monkeypatch.setattr(walk, "_launch", lambda *args, **kwargs: None)
+    cache = torch.zeros(3, 3, 300)
+    megakernel = vllm_walk._backend(vllm_walk.WalkPlan(backend="megakernel"))
+    megakernel(p.U, p.w1, p.w2, p.x0, positions=p.positions, draft_logits=cache, out=tokens,
+               req_indices=torch.tensor([0]), draft_to_target=None, logit_scale=1.0, temperature=p.temperature,
+               seeds=p.seeds)
+    assert seen["overrides"] == [] and seen["extras"] is False and seen["sampled"] and seen["cache"], seen
 
 
 # HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which

@@ -1130,8 +1130,12 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 
 
 # Shard sizes (rows a program, as GLUON_AUTO_CHUNK_ROWS) where gluon="auto" also takes one sampled row and / or a
-# draft-logits cache (gluon_b1's SAMPLED / STORE_LOGITS, the noise made before the walk): none until measured.
-MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = ()
+# draft-logits cache (gluon_b1's SAMPLED / STORE_LOGITS, the noise made before the walk). Ladder v67 (session 17,
+# H200, triton 3.6, ABBA x 2, us a 15-step sampled walk with its cache incl. the noise table's launch, Gluon vs the
+# Triton walk's default): 32k (256 rows) 44.7 / 44.7 vs 54.7 / 54.7; 32k with a d2t into 151,936 ids 45.3 / 46.1 vs
+# 52.4 / 53.0; 152k (1,152 rows) 246.2 / 242.8 vs 336.7 / 340.7. Greedy rows with a cache (no noise) walk the same
+# code without the draw's noise: not timed apart.
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 1152)
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
