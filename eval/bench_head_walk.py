@@ -1229,6 +1229,16 @@ TUNE_CASES_V67 = (_mirrored_passes(V67_RESIDENT, 32000, "sampled_v32k_b1", passe
                   + _mirrored_passes(_with(V67_RESIDENT, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b1",
                                      passes=2)
                   + _mirrored_passes(V67_STREAMED, 151936, "sampled_v152k_b1", passes=2))
+# (v67 ran once at dc4d431, us, Gluon / Triton: 32k 44.7 / 44.7 vs 54.7 / 54.7; d2t 45.3 / 46.1 vs 52.4 / 53.0; 152k
+# 246.2 / 242.8 vs 336.7 / 340.7: adopted, walk.MEASURED_GLUON_DRAW_CHUNK_ROWS.)
+# v68 (session 17): sampled rows drawn by gluon_rows' walk (the noise table made before it, the cache stored by the
+# walk) against the Triton walk's sampled default (its noise table too at 2..8 rows), ABBA x 2: 32k at 2 / 4 / 8 rows,
+# and 8 rows with the d2t into 151,936 target ids and its cache.
+V68_FORMS = {"rows": dict(sampled=True, gluon="rows"), "triton": dict(sampled=True, gluon=False)}
+TUNE_CASES_V68 = ([case for rows in (2, 4, 8)
+                   for case in _mirrored_passes(V68_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b8",
+                                     passes=2, rows=8))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1384,6 +1394,7 @@ LADDERS = {
     "v64": dict(rule={}, cases=TUNE_CASES_V64, floors=[]),
     "v66": dict(rule={}, cases=TUNE_CASES_V66, floors=[]),
     "v67": dict(rule={}, cases=TUNE_CASES_V67, floors=[]),
+    "v68": dict(rule={}, cases=TUNE_CASES_V68, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -277,12 +277,12 @@ def _walk_operands(rows, steps, vocab, rank):
             torch.empty(rows, steps, dtype=torch.long))
 
 
-def _sampled_draw(steps, vocab):
-    """A sampled row's operands as the engine passes them: its request, temperature, seed, positions and fp32
+def _sampled_draw(steps, vocab, rows=1):
+    """Sampled rows' operands as the engine passes them: their requests, temperatures, seeds, positions and an fp32
     draft-logits cache (only dtypes and strides reach the compile)."""
-    return dict(req_indices=torch.zeros(1, dtype=torch.int32), temperature=torch.ones(1),
-                seeds=torch.zeros(1, dtype=torch.long), positions=torch.zeros(1, steps, dtype=torch.long),
-                draft_logits=torch.empty(1, steps, vocab))
+    return dict(req_indices=torch.zeros(rows, dtype=torch.int32), temperature=torch.ones(rows),
+                seeds=torch.zeros(rows, dtype=torch.long), positions=torch.zeros(rows, steps, dtype=torch.long),
+                draft_logits=torch.empty(rows, steps, vocab))
 
 
 def hw():
@@ -447,24 +447,31 @@ def hwrows():
     walk._interpreting = lambda: False
     walk.head_walk_kernel = Capture(walk.head_walk_kernel)
     gr.head_walk_rows_kernel = Capture(gr.head_walk_rows_kernel)
+    walk.noise_table_kernel = Capture(walk.noise_table_kernel)
     steps, rank = 15, 256
-    cases = [(vocab, rows, form, steps) for vocab in (32000, 30011) for rows in (2, 5, 8, 16, 32)
-             for form in ("triton", "rows")] + [(32000, 32, "rows", 1), (32000, 8, "rows", 1)]
+    # "..._sampled": sampled rows with their requests and draft-logits cache (session 17)
+    cases = ([(vocab, rows, form, steps) for vocab in (32000, 30011) for rows in (2, 5, 8, 16, 32)
+              for form in ("triton", "rows")] + [(32000, 32, "rows", 1), (32000, 8, "rows", 1)]
+             + [(32000, rows, form, steps) for rows in (2, 8, 32) for form in ("triton_sampled", "rows_sampled")])
     for vocab, rows, form, steps in cases:
         name = f"hwrows_v{vocab}_b{rows}_{form}" + ("" if steps == 15 else f"_blk{steps}")
         if ONLY and name not in ONLY:
             continue
         u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
-        cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"))
+        sampled = form.endswith("_sampled")
+        draw = _sampled_draw(steps, vocab, rows) if sampled else {}
+        cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled)
         del captured[:]
-        if form == "triton":
-            walk._launch(cfg, u, w1, w2, None, first, tokens, None, None, None, None, None, None, None, None,
-                         None, None, None, None, None, None, 0, 1.0)
+        if form.startswith("triton"):
+            walk._launch(cfg, u, w1, w2, None, first, tokens, draw.get("req_indices"), draw.get("temperature"),
+                         draw.get("seeds"), draw.get("positions"), None, draw.get("draft_logits"), None, None, None,
+                         None, None, None, None, None, 0, 1.0)
         else:
-            why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=False, extras=False,
+            why = walk.why_not_gluon_rows(cfg, num_rows=rows, head="markov", sampled=sampled, extras=False,
                                           dtypes=(w1.dtype, w2.dtype, u.dtype), rank=rank, capability=(9, 0))
             assert why is None, why
-            walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0)
+            walk._launch_gluon_rows(cfg, u, w1, w2, first, tokens, 1.0, draw=draw or None)
+        del captured[:-1]  # a sampled walk's noise table launches first
         _compile_counted(name, cfg)
 
 

@@ -1751,8 +1751,9 @@ def test_barrier_errors_match_any_spelling_of_the_device(monkeypatch):
 def test_gluon_rows_selection(monkeypatch):
     """Which walks gluon_rows' kernel takes (head_walk(gluon="rows"), no GPU needed): 2..32 greedy Markov rows of
     2-byte weights on sm_90, fully resident shards of <= 256 rows (32k: 125 programs, 30011: 118) in the persistent
-    plan; one row, 33 rows, sampled, other heads, extras, 152k shards, W2 rows TMA cannot read, other dtypes say why.
-    The launch: wgmma N = rows padded to a power of two >= 8, one or two 128-row tiles, the plan's key stride."""
+    plan, greedy or sampled (session 17); one row, 33 rows, other heads, extras, 152k shards, W2 rows TMA cannot read,
+    other dtypes say why. The launch: wgmma N = rows padded to a power of two >= 8, one or two 128-row tiles, the
+    plan's key stride; a sampled walk's noise table first, its requests, temperatures and cache passed."""
     import hybridspec_kernels.head_walk.walk as walk
 
     bf = torch.bfloat16
@@ -1765,7 +1766,7 @@ def test_gluon_rows_selection(monkeypatch):
             assert walk.why_not_gluon_rows(plan, num_rows=rows, **base) is None, (vocab, rows)
     plan = _gpu_plan(monkeypatch, 32000, 8)
     rejected = {
-        "one row": dict(num_rows=1), "33 rows": dict(num_rows=33), "sampled": dict(num_rows=8, sampled=True),
+        "one row": dict(num_rows=1), "33 rows": dict(num_rows=33),
         "rnn": dict(num_rows=8, head="rnn"), "extras": dict(num_rows=8, extras=True),
         "no TMA": dict(num_rows=8, w2_tma=False), "fp32": dict(num_rows=8, dtypes=(torch.float32,) * 3),
         "sm_80": dict(num_rows=8, capability=(8, 0)), "no gluon": dict(num_rows=8, have_gluon=False),
@@ -1775,6 +1776,7 @@ def test_gluon_rows_selection(monkeypatch):
     assert "256" in walk.why_not_gluon_rows(_gpu_plan(monkeypatch, 151936, 8), num_rows=8, **base)
     # An increasing d2t (rows keyed by target id) is not an extra; a d2t that does not increase is (extras=True).
     assert walk.why_not_gluon_rows(plan, num_rows=8, **dict(base, d2t=True)) is None
+    assert walk.why_not_gluon_rows(plan, num_rows=8, **dict(base, sampled=True, cache=True)) is None
     # gluon="auto": the rows walk for 2..8 rows (measured faster, ladder v50), on triton 3.6, no launch option given.
     for rows in (2, 5, 8):
         assert walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 32000, rows), overrides=[],
@@ -1786,7 +1788,16 @@ def test_gluon_rows_selection(monkeypatch):
     assert "exchange" in walk.why_not_gluon_rows_auto(plan, overrides=["exchange"], **dict(base, num_rows=8))
     assert "shards of" in walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 16000, 8), overrides=[],
                                                        **dict(base, num_rows=8))
-    assert isinstance(walk.why_not_gluon_rows_auto(plan, overrides=[], **dict(base, num_rows=8, sampled=True)), str)
+    # ... sampled rows / a cache only up to MEASURED_GLUON_ROWS_DRAW_MAX rows.
+    monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 0)
+    for draw in (dict(sampled=True, cache=True), dict(cache=True)):
+        assert "draw was measured" in walk.why_not_gluon_rows_auto(plan, overrides=[],
+                                                                   **dict(base, num_rows=8, **draw))
+    monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 4)
+    assert walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 32000, 4), overrides=[],
+                                        **dict(base, num_rows=4, sampled=True, cache=True)) is None
+    assert "2..4 rows" in walk.why_not_gluon_rows_auto(plan, overrides=[],
+                                                       **dict(base, num_rows=8, sampled=True, cache=True))
     assert [walk.gluon_rows.rows_n(rows) for rows in (2, 5, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 32, 32]
 
     build = _CapturedBuild()
@@ -1805,6 +1816,20 @@ def test_gluon_rows_selection(monkeypatch):
         d2t = torch.zeros(32000, dtype=torch.long)
         assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, rows), u, w, w, tokens[:, 0], tokens, 1.0, d2t=d2t)
         assert build.launches[-1][1]["HAS_D2T"] is True
+    tables = []
+    monkeypatch.setattr(walk, "_noise_table", lambda *a: tables.append(a) or torch.zeros(a[1], a[0], a[2]))
+    req, temperature, seeds = torch.tensor([3, 0, -1, 1, 2]), torch.rand(4), torch.arange(4)
+    positions, cache = torch.zeros(5, 15, dtype=torch.long), torch.zeros(4, 16, 32000)
+    draws = {"sampled": dict(req_indices=req, temperature=temperature, seeds=seeds, positions=positions,
+                             draft_logits=cache),
+             "cache": dict(req_indices=req, draft_logits=cache), "greedy": dict(req_indices=req)}
+    for name, draw in draws.items():
+        assert walk._launch_gluon_rows(_gpu_plan(monkeypatch, 32000, 5), u[:5], w, w, tokens[:5, 0], tokens[:5], 1.0,
+                                       draw=draw)
+        kwargs = build.launches[-1][1]
+        assert (kwargs["SAMPLED"], kwargs["STORE_LOGITS"], kwargs["HAS_REQ"]) == {
+            "sampled": (True, True, True), "cache": (False, True, True), "greedy": (False, False, False)}[name], name
+    assert len(tables) == 1 and tables[0][:4] == (5, 15, 32000, req) and tables[0][4] is temperature
 
 
 @needs_kernels
@@ -2283,13 +2308,13 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
 
 
 def _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form: dict, kw: dict, width: int) -> None:
-    """A sampled Gluon draw (form) captured in a CUDA graph with no fallback, then 3 replays on new base logits, each
-    with the Triton walk's tokens and draft-logits cache."""
+    """A sampled Gluon draw (form; one row or several) captured in a CUDA graph with no fallback, then 3 replays on
+    new base logits, each with the Triton walk's tokens and draft-logits cache."""
     import hybridspec_kernels.head_walk.walk as walk
 
     U = p.U.clone()
-    tokens = torch.empty(1, p.U.shape[1], dtype=torch.long, device=DEVICE)
-    cache = torch.zeros(3, 16, width, dtype=torch.bfloat16, device=DEVICE)
+    tokens = torch.empty(p.U.shape[0], p.U.shape[1], dtype=torch.long, device=DEVICE)
+    cache = torch.zeros(p.U.shape[0] + 2, 16, width, dtype=torch.bfloat16, device=DEVICE)
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
@@ -2310,3 +2335,59 @@ def _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form: dict, kw: dict,
         ref, _, _ = head_walk(U, p.w1, p.w2, p.x0, draft_logits=ref_cache, gluon=False, **kw)
         torch.cuda.synchronize()
         assert torch.equal(tokens, ref) and torch.equal(cache, ref_cache)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", ["v32k", "v32k-d2t", "v30011"])
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize("steps", [15, 7])
+def test_gpu_gluon_rows_draw_agrees(monkeypatch, case, rows, steps):
+    """Several rows drawn by gluon_rows' walk (their noise made before the walk, their logits stored into the
+    draft-logits cache) propose exactly the Triton walk's tokens and fill the cache exactly as it does: sampled
+    requests, a greedy request (temperature 0) and, from 3 rows, a padding row; also a greedy walk with a cache and
+    the same walks through gluon="auto" where MEASURED_GLUON_ROWS_DRAW_MAX covers the rows; walk after walk, no
+    fallback, no wait giving up; for one case a CUDA graph of the draw replays on new base logits."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    vocab, d2t, _ = GLUON_DRAW_CASES[case]
+    p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=10 * rows + steps, scale=0.1,
+                     extra_target=151936 - vocab if d2t else 40)
+    p.w2 = p.w2.t().contiguous().t()
+    p.req = torch.arange(rows, device=DEVICE).flip(0)  # request 1 (temperature 0) among them
+    if rows > 2:
+        p.req[-1] = -1
+    width = 151936 if d2t else vocab
+    base_kw = dict(req_indices=p.req)
+    if d2t:
+        base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
+    errors = barrier_errors(DEVICE)
+    triton_launch = walk._launch
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the Gluon walk fell back to the Triton kernel")
+
+    for sampled in (True, False):
+        kw = dict(base_kw, **(sampling_kwargs(p) if sampled else {}))
+
+        def walk_with(opts):
+            cache = torch.full((rows + 2, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
+            return tokens, cache
+
+        ref = walk_with(dict(gluon=False))
+        monkeypatch.setattr(walk, "_launch", no_fallback)
+        walks = [walk_with(dict(gluon="rows")), walk_with(dict(gluon="rows"))]
+        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 8)
+        walks.append(walk_with({}))
+        monkeypatch.setattr(walk, "_launch", triton_launch)
+        torch.cuda.synchronize()
+        for i, (tokens, cache) in enumerate(walks):
+            assert torch.equal(tokens, ref[0]), (sampled, i)
+            assert torch.equal(cache, ref[1]), (sampled, i)
+        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 0)
+    assert barrier_errors(DEVICE) == errors
+    if steps == 15 and rows == 5:
+        _assert_gluon_draw_graph_replays_agree(monkeypatch, p, dict(gluon="rows"), dict(base_kw, **sampling_kwargs(p)),
+                                               width)

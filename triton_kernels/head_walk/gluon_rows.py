@@ -1,4 +1,4 @@
-"""Gluon walk of SEVERAL batch rows (B = 2..32), greedy, Markov head, fully resident shards (V = 32k class: 256 rows
+"""Gluon walk of SEVERAL batch rows (B = 2..32), greedy or sampled, Markov head, fully resident shards (V = 32k class: 256 rows
 a program on 125 SMs): `head_walk_rows_kernel` (walk.py: `gluon="rows"`).
 
 Same keys, tags and tie-break as kernel.py's batched walks (`_ordered_keys`, first of equal maxima; tagged slots
@@ -110,15 +110,32 @@ if HAVE_GLUON:
         return gl.load(u_ptr + o_n[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=ok, other=0.0)
 
     @gluon.jit
-    def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr):
+    def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, shard_end, o_n, hot):
+        """[ST, BN] of the noise table (noise_table_kernel's [N, B, V]) at `step` in the accumulator's layout (0 where
+        a row is greedy, padding or past the shard: its score does not read it)."""
+        ok = (rows < shard_end)[:, None] & hot[None, :]
+        return gl.load(nt_ptr + step * stride_ntk + o_n[None, :] * stride_ntb + rows[:, None], mask=ok, other=0.0)
+
+    @gluon.jit
+    def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr, noise=0, temp=0, hot=0,
+                    dl_cols=0, valid=0, SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False):
         """[ST, BN] keys of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
-        + U, round; -inf past the shard; keyed by ids (the rows, or their target ids where d2t increases)."""
+        + U, round; -inf past the shard; keyed by ids (the rows, or their target ids where d2t increases).
+        STORE_LOGITS: the logits into each valid row's cache row (dl_cols [BN]: its request's row of this step) at
+        their ids. SAMPLED: a row of temperature temp != 0 (hot) scores logits / temp + noise, the operations of
+        kernel.py's _score_tile."""
         out_ty = u.dtype
         bias = acc.to(out_ty).to(gl.float32)
         if SCALED:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
-        scored = gl.where((rows < shard_end)[:, None], logits, float("-inf"))
+        if STORE_LOGITS:
+            gl.store(dl_cols[None, :] + ids[:, None], logits.to(dl_cols.dtype.element_ty),
+                     mask=(rows < shard_end)[:, None] & valid[None, :])
+        scored = logits
+        if SAMPLED:
+            scored = gl.where(hot[None, :], logits / gl.where(hot, temp, 1.0)[None, :] + noise, logits)
+        scored = gl.where((rows < shard_end)[:, None], scored, float("-inf"))
         return _ordered_keys(scored, ids[:, None])
 
     # A block of 1 step (and its token stride of 1) would be specialized to constants, which triton 3.6's LLVM
@@ -131,10 +148,12 @@ if HAVE_GLUON:
         first_ptr, tok_ptr, stride_tb,
         keys_ptr, inbox_ptr, gen_ptr, err_ptr,
         num_rows, num_steps, vocab, logit_scale, d2t_ptr,
+        req_ptr, temp_ptr, nt_ptr, stride_ntk, stride_ntb, dl_ptr, stride_dlr, stride_dlk,
         R: gl.constexpr, RES_T: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, BN: gl.constexpr, PP: gl.constexpr, SCALED: gl.constexpr,
         SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1,
         SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
+        SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False, HAS_REQ: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
         # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
@@ -149,6 +168,10 @@ if HAVE_GLUON:
         # HAS_D2T: a reduced draft vocabulary whose d2t the caller promises increasing (walk.head_walk's
         # draft_to_target_increasing): rows keyed by target id (row + d2t[row], read once a walk), which orders them
         # as draft ids do, so every key carries the target id the token store and the next W1 gather need.
+        # SAMPLED: each row draws with its request's temperature (req_ptr[b] with HAS_REQ, else b; -1 = padding,
+        # greedy, stores nothing; temperature 0 = greedy) and the Gumbel noise of the table nt_ptr ([N, B, V],
+        # noise_table_kernel's, made before the walk), loaded beside the base logits. STORE_LOGITS: each step's
+        # logits into the draft-logits cache dl_ptr[req, k, target id].
         NW: gl.constexpr = gl.num_warps()
         ST: gl.constexpr = 16 * NW
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -206,6 +229,27 @@ if HAVE_GLUON:
         else:
             ids0 = rows0
             ids1 = rows0 + ST
+        # The rows' draws: requests, temperatures and step 0's noise (placeholders where not used).
+        live_n = o_n < num_rows
+        if HAS_REQ:
+            req = gl.load(req_ptr + o_n, mask=live_n, other=-1).to(gl.int64)
+        else:
+            req = gl.where(live_n, o_n, -1).to(gl.int64)
+        valid = req >= 0
+        req_safe = gl.where(valid, req, 0)
+        temp = 0.0
+        hot = live_n
+        n0 = 0.0
+        n1 = 0.0
+        if SAMPLED:
+            temp = gl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(gl.float32)
+            hot = live_n & (temp != 0.0)
+            n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0, shard_end, o_n, hot)
+            if RES_T == 2:
+                n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0 + ST, shard_end, o_n, hot)
+        dl_req = 0
+        if STORE_LOGITS:
+            dl_req = dl_ptr + req_safe * stride_dlr
         zero_acc = gl.zeros([ST, BN], gl.float32, ACC)
         gen = gl.load(gen_ptr + pid)
         mbarrier.wait(res_ready, 0)
@@ -220,15 +264,21 @@ if HAVE_GLUON:
                     gl.store(tok_ptr + o_sb * stride_tb + (k - 1), ID_MASK - (cand_key & ID_MASK),
                              mask=o_sb < num_rows)
             b_view = b_smem.permute((1, 0))
+            dl_cols = 0
+            if STORE_LOGITS:
+                dl_cols = dl_req + k * stride_dlk
             acc0 = warpgroup_mma(res_smem.index(0), b_view, zero_acc, use_acc=False, is_async=True)
             if RES_T == 2:
                 acc1 = warpgroup_mma(res_smem.index(1), b_view, zero_acc, use_acc=False, is_async=True)
                 acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-                keys = gl.maximum(_score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED),
-                                  _score_tile(acc1, u1, rows0 + ST, ids1, shard_end, logit_scale, SCALED))
+                keys = gl.maximum(_score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED, n0, temp, hot,
+                                              dl_cols, valid, SAMPLED, STORE_LOGITS),
+                                  _score_tile(acc1, u1, rows0 + ST, ids1, shard_end, logit_scale, SCALED, n1, temp,
+                                              hot, dl_cols, valid, SAMPLED, STORE_LOGITS))
             else:
                 acc0 = warpgroup_mma_wait(0, deps=[acc0])
-                keys = _score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED)
+                keys = _score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED, n0, temp, hot, dl_cols,
+                                   valid, SAMPLED, STORE_LOGITS)
             # Warp w holds tile rows [16 w, 16 w + 16): shuffles within each warp, then one sync before the
             # publishing threads reduce the NW maxima of their column.
             parts_smem.store(gl.max(gl.reshape(keys, [NW, ST // NW, BN]), axis=1))
@@ -241,6 +291,10 @@ if HAVE_GLUON:
             u0 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0, shard_end, o_n, num_rows)
             if RES_T == 2:
                 u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0 + ST, shard_end, o_n, num_rows)
+            if SAMPLED:
+                n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0, shard_end, o_n, hot)
+                if RES_T == 2:
+                    n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0 + ST, shard_end, o_n, hot)
             if EXCHANGE == 1:
                 inbox_half = inbox_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
                 if pid < num_rows:

@@ -821,10 +821,17 @@ def head_walk(
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
     d2t_keyed = draft_to_target is not None and draft_to_target_increasing
+    # The Gluon walks store a draft-logits cache themselves, but not a compact one (its expansion is the Triton
+    # path's); a sampled walk's noise table has to fit NOISE_TABLE_MAX_BYTES.
+    compact_gluon = draft_logits is not None and draft_to_target is not None and (
+        compact_cache if compact_cache is not None else num_rows >= COMPACT_CACHE_MIN_ROWS)
+    draw_extras = compact_gluon or sampled and num_steps * num_rows * vocab * 4 > NOISE_TABLE_MAX_BYTES
+    draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
+                draft_logits=draft_logits)
     if gluon == "rows" or gluon == "auto" and num_rows > 1:
         rows_case = dict(
-            num_rows=num_rows, head=head, sampled=sampled,
-            extras=(draft_to_target is not None and not d2t_keyed) or draft_logits is not None or conf_h is not None
+            num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
+            extras=(draft_to_target is not None and not d2t_keyed) or draw_extras or conf_h is not None
             or tokens.stride(-1) != 1, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
             rank=rank, capability=torch.cuda.get_device_capability(device) if on_cuda else None,
             w2_tma=_tma_ok(w2_rows))
@@ -837,18 +844,13 @@ def head_walk(
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
         if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
-                                                 d2t=draft_to_target if d2t_keyed else None):
+                                                 d2t=draft_to_target if d2t_keyed else None, draw=draw):
             return tokens, draft_logits, confidence
     elif gluon is not False:
-        # One row's draft-logits cache is the Gluon walk's to store (not a compact one: its expansion is the Triton
-        # path's); a sampled row's noise table has to fit NOISE_TABLE_MAX_BYTES.
-        compact_b1 = draft_logits is not None and draft_to_target is not None and (
-            compact_cache if compact_cache is not None else num_rows >= COMPACT_CACHE_MIN_ROWS)
         gluon_case = dict(
             num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
-            extras=(draft_to_target is not None and not d2t_keyed) or compact_b1 or conf_h is not None
-            or tokens.stride(-1) != 1 or sampled and num_steps * vocab * 4 > NOISE_TABLE_MAX_BYTES,
-            d2t=d2t_keyed, target_vocab=w1.shape[0],
+            extras=(draft_to_target is not None and not d2t_keyed) or draw_extras or conf_h is not None
+            or tokens.stride(-1) != 1, d2t=d2t_keyed, target_vocab=w1.shape[0],
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
@@ -865,8 +867,6 @@ def head_walk(
             reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
             if reason is not None:
                 log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
-                    draft_logits=draft_logits)
         if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
                                                logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
                                                **flags):
@@ -1264,18 +1264,18 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
 def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
                        dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], rank: int,
                        capability: tuple[int, int] | None, w2_tma: bool = True, d2t: bool = False,
-                       triton_version: str = triton.__version__,
+                       cache: bool = False, triton_version: str = triton.__version__,
                        have_gluon: bool = gluon_b1.HAVE_GLUON) -> str | None:
     """None where gluon_rows' walk (head_walk(gluon="rows")) walks this case exactly as the Triton walk would, else
-    why not (the log line of the fallback): 2..32 greedy Markov rows without draft logits or confidence (extras; a
-    d2t only where it increases: d2t, rows keyed by target id), fully resident shards of at most 256 rows (W2 rows
-    readable by TMA), the persistent plan."""
+    why not (the log line of the fallback): 2..32 Markov rows, greedy or sampled (their noise made before the walk),
+    without confidence or a compact draft-logits cache (extras; a d2t only where it increases: d2t, rows keyed by
+    target id), fully resident shards of at most 256 rows (W2 rows readable by TMA), the persistent plan. cache: a
+    draft-logits cache the walk stores."""
     reason = _why_not_gluon_here(triton_version, have_gluon, capability)
-    if reason is None and not (2 <= num_rows <= gluon_rows.MAX_ROWS and head == "markov" and not sampled
-                               and not extras):
-        reason = (f"only 2..{gluon_rows.MAX_ROWS} greedy Markov rows without draft logits / confidence (and a d2t only "
-                  f"where it increases) have the Gluon rows walk (got {num_rows} {'sampled' if sampled else 'greedy'} "
-                  f"{head} rows{', extras' if extras else ''})")
+    if reason is None and not (2 <= num_rows <= gluon_rows.MAX_ROWS and head == "markov" and not extras):
+        reason = (f"only 2..{gluon_rows.MAX_ROWS} Markov rows without confidence or a compact draft-logits cache (and "
+                  f"a d2t only where it increases) have the Gluon rows walk (got {num_rows} "
+                  f"{'sampled' if sampled else 'greedy'} {head} rows{', extras' if extras else ''})")
     reason = reason or _why_not_gluon_operands(dtypes, rank)
     if reason is not None:
         return reason
@@ -1330,34 +1330,56 @@ def why_not_gluon_rows_auto(cfg: WalkConfig, *, overrides: list[str], triton_ver
     if cfg.chunk_rows not in GLUON_AUTO_RESIDENT_CHUNK_ROWS:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk was measured at "
                 f"{', '.join(map(str, GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only (gluon='rows' asks for it)")
+    if (case.get("sampled") or case.get("cache")) and case["num_rows"] > MEASURED_GLUON_ROWS_DRAW_MAX:
+        return (f"{case['num_rows']} {'sampled rows' if case.get('sampled') else 'rows with a draft-logits cache'}: "
+                f"the Gluon rows walk's draw was measured faster at 2..{MEASURED_GLUON_ROWS_DRAW_MAX} rows only "
+                f"(gluon='rows' asks for it)")
     return None
 
 
+# gluon="auto" walks sampled rows and / or a draft-logits cache in gluon_rows' walk (its noise made before it) up to
+# this many rows (0: none until measured).
+MEASURED_GLUON_ROWS_DRAW_MAX = 0
+
+
 def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float,
-                       d2t: torch.Tensor | None = None) -> bool:
+                       d2t: torch.Tensor | None = None, draw: dict | None = None) -> bool:
     """One launch of gluon_rows' walk (why_not_gluon_rows said yes); False (logged, remembered per build) where it
-    does not compile, so the caller walks the Triton kernel."""
+    does not compile, so the caller walks the Triton kernel. draw: as _launch_gluon_b1's (the rows' requests and
+    sampling, the draft-logits cache; a sampled walk's noise made before it)."""
+    draw = draw or {}
+    temperature, cache = draw.get("temperature"), draw.get("draft_logits")
+    sampled, store = temperature is not None, cache is not None
+    req = draw.get("req_indices") if sampled or store else None
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
     key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, d2t is not None, u.dtype,
-           w1.dtype, rank)
+           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None)
     if key in _gluon_failed:
         return False
+    table = None
+    if sampled:
+        table = _noise_table(u.shape[0], u.shape[1], u.shape[2], req, temperature, draw["seeds"],
+                             draw["positions"].contiguous(), d2t, wsp["count"])
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, tile_rows)
         _launch_walk(
             gluon_rows.head_walk_rows_kernel, cfg.programs, u.device,
             u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
-            float(logit_scale), d2t if d2t is not None else first, R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows,
+            float(logit_scale), d2t if d2t is not None else first,
+            req if req is not None else first, temperature if sampled else first, table if sampled else u,
+            table.stride(0) if sampled else 0, table.stride(1) if sampled else 0, cache if store else u,
+            cache.stride(0) if store else 0, cache.stride(1) if store else 0,
+            R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows,
             NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
-            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None,
-            num_warps=ROWS_WARPS)
+            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
+            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
