@@ -1306,6 +1306,9 @@ ROWS_EXCHANGE_CODES = {"inbox": 1, "local": 2}
 ROWS_SPIN_STAGGER = 0
 # The rows walk's warps (gluon_rows.NUM_WARPS; its tiles are 16 rows a warp: 8 warps, two tiles of 128 rows).
 ROWS_WARPS = gluon_rows.NUM_WARPS
+# The rows walk's draft-logits store: from a layout of 32 consecutive rows of one column a warp (gluon_rows'
+# STORE_BLOCKED) instead of the accumulator's (8 rows of 4 columns). Ladder v69 decides.
+ROWS_STORE_BLOCKED = False
 
 
 # gluon="auto" takes the rows walk for 2..GLUON_AUTO_ROWS_MAX greedy rows of fully resident 256-row shards (V = 32k
@@ -1357,7 +1360,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
     key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, d2t is not None, u.dtype,
-           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None)
+           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None, ROWS_STORE_BLOCKED)
     if key in _gluon_failed:
         return False
     table = None
@@ -1379,7 +1382,8 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
-            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=ROWS_WARPS)
+            STORE_LOGITS=store, HAS_REQ=req is not None, STORE_BLOCKED=store and ROWS_STORE_BLOCKED,
+            num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
