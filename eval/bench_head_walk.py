@@ -328,7 +328,7 @@ def run_gpu(args) -> dict:
             continue
         shipped_spin = walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS
         shipped_hoist = walk.D2T_HOIST
-        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS, walk.ROWS_STORE_BLOCKED
+        shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
         shipped_cooperative = walk.COOPERATIVE_LAUNCH
         try:
             kw = dict(kw)
@@ -343,7 +343,6 @@ def run_gpu(args) -> dict:
             walk.ROWS_EXCHANGE = kw.pop("rows_exchange", shipped_rows_exchange[0])  # gluon="rows": its exchange
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
-            walk.ROWS_STORE_BLOCKED = kw.pop("rows_store_blocked", shipped_rows_exchange[3])  # ... its cache store
             walk.COOPERATIVE_LAUNCH = kw.pop("cooperative", shipped_cooperative)  # launch_cooperative_grid
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
@@ -377,8 +376,7 @@ def run_gpu(args) -> dict:
         finally:
             walk.GUESS_ROUNDS, walk.SPIN_STAGGER, walk.SPIN_READS = shipped_spin
             walk.D2T_HOIST = shipped_hoist
-            (walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS,
-             walk.ROWS_STORE_BLOCKED) = shipped_rows_exchange
+            walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
             walk.COOPERATIVE_LAUNCH = shipped_cooperative
         checks.append(row)
         print(json.dumps(row), flush=True)
@@ -1245,15 +1243,21 @@ TUNE_CASES_V68 = ([case for rows in (2, 4, 8)
 # 107.5 / 107.9, while plain b8 won 83.4 / 83.9 vs 93.4 / 93.6): with and without the cache, its store from the
 # accumulator's layout or a blocked one, beside the Triton walk, ABBA x 2: d2t b8, d2t b4, plain b8.
 V69_FORMS = {"rows": dict(sampled=True, gluon="rows"),
-             "rows_blocked": dict(sampled=True, gluon="rows", rows_store_blocked=True),
              "rows_nocache": dict(sampled=True, gluon="rows", no_cache=True),
              "triton": dict(sampled=True, gluon=False), "triton_nocache": dict(sampled=True, gluon=False, no_cache=True)}
 TUNE_CASES_V69 = (_mirrored_passes(_with(V69_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b8", passes=2,
                                    rows=8)
-                  + _mirrored_passes(_with({k: V69_FORMS[k] for k in ("rows", "rows_blocked", "triton")},
+                  + _mirrored_passes(_with({k: V69_FORMS[k] for k in ("rows", "triton")},
                                            d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b4", passes=2, rows=4)
-                  + _mirrored_passes({k: V69_FORMS[k] for k in ("rows", "rows_blocked", "triton")}, 32000,
-                                     "sampled_v32k_b8", passes=2, rows=8))
+                  + _mirrored_passes({k: V69_FORMS[k] for k in ("rows", "triton")}, 32000, "sampled_v32k_b8",
+                                     passes=2, rows=8))
+# (v69 ran once at a47b7dd, us, d2t b8: rows 117.2 / 120.0, rows with the store from a blocked layout (32 rows of one
+# column a warp store; `rows_store_blocked`, removed, code at a47b7dd) 108.7 / 110.1, rows without the cache 78.2 /
+# 78.2, Triton 107.7 / 107.7, Triton without the cache 87.1 / 87.0; d2t b4 rows 73.5 / 74.4, blocked 77.1 / 78.1,
+# Triton 85.7 / 87.6; b8 rows 83.3 / 83.6, blocked 86.7 / 87.7, Triton 91.3 / 90.5.)
+# v70 (session 17): the rows draw with the d2t at 2 rows (v68 / v69 measured 4 and 8), ABBA x 2.
+TUNE_CASES_V70 = _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b2", passes=2,
+                                  rows=2)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1411,6 +1415,7 @@ LADDERS = {
     "v67": dict(rule={}, cases=TUNE_CASES_V67, floors=[]),
     "v68": dict(rule={}, cases=TUNE_CASES_V68, floors=[]),
     "v69": dict(rule={}, cases=TUNE_CASES_V69, floors=[]),
+    "v70": dict(rule={}, cases=TUNE_CASES_V70, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

@@ -452,15 +452,13 @@ def hwrows():
     # "..._sampled": sampled rows with their requests and draft-logits cache (session 17)
     cases = ([(vocab, rows, form, steps) for vocab in (32000, 30011) for rows in (2, 5, 8, 16, 32)
               for form in ("triton", "rows")] + [(32000, 32, "rows", 1), (32000, 8, "rows", 1)]
-             + [(32000, rows, form, steps) for rows in (2, 8, 32) for form in ("triton_sampled", "rows_sampled")]
-             + [(32000, 8, "rows_sampled_blocked", steps)])
+             + [(32000, rows, form, steps) for rows in (2, 8, 32) for form in ("triton_sampled", "rows_sampled")])
     for vocab, rows, form, steps in cases:
         name = f"hwrows_v{vocab}_b{rows}_{form}" + ("" if steps == 15 else f"_blk{steps}")
         if ONLY and name not in ONLY:
             continue
         u, w1, w2, first, tokens = _walk_operands(rows, steps, vocab, rank)
-        walk.ROWS_STORE_BLOCKED = form.endswith("_blocked")  # the cache store from a blocked layout (ladder v69)
-        sampled = form.removesuffix("_blocked").endswith("_sampled")
+        sampled = form.endswith("_sampled")
         draw = _sampled_draw(steps, vocab, rows) if sampled else {}
         cfg = walk.plan_walk(vocab, rank, rows, 2, torch.device("cuda"), sampled=sampled)
         del captured[:]

@@ -1788,7 +1788,13 @@ def test_gluon_rows_selection(monkeypatch):
     assert "exchange" in walk.why_not_gluon_rows_auto(plan, overrides=["exchange"], **dict(base, num_rows=8))
     assert "shards of" in walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 16000, 8), overrides=[],
                                                        **dict(base, num_rows=8))
-    # ... sampled rows / a cache only up to MEASURED_GLUON_ROWS_DRAW_MAX rows.
+    # ... sampled rows / a cache only up to MEASURED_GLUON_ROWS_DRAW_MAX rows (with a d2t: ..._D2T_DRAW_MAX).
+    assert (walk.MEASURED_GLUON_ROWS_DRAW_MAX, walk.MEASURED_GLUON_ROWS_D2T_DRAW_MAX) == (8, 4)
+    assert walk.why_not_gluon_rows_auto(plan, overrides=[], **dict(base, num_rows=8, sampled=True, cache=True)) is None
+    assert "with a d2t" in walk.why_not_gluon_rows_auto(plan, overrides=[],
+                                                        **dict(base, num_rows=8, sampled=True, cache=True, d2t=True))
+    assert walk.why_not_gluon_rows_auto(_gpu_plan(monkeypatch, 32000, 4), overrides=[],
+                                        **dict(base, num_rows=4, sampled=True, cache=True, d2t=True)) is None
     monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 0)
     for draw in (dict(sampled=True, cache=True), dict(cache=True)):
         assert "draw was measured" in walk.why_not_gluon_rows_auto(plan, overrides=[],
@@ -2380,6 +2386,7 @@ def test_gpu_gluon_rows_draw_agrees(monkeypatch, case, rows, steps):
         monkeypatch.setattr(walk, "_launch", no_fallback)
         walks = [walk_with(dict(gluon="rows")), walk_with(dict(gluon="rows"))]
         monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 8)
+        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_D2T_DRAW_MAX", 8)
         walks.append(walk_with({}))
         monkeypatch.setattr(walk, "_launch", triton_launch)
         torch.cuda.synchronize()
@@ -2387,6 +2394,7 @@ def test_gpu_gluon_rows_draw_agrees(monkeypatch, case, rows, steps):
             assert torch.equal(tokens, ref[0]), (sampled, i)
             assert torch.equal(cache, ref[1]), (sampled, i)
         monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 0)
+        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_D2T_DRAW_MAX", 0)
     assert barrier_errors(DEVICE) == errors
     if steps == 15 and rows == 5:
         _assert_gluon_draw_graph_replays_agree(monkeypatch, p, dict(gluon="rows"), dict(base_kw, **sampling_kwargs(p)),

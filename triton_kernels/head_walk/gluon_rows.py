@@ -118,13 +118,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr, noise=0, temp=0, hot=0,
-                    dl_cols=0, valid=0, SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False,
-                    STORE_BLOCKED: gl.constexpr = False):
+                    dl_cols=0, valid=0, SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False):
         """[ST, BN] keys of one tile, rounded as vLLM (kernel.py's _score_row): bias to U's dtype, (scale, round),
         + U, round; -inf past the shard; keyed by ids (the rows, or their target ids where d2t increases).
         STORE_LOGITS: the logits into each valid row's cache row (dl_cols [BN]: its request's row of this step) at
-        their ids (STORE_BLOCKED: moved first into a layout whose warps store 32 consecutive rows of one column, not
-        8 rows of 4 columns as the accumulator holds them). SAMPLED: a row of temperature temp != 0 (hot) scores
+        their ids, from the accumulator's layout (a blocked layout of 32 rows of one column a warp store measured
+        slower but at 8 d2t rows, ladder v69: code at a47b7dd). SAMPLED: a row of temperature temp != 0 (hot) scores
         logits / temp + noise, the operations of kernel.py's _score_tile."""
         out_ty = u.dtype
         bias = acc.to(out_ty).to(gl.float32)
@@ -132,16 +131,8 @@ if HAVE_GLUON:
             bias = (bias * logit_scale).to(out_ty).to(gl.float32)
         logits = (u.to(gl.float32) + bias).to(out_ty).to(gl.float32)
         if STORE_LOGITS:
-            vals = logits.to(dl_cols.dtype.element_ty)
-            ptrs = dl_cols[None, :] + ids[:, None]
-            ok = (rows < shard_end)[:, None] & valid[None, :]
-            if STORE_BLOCKED:
-                NW: gl.constexpr = gl.num_warps()
-                COLUMNS: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW // 2, 2], [0, 1])
-                vals = gl.convert_layout(vals, COLUMNS)
-                ptrs = gl.convert_layout(ptrs, COLUMNS)
-                ok = gl.convert_layout(ok, COLUMNS)
-            gl.store(ptrs, vals, mask=ok)
+            gl.store(dl_cols[None, :] + ids[:, None], logits.to(dl_cols.dtype.element_ty),
+                     mask=(rows < shard_end)[:, None] & valid[None, :])
         scored = logits
         if SAMPLED:
             scored = gl.where(hot[None, :], logits / gl.where(hot, temp, 1.0)[None, :] + noise, logits)
@@ -164,7 +155,6 @@ if HAVE_GLUON:
         SPIN_LIMIT: gl.constexpr, EXCHANGE: gl.constexpr = 1,
         SPIN_STAGGER: gl.constexpr = 0, SPIN_READS: gl.constexpr = 2, HAS_D2T: gl.constexpr = False,
         SAMPLED: gl.constexpr = False, STORE_LOGITS: gl.constexpr = False, HAS_REQ: gl.constexpr = False,
-        STORE_BLOCKED: gl.constexpr = False,
     ):
         # Program p owns vocabulary rows [p * CHUNK_ROWS, p * CHUNK_ROWS + CHUNK_ROWS), RES_T tiles of ST rows in
         # shared memory for the whole walk (w2_desc: W2 rows [V, R] in [ST, R] boxes; rows past the shard arrive
@@ -283,13 +273,13 @@ if HAVE_GLUON:
                 acc1 = warpgroup_mma(res_smem.index(1), b_view, zero_acc, use_acc=False, is_async=True)
                 acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
                 keys = gl.maximum(_score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED, n0, temp, hot,
-                                              dl_cols, valid, SAMPLED, STORE_LOGITS, STORE_BLOCKED),
+                                              dl_cols, valid, SAMPLED, STORE_LOGITS),
                                   _score_tile(acc1, u1, rows0 + ST, ids1, shard_end, logit_scale, SCALED, n1, temp,
-                                              hot, dl_cols, valid, SAMPLED, STORE_LOGITS, STORE_BLOCKED))
+                                              hot, dl_cols, valid, SAMPLED, STORE_LOGITS))
             else:
                 acc0 = warpgroup_mma_wait(0, deps=[acc0])
                 keys = _score_tile(acc0, u0, rows0, ids0, shard_end, logit_scale, SCALED, n0, temp, hot, dl_cols,
-                                   valid, SAMPLED, STORE_LOGITS, STORE_BLOCKED)
+                                   valid, SAMPLED, STORE_LOGITS)
             # Warp w holds tile rows [16 w, 16 w + 16): shuffles within each warp, then one sync before the
             # publishing threads reduce the NW maxima of their column.
             parts_smem.store(gl.max(gl.reshape(keys, [NW, ST // NW, BN]), axis=1))

@@ -1306,9 +1306,6 @@ ROWS_EXCHANGE_CODES = {"inbox": 1, "local": 2}
 ROWS_SPIN_STAGGER = 0
 # The rows walk's warps (gluon_rows.NUM_WARPS; its tiles are 16 rows a warp: 8 warps, two tiles of 128 rows).
 ROWS_WARPS = gluon_rows.NUM_WARPS
-# The rows walk's draft-logits store: from a layout of 32 consecutive rows of one column a warp (gluon_rows'
-# STORE_BLOCKED) instead of the accumulator's (8 rows of 4 columns). Ladder v69 decides.
-ROWS_STORE_BLOCKED = False
 
 
 # gluon="auto" takes the rows walk for 2..GLUON_AUTO_ROWS_MAX greedy rows of fully resident 256-row shards (V = 32k
@@ -1333,16 +1330,23 @@ def why_not_gluon_rows_auto(cfg: WalkConfig, *, overrides: list[str], triton_ver
     if cfg.chunk_rows not in GLUON_AUTO_RESIDENT_CHUNK_ROWS:
         return (f"shards of {cfg.chunk_rows} rows: the Gluon rows walk was measured at "
                 f"{', '.join(map(str, GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only (gluon='rows' asks for it)")
-    if (case.get("sampled") or case.get("cache")) and case["num_rows"] > MEASURED_GLUON_ROWS_DRAW_MAX:
-        return (f"{case['num_rows']} {'sampled rows' if case.get('sampled') else 'rows with a draft-logits cache'}: "
-                f"the Gluon rows walk's draw was measured faster at 2..{MEASURED_GLUON_ROWS_DRAW_MAX} rows only "
-                f"(gluon='rows' asks for it)")
+    most = MEASURED_GLUON_ROWS_D2T_DRAW_MAX if case.get("d2t") else MEASURED_GLUON_ROWS_DRAW_MAX
+    if (case.get("sampled") or case.get("cache")) and case["num_rows"] > most:
+        return (f"{case['num_rows']} {'sampled rows' if case.get('sampled') else 'rows with a draft-logits cache'}"
+                f"{' with a d2t' if case.get('d2t') else ''}: the Gluon rows walk's draw was measured faster at "
+                f"2..{most} rows only (gluon='rows' asks for it)")
     return None
 
 
 # gluon="auto" walks sampled rows and / or a draft-logits cache in gluon_rows' walk (its noise made before it) up to
-# this many rows (0: none until measured).
-MEASURED_GLUON_ROWS_DRAW_MAX = 0
+# this many rows; with a d2t (the cache's target-id columns) up to the second. Ladders v68 / v69 (session 17, H200,
+# triton 3.6, 32k block 15, ABBA x 2, us incl. the noise table's launch, rows vs the Triton walk's sampled default):
+# b2 63.8 / 63.9 vs 73.7 / 73.6, b4 67.9 / 67.8 vs 78.0 / 78.0, b8 83.4 / 83.9 vs 93.4 / 93.6 (v69: 83.3 / 83.6 vs
+# 91.3 / 90.5); d2t b4 73.5 / 74.4 vs 85.7 / 87.6, d2t b8 120.1 / 120.3 vs 107.5 / 107.9 (v69: 117.2 / 120.0 vs 107.7 /
+# 107.7; without the cache 78.2 / 78.2 vs 87.1 / 87.0: the rows walk's store of 8 columns into target-id columns is
+# what loses). d2t b2: ladder v70.
+MEASURED_GLUON_ROWS_DRAW_MAX = 8
+MEASURED_GLUON_ROWS_D2T_DRAW_MAX = 4
 
 
 def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale: float,
@@ -1360,7 +1364,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
     key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, d2t is not None, u.dtype,
-           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None, ROWS_STORE_BLOCKED)
+           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None)
     if key in _gluon_failed:
         return False
     table = None
@@ -1382,8 +1386,7 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
-            STORE_LOGITS=store, HAS_REQ=req is not None, STORE_BLOCKED=store and ROWS_STORE_BLOCKED,
-            num_warps=ROWS_WARPS)
+            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
