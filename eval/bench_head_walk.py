@@ -1258,6 +1258,7 @@ TUNE_CASES_V69 = (_mirrored_passes(_with(V69_FORMS, d2t_target_vocab=151936), 32
 # v70 (session 17): the rows draw with the d2t at 2 rows (v68 / v69 measured 4 and 8), ABBA x 2.
 TUNE_CASES_V70 = _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b2", passes=2,
                                   rows=2)
+# (v70 ran once at baa4ebd, us, rows / Triton: d2t b2 65.1 / 64.5 vs 78.8 / 79.1.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens

@@ -65,6 +65,16 @@ ROWS = {
         ("speedup_graph_loop_v32k_d2t152k_blk15_b2", "the same with vLLM's d2t (32k drafts into 151,936 target ids), batch 2: vLLM's walk with its d2t / ours", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b8", "same, batch 8", "(not a goal)"),
     ],
+    "head_walk_rows_sampled": [
+        ("speedup_graph_loop_v32k_blk15_b2_sampled", "DSpark Markov walk of several sampled rows with their draft-logits cache (head_walk's default there: the Gluon rows walk, its noise made before the walk), V=32k, block 15, batch 2: vLLM graph loop / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_blk15_b4_sampled", "same, batch 4", "(not a goal)"),
+        ("speedup_graph_loop_v32k_blk15_b8_sampled", "same, batch 8", "(not a goal)"),
+    ],
+    "head_walk_rows_sampled_d2t": [
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b2_sampled", "the same with vLLM's d2t (32k drafts into 151,936 target ids), batch 2: vLLM's walk with its d2t / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b4_sampled", "same, batch 4", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t152k_blk15_b8_sampled", "same, batch 8 (the Triton walk: the rows walk's store into target-id columns measured slower there)", "(not a goal)"),
+    ],
     "verify_profile": [
         ("baseline_growth_4_to_16", "whole Qwen3.6-35B-A3B-shaped verify pass, vLLM path: T(16)/T(4) - 1, batch 1", "0.35-1.1"),
         ("ours_growth_4_to_16", "same with our GDN verify (+ routing probe)", "<= 0.35"),
