@@ -2265,11 +2265,9 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
     """One row drawn by gluon_b1's walk (its noise made before the walk, its logits stored into the draft-logits cache)
     proposes exactly the Triton walk's tokens and fills the cache exactly as it does: a sampled request, a greedy
     request (temperature 0) in a sampled walk, a padding row (no cache row written), and a greedy walk with a cache;
-    walk after walk on the Gluon family's workspace, no fallback (the Triton launch fails the test), no wait giving
-    up. gluon="auto" takes the same walk where MEASURED_GLUON_DRAW_CHUNK_ROWS names the shard size; for one case
+    as the explicit form and through gluon="auto" (MEASURED_GLUON_DRAW_CHUNK_ROWS naming the shard size); for one case
     a CUDA graph of the draw replays on new base logits with the Triton walk's tokens and cache."""
     import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
 
     vocab, d2t, form = GLUON_DRAW_CASES[case]
     p = make_problem(1, steps, vocab, rank=256, dtype=torch.bfloat16, seed=steps + req, scale=0.1,
@@ -2280,8 +2278,23 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
     base_kw = dict(req_indices=p.req)
     if d2t:
         base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
+    chunk = walk.plan_walk(vocab, 256, 1, 2, torch.device(DEVICE)).chunk_rows
+    _assert_draws_agree(monkeypatch, p, width, base_kw, form, dict(MEASURED_GLUON_DRAW_CHUNK_ROWS=(chunk,)))
+    if steps == 15 and req == 0:
+        _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form, dict(base_kw, **sampling_kwargs(p)), width)
+
+
+def _assert_draws_agree(monkeypatch, p, width: int, base_kw: dict, form: dict, auto_rules: dict) -> None:
+    """p walked sampled (sampling_kwargs(p)) and greedy, each with a draft-logits cache of `width` columns: the Gluon
+    form (head_walk options) twice, then gluon="auto" with auto_rules (walk constants that name this case as
+    measured), propose the Triton walk's tokens and fill its cache exactly, with no fallback to the Triton kernel
+    (its launch raises) and no wait giving up; an all-padding walk writes no cache entry."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
     errors = barrier_errors(DEVICE)
     triton_launch = walk._launch
+    shipped = {name: getattr(walk, name) for name in auto_rules}
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("the Gluon walk fell back to the Triton kernel")
@@ -2290,27 +2303,26 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
         kw = dict(base_kw, **(sampling_kwargs(p) if sampled else {}))
 
         def walk_with(opts):
-            cache = torch.full((3, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
+            cache = torch.full((p.U.shape[0] + 2, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
             tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
             return tokens, cache
 
         ref = walk_with(dict(gluon=False))
         monkeypatch.setattr(walk, "_launch", no_fallback)
         walks = [walk_with(form), walk_with(form)]
-        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", (walk.plan_walk(
-            vocab, 256, 1, 2, torch.device(DEVICE)).chunk_rows,))
+        for name, value in auto_rules.items():
+            monkeypatch.setattr(walk, name, value)
         walks.append(walk_with({}))
+        for name, value in shipped.items():
+            monkeypatch.setattr(walk, name, value)
         monkeypatch.setattr(walk, "_launch", triton_launch)
         torch.cuda.synchronize()
         for i, (tokens, cache) in enumerate(walks):
             assert torch.equal(tokens, ref[0]), (sampled, i)
             assert torch.equal(cache, ref[1]), (sampled, i)
-        if req == -1:
+        if bool((p.req < 0).all()):
             assert bool((ref[1] == -7.0).all())
-        monkeypatch.setattr(walk, "MEASURED_GLUON_DRAW_CHUNK_ROWS", ())
     assert barrier_errors(DEVICE) == errors
-    if steps == 15 and req == 0:
-        _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form, dict(base_kw, **sampling_kwargs(p)), width)
 
 
 def _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form: dict, kw: dict, width: int) -> None:
@@ -2351,12 +2363,9 @@ def _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form: dict, kw: dict,
 def test_gpu_gluon_rows_draw_agrees(monkeypatch, case, rows, steps):
     """Several rows drawn by gluon_rows' walk (their noise made before the walk, their logits stored into the
     draft-logits cache) propose exactly the Triton walk's tokens and fill the cache exactly as it does: sampled
-    requests, a greedy request (temperature 0) and, from 3 rows, a padding row; also a greedy walk with a cache and
-    the same walks through gluon="auto" where MEASURED_GLUON_ROWS_DRAW_MAX covers the rows; walk after walk, no
-    fallback, no wait giving up; for one case a CUDA graph of the draw replays on new base logits."""
-    import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
-
+    requests, a greedy request (temperature 0) and, from 3 rows, a padding row; also a greedy walk with a cache, as
+    gluon="rows" and through gluon="auto" (both MEASURED_GLUON_ROWS_..._MAX covering the rows); for one case a CUDA
+    graph of the draw replays on new base logits."""
     vocab, d2t, _ = GLUON_DRAW_CASES[case]
     p = make_problem(rows, steps, vocab, rank=256, dtype=torch.bfloat16, seed=10 * rows + steps, scale=0.1,
                      extra_target=151936 - vocab if d2t else 40)
@@ -2368,34 +2377,8 @@ def test_gpu_gluon_rows_draw_agrees(monkeypatch, case, rows, steps):
     base_kw = dict(req_indices=p.req)
     if d2t:
         base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
-    errors = barrier_errors(DEVICE)
-    triton_launch = walk._launch
-
-    def no_fallback(*args, **kwargs):
-        raise AssertionError("the Gluon walk fell back to the Triton kernel")
-
-    for sampled in (True, False):
-        kw = dict(base_kw, **(sampling_kwargs(p) if sampled else {}))
-
-        def walk_with(opts):
-            cache = torch.full((rows + 2, 16, width), -7.0, dtype=torch.bfloat16, device=DEVICE)
-            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
-            return tokens, cache
-
-        ref = walk_with(dict(gluon=False))
-        monkeypatch.setattr(walk, "_launch", no_fallback)
-        walks = [walk_with(dict(gluon="rows")), walk_with(dict(gluon="rows"))]
-        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 8)
-        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_D2T_DRAW_MAX", 8)
-        walks.append(walk_with({}))
-        monkeypatch.setattr(walk, "_launch", triton_launch)
-        torch.cuda.synchronize()
-        for i, (tokens, cache) in enumerate(walks):
-            assert torch.equal(tokens, ref[0]), (sampled, i)
-            assert torch.equal(cache, ref[1]), (sampled, i)
-        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_DRAW_MAX", 0)
-        monkeypatch.setattr(walk, "MEASURED_GLUON_ROWS_D2T_DRAW_MAX", 0)
-    assert barrier_errors(DEVICE) == errors
+    _assert_draws_agree(monkeypatch, p, width, base_kw, dict(gluon="rows"),
+                        dict(MEASURED_GLUON_ROWS_DRAW_MAX=8, MEASURED_GLUON_ROWS_D2T_DRAW_MAX=8))
     if steps == 15 and rows == 5:
         _assert_gluon_draw_graph_replays_agree(monkeypatch, p, dict(gluon="rows"), dict(base_kw, **sampling_kwargs(p)),
                                                width)
