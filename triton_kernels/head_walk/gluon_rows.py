@@ -28,7 +28,7 @@ version or the case does not fit (why_not_gluon_rows). Not run under TRITON_INTE
 import triton.language as tl
 
 from .gluon_b1 import HAVE_GLUON
-from .kernel import ID_MASK, _load_relaxed, _ordered_keys
+from .kernel import ID_MASK, _load_relaxed, _ordered_keys, _row_requests
 
 # Batch rows a launch walks: wgmma N = the rows padded to a power of two >= 8 (the smallest N).
 MAX_ROWS = 32
@@ -232,12 +232,7 @@ if HAVE_GLUON:
             ids1 = rows0 + ST
         # The rows' draws: requests, temperatures and step 0's noise (placeholders where not used).
         live_n = o_n < num_rows
-        if HAS_REQ:
-            req = gl.load(req_ptr + o_n, mask=live_n, other=-1).to(gl.int64)
-        else:
-            req = gl.where(live_n, o_n, -1).to(gl.int64)
-        valid = req >= 0
-        req_safe = gl.where(valid, req, 0)
+        valid, req_safe = _row_requests(req_ptr, o_n, live_n, HAS_REQ)
         temp = 0.0
         hot = live_n
         n0 = 0.0

@@ -734,6 +734,19 @@ def noise_table_kernel(nt_ptr, stride_ntk, stride_ntb, req_ptr, temp_ptr, seed_p
 
 
 @triton.jit
+def _row_requests(req_ptr, o_b, m_b, HAS_REQ: tl.constexpr):
+    """(valid, req_safe) of the batch rows o_b (live where m_b): each row's request (req_ptr[b] with HAS_REQ, else b),
+    valid where it is one (not -1, a padding row, nor past the live rows), and 0 where it is not, to index by. (Also
+    the Gluon rows walk's: no tensor is created here, so it takes the caller's layout.)"""
+    if HAS_REQ:
+        req = tl.load(req_ptr + o_b, mask=m_b, other=-1).to(tl.int64)
+    else:
+        req = tl.where(m_b, o_b, -1).to(tl.int64)
+    valid = req >= 0
+    return valid, tl.where(valid, req, 0)
+
+
+@triton.jit
 def _load_u_tile(u_ptr, stride_ub, stride_uk, step, rows, vocab, o_b, m_b, ONE_ROW: tl.constexpr):
     if ONE_ROW:
         u = _load_u_row(u_ptr, stride_uk, step, rows, vocab)
@@ -924,12 +937,7 @@ def head_walk_kernel(
     if W2_SCALED:
         w2_dot_ty = tl.bfloat16
 
-    if HAS_REQ:
-        req = tl.load(req_ptr + o_b, mask=m_b, other=-1).to(tl.int64)
-    else:
-        req = tl.where(m_b, o_b, -1).to(tl.int64)
-    valid = req >= 0
-    req_safe = tl.where(valid, req, 0)
+    valid, req_safe = _row_requests(req_ptr, o_b, m_b, HAS_REQ)
     temp = tl.full([BP], 0.0, dtype=tl.float32)
     seed0 = tl.full([BP], 0, dtype=tl.int64)
     if SAMPLED:
