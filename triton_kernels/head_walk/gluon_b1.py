@@ -524,7 +524,7 @@ if HAVE_GLUON:
         first_ptr, tok_ptr,
         keys_ptr, gen_ptr, err_ptr,
         num_steps, vocab, logit_scale, d2t_ptr,
-        req_ptr, temp_ptr, nt_ptr, stride_ntk, dl_ptr, stride_dlr, stride_dlk,
+        req_ptr, temp_ptr, nt_ptr, stride_ntk, stride_ntb, dl_ptr, stride_dlr, stride_dlk,
         R: gl.constexpr, ST: gl.constexpr, RES_ROWS: gl.constexpr, STREAM_TILES: gl.constexpr,
         TILES_P2: gl.constexpr, STAGES: gl.constexpr, CHUNK_ROWS: gl.constexpr, NUM_PROGS: gl.constexpr,
         KEY_STRIDE: gl.constexpr, SLOTS_PER_CAND: gl.constexpr, RS_ROWS: gl.constexpr, SCALED: gl.constexpr,
@@ -541,10 +541,11 @@ if HAVE_GLUON:
         # between steps, so the next step's first STAGES tiles are copied while the programs exchange keys (W2
         # does not depend on the token). Keys / tags / slots as head_walk_b1_kernel (and kernel.py).
         # SAMPLED: the row's request (req_ptr[0] with HAS_REQ, else 0; -1: a padding row, greedy, stores nothing)
-        # draws with its temperature temp_ptr[req] (0: greedy) and the Gumbel noise of the table nt_ptr ([N, V] rows
-        # stride_ntk apart, noise_table_kernel's), which travels with the base logits: the next step's is loaded while
-        # the programs meet and kept in shared memory beside them. STORE_LOGITS: each step's logits into the
-        # draft-logits cache dl_ptr[req, k, target id].
+        # draws with its temperature temp_ptr[req] (0: greedy) and the Gumbel noise of the table nt_ptr
+        # (noise_table_kernel's [N, 1, V]: steps stride_ntk apart; stride_ntb, its row stride, is not read by one
+        # row), which travels with the base logits: the next step's is loaded while the programs meet and kept in
+        # shared memory beside them. STORE_LOGITS: each step's logits into the draft-logits cache
+        # dl_ptr[req, k, target id].
         NW: gl.constexpr = gl.num_warps()
         CANDS: gl.constexpr = 8
         RES_T: gl.constexpr = RES_ROWS // ST

@@ -1202,10 +1202,6 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     does not compile, so the caller walks the Triton kernel. draw: the row's request and sampling (head_walk's
     req_indices, temperature, seeds, positions: None for a greedy walk) and draft_logits (None: no cache); a
     sampled walk's noise is made before it (_noise_table), since the Gluon walk loads it."""
-    draw = draw or {}
-    temperature, cache = draw.get("temperature"), draw.get("draft_logits")
-    # (a greedy walk without a cache reads no request: its build is the greedy one)
-    req = draw.get("req_indices") if temperature is not None or cache is not None else None
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     resident, tiles, stages = _gluon_stream_form(cfg, rs)
@@ -1223,34 +1219,26 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
                  "(rows keyed by target id); walking the Triton kernel")
         return False
     stagger = SPIN_STAGGER if pipelined_spin else 0
-    sampled, store = temperature is not None, cache is not None
     key = (cfg, rs, stream_first, lean_ends, paired, rs_tma, stagger, SPIN_READS, d2t is not None, u.dtype, w1.dtype,
-           rank, sampled, store, req is not None, cache.dtype if store else None)
+           rank, *_gluon_draw_key(draw))
     if key in _gluon_failed:
         return False
-    table = None
-    if sampled:
-        positions = draw["positions"].contiguous()
-        table = _noise_table(1, u.shape[1], u.shape[2], req, temperature, draw["seeds"], positions, d2t,
-                             wsp["count"])
+    draw_args, draw_flags = _gluon_draw(draw, u, d2t, first, wsp["count"])
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, st)
         _launch_walk(
             gluon_b1.head_walk_b1_stream_kernel, cfg.programs, u.device,
             u, u.stride(1), w1, w1.stride(0), w2_rows, w2_rows.stride(1), w2_rows.stride(0), w2_desc, first, tokens,
             wsp["keys"], wsp["gen"], wsp["err"], u.shape[1], u.shape[2], float(logit_scale),
-            d2t if d2t is not None else first,
-            req if req is not None else first, temperature if sampled else first, table if sampled else u,
-            table.stride(0) if sampled else 0, cache if store else u, cache.stride(0) if store else 0,
-            cache.stride(1) if store else 0,
+            d2t if d2t is not None else first, *draw_args,
             R=rank, ST=st, RES_ROWS=resident, STREAM_TILES=tiles,
             TILES_P2=triton.next_power_of_2(triton.cdiv(cfg.chunk_rows, st)), STAGES=stages,
             CHUNK_ROWS=cfg.chunk_rows, NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             SLOTS_PER_CAND=max(1, triton.next_power_of_2(triton.cdiv(cfg.programs, gluon_b1.STREAM_CANDS))),
             RS_ROWS=st * rs, SCALED=float(logit_scale) != 1.0, SPIN_LIMIT=SPIN_LIMIT,
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
-            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
-            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=gluon_b1.stream_warps(st))
+            SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, **draw_flags,
+            num_warps=gluon_b1.stream_warps(st))
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
@@ -1259,6 +1247,38 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
                  f"rows, {stages} ring stages: {_gluon_failed[key]}); walking the Triton kernel")
         return False
     return True
+
+
+def _gluon_draw_parts(draw: dict | None):
+    """(temperature, cache, requests) of a Gluon walk's draw: draw holds head_walk's req_indices, temperature, seeds,
+    positions (None: greedy) and draft_logits (None: no cache); a greedy walk without a cache reads no request (None),
+    so its build is the greedy one."""
+    draw = draw or {}
+    temperature, cache = draw.get("temperature"), draw.get("draft_logits")
+    return temperature, cache, draw.get("req_indices") if temperature is not None or cache is not None else None
+
+
+def _gluon_draw_key(draw: dict | None) -> tuple:
+    """The part of a Gluon build's key its draw decides (sampled, cache, requests, the cache's dtype)."""
+    temperature, cache, req = _gluon_draw_parts(draw)
+    return temperature is not None, cache is not None, req is not None, cache.dtype if cache is not None else None
+
+
+def _gluon_draw(draw: dict | None, u, d2t, first, dummy) -> tuple[tuple, dict]:
+    """The draw arguments of a Gluon walk's launch (gluon_b1's and gluon_rows' kernels take the same): requests,
+    temperatures, the noise table with its step and row strides, the cache with its request and step strides
+    (placeholders where unused), and SAMPLED / STORE_LOGITS / HAS_REQ. A sampled walk's noise table is made here,
+    before the walk that loads it."""
+    temperature, cache, req = _gluon_draw_parts(draw)
+    sampled, store = temperature is not None, cache is not None
+    table = None
+    if sampled:
+        table = _noise_table(u.shape[0], u.shape[1], u.shape[2], req, temperature, draw["seeds"],
+                             draw["positions"].contiguous(), d2t, dummy)
+    args = (req if req is not None else first, temperature if sampled else first, table if sampled else u,
+            table.stride(0) if sampled else 0, table.stride(1) if sampled else 0, cache if store else u,
+            cache.stride(0) if store else 0, cache.stride(1) if store else 0)
+    return args, dict(SAMPLED=sampled, STORE_LOGITS=store, HAS_REQ=req is not None)
 
 
 def why_not_gluon_rows(cfg: WalkConfig, *, num_rows: int, head: str, sampled: bool, extras: bool,
@@ -1354,39 +1374,29 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     """One launch of gluon_rows' walk (why_not_gluon_rows said yes); False (logged, remembered per build) where it
     does not compile, so the caller walks the Triton kernel. draw: as _launch_gluon_b1's (the rows' requests and
     sampling, the draft-logits cache; a sampled walk's noise made before it)."""
-    draw = draw or {}
-    temperature, cache = draw.get("temperature"), draw.get("draft_logits")
-    sampled, store = temperature is not None, cache is not None
-    req = draw.get("req_indices") if sampled or store else None
     rank = w1.shape[1]
     wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
     key = ("rows", cfg, bn, res_t, ROWS_WARPS, ROWS_EXCHANGE, ROWS_SPIN_STAGGER, SPIN_READS, d2t is not None, u.dtype,
-           w1.dtype, rank, sampled, store, req is not None, cache.dtype if store else None)
+           w1.dtype, rank, *_gluon_draw_key(draw))
     if key in _gluon_failed:
         return False
-    table = None
-    if sampled:
-        table = _noise_table(u.shape[0], u.shape[1], u.shape[2], req, temperature, draw["seeds"],
-                             draw["positions"].contiguous(), d2t, wsp["count"])
+    draw_args, draw_flags = _gluon_draw(draw, u, d2t, first, wsp["count"])
     try:
         w2_desc = gluon_b1.stream_descriptor(w2_rows, tile_rows)
         _launch_walk(
             gluon_rows.head_walk_rows_kernel, cfg.programs, u.device,
             u, u.stride(0), u.stride(1), w1, w1.stride(0), w2_desc, first, tokens, tokens.stride(0),
             wsp["keys"], wsp["inbox"], wsp["gen"], wsp["err"], u.shape[0], u.shape[1], u.shape[2],
-            float(logit_scale), d2t if d2t is not None else first,
-            req if req is not None else first, temperature if sampled else first, table if sampled else u,
-            table.stride(0) if sampled else 0, table.stride(1) if sampled else 0, cache if store else u,
-            cache.stride(0) if store else 0, cache.stride(1) if store else 0,
+            float(logit_scale), d2t if d2t is not None else first, *draw_args,
             R=rank, RES_T=res_t, CHUNK_ROWS=cfg.chunk_rows,
             NUM_PROGS=cfg.programs, KEY_STRIDE=cfg.block_rows,
             BN=bn, PP=max(32, triton.next_power_of_2(cfg.programs)), SCALED=float(logit_scale) != 1.0,
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
-            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, SAMPLED=sampled,
-            STORE_LOGITS=store, HAS_REQ=req is not None, num_warps=ROWS_WARPS)
+            SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, **draw_flags,
+            num_warps=ROWS_WARPS)
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
