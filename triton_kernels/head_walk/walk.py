@@ -821,18 +821,19 @@ def head_walk(
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
     first_tokens = first_tokens.long()
     d2t_keyed = draft_to_target is not None and draft_to_target_increasing
-    # The Gluon walks store a draft-logits cache themselves, but not a compact one (its expansion is the Triton
-    # path's); a sampled walk's noise table has to fit NOISE_TABLE_MAX_BYTES.
-    compact_gluon = draft_logits is not None and draft_to_target is not None and (
-        compact_cache if compact_cache is not None else num_rows >= COMPACT_CACHE_MIN_ROWS)
-    draw_extras = compact_gluon or sampled and num_steps * num_rows * vocab * 4 > NOISE_TABLE_MAX_BYTES
+    if compact_cache is None:
+        compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
+    # What keeps the Gluon walks off: an unordered d2t, a compact draft-logits cache (they store a cache themselves,
+    # but its expansion is the Triton path's), confidence, strided tokens, a noise table over NOISE_TABLE_MAX_BYTES.
+    gluon_extras = ((draft_to_target is not None and not d2t_keyed) or conf_h is not None or tokens.stride(-1) != 1
+                    or compact_cache and draft_logits is not None and draft_to_target is not None
+                    or sampled and num_steps * num_rows * vocab * 4 > NOISE_TABLE_MAX_BYTES)
     draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
                 draft_logits=draft_logits)
     if gluon == "rows" or gluon == "auto" and num_rows > 1:
         rows_case = dict(
             num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
-            extras=(draft_to_target is not None and not d2t_keyed) or draw_extras or conf_h is not None
-            or tokens.stride(-1) != 1, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
+            extras=gluon_extras, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
             rank=rank, capability=torch.cuda.get_device_capability(device) if on_cuda else None,
             w2_tma=_tma_ok(w2_rows))
         if gluon == "auto":
@@ -849,8 +850,7 @@ def head_walk(
     elif gluon is not False:
         gluon_case = dict(
             num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
-            extras=(draft_to_target is not None and not d2t_keyed) or draw_extras or conf_h is not None
-            or tokens.stride(-1) != 1, d2t=d2t_keyed, target_vocab=w1.shape[0],
+            extras=gluon_extras, d2t=d2t_keyed, target_vocab=w1.shape[0],
             dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
             capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
         form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
@@ -871,8 +871,6 @@ def head_walk(
                                                logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
                                                **flags):
             return tokens, draft_logits, confidence
-    if compact_cache is None:
-        compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
     compact = t2d = None
     if draft_to_target is not None and draft_logits is not None:
         # Built by any walk outside graph capture (not only compact ones), so that a capture finds it.
