@@ -28,7 +28,7 @@ version or the case does not fit (why_not_gluon_rows). Not run under TRITON_INTE
 import triton.language as tl
 
 from .gluon_b1 import HAVE_GLUON
-from .kernel import ID_MASK, _load_relaxed, _ordered_keys, _row_requests
+from .kernel import ID_MASK, _load_noise_tile, _load_relaxed, _ordered_keys, _row_requests
 
 # Batch rows a launch walks: wgmma N = the rows padded to a power of two >= 8 (the smallest N).
 MAX_ROWS = 32
@@ -108,13 +108,6 @@ if HAVE_GLUON:
         """[ST, BN] base logits U[b, step, rows] in the accumulator's layout (0 outside the shard / live rows)."""
         ok = (rows < shard_end)[:, None] & (o_n < num_rows)[None, :]
         return gl.load(u_ptr + o_n[None, :] * stride_ub + step * stride_uk + rows[:, None], mask=ok, other=0.0)
-
-    @gluon.jit
-    def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, shard_end, o_n, hot):
-        """[ST, BN] of the noise table (noise_table_kernel's [N, B, V]) at `step` in the accumulator's layout (0 where
-        a row is greedy, padding or past the shard: its score does not read it)."""
-        ok = (rows < shard_end)[:, None] & hot[None, :]
-        return gl.load(nt_ptr + step * stride_ntk + o_n[None, :] * stride_ntb + rows[:, None], mask=ok, other=0.0)
 
     @gluon.jit
     def _score_tile(acc, u, rows, ids, shard_end, logit_scale, SCALED: gl.constexpr, noise=0, temp=0, hot=0,
@@ -240,9 +233,10 @@ if HAVE_GLUON:
         if SAMPLED:
             temp = gl.load(temp_ptr + req_safe, mask=valid, other=0.0).to(gl.float32)
             hot = live_n & (temp != 0.0)
-            n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0, shard_end, o_n, hot)
+            # (kernel.py's multi-row load, in the layout of rows0 / o_n: the accumulator's)
+            n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0, shard_end, o_n, hot, False)
             if RES_T == 2:
-                n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0 + ST, shard_end, o_n, hot)
+                n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, 0, rows0 + ST, shard_end, o_n, hot, False)
         dl_req = 0
         if STORE_LOGITS:
             dl_req = dl_ptr + req_safe * stride_dlr
@@ -288,9 +282,10 @@ if HAVE_GLUON:
             if RES_T == 2:
                 u1 = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows0 + ST, shard_end, o_n, num_rows)
             if SAMPLED:
-                n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0, shard_end, o_n, hot)
+                n0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0, shard_end, o_n, hot, False)
                 if RES_T == 2:
-                    n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0 + ST, shard_end, o_n, hot)
+                    n1 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k_next, rows0 + ST, shard_end, o_n, hot,
+                                          False)
             if EXCHANGE == 1:
                 inbox_half = inbox_ptr + (k % 2) * NUM_PROGS * KEY_STRIDE
                 if pid < num_rows:

@@ -695,7 +695,8 @@ def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab,
 @triton.jit
 def _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, step, rows, vocab, o_b, m_hot, ONE_ROW: tl.constexpr):
     """[rows, BP] of the noise table at `step` (0 where a row is greedy or padding: its score ignores it); one row:
-    its [rows] (unmasked by the row: a greedy or padding row's score ignores whatever the table holds there)."""
+    its [rows] (unmasked by the row: a greedy or padding row's score ignores whatever the table holds there). Creates
+    no tensor, so the Gluon rows walk loads its [ST, BN] tiles with it too, in its accumulator's layout."""
     if ONE_ROW:
         noise = tl.load(nt_ptr + step * stride_ntk + rows, mask=rows < vocab, other=0.0)
     else:
