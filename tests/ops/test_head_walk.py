@@ -1666,25 +1666,46 @@ def _assert_gluon_graph_replays_agree(monkeypatch, p, kw: dict) -> None:
 
 
 def test_workspaces_of_every_width_at_the_first_walk(monkeypatch):
-    """The first walk of a program count makes the exchange buffers of every batch width and every walk family
-    (zeroed then, eagerly), so a width or family first walked while vLLM captures a CUDA graph finds them ready; the
-    rows walk's inboxes and the amax exchange's default winners slots among them."""
+    """The first walk of a program count makes the exchange buffers of every batch width, walk family and layout
+    (zeroed then, eagerly), so a width, family or layout first walked while vLLM captures a CUDA graph finds them
+    ready: the Triton walk's widths (and their one-step walks'), and the Gluon walks' every row count 1..32 (and its
+    one-step walks') at plan_walk's width for it, without the Triton walk's state exchange."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_workspaces", {})
     wsp = walk._workspace(torch.device("cpu"), 3, 32, 16)
-    assert sorted((k[2], k[4]) for k in walk._workspaces) == sorted(
-        (rows, family) for rows in walk.BLOCK_ROWS_ALL for family in walk.WORKSPACE_FAMILIES)
-    assert wsp is walk._workspaces[("cpu", 3, 32, 16, "triton")]
-    for (_, programs, rows, _, _), made in walk._workspaces.items():
+    expected = {(rows, "triton", (0, one_step)) for rows in walk.BLOCK_ROWS_ALL for one_step in (False, True)}
+    expected |= {(walk.plan_walk(32000, 256, rows, 2, torch.device("cpu")).block_rows, "gluon", (rows, one_step))
+                 for rows in range(1, walk.gluon_rows.MAX_ROWS + 1) for one_step in (False, True)}
+    assert {(k[2], k[4], k[5]) for k in walk._workspaces} == expected
+    assert wsp is walk._workspaces[("cpu", 3, 32, 16, "triton", (0, False))]
+    for (_, programs, rows, _, family, _), made in walk._workspaces.items():
         assert made["inbox"].shape == made["keys"].shape == (2, programs, rows)
-        assert not made["inbox"].any() and not made["keys"].any()
-        assert made[f"winners{walk.WINNER_STRIDE}"].shape == (3, rows, walk.WINNER_STRIDE)
-    assert walk._workspace(torch.device("cpu"), 3, 64, 16) is walk._workspaces[("cpu", 3, 64, 16, "triton")]
-    gluon = walk._workspace("cpu", 3, 16, 16, family="gluon")
-    assert gluon is walk._workspaces[("cpu", 3, 16, 16, "gluon")]
+        assert not made["inbox"].any() and not made["keys"].any() and not made["gen"].any()
+        assert (f"winners{walk.WINNER_STRIDE}" in made) == ("state" in made) == (family == "triton")
+        if family == "triton":
+            assert made[f"winners{walk.WINNER_STRIDE}"].shape == (3, rows, walk.WINNER_STRIDE)
+    made = len(walk._workspaces)
+    assert walk._workspace(torch.device("cpu"), 3, 64, 16) is walk._workspaces[("cpu", 3, 64, 16, "triton", (0, False))]
+    gluon = walk._workspace("cpu", 3, 16, 16, family="gluon", layout=(5, False))
+    assert gluon is walk._workspaces[("cpu", 3, 16, 16, "gluon", (5, False))]
     assert gluon["keys"] is not walk._workspace("cpu", 3, 16, 16)["keys"]
-    assert len(walk._workspaces) == 2 * len(walk.BLOCK_ROWS_ALL)
+    assert len(walk._workspaces) == made
+
+
+def test_walk_layouts_keep_every_polled_slot_written():
+    """A tagged slot is trusted by its 14-bit tag, so the walks that share buffers must write every slot any of
+    them polls at every step (or a key left behind matches again once the tags wrap): the Triton walk writes all
+    its width's columns, so its row counts share; each Gluon row count has its own; walks of one step (they write
+    only the first slot half) have their own; the amax exchange (epochs, no tags) keeps one layout."""
+    from hybridspec_kernels.head_walk.walk import walk_layout
+
+    assert walk_layout("triton", 1, 15) == walk_layout("triton", 5, 7) == walk_layout("triton", 16, 2)
+    assert walk_layout("triton", 5, 1) != walk_layout("triton", 5, 15)
+    assert walk_layout("triton", 5, 1, tagged=False) == walk_layout("triton", 5, 15, tagged=False)
+    gluon = {walk_layout("gluon", rows, steps) for rows in range(1, 33) for steps in (1, 7, 15)}
+    assert len(gluon) == 64
+    assert walk_layout("gluon", 5, 7) == walk_layout("gluon", 5, 15) != walk_layout("gluon", 6, 15)
 
 
 class _CapturedArgs(_CapturedBuild):
@@ -1697,9 +1718,9 @@ class _CapturedArgs(_CapturedBuild):
 
 
 def test_gluon_walks_exchange_through_their_own_buffers(monkeypatch):
-    """The Gluon walks (gluon_b1, gluon_rows) publish only some key columns of a slot: a Triton walk polling the
-    others on shared buffers could take a key they left behind for this step's once the tags wrap around. Their
-    launches get the Gluon family's buffers, none of the Triton walk's."""
+    """The Gluon walks (gluon_b1, gluon_rows) publish only some key columns of a slot (and gluon_rows fills only its
+    rows' inboxes): a walk polling the others on shared buffers could take a key they left behind for this step's
+    once the tags wrap around. Each launch gets the buffers of its family and row count, no other walk's."""
     import hybridspec_kernels.head_walk.walk as walk
 
     build = _CapturedArgs()
@@ -1710,9 +1731,9 @@ def test_gluon_walks_exchange_through_their_own_buffers(monkeypatch):
     monkeypatch.setattr(walk, "_gluon_failed", {})
     bf = torch.bfloat16
     w = torch.zeros(32000, 256, dtype=bf)
-    for rows in (1, 5):
-        u = torch.zeros(rows, 15, 32000, dtype=bf)
-        tokens = torch.zeros(rows, 15, dtype=torch.long)
+    for rows, steps in ((1, 15), (5, 15), (6, 15), (5, 1), (1, 1)):
+        u = torch.zeros(rows, steps, 32000, dtype=bf)
+        tokens = torch.zeros(rows, steps, dtype=torch.long)
         if rows == 1:
             plan = _gpu_plan(monkeypatch, 32000, **T128_RESIDENT)
             assert walk._launch_gluon_b1(plan, u, w, w, tokens[:, 0], tokens, 1.0,
@@ -1721,11 +1742,12 @@ def test_gluon_walks_exchange_through_their_own_buffers(monkeypatch):
             plan = _gpu_plan(monkeypatch, 32000, rows)
             assert walk._launch_gluon_rows(plan, u, w, w, tokens[:, 0], tokens, 1.0)
         passed = build.launches[-1]
-        gluon = walk._workspaces[walk._workspace_key("cpu", plan.programs, plan.block_rows, 256, "gluon")]
-        triton_walks = walk._workspaces[walk._workspace_key("cpu", plan.programs, plan.block_rows, 256)]
+        gluon = walk._workspaces[walk._workspace_key("cpu", plan.programs, plan.block_rows, 256, "gluon",
+                                                     walk.walk_layout("gluon", rows, steps))]
         for name in ("keys", "gen", "err"):
             assert any(arg is gluon[name] for arg in passed), (rows, name)
-        assert not any(arg is mine for arg in passed for mine in triton_walks.values()), rows
+        others = [wsp for key, wsp in walk._workspaces.items() if wsp is not gluon]
+        assert not any(arg is theirs for arg in passed for wsp in others for theirs in wsp.values()), rows
 
 
 def test_barrier_errors_match_any_spelling_of_the_device(monkeypatch):
@@ -1929,6 +1951,49 @@ def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
     _assert_gluon_graph_replays_agree(monkeypatch, p, dict(gluon="rows"))
     if rows <= 8:  # head_walk's default walks it too
         _assert_gluon_graph_replays_agree(monkeypatch, p, {})
+
+
+@gpu
+@needs_cuda
+def test_gpu_gluon_walks_write_every_slot_they_poll(monkeypatch):
+    """A tagged slot is trusted by its 14-bit tag, so a key left behind by another walk matches again 16k steps on
+    (walk.WORKSPACE_FAMILIES). After each of a run of Gluon walks of changing row counts and lengths (one-row, rows,
+    one-step), every slot of every Gluon buffer that its layout's walks poll (the key columns of its rows in both
+    halves, every program's inbox rows of its rows) holds a key of that buffer's last two steps; the tokens are the
+    Triton walk's. (With one buffer for all row counts, a 16-row walk after an 8-row one found columns 8..15 a walk
+    old.)"""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    errors = walk.barrier_errors(DEVICE)
+    launched = []
+    for name in ("_launch_gluon_b1", "_launch_gluon_rows"):
+        launch = getattr(walk, name)
+        monkeypatch.setattr(walk, name, lambda *a, _launch=launch, **k: launched.append(_launch(*a, **k)) or
+                            launched[-1])
+    last_steps = {}
+    for rows, steps in ((16, 15), (8, 15), (1, 15), (5, 7), (16, 1), (32, 15), (16, 15), (2, 7), (8, 1), (1, 7)):
+        p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
+        p.w2 = p.w2.t().contiguous().t()
+        del launched[:]
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **({} if rows == 1 else dict(gluon="rows")))
+        ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+        torch.cuda.synchronize()
+        assert launched == [True] and torch.equal(tokens, ref), (rows, steps)
+        last_steps[walk.walk_layout("gluon", rows, steps)] = steps
+        for (_, programs, _, _, family, layout), wsp in walk._workspaces.items():
+            if family != "gluon" or layout not in last_steps:
+                continue
+            polled, n = layout[0], last_steps[layout]
+            gen = wsp["gen"].cpu()
+            assert bool((gen == gen[0]).all()) and int(gen[0]) > 0, layout
+            for back in range(min(n, 2)):
+                half = (n - 1 - back) % 2
+                tag = (int(gen[0]) - 1 - back) % 16383 + 1
+                for name in ("keys",) + (("inbox",) if polled > 1 else ()):
+                    slots = wsp[name][half, :programs, :polled].cpu()
+                    tags = (slots >> 18) & 16383
+                    assert bool((tags == tag).all()), (rows, steps, layout, name, half, tag, tags.unique())
+    assert walk.barrier_errors(DEVICE) == errors
 
 
 def _spy_on(monkeypatch, module, rule_name: str) -> dict:

@@ -350,11 +350,14 @@ _workspaces: dict = {}
 
 # The batch widths a walk's buffers come in (plan_walk's block_rows).
 BLOCK_ROWS_ALL = (16, 32, 64)
-# Walk families with exchange buffers of their own. The Gluon walks (gluon_b1, gluon_rows) publish only some key
-# columns of a slot (gluon_b1 column 0, gluon_rows max(8, rows)), so a Triton walk polling a column they left behind
-# could match its tag after the 14-bit tags wrapped around (a stale key taken as this step's): the Triton walk never
-# shares their keys. Within the Gluon family the same can still happen (gluon_rows after a run of one-row walks), but
-# those walks are greedy only: a stale key there changes drafts, never exactness (vLLM verifies every draft).
+# Walk families with exchange buffers of their own. A tagged slot proves itself by its 14-bit tag ((gen + k) % 16383
+# + 1), so a slot that some walk reads must have been written by every walk that advanced its buffers' `gen` since,
+# or after the tags wrap around (16k steps) a key left behind could be taken for this step's. The Triton walk
+# publishes all its width's columns every step; the Gluon walks publish only some (gluon_b1 column 0, gluon_rows
+# the rows padded to a power of two >= 8) and gluon_rows' reducers fill only the inbox rows of its batch rows, so a
+# Gluon walk gets buffers of its own row count ("layout"). A walk of one step writes only the first of the two
+# slot halves (k % 2), so one-step walks get their own buffers too. A stale key would change greedy drafts only
+# (vLLM verifies every draft), but a sampled draft must be the draw vLLM's rejection sampler is told about.
 WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
@@ -397,30 +400,52 @@ def _device_name(device: torch.device | str) -> str:
 
 
 def _workspace_key(device: torch.device | str, programs: int, block_rows: int, rank: int,
-                   family: str = "triton") -> tuple:
-    return (_device_name(device), programs, block_rows, rank, family)
+                   family: str = "triton", layout: tuple = (0, False)) -> tuple:
+    return (_device_name(device), programs, block_rows, rank, family, layout)
 
 
-def _workspace(device: torch.device, programs: int, block_rows: int, rank: int, family: str = "triton") -> dict:
+# The Triton walk's exchanges whose keys prove themselves by tags (amax resets its slots by epochs instead).
+TAGGED_EXCHANGES = ("flags", "tagged", "probe", "poll")
+
+
+def walk_layout(family: str, num_rows: int, num_steps: int, tagged: bool = True) -> tuple:
+    """Which buffers of a family a walk of this shape exchanges through (WORKSPACE_FAMILIES' comment): (row count,
+    or 0 for every row count of a width, as the Triton walk publishes them all; a tagged walk of one step)."""
+    return (num_rows if family == "gluon" else 0, tagged and num_steps == 1)
+
+
+def _gluon_block_rows(rows: int) -> int:
+    """plan_walk's width for a walk of `rows` rows."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+def _workspace(device: torch.device, programs: int, block_rows: int, rank: int, family: str = "triton",
+               layout: tuple = (0, False)) -> dict:
     """Exchange buffers and the barrier counter, kept across calls: the counter only grows, so a walk needs no
     reset launch. One walk at a time per device (and per program count) may use them; each family
-    (WORKSPACE_FAMILIES) has its own. Every width's buffers of every family are made at the first walk of a program
-    count: a width first walked during CUDA-graph capture (vLLM captures its drafter's batch sizes after an eager
-    profile run at its largest) would otherwise get buffers whose zero fill is only recorded in the graph, not done,
-    and an eager walk of that width could read leftover tags."""
+    (WORKSPACE_FAMILIES) and layout (walk_layout) has its own. Every width's and layout's buffers of every family
+    are made at the first walk of a program count: a width first walked during CUDA-graph capture (vLLM captures its
+    drafter's batch sizes after an eager profile run at its largest) would otherwise get buffers whose zero fill is
+    only recorded in the graph, not done, and an eager walk of that width could read leftover tags."""
     if family not in WORKSPACE_FAMILIES:
         raise ValueError(f"family must be one of {WORKSPACE_FAMILIES}, got {family!r}")
-    key = _workspace_key(device, programs, block_rows, rank, family)
+    key = _workspace_key(device, programs, block_rows, rank, family, layout)
     if key not in _workspaces:
-        for rows in sorted({block_rows, *BLOCK_ROWS_ALL}):
-            for each_family in WORKSPACE_FAMILIES:
-                width_key = _workspace_key(device, programs, rows, rank, each_family)
-                if width_key not in _workspaces:
-                    _workspaces[width_key] = _new_workspace(device, programs, rows, rank)
+        shapes = {(block_rows, family, layout)}
+        for one_step in (False, True):
+            shapes.update((rows, "triton", (0, one_step)) for rows in BLOCK_ROWS_ALL)
+            shapes.update((_gluon_block_rows(rows), "gluon", (rows, one_step))
+                          for rows in range(1, gluon_rows.MAX_ROWS + 1))
+        for rows, each_family, each_layout in sorted(shapes):
+            shape_key = _workspace_key(device, programs, rows, rank, each_family, each_layout)
+            if shape_key not in _workspaces:
+                _workspaces[shape_key] = _new_workspace(device, programs, rows, rank, light=each_family == "gluon")
     return _workspaces[key]
 
 
-def _new_workspace(device: torch.device, programs: int, block_rows: int, rank: int) -> dict:
+def _new_workspace(device: torch.device, programs: int, block_rows: int, rank: int, light: bool = False) -> dict:
+    """light: the Gluon walks' (tagged keys, inboxes, generations, the error flag), without the Triton walk's state
+    exchange and amax slots."""
     # Zeros: tag 0 never matches a step's tag, where leftover memory could (flags / tagged exchanges).
     keys = torch.zeros(2, programs, block_rows, dtype=torch.int64, device=device)
     wsp = {
@@ -430,9 +455,11 @@ def _new_workspace(device: torch.device, programs: int, block_rows: int, rank: i
         "count": torch.zeros(1, dtype=torch.int64, device=device),
         "gen": torch.zeros(programs, dtype=torch.int64, device=device),
         "err": torch.zeros(1, dtype=torch.int32, device=device),
-        "state": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
-        "out": torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device),
     }
+    if light:
+        return wsp
+    wsp["state"] = torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device)
+    wsp["out"] = torch.zeros(2, block_rows, rank, dtype=torch.float32, device=device)
     _winner_slots(wsp, WINNER_STRIDE)  # the amax exchange's, in its default layout
     return wsp
 
@@ -1201,7 +1228,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
     req_indices, temperature, seeds, positions: None for a greedy walk) and draft_logits (None: no cache); a
     sampled walk's noise is made before it (_noise_table), since the Gluon walk loads it."""
     rank = w1.shape[1]
-    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon",
+                     layout=walk_layout("gluon", u.shape[0], u.shape[1]))
     resident, tiles, stages = _gluon_stream_form(cfg, rs)
     st = cfg.stream_rows
     # Fully resident shards load their register tiles by TMA too (through shared memory: no ring shares it).
@@ -1373,7 +1401,8 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
     does not compile, so the caller walks the Triton kernel. draw: as _launch_gluon_b1's (the rows' requests and
     sampling, the draft-logits cache; a sampled walk's noise made before it)."""
     rank = w1.shape[1]
-    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon")
+    wsp = _workspace(u.device, cfg.programs, cfg.block_rows, rank, family="gluon",
+                     layout=walk_layout("gluon", u.shape[0], u.shape[1]))
     bn = gluon_rows.rows_n(u.shape[0])
     tile_rows = 16 * ROWS_WARPS
     res_t = triton.cdiv(cfg.chunk_rows, tile_rows)
@@ -1432,7 +1461,7 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
     block_rows = cfg.block_rows
-    wsp = _workspace(u.device, cfg.programs, block_rows, rank)
+    wsp = _workspace(u.device, cfg.programs, block_rows, rank, layout=walk_layout("triton", num_rows, num_steps, cfg.exchange in TAGGED_EXCHANGES))
     # State dims a program advances at a time: its whole share with grid barriers, else 16 at a time (a
     # [r, r] weight block per dot would not fit in shared memory).
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
