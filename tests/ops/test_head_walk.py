@@ -1996,6 +1996,34 @@ def test_gpu_gluon_walks_write_every_slot_they_poll(monkeypatch):
     assert walk.barrier_errors(DEVICE) == errors
 
 
+@gpu
+@needs_cuda
+def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
+    """A 16-row walk, then 8-row walks of 3 steps until the two 16-row walks' starts are 16,383 steps apart (the 14-bit
+    tags wrap once: the second walk's tags equal the first's step for step), then 16 rows again on new base logits:
+    the second 16-row walk proposes the Triton walk's tokens. With one buffer for every row count (before 5ef6203)
+    the 8-row walks never wrote key columns and inbox rows 8..15, so the second walk found the first walk's keys and
+    winners there carrying its own tags, and took them."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    launched = []
+    launch = walk._launch_gluon_rows
+    monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: launched.append(launch(*a, **k)) or launched[-1])
+    steps, vocab, gen = 15, 32000, torch.Generator().manual_seed(77)
+    p = make_problem(16, steps, vocab, rank=256, dtype=torch.bfloat16, seed=76, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    first = (torch.randn(16, steps, vocab, generator=gen) * 2.0 + 40.0).to(DEVICE, torch.bfloat16)
+    head_walk(first, p.w1, p.w2, p.x0, gluon="rows")
+    short = (torch.randn(8, 3, vocab, generator=gen) * 2.0).to(DEVICE, torch.bfloat16)
+    for _ in range((16383 - steps) // 3):
+        head_walk(short, p.w1, p.w2, p.x0[:8], gluon="rows")
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows")
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    torch.cuda.synchronize()
+    assert (16383 - steps) % 3 == 0 and all(launched) and len(launched) == 2 + (16383 - steps) // 3
+    assert torch.equal(tokens, ref), int((tokens != ref).sum())
+
+
 def _spy_on(monkeypatch, module, rule_name: str) -> dict:
     """module.rule_name(cfg, **kw) replaced by itself recording its keyword arguments: the dict it fills."""
     seen = {}
