@@ -1975,35 +1975,37 @@ def test_gpu_gluon_walks_write_every_slot_they_poll(monkeypatch):
         p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
         p.w2 = p.w2.t().contiguous().t()
         del launched[:]
+        gens = {key: wsp["gen"].clone() for key, wsp in walk._workspaces.items()}
         tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, **({} if rows == 1 else dict(gluon="rows")))
         ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
         torch.cuda.synchronize()
         assert launched == [True] and torch.equal(tokens, ref), (rows, steps)
-        last_steps[walk.walk_layout("gluon", rows, steps)] = steps
-        for (_, programs, _, _, family, layout), wsp in walk._workspaces.items():
-            if family != "gluon" or layout not in last_steps:
-                continue
-            polled, n = layout[0], last_steps[layout]
+        walked = [key for key, wsp in walk._workspaces.items()  # (buffers made by this walk start at gen 0)
+                  if key[4] == "gluon" and not torch.equal(gens.get(key, torch.zeros_like(wsp["gen"])), wsp["gen"])]
+        assert len(walked) == 1 and walked[0][5] == walk.walk_layout("gluon", rows, steps), walked
+        last_steps[walked[0]] = steps
+        for key, n in last_steps.items():
+            wsp, programs, polled = walk._workspaces[key], key[1], key[5][0]
             gen = wsp["gen"].cpu()
-            assert bool((gen == gen[0]).all()) and int(gen[0]) > 0, layout
+            assert bool((gen == gen[0]).all()), key
             for back in range(min(n, 2)):
                 half = (n - 1 - back) % 2
                 tag = (int(gen[0]) - 1 - back) % 16383 + 1
                 for name in ("keys",) + (("inbox",) if polled > 1 else ()):
                     slots = wsp[name][half, :programs, :polled].cpu()
                     tags = (slots >> 18) & 16383
-                    assert bool((tags == tag).all()), (rows, steps, layout, name, half, tag, tags.unique())
+                    assert bool((tags == tag).all()), (rows, steps, key, name, half, tag, tags.unique())
     assert walk.barrier_errors(DEVICE) == errors
 
 
 @gpu
 @needs_cuda
 def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
-    """A 16-row walk, then 8-row walks of 3 steps until the two 16-row walks' starts are 16,383 steps apart (the 14-bit
-    tags wrap once: the second walk's tags equal the first's step for step), then 16 rows again on new base logits:
+    """A 16-row walk of 15 steps, then 8-row walks of 2 steps (16,382 steps: the 14-bit tags wrap once, so the next
+    walk's first tag is the first walk's last, which it left in slot half 0), then 16 rows again on new base logits:
     the second 16-row walk proposes the Triton walk's tokens. With one buffer for every row count (before 5ef6203)
-    the 8-row walks never wrote key columns and inbox rows 8..15, so the second walk found the first walk's keys and
-    winners there carrying its own tags, and took them."""
+    the 8-row walks never wrote key columns and inbox rows 8..15, so the second walk's first step could find the first
+    walk's keys and winners there carrying its own tag, and take them."""
     import hybridspec_kernels.head_walk.walk as walk
 
     launched = []
@@ -2014,13 +2016,13 @@ def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
     p.w2 = p.w2.t().contiguous().t()
     first = (torch.randn(16, steps, vocab, generator=gen) * 2.0 + 40.0).to(DEVICE, torch.bfloat16)
     head_walk(first, p.w1, p.w2, p.x0, gluon="rows")
-    short = (torch.randn(8, 3, vocab, generator=gen) * 2.0).to(DEVICE, torch.bfloat16)
-    for _ in range((16383 - steps) // 3):
+    short = (torch.randn(8, 2, vocab, generator=gen) * 2.0).to(DEVICE, torch.bfloat16)
+    for _ in range(16382 // 2):
         head_walk(short, p.w1, p.w2, p.x0[:8], gluon="rows")
     tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon="rows")
     ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
     torch.cuda.synchronize()
-    assert (16383 - steps) % 3 == 0 and all(launched) and len(launched) == 2 + (16383 - steps) // 3
+    assert all(launched) and len(launched) == 2 + 16382 // 2
     assert torch.equal(tokens, ref), int((tokens != ref).sum())
 
 
