@@ -1259,6 +1259,12 @@ TUNE_CASES_V69 = (_mirrored_passes(_with(V69_FORMS, d2t_target_vocab=151936), 32
 TUNE_CASES_V70 = _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b2", passes=2,
                                   rows=2)
 # (v70 ran once at baa4ebd, us, rows / Triton: d2t b2 65.1 / 64.5 vs 78.8 / 79.1.)
+# v71 (session 18): the rows draw at 16 and 32 rows, and with the d2t at 16 (v68 stopped at 8, where the greedy rows walk's auto rule stops;
+# the sampled Triton walk computes its noise inline there, ~2x its greedy walk at b32), ABBA x 2.
+TUNE_CASES_V71 = ([case for rows in (16, 32)
+                   for case in _mirrored_passes(V68_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b16",
+                                     passes=2, rows=16))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1417,6 +1423,7 @@ LADDERS = {
     "v68": dict(rule={}, cases=TUNE_CASES_V68, floors=[]),
     "v69": dict(rule={}, cases=TUNE_CASES_V69, floors=[]),
     "v70": dict(rule={}, cases=TUNE_CASES_V70, floors=[]),
+    "v71": dict(rule={}, cases=TUNE_CASES_V71, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
