@@ -1265,6 +1265,8 @@ TUNE_CASES_V71 = ([case for rows in (16, 32)
                    for case in _mirrored_passes(V68_FORMS, 32000, f"sampled_v32k_b{rows}", passes=2, rows=rows)]
                   + _mirrored_passes(_with(V68_FORMS, d2t_target_vocab=151936), 32000, "d2t_sampled_v32k_b16",
                                      passes=2, rows=16))
+# (v71 ran once at 37078ba, us, rows / Triton: b16 118.7 / 119.5 vs 106.8 / 106.8; b32 226.5 / 226.7 vs 173.1 / 172.9;
+# d2t b16 189.4 / 188.9 vs 119.4 / 119.7: the rows draw stays at <= 8 rows.)
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
