@@ -809,38 +809,53 @@ def test_full_residency_that_cannot_fit_raises():
 # ---------------------------------------------------------------- GPU: bf16, persistent multi-program kernel
 
 
-def assert_walk_tolerated(p, tokens, head_kw, sampled, atol_ulps=2.0):
+def assert_walk_tolerated(p, tokens, head_kw, sampled, atol_ulps=2.0, cache=None):
     """bf16 logits tie often and the kernel sums the GEMV in another order than torch: check that every chosen
-    token is the best along its own path within a couple of bf16 ulps, and report exact agreement."""
+    token is the best along its own path within a couple of bf16 ulps, and report exact agreement. head_kw may name
+    req_indices (rows' requests, -1 a padding row: temperature 0) and draft_to_target (tokens are target ids; noise
+    keyed by target id). cache: the walk's draft-logits cache [requests, >= N, V_target or V], whose entries of every
+    request row (at the rows' target ids) must hold the step logits along the path within the same tolerance."""
     kw = dict(head_kw)
     if sampled:
         kw.update(sampling_kwargs(p))
     ref_tokens, logits, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, force_tokens=tokens, **kw)
     from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed
 
-    scored = logits
+    num_rows, num_steps, vocab = p.U.shape
+    device = p.U.device
+    d2t = kw.get("draft_to_target")
+    target_ids = torch.arange(vocab, device=device) + (0 if d2t is None else d2t.long())
+    req = kw.get("req_indices")
+    req = torch.arange(num_rows, device=device) if req is None else req.long()
+    valid = req >= 0
+    safe_req = torch.where(valid, req, torch.zeros_like(req))
+    scored = logits.clone()
     if sampled:
-        temp = p.temperature[: p.U.shape[0]]
-        for k in range(p.U.shape[1]):
-            noise = gumbel_noise(spec_step_seed(p.seeds[: p.U.shape[0]], k)[:, None],
-                                 p.positions[:, k, None] + DRAFT_NOISE_SALT,
-                                 torch.arange(p.U.shape[2], device=p.U.device)[None, :])
-            hot = temp != 0
+        temp = torch.where(valid, p.temperature.float()[safe_req], torch.zeros(num_rows, device=device))
+        seed = torch.where(valid, p.seeds.long()[safe_req], torch.zeros_like(req))
+        hot = temp != 0
+        for k in range(num_steps):
+            noise = gumbel_noise(spec_step_seed(seed, k)[:, None], p.positions[:, k, None] + DRAFT_NOISE_SALT,
+                                 target_ids[None, :])
             scored[:, k] = torch.where(hot[:, None], logits[:, k] / torch.where(hot, temp, 1.0)[:, None] + noise,
                                        logits[:, k])
     best = scored.max(-1).values
     rows = tokens
-    if kw.get("draft_to_target") is not None:  # tokens are target ids; the logits are over draft ids
-        assert not sampled, "greedy only with a d2t"
-        d2t = kw["draft_to_target"]
-        targets = torch.arange(d2t.numel(), device=d2t.device) + d2t
-        draft_of = torch.full((int(targets.max()) + 1,), -1, dtype=torch.long, device=d2t.device)
-        draft_of[targets] = torch.arange(d2t.numel(), device=d2t.device)
+    if d2t is not None:  # tokens are target ids; the logits are over draft ids
+        draft_of = torch.full((int(target_ids.max()) + 1,), -1, dtype=torch.long, device=device)
+        draft_of[target_ids] = torch.arange(vocab, device=device)
         rows = draft_of[tokens]
         assert bool((rows >= 0).all())
     chosen = scored.gather(-1, rows[..., None]).squeeze(-1)
     tol = atol_ulps * best.abs().clamp(min=1.0) * 2.0 ** -7
     assert bool((chosen >= best - tol).all()), (best - chosen).max()
+    if cache is not None:
+        columns = target_ids if cache.shape[-1] > vocab else torch.arange(vocab, device=device)
+        for b in range(num_rows):
+            if valid[b]:
+                stored = cache[req[b], :num_steps][:, columns].float()
+                scale = logits[b].abs().clamp(min=1.0)
+                assert bool(((stored - logits[b]).abs() <= atol_ulps * scale * 2.0 ** -7).all()), b
     return float((tokens == ref_tokens).float().mean())
 
 
@@ -2417,6 +2432,8 @@ def _assert_draws_agree(monkeypatch, p, width: int, base_kw: dict, form: dict, a
             assert torch.equal(cache, ref[1]), (sampled, i)
         if bool((p.req < 0).all()):
             assert bool((ref[1] == -7.0).all())
+        naive_kw = {k: v for k, v in base_kw.items() if k in ("req_indices", "draft_to_target")}
+        assert_walk_tolerated(p, ref[0], naive_kw, sampled, cache=ref[1])
     assert barrier_errors(DEVICE) == errors
 
 
