@@ -674,13 +674,19 @@ def _fold_streamed(stream_v, stream_id, stream_keys, best, tile_keys, tile_ids, 
 
 
 @triton.jit
+def _step_seed(seed, step):
+    """vLLM's spec_step_seed (naive.spec_step_seed): the draft step mixed into the request seed's high bits."""
+    return seed ^ (tl.cast(step, tl.int64) << 32)
+
+
+@triton.jit
 def _tile_noise(seed0, step, pos_ptr, stride_pb, o_b, m_b, rows, d2t_ptr, vocab, anchor, HAS_D2T: tl.constexpr):
     """[rows, BP] Gumbel noise of `step` for these rows, exactly as _score_tile computes it inline (the same ops in
     the same order), so it can be computed a step ahead, while the exchange waits. anchor: None or a non-negative
     int32 [rows, BP] tensor in the accumulator's layout, joined to the ids (+ anchor >> 31, always 0) so the noise
     is computed in that layout (else Triton computes it in its own and moves both tiles through shared memory each
     step)."""
-    seed = seed0 ^ (tl.cast(step, tl.int64) << 32)
+    seed = _step_seed(seed0, step)
     pos = tl.load(pos_ptr + o_b * stride_pb + step, mask=m_b, other=0).to(tl.int64) + DRAFT_NOISE_SALT
     if HAS_D2T:
         target_ids = rows + tl.load(d2t_ptr + rows, mask=rows < vocab, other=0).to(tl.int32)
@@ -728,7 +734,7 @@ def noise_table_kernel(nt_ptr, stride_ntk, stride_ntb, req_ptr, temp_ptr, seed_p
             ids = rows + _tile_d2t(d2t_ptr, rows, m_v)
         else:
             ids = rows
-        seed = tl.load(seed_ptr + req_safe).to(tl.int64) ^ (tl.cast(k, tl.int64) << 32)
+        seed = _step_seed(tl.load(seed_ptr + req_safe).to(tl.int64), k)
         pos = tl.load(pos_ptr + b * stride_pb + k).to(tl.int64) + DRAFT_NOISE_SALT
         noise = _gumbel_noise(seed, pos, ids)
         tl.store(nt_ptr + k * stride_ntk + b * stride_ntb + rows, noise, mask=m_v)
@@ -1187,7 +1193,7 @@ def head_walk_kernel(
                 stream_v = tl.full([ST, BP], float("-inf"), dtype=tl.float32)
                 stream_id = tl.full([ST, BP], ID_MASK, dtype=tl.int32)
         if SAMPLED:
-            seed = seed0 ^ (tl.cast(k, tl.int64) << 32)
+            seed = _step_seed(seed0, k)
         if RES_TILES >= 1:
             keys, ids = _score_tile(
                 w_res0, u_res0, sn0, m_dot, shard_begin + o_t, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr,
@@ -1421,3 +1427,4 @@ def expand_draft_logits_kernel(compact_ptr, stride_cb, stride_ck, cache_ptr, str
         draft = tl.load(t2d_ptr + cols, mask=m, other=-1)
         vals = tl.load(compact_ptr + b * stride_cb + k * stride_ck + draft, mask=draft >= 0, other=float("-inf"))
         tl.store(cache_ptr + req * stride_cr + k * stride_cs + cols, vals, mask=m)
+

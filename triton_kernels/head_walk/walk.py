@@ -478,7 +478,8 @@ def barrier_errors(device: torch.device | str = "cuda") -> int:
     """Nonzero when some walk's grid barrier gave up spinning (programs not co-resident): a bug or misuse. Counts the
     workspaces of every family on device ("cuda": the current CUDA device)."""
     name = _device_name(device)
-    return int(sum(int(ws["err"].item()) for k, ws in _workspaces.items() if k[0] == name))
+    flags = [ws["err"] for k, ws in _workspaces.items() if k[0] == name]
+    return int(torch.cat(flags).sum().item()) if flags else 0  # one read, not one per layout
 
 
 # Tables derived from weights (folded gate / RNN projections, fp8 W2, d2t's tables), kept across walks: key ->
