@@ -696,9 +696,7 @@ def test_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
     requests out of order, the d2t's target ids as noise keys; one row (its own scoring form) too."""
     p = make_problem(rows, steps, vocab, seed=21)
     extra = dict(draft_to_target=p.d2t) if reduced_vocab else {}
-    # (One row with req_indices and a cache trips the interpreter, table or not: "mask has unsupported dtype" on the
-    # one-row cache store; the GPU test below walks that case.)
-    kw = dict(sampling_kwargs(p), req_indices=p.req if rows > 1 else None, **extra)
+    kw = dict(sampling_kwargs(p), req_indices=p.req, **extra)
     ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, **kw)
     caches = {}
     for table in (True, False):
@@ -2096,16 +2094,16 @@ def test_vllm_wiring_reaches_the_gluon_auto_rule(monkeypatch):
         assert torch.equal(tokens, ref)
     # A sampled row with its draft-logits cache (what an engine that allocates the cache walks) is no extra: the
     # Gluon walk draws it where gluon="auto" measured it (session 17).
-    # (The interpreter cannot store one row's cache with req_indices: "mask has unsupported dtype" from a loaded
-    # scalar's comparison; the GPU walk can. Only the rule's inputs are checked here.)
     seen.clear()
-    monkeypatch.setattr(walk, "_launch", lambda *args, **kwargs: None)
     cache = torch.zeros(3, 3, 300)
     megakernel = vllm_walk._backend(vllm_walk.WalkPlan(backend="megakernel"))
     megakernel(p.U, p.w1, p.w2, p.x0, positions=p.positions, draft_logits=cache, out=tokens,
                req_indices=torch.tensor([0]), draft_to_target=None, logit_scale=1.0, temperature=p.temperature,
                seeds=p.seeds)
     assert seen["overrides"] == [] and seen["extras"] is False and seen["sampled"] and seen["cache"], seen
+    ref, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0, req_indices=torch.tensor([0]), **sampling_kwargs(p))
+    assert torch.equal(tokens, ref)
+    assert_walk_tolerated(p, tokens, dict(req_indices=torch.tensor([0])), True, cache=cache)
 
 
 # HW12: the 32k resident walk's lean form beside the Triton walk: name -> head_walk options ("auto": the default, which

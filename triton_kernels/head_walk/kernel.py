@@ -595,11 +595,11 @@ def _score_row(acc, u, rows, step, req_safe, valid, temp, seed, pos, u_ptr, stri
         target_ids = rows + _tile_d2t(d2t_ptr, rows, m_v, d2t_rows)
     else:
         target_ids = rows
-    if STORE_LOGITS == 2:  # compact: draft columns of batch row 0
-        tl.store(dl_ptr + step * stride_dlk + rows, logits.to(dl_ptr.dtype.element_ty), mask=m_v & valid)
+    if STORE_LOGITS == 2:  # compact: draft columns of batch row 0 (where, not &: the interpreter rejects block & scalar)
+        tl.store(dl_ptr + step * stride_dlk + rows, logits.to(dl_ptr.dtype.element_ty), mask=tl.where(valid, m_v, False))
     elif STORE_LOGITS:
         tl.store(dl_ptr + req_safe * stride_dlr + step * stride_dlk + target_ids, logits.to(dl_ptr.dtype.element_ty),
-                 mask=m_v & valid)
+                 mask=tl.where(valid, m_v, False))
     if SAMPLED:
         hot = temp != 0.0
         if noise is None:
