@@ -661,6 +661,22 @@ def test_amax_exchange_keeps_the_walk(head, rows, sampled, dtype):
         assert torch.equal(spread, ref), n
 
 
+def test_plan_refuses_row_ids_past_the_keys(monkeypatch):
+    """Row ids (padding rows of the last shard's tiles too) must stay below MAX_TOKENS, or they spill into the keys'
+    tag bits: Qwen3.5's 248,320-token vocabulary plans on 132 SMs (and on 16: an MPS client's share), a 262,144-token
+    one (Gemma 3's) is refused with a reason."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    for rows in (1, 8, 32):
+        cfg = _gpu_plan(monkeypatch, 248320, rows)
+        assert cfg.programs * cfg.chunk_rows <= walk.MAX_TOKENS
+        with pytest.raises(ValueError, match="past the keys' 262144"):
+            _gpu_plan(monkeypatch, 262144, rows)
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 16)
+    cfg = walk.plan_walk(248320, 256, 1, 2, torch.device("cuda"))
+    assert cfg.programs == 16 and cfg.programs * cfg.chunk_rows <= walk.MAX_TOKENS
+
+
 def test_plan_of_the_amax_exchange():
     """On the CPU amax keeps its persistent form with one program and its lockstep form with several; other forms
     have no exchange there."""
@@ -1492,7 +1508,7 @@ def test_gluon_auto_selection(monkeypatch):
         "triton 3.9 (checked offline, not measured)": (v152k, dict(base, triton_version="3.9.0")),
         "triton 3.10": (v152k, dict(base, triton_version="3.10.0")),
         "9001 (resident shards of an unmeasured size)": (_gpu_plan(monkeypatch, 9001), base),
-        "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 262144), base),
+        "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 200000), base),
         "8 rows": (_gpu_plan(monkeypatch, 151936, 8), dict(base, num_rows=8)),
         "d2t / compact cache / confidence": (v152k, dict(base, extras=True)),
         "interpreter / cpu": (v152k, dict(base, capability=None)),
@@ -2037,6 +2053,29 @@ def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
     torch.cuda.synchronize()
     assert all(launched) and len(launched) == 2 + 16382 // 2
     assert torch.equal(tokens, ref), int((tokens != ref).sum())
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [2, 5, 8])
+def test_gpu_gluon_rows_strided_anchors(monkeypatch, rows):
+    """Anchors given as a column of a [B, N] token buffer (vLLM 0.32's one-launch-per-step sampled walk passes the
+    previous step's column): the Gluon rows walk conditions row b on its own anchor, as the Triton walk does."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    launched = []
+    launch = walk._launch_gluon_rows
+    monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: launched.append(launch(*a, **k)) or launched[-1])
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    buffer = torch.randint(0, 32000, (rows, 15), device=DEVICE)
+    buffer[:, 3] = p.x0
+    anchors = buffer[:, 3]
+    assert anchors.stride(0) == 15
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, anchors, gluon="rows")
+    ref, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=False)
+    torch.cuda.synchronize()
+    assert launched == [True] and torch.equal(tokens, ref)
 
 
 def _spy_on(monkeypatch, module, rule_name: str) -> dict:

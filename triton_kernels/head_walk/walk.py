@@ -325,6 +325,13 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         # pipeline the streamed tiles' loads either (no cp.async / TMA in the sm_90 SASS): the register
         # double-buffer (prefetch) is the pipeline.
         num_stages = 1 if chunk_rows <= resident_tiles * tile_rows or prefetch else 2
+    # Every row a program scores, padding rows past the vocabulary included, keys its id in ID bits below
+    # MAX_TOKENS: a larger id would spill into the key's tag bits (a wait that never matches: stale keys).
+    id_extent = num_programs * chunk_rows + max(tile_rows, stream_rows, 256)
+    if id_extent > MAX_TOKENS:
+        raise ValueError(f"a {vocab}-token vocabulary over {num_programs} programs of {chunk_rows} rows scores row ids "
+                         f"up to ~{id_extent}, past the keys' {MAX_TOKENS} (vocabularies within a shard of it are not "
+                         f"supported)")
     return WalkConfig(programs=num_programs, chunk_rows=chunk_rows, block_rows=block_rows, tile_rows=tile_rows,
                       resident_tiles=resident_tiles, stream_rows=stream_rows, multi=multi,
                       exchange=exchange, lockstep=lockstep,
@@ -847,7 +854,9 @@ def head_walk(
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
-    first_tokens = first_tokens.long()
+    # (contiguous: the Gluon rows walk reads row b's anchor at first + b; vLLM 0.32's one-launch-per-step walk passes
+    # the previous step's column of its [B, N] draft tokens)
+    first_tokens = first_tokens.long().contiguous()
     d2t_keyed = draft_to_target is not None and draft_to_target_increasing
     if compact_cache is None:
         compact_cache = num_rows >= COMPACT_CACHE_MIN_ROWS
