@@ -2058,15 +2058,17 @@ def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("rows", [2, 5, 8])
-def test_gpu_gluon_rows_strided_anchors(monkeypatch, rows):
+@pytest.mark.parametrize("steps", [1, 15])
+def test_gpu_gluon_rows_strided_anchors(monkeypatch, rows, steps):
     """Anchors given as a column of a [B, N] token buffer (vLLM 0.32's one-launch-per-step sampled walk passes the
-    previous step's column): the Gluon rows walk conditions row b on its own anchor, as the Triton walk does."""
+    previous step's column to one-step walks): the Gluon rows walk conditions row b on its own anchor, as the Triton
+    walk does. (W1 / W2 at scale 1: the anchor's bias outweighs the base logits, so a wrong anchor shows.)"""
     import hybridspec_kernels.head_walk.walk as walk
 
     launched = []
     launch = walk._launch_gluon_rows
     monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: launched.append(launch(*a, **k)) or launched[-1])
-    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=0.1)
+    p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=1.0)
     p.w2 = p.w2.t().contiguous().t()
     buffer = torch.randint(0, 32000, (rows, 15), device=DEVICE)
     buffer[:, 3] = p.x0
