@@ -1982,6 +1982,19 @@ def test_gpu_gluon_rows_graph_replays(monkeypatch, rows):
         _assert_gluon_graph_replays_agree(monkeypatch, p, {})
 
 
+def _record_gluon_launches(monkeypatch, *names: str) -> list:
+    """walk's Gluon launch functions `names` wrapped to record what each call returned (True: the Gluon walk ran,
+    False: it fell back): the list they fill."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    launched = []
+    for name in names:
+        launch = getattr(walk, name)
+        monkeypatch.setattr(walk, name, lambda *a, _launch=launch, **k: launched.append(_launch(*a, **k)) or
+                            launched[-1])
+    return launched
+
+
 @gpu
 @needs_cuda
 def test_gpu_gluon_walks_write_every_slot_they_poll(monkeypatch):
@@ -1994,11 +2007,7 @@ def test_gpu_gluon_walks_write_every_slot_they_poll(monkeypatch):
     import hybridspec_kernels.head_walk.walk as walk
 
     errors = walk.barrier_errors(DEVICE)
-    launched = []
-    for name in ("_launch_gluon_b1", "_launch_gluon_rows"):
-        launch = getattr(walk, name)
-        monkeypatch.setattr(walk, name, lambda *a, _launch=launch, **k: launched.append(_launch(*a, **k)) or
-                            launched[-1])
+    launched = _record_gluon_launches(monkeypatch, "_launch_gluon_b1", "_launch_gluon_rows")
     last_steps = {}
     for rows, steps in ((16, 15), (8, 15), (1, 15), (5, 7), (16, 1), (32, 15), (16, 15), (2, 7), (8, 1), (1, 7)):
         p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows * 16 + steps, scale=0.1)
@@ -2035,11 +2044,7 @@ def test_gpu_gluon_rows_walk_after_the_tags_wrap(monkeypatch):
     the second 16-row walk proposes the Triton walk's tokens. With one buffer for every row count (before 5ef6203)
     the 8-row walks never wrote key columns and inbox rows 8..15, so the second walk's first step could find the first
     walk's keys and winners there carrying its own tag, and take them."""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    launched = []
-    launch = walk._launch_gluon_rows
-    monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: launched.append(launch(*a, **k)) or launched[-1])
+    launched = _record_gluon_launches(monkeypatch, "_launch_gluon_rows")
     steps, vocab, gen = 15, 32000, torch.Generator().manual_seed(77)
     p = make_problem(16, steps, vocab, rank=256, dtype=torch.bfloat16, seed=76, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
@@ -2063,11 +2068,7 @@ def test_gpu_gluon_rows_strided_anchors(monkeypatch, rows, steps):
     """Anchors given as a column of a [B, N] token buffer (vLLM 0.32's one-launch-per-step sampled walk passes the
     previous step's column to one-step walks): the Gluon rows walk conditions row b on its own anchor, as the Triton
     walk does. (W1 / W2 at scale 1: the anchor's bias outweighs the base logits, so a wrong anchor shows.)"""
-    import hybridspec_kernels.head_walk.walk as walk
-
-    launched = []
-    launch = walk._launch_gluon_rows
-    monkeypatch.setattr(walk, "_launch_gluon_rows", lambda *a, **k: launched.append(launch(*a, **k)) or launched[-1])
+    launched = _record_gluon_launches(monkeypatch, "_launch_gluon_rows")
     p = make_problem(rows, steps, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=1.0)
     p.w2 = p.w2.t().contiguous().t()
     buffer = torch.randint(0, 32000, (rows, 15), device=DEVICE)

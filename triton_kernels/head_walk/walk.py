@@ -252,7 +252,7 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
         raise ValueError(f"stream_tma must be 0 (off) or a ring of 1..{MAX_STREAM_STAGES} stages, got {stream_tma}")
     if noise_table is not None and not isinstance(noise_table, bool):
         raise ValueError(f"noise_table must be None, True or False, got {noise_table!r}")
-    block_rows = max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
+    block_rows = _block_rows(num_rows)
     # fp8 tiles are widened to bf16 for the tensor cores, which costs shared memory as if they were bf16.
     resident_rows = RESIDENT_BYTES // (rank * max(2, w2_elt_bytes))
     # A [tile_rows, block_rows] fp32 accumulator of 4096 entries is 16 registers a thread at 8 warps.
@@ -421,9 +421,9 @@ def walk_layout(family: str, num_rows: int, num_steps: int, tagged: bool = True)
     return (num_rows if family == "gluon" else 0, tagged and num_steps == 1)
 
 
-def _gluon_block_rows(rows: int) -> int:
-    """plan_walk's width for a walk of `rows` rows."""
-    return max(16, triton.next_power_of_2(rows))
+def _block_rows(num_rows: int) -> int:
+    """A walk's batch width (plan_walk's block_rows): its rows a launch padded to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(min(num_rows, MAX_ROWS_PER_LAUNCH)))
 
 
 def _workspace(device: torch.device, programs: int, block_rows: int, rank: int, family: str = "triton",
@@ -441,7 +441,7 @@ def _workspace(device: torch.device, programs: int, block_rows: int, rank: int, 
         shapes = {(block_rows, family, layout)}
         for one_step in (False, True):
             shapes.update((rows, "triton", (0, one_step)) for rows in BLOCK_ROWS_ALL)
-            shapes.update((_gluon_block_rows(rows), "gluon", (rows, one_step))
+            shapes.update((_block_rows(rows), "gluon", (rows, one_step))
                           for rows in range(1, gluon_rows.MAX_ROWS + 1))
         for rows, each_family, each_layout in sorted(shapes):
             shape_key = _workspace_key(device, programs, rows, rank, each_family, each_layout)
@@ -1471,7 +1471,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     num_rows, num_steps, vocab = u.shape
     rank = w1.shape[1]
     block_rows = cfg.block_rows
-    wsp = _workspace(u.device, cfg.programs, block_rows, rank, layout=walk_layout("triton", num_rows, num_steps, cfg.exchange in TAGGED_EXCHANGES))
+    wsp = _workspace(u.device, cfg.programs, block_rows, rank,
+                     layout=walk_layout("triton", num_rows, num_steps, cfg.exchange in TAGGED_EXCHANGES))
     # State dims a program advances at a time: its whole share with grid barriers, else 16 at a time (a
     # [r, r] weight block per dot would not fit in shared memory).
     state_slice = max(16, triton.next_power_of_2(triton.cdiv(rank, cfg.programs))) if cfg.multi else 16
