@@ -2314,9 +2314,10 @@ def test_cooperative_launch_only_for_grids_that_wait_on_each_other(monkeypatch):
     assert not walk_module._cooperative(132, "cuda:0")
 
 
-def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, caplog):
-    """A driver that refuses the cooperative launch (an MPS client below the SM count) gets the walk launched plainly,
-    with a warning, and is not asked again; any other launch error propagates."""
+def test_a_refused_cooperative_launch_is_remembered_and_raised(monkeypatch, caplog):
+    """A driver that refuses the cooperative launch (an MPS client below the SM count) launches nothing: the refusal
+    is remembered per device, logged and raised as CooperativeLaunchRefused (head_walk then walks in lockstep);
+    lockstep launches are never cooperative; any other launch error propagates as it is."""
     import logging
 
     import hybridspec_kernels.head_walk.walk as walk_module
@@ -2338,17 +2339,116 @@ def test_a_refused_cooperative_launch_falls_back_to_a_plain_one(monkeypatch, cap
             return launch
 
     refusing = Kernel("Triton Error [CUDA]: too many blocks in cooperative launch")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), pytest.raises(walk_module.CooperativeLaunchRefused):
         walk_module._launch_walk(refusing, 132, "cuda:1", 7, x=8)
-    assert launches == [((132,), (7,), {"x": 8}, True), ((132,), (7,), {"x": 8}, False)]
+    assert launches == [((132,), (7,), {"x": 8}, True)]
     assert "refused a cooperative launch" in caplog.text
+    assert walk_module._lockstep_only("cuda:1") and not walk_module._lockstep_only("cuda:0")
     assert not walk_module._cooperative(132, "cuda:1") and walk_module._cooperative(132, "cuda:0")
     launches.clear()
-    walk_module._launch_walk(refusing, 132, "cuda:1", 7, x=8)
-    assert launches == [((132,), (7,), {"x": 8}, False)]
-    with pytest.raises(RuntimeError, match="illegal address"):
+    walk_module._launch_walk(refusing, 132, "cuda:0", 7, coresident=False)
+    assert launches == [((132,), (7,), {}, False)]
+    with pytest.raises(RuntimeError, match="illegal address") as raised:
         walk_module._launch_walk(Kernel("Triton Error [CUDA]: an illegal memory access was encountered: illegal "
                                         "address"), 132, "cuda:0")
+    assert not isinstance(raised.value, walk_module.CooperativeLaunchRefused)
+
+
+class _RefusingCooperativeLaunches:
+    """A walk kernel whose cooperative launches the driver refuses (as an MPS client's below the device's SM count);
+    plain launches run the real kernel. `launches` records each launch's grid and cooperative flag."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, launch_cooperative_grid, **kwargs):
+            self.launches.append((grid[0], launch_cooperative_grid))
+            if launch_cooperative_grid:
+                raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+            return self.kernel[grid](*args, launch_cooperative_grid=False, **kwargs)
+        return launch
+
+
+def _refuse_cooperative_launches(monkeypatch, device) -> list:
+    """Every walk kernel made to refuse cooperative launches on a device not refused before: the launches' list."""
+    import hybridspec_kernels.head_walk.gluon_b1 as gluon_b1
+    import hybridspec_kernels.head_walk.gluon_rows as gluon_rows
+    import hybridspec_kernels.head_walk.walk as walk_module
+
+    launches = []
+    monkeypatch.setattr(walk_module, "_cooperative_refused", set())
+    # (_interpreting asks the kernel's type, which the wrapper hides)
+    monkeypatch.setattr(walk_module, "_interpreting", lambda interpreting=walk_module._interpreting(): interpreting)
+    monkeypatch.setattr(walk_module, "head_walk_kernel", _RefusingCooperativeLaunches(walk_module.head_walk_kernel,
+                                                                                      launches))
+    for module, name in ((gluon_b1, "head_walk_b1_stream_kernel"), (gluon_rows, "head_walk_rows_kernel")):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, _RefusingCooperativeLaunches(getattr(module, name), launches))
+    if torch.device(device).type != "cuda":
+        # (the interpreter's walks are never cooperative: pretend this device's persistent walks would be)
+        monkeypatch.setattr(walk_module, "_cooperative", lambda programs, dev: not walk_module._lockstep_only(dev))
+    return launches
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows,sampled", [(1, False), (4, False), (8, True)], ids=["b1-greedy", "b4-greedy",
+                                                                                 "b8-sampled"])
+def test_gpu_refused_walk_outwaits_a_neighbour_in_lockstep(rows, sampled, monkeypatch):
+    """The driver refuses every cooperative walk launch (as for an MPS client below the SM count) while 16 programs
+    of eval/_sm_holder.py hold whole SMs for 30 ms on another stream, SPIN_LIMIT lowered to 2^10 polls: a persistent
+    walk launched plainly would give up waiting (stale keys; session 18's code did that); the walk runs one launch a
+    step instead, so no wait gives up and the drafts (and a sampled walk's cache) are the walk's."""
+    import hybridspec_kernels.head_walk.walk as walk_module
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    spec = importlib.util.spec_from_file_location(
+        "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
+    holder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(holder)
+    monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    launches = _refuse_cooperative_launches(monkeypatch, DEVICE)
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 70, scale=0.1)
+    kw = dict(sampling_kwargs(p)) if sampled else {}
+    errors = barrier_errors(DEVICE)
+    other = torch.cuda.Stream()
+    walks = []
+    for trial in range(2):
+        cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
+        torch.cuda.synchronize()
+        with torch.cuda.stream(other):
+            holder.hold_sms(16, 30.0, torch.device(DEVICE))
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+        torch.cuda.synchronize()
+        assert_walk_tolerated(p, tokens, {}, sampled, cache=cache)
+        walks.append((tokens, cache))
+    assert torch.equal(walks[0][0], walks[1][0])
+    if sampled:
+        assert torch.equal(walks[0][1], walks[1][1])
+    assert barrier_errors(DEVICE) == errors
+    assert launches[0][1] and not any(cooperative for _, cooperative in launches[1:])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_refused_walk_walks_again_in_lockstep(sampled, monkeypatch):
+    """The persistent walk's first launch refused: nothing ran, the same call walks one launch a step and returns
+    the walk's drafts (and cache); the next walk on that device plans lockstep at once (no cooperative launch)."""
+    p = make_problem(2, 5, 1031, seed=61)
+    kw = dict(sampling_kwargs(p)) if sampled else {}
+    expect_cache = torch.zeros(2, 5, 1031) if sampled else None
+    expect, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, exchange="amax", draft_logits=expect_cache, **kw)
+    launches = _refuse_cooperative_launches(monkeypatch, DEVICE)
+    for walk in range(2):
+        launches.clear()
+        cache = torch.zeros(2, 5, 1031) if sampled else None
+        # (exchange "amax" runs its persistent form with one program here: the form a GPU plan launches cooperatively)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, exchange="amax", draft_logits=cache, **kw)
+        assert torch.equal(tokens, expect), walk
+        if sampled:
+            assert torch.equal(cache, expect_cache), walk
+        assert [cooperative for _, cooperative in launches] == ([True, False] if walk == 0 else [False]), walk
 
 
 def test_plan_takes_one_wide_tile_where_measured(monkeypatch):

@@ -369,8 +369,15 @@ WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
 # Devices whose driver refused a cooperative walk launch (an MPS client held below the device's SM count, a GPU
-# without cooperative launches): their walks launch plainly, as before session 14, with a warning.
+# without cooperative launches): the programs of a persistent walk cannot all be resident there, so a plain launch
+# would leave the started ones spinning for the rest until SPIN_LIMIT and walk on with stale keys (wrong drafts, and
+# for a sampled walk a draft that is not the draw its cached logits describe). Their walks run one launch a step
+# (lockstep: the launch boundary is the barrier), which needs no co-residency.
 _cooperative_refused: set[str] = set()
+
+
+class CooperativeLaunchRefused(RuntimeError):
+    """The driver refused a persistent walk's cooperative launch; head_walk walks again in lockstep."""
 
 
 def _cooperative(programs: int, device: torch.device | str) -> bool:
@@ -379,11 +386,17 @@ def _cooperative(programs: int, device: torch.device | str) -> bool:
             and (not _cooperative_refused or _device_name(device) not in _cooperative_refused))
 
 
-def _launch_walk(kernel, programs: int, device: torch.device, *args, **kwargs) -> None:
-    """kernel[(programs,)](*args, **kwargs), cooperatively where _cooperative says so. A driver that refuses the
-    cooperative launch (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: "too many blocks in cooperative launch") is
-    remembered per device and the walk launched plainly."""
-    cooperative = _cooperative(programs, device)
+def _lockstep_only(device: torch.device | str) -> bool:
+    """Whether walks on `device` must run one launch a step (its driver refused a cooperative launch)."""
+    return bool(_cooperative_refused) and _device_name(device) in _cooperative_refused
+
+
+def _launch_walk(kernel, programs: int, device: torch.device, *args, coresident: bool = True, **kwargs) -> None:
+    """kernel[(programs,)](*args, **kwargs): cooperatively where the programs wait on each other (coresident) and
+    _cooperative says so. A driver that refuses the cooperative launch (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
+    "too many blocks in cooperative launch") is remembered per device and CooperativeLaunchRefused raised (nothing
+    was launched), so that head_walk walks in lockstep."""
+    cooperative = coresident and _cooperative(programs, device)
     try:
         kernel[(programs,)](*args, **kwargs, launch_cooperative_grid=cooperative)
     except RuntimeError as exc:
@@ -391,9 +404,9 @@ def _launch_walk(kernel, programs: int, device: torch.device, *args, **kwargs) -
             raise
         _cooperative_refused.add(_device_name(device))
         log_once(logger, logging.WARNING, f"head_walk: the driver refused a cooperative launch of {programs} "
-                 f"programs on {device} ({exc}); its walks launch plainly, so a kernel on another stream holding "
-                 f"SMs for longer than the spin limit (~0.1-0.3 s) can make a walk give up (barrier_errors)")
-        kernel[(programs,)](*args, **kwargs, launch_cooperative_grid=False)
+                 f"programs on {device} ({exc}), so they cannot all be resident at once (an MPS client below the "
+                 f"device's SMs?); its walks run one launch a step from now on (slower, same drafts)")
+        raise CooperativeLaunchRefused(str(exc)) from exc
 
 
 def _device_name(device: torch.device | str) -> str:
@@ -851,6 +864,10 @@ def head_walk(
         return plan_walk(vocab, rank, num_rows, w2_rows.element_size(), device, sampled=sampled, head=head, **kw)
 
     cfg = plan()
+    if cfg.multi and _lockstep_only(device):
+        # (this device refused a cooperative launch: a persistent walk's programs cannot all be resident there)
+        cfg = plan(lockstep=True)
+        gluon = False
 
     tokens = out if out is not None else torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
     confidence = torch.empty(num_rows, num_steps, dtype=torch.float32, device=device) if conf_h is not None else None
@@ -867,66 +884,77 @@ def head_walk(
                     or sampled and num_steps * num_rows * vocab * 4 > NOISE_TABLE_MAX_BYTES)
     draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
                 draft_logits=draft_logits)
-    if gluon == "rows" or gluon == "auto" and num_rows > 1:
-        rows_case = dict(
-            num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
-            extras=gluon_extras, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
-            rank=rank, capability=torch.cuda.get_device_capability(device) if on_cuda else None,
-            w2_tma=_tma_ok(w2_rows))
-        if gluon == "auto":
-            reason = why_not_gluon_rows_auto(cfg, overrides=overrides, **rows_case)
-            if reason is not None:
-                log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
-        else:
-            reason = why_not_gluon_rows(cfg, **rows_case)
-            if reason is not None:
-                log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
-        if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
-                                                 d2t=draft_to_target if d2t_keyed else None, draw=draw):
-            return tokens, draft_logits, confidence
-    elif gluon is not False:
-        gluon_case = dict(
-            num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
-            extras=gluon_extras, d2t=d2t_keyed, target_vocab=w1.shape[0],
-            dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
-            capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
-        form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
-        flags = gluon_form_flags(form)
-        if gluon == "auto":
-            reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
-            if reason is None:
-                gluon_cfg = plan(ring_reads_u=False, **auto_geometry)
+    try:
+        if gluon == "rows" or gluon == "auto" and num_rows > 1:
+            rows_case = dict(
+                num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
+                extras=gluon_extras, d2t=d2t_keyed, dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype),
+                rank=rank, capability=torch.cuda.get_device_capability(device) if on_cuda else None,
+                w2_tma=_tma_ok(w2_rows))
+            if gluon == "auto":
+                reason = why_not_gluon_rows_auto(cfg, overrides=overrides, **rows_case)
+                if reason is not None:
+                    log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
+            else:
+                reason = why_not_gluon_rows(cfg, **rows_case)
+                if reason is not None:
+                    log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
+            if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
+                                                     d2t=draft_to_target if d2t_keyed else None, draw=draw):
+                return tokens, draft_logits, confidence
+        elif gluon is not False:
+            gluon_case = dict(
+                num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
+                extras=gluon_extras, d2t=d2t_keyed, target_vocab=w1.shape[0],
+                dtypes=(w1.dtype, w2_rows.dtype, base_logits.dtype), rank=rank,
+                capability=torch.cuda.get_device_capability(device) if on_cuda else None, w2_tma=_tma_ok(w2_rows))
+            form, auto_geometry = gluon_auto_form(cfg) if gluon == "auto" else (gluon, None)
+            flags = gluon_form_flags(form)
+            if gluon == "auto":
+                reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
+                if reason is None:
+                    gluon_cfg = plan(ring_reads_u=False, **auto_geometry)
+                    reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
+                if reason is not None:
+                    log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
+            else:
+                gluon_cfg = plan(ring_reads_u=False)
                 reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
-            if reason is not None:
-                log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
-        else:
-            gluon_cfg = plan(ring_reads_u=False)
-            reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
-            if reason is not None:
-                log_once(logger, logging.WARNING, f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-        if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                               logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
-                                               **flags):
-            return tokens, draft_logits, confidence
+                if reason is not None:
+                    log_once(logger, logging.WARNING,
+                             f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
+            if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
+                                                   logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
+                                                   **flags):
+                return tokens, draft_logits, confidence
+    except CooperativeLaunchRefused:
+        cfg = plan(lockstep=True)
     compact = t2d = None
     if draft_to_target is not None and draft_logits is not None:
         # Built by any walk outside graph capture (not only compact ones), so that a capture finds it.
         t2d = _target_to_draft_table(draft_to_target, draft_logits.shape[-1])
     if compact_cache and t2d is not None:
         compact = torch.empty(num_rows, num_steps, vocab, dtype=draft_logits.dtype, device=device)
-    for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
-        g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
-        rows_req = req_indices[g] if req_indices is not None else (
-            None if num_rows <= MAX_ROWS_PER_LAUNCH else torch.arange(g.start, g.stop, device=device))
-        _launch(cfg, base_logits[g], w1, w2_rows, w2_scale, first_tokens[g].contiguous(), tokens[g], rows_req,
-                temperature, seeds, positions[g] if sampled else None, draft_to_target,
-                draft_logits if compact is None else compact[g],
-                conf_h[g] if conf_h is not None else None, conf_w, None if confidence is None else confidence[g],
-                gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
-                HEADS[head], logit_scale, compact_logits=compact is not None,
-                d2t_increasing=draft_to_target is not None and draft_to_target_increasing)
-    if compact is not None:
-        _expand_draft_logits(compact, draft_logits, req_indices, t2d)
+
+    def walk_triton(cfg: WalkConfig) -> None:
+        for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
+            g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
+            rows_req = req_indices[g] if req_indices is not None else (
+                None if num_rows <= MAX_ROWS_PER_LAUNCH else torch.arange(g.start, g.stop, device=device))
+            _launch(cfg, base_logits[g], w1, w2_rows, w2_scale, first_tokens[g].contiguous(), tokens[g], rows_req,
+                    temperature, seeds, positions[g] if sampled else None, draft_to_target,
+                    draft_logits if compact is None else compact[g],
+                    conf_h[g] if conf_h is not None else None, conf_w, None if confidence is None else confidence[g],
+                    gh[g] if gh is not None else None, t1, hj[g] if hj is not None else None, t3, ws,
+                    HEADS[head], logit_scale, compact_logits=compact is not None,
+                    d2t_increasing=draft_to_target is not None and draft_to_target_increasing)
+        if compact is not None:
+            _expand_draft_logits(compact, draft_logits, req_indices, t2d)
+
+    try:
+        walk_triton(cfg)
+    except CooperativeLaunchRefused:
+        walk_triton(plan(lockstep=True))
     return tokens, draft_logits, confidence
 
 
@@ -1275,6 +1303,8 @@ def _launch_gluon_b1(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_scale
             GUESS_ROUNDS=GUESS_ROUNDS, STREAM_FIRST=stream_first, LEAN_ENDS=lean_ends, PAIRED=paired, RS_TMA=rs_tma,
             SPIN_STAGGER=stagger, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, **draw_flags,
             num_warps=gluon_b1.stream_warps(st))
+    except CooperativeLaunchRefused:
+        raise
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         form = (("rs2" if rs == 2 else "rs" if rs else "ss") + ("_sf" if stream_first else "")
@@ -1434,6 +1464,8 @@ def _launch_gluon_rows(cfg: WalkConfig, u, w1, w2_rows, first, tokens, logit_sca
             SPIN_LIMIT=SPIN_LIMIT, EXCHANGE=ROWS_EXCHANGE_CODES[ROWS_EXCHANGE],
             SPIN_STAGGER=ROWS_SPIN_STAGGER, SPIN_READS=SPIN_READS, HAS_D2T=d2t is not None, **draw_flags,
             num_warps=ROWS_WARPS)
+    except CooperativeLaunchRefused:
+        raise
     except Exception as exc:  # a build this Triton rejects: the Triton walk takes over
         _gluon_failed[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): the Gluon build failed ({bn} columns, {res_t} "
@@ -1571,6 +1603,6 @@ def _run(cfg: WalkConfig, grid, args: dict, num_steps: int) -> None:
     if cfg.lockstep:
         for k in range(num_steps + 1):
             _launch_walk(head_walk_kernel, grid[0], device, k_begin=k, k_end=min(k + 1, num_steps), DO_FINAL=False,
-                         **args)
+                         coresident=False, **args)
     else:
         _launch_walk(head_walk_kernel, grid[0], device, k_begin=0, k_end=num_steps, DO_FINAL=True, **args)
