@@ -2280,6 +2280,20 @@ def test_gpu_walk_beside_a_kernel_on_another_stream(rows, sampled):
     _assert_walks_beside_neighbours_as_alone(rows, sampled, rows, [gemms(8 * (trial + 1)) for trial in range(3)])
 
 
+def _sm_holder_with_short_spins(monkeypatch):
+    """eval/_sm_holder.py as a module, with the walk's SPIN_LIMIT lowered to 2^10 polls (~1 ms) and cooperative walk
+    launches on."""
+    import hybridspec_kernels.head_walk.walk as walk_module
+
+    spec = importlib.util.spec_from_file_location(
+        "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
+    holder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(holder)
+    monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
+    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    return holder
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("rows,sampled", [(1, False), (8, True), (32, True)], ids=["b1-greedy", "b8-sampled",
@@ -2289,14 +2303,7 @@ def test_gpu_cooperative_walk_outwaits_a_neighbour_longer_than_its_spin_limit(ro
     one) for 30 ms on another stream, SPIN_LIMIT lowered to 2^10 polls (~1 ms): a plainly launched walk's started
     programs give up waiting for the rest (bench_head_walk.py --neighbour-check); the cooperative launch starts the
     grid only once every program is resident, so no wait gives up and the walk is the walk alone's."""
-    import hybridspec_kernels.head_walk.walk as walk_module
-
-    spec = importlib.util.spec_from_file_location(
-        "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
-    holder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(holder)
-    monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
-    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    holder = _sm_holder_with_short_spins(monkeypatch)
     _assert_walks_beside_neighbours_as_alone(rows, sampled, rows + 1,
                                              [lambda: holder.hold_sms(16, 30.0, torch.device(DEVICE))])
 
@@ -2400,15 +2407,9 @@ def test_gpu_refused_walk_outwaits_a_neighbour_in_lockstep(rows, sampled, monkey
     of eval/_sm_holder.py hold whole SMs for 30 ms on another stream, SPIN_LIMIT lowered to 2^10 polls: a persistent
     walk launched plainly would give up waiting (stale keys; session 18's code did that); the walk runs one launch a
     step instead, so no wait gives up and the drafts (and a sampled walk's cache) are the walk's."""
-    import hybridspec_kernels.head_walk.walk as walk_module
     from hybridspec_kernels.head_walk import barrier_errors
 
-    spec = importlib.util.spec_from_file_location(
-        "_sm_holder", Path(__file__).resolve().parents[2] / "eval" / "_sm_holder.py")
-    holder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(holder)
-    monkeypatch.setattr(walk_module, "SPIN_LIMIT", 1 << 10)
-    monkeypatch.setattr(walk_module, "COOPERATIVE_LAUNCH", True)
+    holder = _sm_holder_with_short_spins(monkeypatch)
     launches = _refuse_cooperative_launches(monkeypatch, DEVICE)
     p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 70, scale=0.1)
     kw = dict(sampling_kwargs(p)) if sampled else {}
