@@ -1267,6 +1267,13 @@ TUNE_CASES_V71 = ([case for rows in (16, 32)
                                      passes=2, rows=16))
 # (v71 ran once at 37078ba, us, rows / Triton: b16 118.7 / 119.5 vs 106.8 / 106.8; b32 226.5 / 226.7 vs 173.1 / 172.9;
 # d2t b16 189.4 / 188.9 vs 119.4 / 119.7: the rows draw stays at <= 8 rows.)
+# v72 (session 19): Qwen3.5 / 3.6's 248,320-token vocabulary (130 programs of 1,920 rows, 12 streamed tiles a step in
+# the Gluon geometry against 6 at 152k): gluon_b1's streamed walk (auto's form at 152k) against the Triton walk, one
+# row, greedy and sampled (with its cache), ABBA x 2.
+V72_FORMS = {"gluon": dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128),
+             "triton": dict(gluon=False)}
+TUNE_CASES_V72 = (_mirrored_passes(V72_FORMS, 248320, "v248k_b1", passes=2)
+                  + _mirrored_passes(_with(V72_FORMS, sampled=True), 248320, "sampled_v248k_b1", passes=2))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1426,6 +1433,7 @@ LADDERS = {
     "v69": dict(rule={}, cases=TUNE_CASES_V69, floors=[]),
     "v70": dict(rule={}, cases=TUNE_CASES_V70, floors=[]),
     "v71": dict(rule={}, cases=TUNE_CASES_V71, floors=[]),
+    "v72": dict(rule={}, cases=TUNE_CASES_V72, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),
@@ -1638,9 +1646,10 @@ def summarize(rows, checks=()) -> dict:
             out[f"ours_us_{name}"] = r.get("ours_us")
             out[f"graph_loop_us_{name}"] = r.get("graph_loop_us")
         return out
-    if not any(r["batch"] in (1, 32) for r in rows):
-        # A run of other batch sizes (the rows walk's, --results-name head_walk_rows): every sweep row's ratio, and the
-        # rows walk against the Triton walk in the run's ladder (mean of its ABBA passes).
+    if not any(r["batch"] in (1, 32) for r in rows) or not any(r["vocab"] in (32000, 151936) for r in rows):
+        # A run of other batch sizes (the rows walk's, --results-name head_walk_rows) or of other vocabularies
+        # (Qwen3.5's 248,320: --results-name head_walk_v248k): every sweep row's ratio, and the rows walk against the
+        # Triton walk in the run's ladder (mean of its ABBA passes).
         out = {}
         for r in rows:
             name = f"v{round(r['vocab'] / 1000)}k_blk{r['steps']}_b{r['batch']}" + (

@@ -1647,6 +1647,23 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gpu_gluon_b1_stream_agrees_at_248k(monkeypatch, seed):
+    """Qwen3.5 / 3.6's 248,320-token vocabulary (130 programs of 1,920 rows: 12 streamed tiles a step in auto's
+    geometry, twice 152k's): gluon_b1's newest streamed forms, and auto's form through gluon="auto" with this shard size
+    named as measured (GLUON_AUTO_CHUNK_ROWS), propose exactly the Triton walk's tokens, as at 152k."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    p = make_problem(1, 15, 248320, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    chunk = walk.plan_walk(248320, 256, 1, 2, torch.device(DEVICE)).chunk_rows
+    monkeypatch.setattr(walk, "GLUON_AUTO_CHUNK_ROWS", (chunk,))
+    forms = {name: GLUON_STREAM_FORMS[name] for name in ("rs2_sf_lean_res256_s2_t128", "rs2_sf_lean_pp_res256_s2_t128")}
+    _assert_gluon_walks_agree(monkeypatch, p, dict(forms, auto={}), scaled_kw=GLUON_STREAM_FORMS["rs_res256_s2_t128"])
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("auto_form", [None, "rs_sf", "rs2_sf_lean"], ids=["shipped", "rs_sf", "rs2_sf_lean"])
 def test_gpu_gluon_auto_graph_replays(monkeypatch, auto_form):
     """head_walk's default at 152k b1 (the Gluon streamed walk) captured in a CUDA graph, as vLLM's drafter runs it:
@@ -2504,6 +2521,8 @@ GLUON_DRAW_CASES = {
     "v30011": (30011, False, dict(gluon="rs2_lean_pair_pp", **T128_RESIDENT)),
     "v152k": (151936, False, dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2,
                                   stream_rows=128)),
+    "v248k": (248320, False, dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2,
+                                  stream_rows=128)),
 }
 
 
@@ -2530,7 +2549,10 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
     if d2t:
         base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
     chunk = walk.plan_walk(vocab, 256, 1, 2, torch.device(DEVICE)).chunk_rows
-    _assert_draws_agree(monkeypatch, p, width, base_kw, form, dict(MEASURED_GLUON_DRAW_CHUNK_ROWS=(chunk,)))
+    auto_rules = dict(MEASURED_GLUON_DRAW_CHUNK_ROWS=(chunk,))
+    if chunk > max(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS):
+        auto_rules["GLUON_AUTO_CHUNK_ROWS"] = (chunk,)  # (the streamed shard sizes auto takes: 248k's not yet)
+    _assert_draws_agree(monkeypatch, p, width, base_kw, form, auto_rules)
     if steps == 15 and req == 0:
         _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form, dict(base_kw, **sampling_kwargs(p)), width)
 
