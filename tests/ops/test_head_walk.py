@@ -1482,7 +1482,7 @@ def test_gluon_auto_selection(monkeypatch):
     # without their shard size listed, auto keeps the Triton walk there.
     assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "rs2_lean_pair_pp"
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
-    assert "1152 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
+    assert "1152, 1920 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
         resident = _gpu_plan(monkeypatch, vocab)
@@ -1517,10 +1517,14 @@ def test_gluon_auto_selection(monkeypatch):
     }
     for case, (plan, kw) in rejected.items():
         assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
-    # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes.
-    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 1152)
+    # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes; session 19
+    # (ladder v72): Qwen3.5's 248,320 tokens (1,920 rows a program), greedy and sampled.
+    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 1152, 1920)
+    v248k = _gpu_plan(monkeypatch, 248320)
+    assert v248k.chunk_rows == 1920 and walk.why_not_gluon_auto(v248k, **base) is None
+    assert walk.gluon_auto_form(v248k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
-    for plan in (v152k, v150001, _gpu_plan(monkeypatch, 32000)):
+    for plan in (v152k, v150001, _gpu_plan(monkeypatch, 32000), v248k):
         assert walk.why_not_gluon_auto(plan, **dict(base, sampled=True, cache=True)) is None, plan.chunk_rows
 
 
@@ -1650,14 +1654,10 @@ def test_gpu_gluon_b1_stream_agrees(monkeypatch, vocab, steps, seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gpu_gluon_b1_stream_agrees_at_248k(monkeypatch, seed):
     """Qwen3.5 / 3.6's 248,320-token vocabulary (130 programs of 1,920 rows: 12 streamed tiles a step in auto's
-    geometry, twice 152k's): gluon_b1's newest streamed forms, and auto's form through gluon="auto" with this shard size
-    named as measured (GLUON_AUTO_CHUNK_ROWS), propose exactly the Triton walk's tokens, as at 152k."""
-    import hybridspec_kernels.head_walk.walk as walk
-
+    geometry, twice 152k's): gluon_b1's newest streamed forms, and head_walk's default there (gluon="auto": auto's
+    streamed form since ladder v72), propose exactly the Triton walk's tokens, as at 152k."""
     p = make_problem(1, 15, 248320, rank=256, dtype=torch.bfloat16, seed=seed, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
-    chunk = walk.plan_walk(248320, 256, 1, 2, torch.device(DEVICE)).chunk_rows
-    monkeypatch.setattr(walk, "GLUON_AUTO_CHUNK_ROWS", (chunk,))
     forms = {name: GLUON_STREAM_FORMS[name] for name in ("rs2_sf_lean_res256_s2_t128", "rs2_sf_lean_pp_res256_s2_t128")}
     _assert_gluon_walks_agree(monkeypatch, p, dict(forms, auto={}), scaled_kw=GLUON_STREAM_FORMS["rs_res256_s2_t128"])
 
@@ -2549,10 +2549,7 @@ def test_gpu_gluon_draw_agrees(monkeypatch, case, req, steps):
     if d2t:
         base_kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
     chunk = walk.plan_walk(vocab, 256, 1, 2, torch.device(DEVICE)).chunk_rows
-    auto_rules = dict(MEASURED_GLUON_DRAW_CHUNK_ROWS=(chunk,))
-    if chunk > max(walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS):
-        auto_rules["GLUON_AUTO_CHUNK_ROWS"] = (chunk,)  # (the streamed shard sizes auto takes: 248k's not yet)
-    _assert_draws_agree(monkeypatch, p, width, base_kw, form, auto_rules)
+    _assert_draws_agree(monkeypatch, p, width, base_kw, form, dict(MEASURED_GLUON_DRAW_CHUNK_ROWS=(chunk,)))
     if steps == 15 and req == 0:
         _assert_gluon_draw_graph_replays_agree(monkeypatch, p, form, dict(base_kw, **sampling_kwargs(p)), width)
 

@@ -1060,7 +1060,10 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # TMA cannot read (no Triton ring there; the Gluon walk loads U by pointer and keeps its W2 ring): measured in that
 # exact form (session 7, ladder v21, same run) 273.1 vs the Triton register path 372.7 us (152k in the same run:
 # default 276.4 / 281.6 vs Triton 306.0 / 307.0; block 7 138.7 vs 146.4); v22's 128-row form 250.0 vs 372.6.
-GLUON_AUTO_CHUNK_ROWS = (1152,)
+# Session 19 (ladder v72, H200, triton 3.6, ABBA x 2, us a 15-step b1 walk): Qwen3.5 / 3.6's 248,320-token vocabulary
+# (130 programs of 1,920 rows) 452.7 / 452.1 vs the Triton walk's 467.2 / 471.2 greedy, 490.0 / 488.6 vs 511.2 / 508.1
+# sampled with its cache.
+GLUON_AUTO_CHUNK_ROWS = (1152, 1920)
 # Fully resident shards (HW12, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows): ss_lean_pair in two
 # 128-row tiles at 8 warps. Ladder v32 (call B at 8a7cc6a): under the Triton walk in all 7 interleaved pairs (median
 # -6.0 %; block 7 23.5 vs 24.9, block 1 7.1 vs 8.0). Adopted by ladder v33 (session 9, lead, at af63436): its 26 GPU
@@ -1198,7 +1201,8 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 # Triton walk's default): 32k (256 rows) 44.7 / 44.7 vs 54.7 / 54.7; 32k with a d2t into 151,936 ids 45.3 / 46.1 vs
 # 52.4 / 53.0; 152k (1,152 rows) 246.2 / 242.8 vs 336.7 / 340.7. Greedy rows with a cache (no noise) walk the same
 # code without the draw's noise: not timed apart.
-MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 1152)
+# 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment).
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 1152, 1920)
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
