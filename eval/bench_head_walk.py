@@ -1798,8 +1798,11 @@ def plot(json_path: Path, png: Path) -> None:
 
     doc = json.loads(json_path.read_text())
     rows = [r for r in doc["rows"] if r["steps"] == 15]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
-    for ax, vocab in zip(axes, (32000, 151936)):
+    # The run's vocabularies (the issue's two, or another run's, e.g. Qwen3.5's 248,320), at most two panels.
+    vocabs = sorted({r["vocab"] for r in rows})[:2] or [32000, 151936]
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(5.5 * len(vocabs), 4), sharey=False, squeeze=False)
+    axes = axes[0]
+    for ax, vocab in zip(axes, vocabs):
         for mode, style in (("greedy", "-"), ("sampled", "--")):
             sel = sorted((r for r in rows if r["vocab"] == vocab and r["mode"] == mode), key=lambda r: r["batch"])
             for key, color in (("ours_us", "C0"), ("graph_loop_us", "C1"), ("graph_topk_us", "C2"),

@@ -55,6 +55,13 @@ ROWS = {
         ("speedup_graph_loop_v32k_d2t152k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t152k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
     ],
+    "head_walk_v248k": [
+        ("speedup_graph_loop_v248k_blk15_b1", "DSpark Markov walk at Qwen3.5 / 3.6's 248,320-token vocabulary (W2 127 MB: 384 of each program's 1,920 rows on chip, the rest streamed every step), greedy, block 15, batch 1: vLLM graph loop / ours (vLLM's `dspark_draft_topk` walk, other drafts, is faster there: `eval/results/head_walk_v248k.md`)", "(not a goal)"),
+        ("speedup_graph_loop_v248k_blk15_b1_sampled", "same, sampled (with the draft-logits cache), batch 1", "(not a goal)"),
+        ("speedup_graph_loop_v248k_blk15_b8", "same, greedy, batch 8", "(not a goal)"),
+        ("speedup_graph_loop_v248k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
+        ("speedup_graph_loop_v248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
+    ],
     "head_walk_rows": [
         ("speedup_graph_loop_v32k_blk15_b2", "DSpark Markov walk of several greedy rows (head_walk's default there: the Gluon rows walk), V=32k, block 15, batch 2: vLLM graph loop / ours", "(not a goal)"),
         ("speedup_graph_loop_v32k_blk15_b8", "same, batch 8", "(not a goal)"),
