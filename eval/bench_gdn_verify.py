@@ -1421,6 +1421,89 @@ def b1_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s):
         print(f"{r['name'][:48]:48} {r.get('L', ''):>3} {r.get('us', float('nan')):8.3f}")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Per-rank shapes under tensor parallelism (session 19): vLLM shards the GDN heads, so a rank of a TP 2 / 4 engine
+# verifies Qwen3-Next's layers with 8 / 4 key heads and 16 / 8 value heads. The tuned launch configs were swept at
+# 32 value heads and are picked by batch alone; this times, per cell, vLLM's path, ours as shipped, and ours with
+# every tuned batch's verify config and every tuned batch's reconstruction launch, so that a pick by the rank's work
+# (batch x value heads / 32) can be checked against the fastest.
+
+TP_STUDY_SIZES = (2, 4)
+
+
+def library_recon(num_requests, L):
+    """The reconstruction launch gdn_reconstruct runs by default for `num_requests` requests of L tokens (fp32 states):
+    the short form where the tuned file marks it faster (L <= SHORT_MAX_LEN), else the general kernel's tuned launch."""
+    from hybridspec_kernels.gdn_verify.reconstruct_short import _tuned_short
+
+    short = _tuned_short(num_requests, L) if L <= SHORT_MAX_LEN else None
+    if short and short.get("short"):
+        return dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"], early=short.get("early", False))
+    return dict(default_reconstruct_config(num_requests, L), outer_loop=False)
+
+
+def tp_study(device, num_layers, rep_ms, out_dir, budget_s, vk, lens=(4, 16), batches=(1, 8, 32, 64),
+             base_gdn=QWEN3_NEXT_GDN, tp_sizes=TP_STUDY_SIZES):
+    t0 = time.time()
+    doc = dict(rows=[], tuned_batches=[], summary={})
+    save = functools.partial(save_json, doc, Path(out_dir) / "gdn_verify_tp.json")
+    tuned_batches = sorted({int(b) for table in json.loads(TUNED_CONFIGS_FILE.read_text())["verify_by_len"].values()
+                            for b in table})
+    doc["tuned_batches"] = tuned_batches
+    for tp in tp_sizes:
+        gdn = dict(base_gdn, num_k_heads=base_gdn["num_k_heads"] // tp, num_v_heads=base_gdn["num_v_heads"] // tp)
+        if ON_GPU:
+            jobs = list(dict.fromkeys((L, default_verify_config(b, max_seqlen=L)) for L in lens for b in tuned_batches))
+            recons = {(L, repr(r)): (L, r) for L in lens for b in tuned_batches for r in [library_recon(b, L)]}
+            jobs += list(recons.values())
+            doc.setdefault("compile", []).append(dict(tp=tp, jobs=len(jobs), result=precompile(gdn, jobs)))
+        for L in lens:
+            for B in batches:
+                if time.time() - t0 > budget_s:
+                    print(f"tp study budget reached, skipping tp {tp} L {L} B {B}", flush=True)
+                    continue
+                s = make_stack(gdn, L, B, num_layers, device, seed=7, vllm=True, fla=False)
+                n = accept_counts(L, B, "all", device)
+                row = dict(tp=tp, num_v_heads=gdn["num_v_heads"], L=L, B=B,
+                           work_batch=B * gdn["num_v_heads"] / base_gdn["num_v_heads"])
+                def timed(key, fn):
+                    try:
+                        row[key] = round(per_layer_us(fn, rep_ms, num_layers), 3)
+                    except Exception as exc:  # a config that cannot run at this shape is reported, not fatal
+                        row[f"{key}_error"] = repr(exc)[:200]
+
+                timed("vllm_us", vllm_step(s, n, vk))
+                timed("ours_us", ours_step(s, n))
+                for b in tuned_batches:
+                    config = default_verify_config(b, max_seqlen=L)
+                    recon = library_recon(b, L)
+                    timed(f"verify_us_as_b{b}", ours_step(s, n, reconstruct=False, config=config))
+                    timed(f"recon_us_as_b{b}", ours_step(s, n, verify=False, recon=recon))
+                if "vllm_us" not in row or "ours_us" not in row:
+                    doc["rows"].append(row)
+                    continue
+                row["speedup"] = round(row["vllm_us"] / row["ours_us"], 3)
+                verify = {b: row[f"verify_us_as_b{b}"] for b in tuned_batches if f"verify_us_as_b{b}" in row}
+                recon = {b: row[f"recon_us_as_b{b}"] for b in tuned_batches if f"recon_us_as_b{b}" in row}
+                row["fastest_verify_as"] = min(verify, key=verify.get)
+                row["fastest_recon_as"] = min(recon, key=recon.get)
+                row["best_us"] = round(min(verify.values()) + min(recon.values()), 3)
+                row["best_speedup"] = round(row["vllm_us"] / row["best_us"], 3)
+                doc["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                save()
+                del s
+                torch.cuda.empty_cache()
+    for r in doc["rows"]:
+        doc["summary"][f"speedup_tp{r['tp']}_L{r['L']}_b{r['B']}"] = r.get("speedup")
+        doc["summary"][f"best_speedup_tp{r['tp']}_L{r['L']}_b{r['B']}"] = r.get("best_speedup")
+    doc["summary"]["measures"] = ("per layer of one tensor-parallel rank (Qwen3-Next's GDN heads / tp), fp32 states, "
+                                  "all drafts accepted: speedup = vLLM / ours as shipped (verify + reconstruction); "
+                                  "best_speedup = vLLM / (the fastest tuned verify config + the fastest tuned "
+                                  "reconstruction launch at this cell)")
+    save()
+
+
 @triton.jit
 def _state_rmw_floor_kernel(ssm_ptrs, ssm_ref, state_indices, stride_slot, HVVK: tl.constexpr, K: tl.constexpr,
                             BV: tl.constexpr, INDIRECT: tl.constexpr):
@@ -1504,6 +1587,8 @@ def main():
                         help="time the leave-one-stage-out ladder of the b1 winner at L = 4, batch 1 (verify alone)")
     parser.add_argument("--ncu-target", nargs="?", const="v4", choices=sorted(NCU_TARGETS),
                         help="a few eager launches to profile with ncu (default set v4)")
+    parser.add_argument("--tp-study", action="store_true",
+                        help="per-rank shapes of TP 2 / 4: vLLM, ours as shipped, ours with each tuned batch's picks")
     parser.add_argument("--recon-floors", action="store_true",
                         help="session 9 (GD12): the reconstruction beside in-place / copy floors on its state bytes")
     parser.add_argument("--b1-diag", action="store_true",
@@ -1571,6 +1656,9 @@ def main():
         return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
                           batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4,
                           diag_set=args.state_diag)
+    if args.tp_study:
+        return tp_study(device, num_layers, args.rep_ms, args.out, args.budget_s, load_vllm_kernels(args.extracted),
+                        **(dict(lens=(4,), batches=(1, 3), base_gdn=gdn, tp_sizes=(2,)) if args.quick else {}))
     if args.from_log:
         return write_grid_results(args, bench, gdn, ssm_dtype, **grid_from_log(args.from_log, args.lens, args.batches))
     vk = load_vllm_kernels(args.extracted)
