@@ -1588,7 +1588,9 @@ def main():
     parser.add_argument("--ncu-target", nargs="?", const="v4", choices=sorted(NCU_TARGETS),
                         help="a few eager launches to profile with ncu (default set v4)")
     parser.add_argument("--tp-study", action="store_true",
-                        help="per-rank shapes of TP 2 / 4: vLLM, ours as shipped, ours with each tuned batch's picks")
+                        help="per-rank shapes of TP 2 / 4: vLLM, ours as shipped, ours with each tuned batch's picks "
+                             "(at --lens and --batches)")
+    parser.add_argument("--tp-sizes", default="2,4", help="--tp-study: tensor-parallel sizes (1: unsharded heads)")
     parser.add_argument("--recon-floors", action="store_true",
                         help="session 9 (GD12): the reconstruction beside in-place / copy floors on its state bytes")
     parser.add_argument("--b1-diag", action="store_true",
@@ -1658,7 +1660,8 @@ def main():
                           diag_set=args.state_diag)
     if args.tp_study:
         return tp_study(device, num_layers, args.rep_ms, args.out, args.budget_s, load_vllm_kernels(args.extracted),
-                        **(dict(lens=(4,), batches=(1, 3), base_gdn=gdn, tp_sizes=(2,)) if args.quick else {}))
+                        **(dict(lens=(4,), batches=(1, 3), base_gdn=gdn, tp_sizes=(2,)) if args.quick else
+                           dict(lens=lens, batches=batches, tp_sizes=[int(x) for x in args.tp_sizes.split(",")])))
     if args.from_log:
         return write_grid_results(args, bench, gdn, ssm_dtype, **grid_from_log(args.from_log, args.lens, args.batches))
     vk = load_vllm_kernels(args.extracted)
