@@ -170,7 +170,7 @@ def accept_counts(seqlen, batch, pattern, device, seed=1):
 # One step of each variant over all layers
 
 def default_recon(s):
-    return dict(default_reconstruct_config(s["B"], s["L"]), outer_loop=False)
+    return dict(default_reconstruct_config(s["B"], s["L"], num_v_heads=s["gdn"]["num_v_heads"]), outer_loop=False)
 
 
 def reconstruct_all(s, num_accepted, recon):
@@ -194,7 +194,7 @@ def is_short(recon):
 
 
 def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon=None):
-    config = config or default_verify_config(s["B"], max_seqlen=s["L"])
+    config = config or default_verify_config(s["B"], max_seqlen=s["L"], num_v_heads=s["gdn"]["num_v_heads"])
 
     def run():
         if verify:

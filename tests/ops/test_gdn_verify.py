@@ -671,7 +671,8 @@ def test_reconstruct_short_claims_only_tuned_calls(tmp_path, monkeypatch):
     monkeypatch.setattr(rs, "gdn_reconstruct_short", lambda *a, **k: (calls.append(k), real(*a, **k)))
     verify._tuned_doc.cache_clear()
     try:
-        for max_len, batch, claimed in [(4, 3, True), (4, 6, False), (5, 3, False)]:
+        # (the tiny problem's 4 value heads: 48 requests do the work of 6 at the tuned shape's 32, nearest batch 8)
+        for max_len, batch, claimed in [(4, 3, True), (4, 48, False), (5, 3, False)]:
             p = make_problem(lens * (batch // 3), seed=max_len + batch)
             ws = workspace_for(p, max_len=max_len)
             ssm0, conv0 = p["ssm_state"].clone(), p["conv_state"].clone()
@@ -1178,6 +1179,41 @@ def test_gpu_every_shipped_pick(state_dtype, config):
     _check_real_shape(state_dtype, config, False)
 
 
+@functools.cache
+def _tp_shard_problem_and_reference(tp):
+    """A rank's share of the real-shape problem under tensor parallelism tp (16 / tp key and 32 / tp value heads;
+    same lengths, accepted counts and null slot) with its float64 outputs and accepted states."""
+    p = make_problem(list(REAL_SHAPE_LENS), num_k_heads=16 // tp, num_v_heads=32 // tp, head_k_dim=128, head_v_dim=128,
+                     dtype=torch.bfloat16, state_dtype=torch.float32, bias=False, device="cuda", null_requests=(2,),
+                     seed=tp)
+    ref = float64_states(p)
+    out = naive_gdn_verify(**p, device="cuda")
+    naive_gdn_reconstruct(**ref, num_accepted=torch.tensor(REAL_SHAPE_ACCEPTED, dtype=torch.int32), device="cuda")
+    return p, out, ref["ssm_state"], ref["conv_state"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("pick", [pytest.param(None, id="default")] + [
+    pytest.param(param.values[1], id=param.id) for param in _shipped_verify_picks() if param.values[0] == torch.float32])
+def test_gpu_shipped_picks_on_tensor_parallel_shards(tp, pick):
+    """A tensor-parallel rank's GDN heads (Qwen3-Next's / tp): every fp32-state pick of the tuned file, and the default
+    lookup by the rank's work (session 19), verify and reconstruct within tolerance of the float64 reference."""
+    p0, ref_out, ref_ssm, ref_conv = _tp_shard_problem_and_reference(tp)
+    p = {k: v.clone() if torch.is_tensor(v) else v for k, v in p0.items()}
+    lens = list(REAL_SHAPE_LENS)
+    ws = workspace_for(p, max_len=32)
+    out = torch.full((sum(lens), 32 // tp, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens), out=out, config=pick)
+    assert rel_err(out, ref_out) < 1e-2
+    table = GDNStateTable([p["ssm_state"]], [p["conv_state"]], 4)
+    gdn_reconstruct(table, ws, p["state_indices"], torch.tensor(REAL_SHAPE_ACCEPTED, dtype=torch.int32,
+                                                                device="cuda"), p["cu_seqlens"])
+    assert rel_err(p["ssm_state"], ref_ssm) < 1e-3
+    assert rel_err(p["conv_state"], ref_conv) == 0
+
+
 REAL_SHAPE_LENS = (17, 4, 1, 16, 9)
 REAL_SHAPE_ACCEPTED = (9, 4, 1, 0, 5)
 
@@ -1454,6 +1490,35 @@ def test_tuned_configs_round_trip(tmp_path, monkeypatch):
         assert default_reconstruct_config(1, 4) == dict(block_v=32, num_warps=4)
         assert default_verify_config(1, max_seqlen=4) == VerifyConfig()
     finally:
+        verify._tuned_doc.cache_clear()
+
+
+def test_tuned_picks_by_a_ranks_work_in_log_scale(tmp_path, monkeypatch):
+    """The tables' batch is looked up in log scale (4 requests take batch 8's config, not batch 1's) by the work of
+    the rank's value heads against the tuned shape's 32 (a TP 4 rank's 8 heads at batch 8 do batch 2's work): session
+    19's per-rank measurements (eval/results/gdn_verify_tp.md)."""
+    from hybridspec_kernels.gdn_verify import default_reconstruct_config, default_verify_config
+    from hybridspec_kernels.gdn_verify.verify import TUNED_NUM_V_HEADS, nearest_tuned, work_batch
+
+    table = {16: {1: "b1", 8: "b8", 32: "b32", 64: "b64"}}
+    picks = {B: nearest_tuned(table, B) for B in (1, 2, 3, 4, 6, 16, 20, 24, 40, 48, 100)}
+    assert picks == {1: "b1", 2: "b1", 3: "b8", 4: "b8", 6: "b8", 16: "b8", 20: "b32", 24: "b32", 40: "b32", 48: "b64",
+                     100: "b64"}
+    assert TUNED_NUM_V_HEADS == 32 and work_batch(8) == 8 and work_batch(8, 32) == 8
+    assert [nearest_tuned(table, work_batch(B, 8)) for B in (1, 8, 32, 64)] == ["b1", "b1", "b8", "b8"]
+    assert [nearest_tuned(table, work_batch(B, 16)) for B in (1, 8, 32, 64)] == ["b1", "b8", "b8", "b32"]
+    configs = {B: VerifyConfig(block_v=16 << i) for i, B in enumerate((1, 8, 32, 64))}
+    recons = {B: dict(block_v=16 << i, num_warps=4) for i, B in enumerate((1, 8, 32, 64))}
+    _use_tuned_doc(monkeypatch, tmp_path, dict(
+        device="some GPU", verify={}, verify_by_len={"16": {str(B): dataclasses.asdict(c) for B, c in configs.items()}},
+        reconstruct_by_len={"16": {str(B): r for B, r in recons.items()}}))
+    try:
+        assert default_verify_config(8, max_seqlen=16, num_v_heads=8) == configs[1]
+        assert default_verify_config(8, max_seqlen=16) == configs[8]
+        assert default_verify_config(4, max_seqlen=16) == configs[8]
+        assert default_reconstruct_config(32, 16, num_v_heads=8) == recons[8]
+    finally:
+        from hybridspec_kernels.gdn_verify import verify
         verify._tuned_doc.cache_clear()
 
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned
+from .verify import _check_index, _check_workspace, _tuned_by_len, nearest_tuned, work_batch
 from .reconstruct_short import reconstruct_short
 from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
@@ -99,10 +99,12 @@ def _gdn_reconstruct_kernel(
 FALLBACK_RECONSTRUCT = dict(block_v=32, num_warps=4)
 
 
-def default_reconstruct_config(num_requests, max_len=None, state_dtype=None):
+def default_reconstruct_config(num_requests, max_len=None, state_dtype=None, num_v_heads=None):
     """{block_v, num_warps} of the nearest measured (workspace length, batch) in `tuned_verify_configs.json` when it
-    was measured on this GPU (state_dtype bf16: its bf16-state table, when it has one), else `FALLBACK_RECONSTRUCT`."""
-    tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len", state_dtype), num_requests, max_len)
+    was measured on this GPU (state_dtype bf16: its bf16-state table, when it has one; num_v_heads: value heads on this
+    rank, looked up by `work_batch`), else `FALLBACK_RECONSTRUCT`."""
+    tuned = nearest_tuned(_tuned_by_len("reconstruct_by_len", state_dtype), work_batch(num_requests, num_v_heads),
+                          max_len)
     return dict(tuned) if tuned is not None else dict(FALLBACK_RECONSTRUCT)
 
 
@@ -189,7 +191,7 @@ def gdn_reconstruct(
     offer_short = (parts == "all" and workspace_rows is None and block_v is None and num_warps is None
                    and not outer_loop)
     if block_v is None or num_warps is None:
-        tuned = default_reconstruct_config(num_requests, workspace.max_len, states.ssm_states[0].dtype)
+        tuned = default_reconstruct_config(num_requests, workspace.max_len, states.ssm_states[0].dtype, num_v_heads)
         block_v = tuned["block_v"] if block_v is None else block_v
         num_warps = tuned["num_warps"] if num_warps is None else num_warps
     if block_v < 16 or block_v & (block_v - 1):

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify import _tuned_by_len, nearest_tuned
+from .verify import _tuned_by_len, nearest_tuned, work_batch
 from .workspace import GDNStateTable, GDNVerifyWorkspace, conv_window_after
 
 SHORT_MAX_LEN = 4  # tokens per request the tuned short form serves (the unrolled update has 4 terms)
@@ -139,7 +139,8 @@ def gdn_reconstruct_short(
     if workspace.max_len > RANK1_MAX_LEN:
         raise ValueError(f"the short reconstruction handles workspace max_len <= {RANK1_MAX_LEN}, got "
                          f"{workspace.max_len}")
-    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype) or FALLBACK_SHORT
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype,
+                         states.ssm_states[0].shape[1]) or FALLBACK_SHORT
     if workspace.max_len > SHORT_MAX_LEN:  # the tuned table holds launches measured at L <= 4 only
         tuned = FALLBACK_SHORT
     block_v = tuned["block_v"] if block_v is None else block_v
@@ -169,11 +170,12 @@ def gdn_reconstruct_short(
     )
 
 
-def _tuned_short(num_requests, max_len, state_dtype=None):
+def _tuned_short(num_requests, max_len, state_dtype=None, num_v_heads=None):
     """The nearest measured (length, batch) entry of the tuned file's "reconstruct_short_by_len" table (its bf16-state
-    table for bf16 states, when it has one): {"short": bool (measured faster than the general kernel), "block_v",
-    "num_warps"[, "early"]}; None if absent."""
-    return nearest_tuned(_tuned_by_len("reconstruct_short_by_len", state_dtype), num_requests, max_len)
+    table for bf16 states, when it has one; the batch looked up is `work_batch` with num_v_heads): {"short": bool
+    (measured faster than the general kernel), "block_v", "num_warps"[, "early"]}; None if absent."""
+    return nearest_tuned(_tuned_by_len("reconstruct_short_by_len", state_dtype), work_batch(num_requests, num_v_heads),
+                         max_len)
 
 
 def reconstruct_short(
@@ -188,7 +190,8 @@ def reconstruct_short(
     the short form faster at the nearest measured batch."""
     if workspace.max_len > SHORT_MAX_LEN:
         return False
-    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype)
+    tuned = _tuned_short(cu_seqlens.shape[0] - 1, workspace.max_len, states.ssm_states[0].dtype,
+                         states.ssm_states[0].shape[1])
     if not tuned or not tuned.get("short"):
         return False
     gdn_reconstruct_short(states, workspace, state_indices, num_accepted, cu_seqlens, block_v=tuned["block_v"],

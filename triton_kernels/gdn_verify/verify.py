@@ -773,16 +773,36 @@ def _tuned_by_len(key, state_dtype=None):
     return {int(L): {int(batch): entry for batch, entry in table.items()} for L, table in doc.get(key, {}).items()}
 
 
+# The tuned file's sweeps ran Qwen3-Next's GDN shape, 32 value heads (unsharded). A rank of a tensor-parallel engine
+# holds num_v_heads / tp of them, so its batch of B requests is the work of B * num_v_heads / 32 requests there
+# (work_batch), which is what the tables are looked up by.
+TUNED_NUM_V_HEADS = 32
+
+
+def work_batch(num_requests, num_v_heads=None):
+    """The tuned tables' batch that does the work of `num_requests` requests over `num_v_heads` value heads
+    (None: the tuned shape's)."""
+    return num_requests if num_v_heads is None else num_requests * num_v_heads / TUNED_NUM_V_HEADS
+
+
 def nearest_tuned(table, num_requests, max_seqlen=None):
     """The entry of the nearest measured verify length (ties: the longer; None: nearest to 16, the length of the
-    file's "verify" table, not the longest: L 17..32 have their own BT = 32 entries), then of the nearest measured
-    batch (ties: the smaller). table: {L: {batch: entry}}; None if empty."""
+    file's "verify" table, not the longest: L 17..32 have their own BT = 32 entries), then of the measured batch
+    nearest in log scale (ties: the smaller); num_requests may be a fractional work_batch. table: {L: {batch:
+    entry}}; None if empty.
+
+    Log scale (session 19, eval/results/gdn_verify_tp.md): with the tables' batches 1 / 8 / 32 / 64, 4 requests took
+    the batch-1 config by linear distance, 36 % slower than batch 8's at L 4 (13.65 vs 21.31 us a layer) and 11 % at
+    L 16; a TP 4 rank's batch 8 (work 2) is 23 % faster at L 16 with batch 1's than with batch 8's."""
     if not table:
         return None
     target = 16 if max_seqlen is None else max_seqlen
     length = min(table, key=lambda m: (abs(m - target), -m))
     by_batch = table[length]
-    return by_batch[min(by_batch, key=lambda batch: (abs(batch - num_requests), batch))] if by_batch else None
+    if not by_batch:
+        return None
+    scale = math.log2(max(num_requests, 1e-6))
+    return by_batch[min(by_batch, key=lambda batch: (abs(math.log2(batch) - scale), batch))]
 
 
 def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_folded_by_batch=None,
@@ -808,18 +828,20 @@ def write_tuned_verify_configs(path, device_name, best_by_batch, source, best_fo
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def default_verify_config(num_requests, folded=False, max_seqlen=None, state_dtype=None):
+def default_verify_config(num_requests, folded=False, max_seqlen=None, state_dtype=None, num_v_heads=None):
     """The sweep's fastest config for the nearest measured (verify length, batch) when `tuned_verify_configs.json`
     was measured on this GPU (folded: the configs timed with a fold, when the file has them; max_seqlen None: the
-    L = 16 table; state_dtype bf16: the table swept with bf16 states, when the file has one); otherwise the v2 H200 sweep's winners (Qwen3-Next shape): one program per (request, head, 32 value
-    columns) at batch 1 (latency), one per (request, head) walking all value blocks from batch 8 on (throughput)."""
+    L = 16 table; state_dtype bf16: the table swept with bf16 states, when the file has one; num_v_heads: the layer's
+    value heads on this rank, the batch looked up being `work_batch`); otherwise the v2 H200 sweep's winners
+    (Qwen3-Next shape): one program per (request, head, 32 value columns) at batch 1 (latency), one per (request,
+    head) walking all value blocks from batch 8 on (throughput), by the request count (not measured per rank)."""
     if folded and _tuned_verify_configs("verify_fold"):
         tables = {16: _tuned_verify_configs("verify_fold")}
     else:
         tables = {L: {batch: VerifyConfig(**cfg) for batch, cfg in table.items()}
                   for L, table in _tuned_by_len("verify_by_len", state_dtype).items()} or \
             ({16: _tuned_verify_configs("verify")} if _tuned_verify_configs("verify") else {})
-    tuned = nearest_tuned(tables, num_requests, max_seqlen)
+    tuned = nearest_tuned(tables, work_batch(num_requests, num_v_heads), max_seqlen)
     if tuned is not None:
         return tuned
     return VerifyConfig() if num_requests < 8 else VerifyConfig(whole_v=True)
@@ -925,7 +947,7 @@ def gdn_verify(
                      num_v_heads, head_k_dim, head_v_dim, conv_dim, mixed_qkv.dtype, layered=False)
     if config is None:
         config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen,
-                                       state_dtype=ssm_state.dtype)
+                                       state_dtype=ssm_state.dtype, num_v_heads=num_v_heads)
         if fold is not None and config.stacked:  # a tuned unfolded pick; the stacked form has no fold path
             config = dataclasses.replace(config, stacked=False, pdl=False)
     if fold is not None:
