@@ -31,6 +31,13 @@ ROWS = {
         ("state_bytes_ratio", "GDN spec-state bytes per request with bf16 states, vLLM K=15 / ours",
          "(issue goals are on fp32)"),
     ],
+    "gdn_verify_tp": [
+        ("speedup_tp2_L16_b1", "GDN verify per layer of one tensor-parallel rank (Qwen3-Next's GDN heads / tp: TP 2, the common deployment of the 80B in bf16), fp32 states, L=16, batch 1: vLLM / ours", "(not a goal)"),
+        ("speedup_tp2_L16_b32", "same, TP 2, L=16, batch 32", "(not a goal)"),
+        ("speedup_tp2_L4_b1", "same, TP 2, L=4, batch 1", "(not a goal)"),
+        ("speedup_tp4_L16_b8", "same, TP 4, L=16, batch 8 (the launch config looked up by the rank's work since session 19; 3.67 before)", "(not a goal)"),
+        ("speedup_tp1_L4_b4", "unsharded, L=4, batch 4 (log-scale lookup between the tuned batches since session 19; 1.19 before)", "(not a goal)"),
+    ],
     "gdn_checkpoint": [
         ("idle_overhead_L16_b32", "prefix caching's cost to the GDN commit, L=16, batch 32, no row at a block boundary: time / plain - 1", "(not a goal)"),
         ("one_row_overhead_L16_b32", "same, one row writing its block-boundary state", "(not a goal)"),
