@@ -992,6 +992,30 @@ def test_gpu_noise_table_agrees(rows, d2t):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("rows", [1, 8, 32, 64])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_gpu_d2t_into_qwen35_target_ids(rows, sampled):
+    """A 32k draft vocabulary mapped by vLLM's d2t into Qwen3.5 / 3.6's 248,320 target ids (what a reduced-vocabulary
+    DSpark head for them walks): head_walk's default at each batch (one row: the Gluon walk; 8: Triton keyed by target
+    id; 32 / 64: the compact cache and its whole-row expansion) proposes tokens that are the best along their own path
+    and fills every request's 248,320-column cache row with the step logits there, and no wait gives up."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=90 + rows, scale=0.1,
+                     extra_target=248320 - 32000)
+    kw = dict(req_indices=p.req, draft_to_target=p.d2t)
+    errors = barrier_errors(DEVICE)
+    cache = torch.full((rows + 2, 16, 248320), -7.0, dtype=torch.bfloat16, device=DEVICE)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, draft_to_target_increasing=True, **kw,
+                             **(sampling_kwargs(p) if sampled else {}))
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    assert int(tokens.max()) < 248320
+    assert_walk_tolerated(p, tokens, kw, sampled, cache=cache)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_gpu_one_row_streamed_options_agree(sampled):
     """One row at V = 151,936 (14 streamed tiles a program): the L2 prefetch at several distances picks the
