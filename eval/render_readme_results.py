@@ -69,6 +69,12 @@ ROWS = {
         ("speedup_graph_loop_v248k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
     ],
+    "head_walk_t248k_d2t": [
+        ("speedup_graph_loop_v32k_d2t248k_blk15_b1", "the same reduced-vocabulary walk into Qwen3.5 / 3.6's 248,320 target ids (vLLM's d2t), greedy, block 15, batch 1: vLLM's walk with its d2t / ours", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t248k_blk15_b1_sampled", "same, sampled, batch 1", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t248k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
+        ("speedup_graph_loop_v32k_d2t248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
+    ],
     "head_walk_rows": [
         ("speedup_graph_loop_v32k_blk15_b2", "DSpark Markov walk of several greedy rows (head_walk's default there: the Gluon rows walk), V=32k, block 15, batch 2: vLLM graph loop / ours", "(not a goal)"),
         ("speedup_graph_loop_v32k_blk15_b8", "same, batch 8", "(not a goal)"),
