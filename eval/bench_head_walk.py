@@ -330,6 +330,7 @@ def run_gpu(args) -> dict:
         shipped_hoist = walk.D2T_HOIST
         shipped_rows_exchange = walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS
         shipped_cooperative = walk.COOPERATIVE_LAUNCH
+        shipped_table_streamed = walk.NOISE_TABLE_STREAMED
         try:
             kw = dict(kw)
             if kw.pop("fp8", False):
@@ -344,6 +345,8 @@ def run_gpu(args) -> dict:
             walk.ROWS_SPIN_STAGGER = kw.pop("rows_spin_stagger", shipped_rows_exchange[1])  # ... and its spins
             walk.ROWS_WARPS = kw.pop("rows_warps", shipped_rows_exchange[2])  # ... and its warps
             walk.COOPERATIVE_LAUNCH = kw.pop("cooperative", shipped_cooperative)  # launch_cooperative_grid
+            # partly streamed shards' noise from the table too
+            walk.NOISE_TABLE_STREAMED = kw.pop("noise_table_streamed", shipped_table_streamed)
             steps = kw.pop("steps", 15)
             # Timed even where its tokens differ from the one-launch-per-step walk's (a diagnostic form).
             time_always = kw.pop("time_always", False)
@@ -378,6 +381,7 @@ def run_gpu(args) -> dict:
             walk.D2T_HOIST = shipped_hoist
             walk.ROWS_EXCHANGE, walk.ROWS_SPIN_STAGGER, walk.ROWS_WARPS = shipped_rows_exchange
             walk.COOPERATIVE_LAUNCH = shipped_cooperative
+            walk.NOISE_TABLE_STREAMED = shipped_table_streamed
         checks.append(row)
         print(json.dumps(row), flush=True)
     rule = launch_rule(checks, ladder["rule"])
@@ -1274,6 +1278,16 @@ V72_FORMS = {"gluon": dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, 
              "triton": dict(gluon=False)}
 TUNE_CASES_V72 = (_mirrored_passes(V72_FORMS, 248320, "v248k_b1", passes=2)
                   + _mirrored_passes(_with(V72_FORMS, sampled=True), 248320, "sampled_v248k_b1", passes=2))
+# (v72 ran once at c50356b, us, Gluon / Triton: greedy 452.7 / 452.1 vs 467.2 / 471.2, sampled 490.0 / 488.6 vs 511.2 /
+# 508.1: adopted, walk.GLUON_AUTO_CHUNK_ROWS.)
+# v73 (session 19): sampled walks of 2..8 rows over partly streamed shards (152k, 248k) with every step's noise made
+# before the walk and loaded beside each tile (the resident tiles' and, new, the streamed ones'), against the noise
+# computed while scoring, ABBA x 2.
+V73_FORMS = {"table": dict(sampled=True, noise_table=True, noise_table_streamed=True),
+             "inline": dict(sampled=True, noise_table=False)}
+TUNE_CASES_V73 = ([case for rows in (2, 4, 8)
+                   for case in _mirrored_passes(V73_FORMS, 151936, f"sampled_v152k_b{rows}", passes=2, rows=rows)]
+                  + _mirrored_passes(V73_FORMS, 248320, "sampled_v248k_b8", passes=2, rows=8))
 # (v46, session 11: the compact cache's whole-row launch in forms that read their t2d block once for 5 / 15 steps, blocks
 # of 2048 / 8192: none faster than v45's; removed with its `expand` option, code at 3c2e8af.)
 # The bench's diagnostic exchange: none at all (kernel EXCHANGE 7; each program walks its own shard's best, tokens
@@ -1434,6 +1448,7 @@ LADDERS = {
     "v70": dict(rule={}, cases=TUNE_CASES_V70, floors=[]),
     "v71": dict(rule={}, cases=TUNE_CASES_V71, floors=[]),
     "v72": dict(rule={}, cases=TUNE_CASES_V72, floors=[]),
+    "v73": dict(rule={}, cases=TUNE_CASES_V73, floors=[]),
     "v35": dict(rule={}, cases=TUNE_CASES_V35, floors=[],
                 sweep_gluon_auto=("rs2_sf_lean", {k: v for k, v in LEAN.items() if k != "gluon"}),
                 sweep_also={"rs_sf_lean": LEAN}),

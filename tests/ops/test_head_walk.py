@@ -710,6 +710,31 @@ def test_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
     """Sampled walks whose noise is made before the walk (noise_table) propose the naive walk's tokens and fill the
     draft-logits cache as the walk that computes its noise: a greedy request and a padding row among the rows,
     requests out of order, the d2t's target ids as noise keys; one row (its own scoring form) too."""
+    _assert_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab)
+
+
+@needs_kernels
+@pytest.mark.parametrize("reduced_vocab", [False, True], ids=["full-vocab", "d2t"])
+@pytest.mark.parametrize("rows,steps,vocab,opts", [
+    pytest.param(3, 5, 1031, dict(), id="b3-one-program"),
+    pytest.param(1, 5, 1031, dict(), id="b1-one-program"),
+    pytest.param(4, 4, 1031, dict(programs=3, lockstep=True, resident_tiles=1, tile_rows=64),
+                 id="b4-three-programs-lockstep"),
+])
+def test_noise_table_keeps_the_streamed_walk(rows, steps, vocab, opts, reduced_vocab, monkeypatch):
+    """The same with partly streamed shards (NOISE_TABLE_STREAMED: the streamed tiles' noise loaded from the table
+    beside their W2 rows too)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "NOISE_TABLE_STREAMED", True)
+    plan = walk.plan_walk(vocab, 32, rows, 4, torch.device(DEVICE), noise_table=True, sampled=True,
+                          **{k: v for k, v in opts.items()})
+    assert plan.chunk_rows > plan.resident_tiles * plan.tile_rows
+    assert walk.choose_noise_table(plan, rows, steps, vocab, sampled=True)
+    _assert_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab)
+
+
+def _assert_noise_table_keeps_the_walk(rows, steps, vocab, opts, reduced_vocab):
     p = make_problem(rows, steps, vocab, seed=21)
     extra = dict(draft_to_target=p.d2t) if reduced_vocab else {}
     kw = dict(sampling_kwargs(p), req_indices=p.req, **extra)
@@ -750,8 +775,10 @@ def test_noise_table_kernel_writes_vllms_noise():
 
 
 def test_plan_of_the_noise_table():
-    """A table only where the kernel loads one: sampled walks of several rows over fully resident shards, within
-    NOISE_TABLE_MAX_BYTES; noise_table=None takes the measured batches (MEASURED_NOISE_TABLE_ROWS)."""
+    """A table only where it was measured to pay: sampled walks of several rows over fully resident shards (partly
+    streamed ones as NOISE_TABLE_STREAMED says), within NOISE_TABLE_MAX_BYTES; noise_table=None takes the measured
+    batches (MEASURED_NOISE_TABLE_ROWS)."""
+    import hybridspec_kernels.head_walk.walk as walk
     from hybridspec_kernels.head_walk.walk import (MEASURED_NOISE_TABLE_ROWS, NOISE_TABLE_MAX_BYTES,
                                                    choose_noise_table, plan_walk)
 
@@ -764,7 +791,7 @@ def test_plan_of_the_noise_table():
     assert not choose_noise_table(on, 4, too_big, 200, sampled=True)
     streamed = plan_walk(1031, 16, 4, 4, cpu, noise_table=True)
     assert streamed.chunk_rows > streamed.resident_tiles * streamed.tile_rows
-    assert not choose_noise_table(streamed, 4, 7, 1031, sampled=True)
+    assert choose_noise_table(streamed, 4, 7, 1031, sampled=True) == walk.NOISE_TABLE_STREAMED
     assert not plan_walk(200, 16, 4, 4, cpu, noise_table=False).noise_table
     first, last = MEASURED_NOISE_TABLE_ROWS
     for rows in range(1, 70):
@@ -1012,6 +1039,36 @@ def test_gpu_d2t_into_qwen35_target_ids(rows, sampled):
     assert barrier_errors(DEVICE) == errors
     assert int(tokens.max()) < 248320
     assert_walk_tolerated(p, tokens, kw, sampled, cache=cache)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("vocab,rows", [(151936, 2), (151936, 8), (248320, 8), (151936, 1)],
+                         ids=["v152k-b2", "v152k-b8", "v248k-b8", "v152k-b1-triton"])
+def test_gpu_streamed_noise_table_agrees(vocab, rows, monkeypatch):
+    """Sampled walks over partly streamed shards with every step's noise made before the walk (NOISE_TABLE_STREAMED:
+    the streamed tiles' noise loaded beside their W2 rows, through the TMA ring's loop) propose the tokens, and fill
+    the draft-logits cache, of the walk that computes its noise, persistent and lockstep; no wait gives up."""
+    import hybridspec_kernels.head_walk.walk as walk
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    monkeypatch.setattr(walk, "NOISE_TABLE_STREAMED", True)
+    p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows + 3, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    kw = dict(sampling_kwargs(p), req_indices=p.req, gluon=False)
+    errors = barrier_errors(DEVICE)
+    walks = {}
+    for name, opts in (("inline", dict(noise_table=False)), ("table", dict(noise_table=True)),
+                       ("table_lockstep", dict(noise_table=True, lockstep=True))):
+        cache = torch.full((rows + 2, 16, vocab), -7.0, dtype=torch.bfloat16, device=DEVICE)
+        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
+        walks[name] = (tokens, cache)
+    torch.cuda.synchronize()
+    assert barrier_errors(DEVICE) == errors
+    for name in ("table", "table_lockstep"):
+        assert torch.equal(walks[name][0], walks["inline"][0]), name
+        assert torch.equal(walks[name][1], walks["inline"][1]), name
+    assert_walk_tolerated(p, walks["table"][0], dict(req_indices=p.req), True, cache=walks["table"][1])
 
 
 @gpu

@@ -926,10 +926,11 @@ def head_walk_kernel(
     ORDERED: tl.constexpr = not (HAS_D2T and KEY_BY_TARGET) or D2T_INCREASING
     # Batched exchanges (probe / poll), fully resident shards: the noise of step k + 1 is computed while step k's
     # first key reads are in flight (with streamed tiles too the carried noise spills: triton 3.6, 152k).
-    # NOISE_TABLE (sampled, fully resident shards): the resident tiles' Gumbel noise is loaded from nt_ptr ([N, B, V]
-    # fp32, noise_table_kernel's output, written before the walk) at the step's top, beside the base logits, instead
-    # of computed while scoring.
-    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE and SAMPLED and not HAS_STREAM
+    # NOISE_TABLE (sampled): the resident tiles' Gumbel noise is loaded from nt_ptr ([N, B, V] fp32,
+    # noise_table_kernel's output, written before the walk) at the step's top, beside the base logits, instead of
+    # computed while scoring; a streamed tile's beside its W2 rows (NOISE_TABLE_STREAM).
+    NOISE_TABLE_ON: tl.constexpr = NOISE_TABLE and SAMPLED
+    NOISE_TABLE_STREAM: tl.constexpr = NOISE_TABLE_ON and HAS_STREAM
     NOISE_AHEAD: tl.constexpr = (not NOISE_TABLE_ON and NOISE_AHEAD_OPT and SAMPLED and TAGGED
                                  and (EXCHANGE == 3 or EXCHANGE == 4)
                                  and SPLIT and KEYS_ONCE and RES_TILES >= 1 and not HAS_STREAM)
@@ -1087,11 +1088,11 @@ def head_walk_kernel(
         sn1 = nz1
         sn2 = nz2
         sn3 = nz3
+        m_hot = m_b
+        if NOISE_TABLE_ON and not ONE_ROW:  # (one row: the table's loads are not masked by the row)
+            m_hot = m_b & (temp != 0.0)
         if NOISE_TABLE_ON:
             # The table's tiles travel beside the base logits and the W1 gather (none of them waits on another).
-            m_hot = m_b
-            if not ONE_ROW:  # (one row: the load is not masked by the row)
-                m_hot = m_b & (temp != 0.0)
             if RES_TILES >= 1:
                 sn0 = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, shard_begin + o_t, shard_end, o_b, m_hot,
                                        ONE_ROW)
@@ -1260,8 +1261,12 @@ def head_walk_kernel(
                 if U_RING:
                     u_tile = _load_u_desc(u_desc, k, row0, rows, shard_end, BP, ST, ONE_ROW,
                                           u_ptr.dtype.element_ty.primitive_bitwidth)
+                st_noise = None
+                if NOISE_TABLE_STREAM:
+                    st_noise = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, rows, shard_end, o_b, m_hot,
+                                                ONE_ROW)
                 tile_keys, tile_ids = _score_tile(
-                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    w, u_tile, st_noise, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
@@ -1285,8 +1290,12 @@ def head_walk_kernel(
                     _prefetch_tile_l2(w2_ptr, stride_w2v, stream_begin + j_ahead * ST, shard_end, R, ST)
                 w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows_next, shard_end, o_r)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k_next, rows_next, shard_end, o_b, m_b, ONE_ROW)
+                st_noise = None
+                if NOISE_TABLE_STREAM:
+                    st_noise = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, rows, shard_end, o_b, m_hot,
+                                                ONE_ROW)
                 tile_keys, tile_ids = _score_tile(
-                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    w, u_tile, st_noise, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
@@ -1302,8 +1311,12 @@ def head_walk_kernel(
                 u_tile = u_next
                 w_next = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows + ST, shard_end, o_r)
                 u_next = _load_u_tile(u_ptr, stride_ub, stride_uk, k, rows + ST, shard_end, o_b, m_b, ONE_ROW)
+                st_noise = None
+                if NOISE_TABLE_STREAM:
+                    st_noise = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, rows, shard_end, o_b, m_hot,
+                                                ONE_ROW)
                 tile_keys, tile_ids = _score_tile(
-                    w, u_tile, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    w, u_tile, st_noise, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)
@@ -1318,8 +1331,12 @@ def head_walk_kernel(
             for row0 in range(stream_begin, shard_end, ST):
                 rows = row0 + tl.arange(0, ST)
                 w = _resident_tile(w2_ptr, stride_w2r, stride_w2v, rows, shard_end, o_r)
+                st_noise = None
+                if NOISE_TABLE_STREAM:
+                    st_noise = _load_noise_tile(nt_ptr, stride_ntk, stride_ntb, k, rows, shard_end, o_b, m_hot,
+                                                ONE_ROW)
                 tile_keys, tile_ids = _score_tile(
-                    w, None, None, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
+                    w, None, st_noise, m_dot, rows, k, o_b, m_b, valid, req_safe, temp, seed, pos, u_ptr, stride_ub,
                     stride_uk, w2_scale_ptr, d2t_ptr, dl_ptr, stride_dlr, stride_dlk, logit_scale, shard_end,
                     SAMPLED, HAS_D2T, STORE_LOGITS, W2_SCALED, KEY_BY_TARGET, DOT_PRECISION, ONE_ROW, SCALED,
                     SPLIT_STREAM)

@@ -91,6 +91,8 @@ NOISE_AHEAD_MAX_ROWS = 0
 # 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run) 57.7 / 58.8 vs 52.4 / 52.6: one row
 # keeps the noise inline by default (noise_table=True still walks the table).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
+# Partly streamed shards (152k, 248k) load their streamed tiles' noise from the table too (session 19, ladder v73).
+NOISE_TABLE_STREAMED = False
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 MAX_STREAM_STAGES = 8
@@ -347,8 +349,9 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
 
 def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: int, sampled: bool) -> bool:
     """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks over fully resident
-    shards (the kernel loads the table for resident tiles only) whose table fits NOISE_TABLE_MAX_BYTES."""
-    return bool(cfg.noise_table and sampled and cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
+    shards, or partly streamed ones where NOISE_TABLE_STREAMED says so, whose table fits NOISE_TABLE_MAX_BYTES."""
+    resident = cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
+    return bool(cfg.noise_table and sampled and (resident or NOISE_TABLE_STREAMED)
                 and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
 
 
