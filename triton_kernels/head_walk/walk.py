@@ -91,8 +91,11 @@ NOISE_AHEAD_MAX_ROWS = 0
 # 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run) 57.7 / 58.8 vs 52.4 / 52.6: one row
 # keeps the noise inline by default (noise_table=True still walks the table).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
-# Partly streamed shards (152k, 248k) load their streamed tiles' noise from the table too (session 19, ladder v73).
-NOISE_TABLE_STREAMED = False
+# Partly streamed shards (152k, 248k) take the table too, their streamed tiles' noise loaded beside their W2 rows.
+# Ladder v73 (session 19, H200, ABBA x 2, us incl. the table's launch, table vs inline): 152k b2 400.6 / 401.9 vs
+# 487.6 / 486.5, b4 431.0 / 431.2 vs 490.0 / 495.3, b8 475.9 / 475.6 vs 491.8 / 493.0; 248k b8 722.4 / 717.7 vs 761.9 /
+# 768.8.
+NOISE_TABLE_STREAMED = True
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 MAX_STREAM_STAGES = 8
