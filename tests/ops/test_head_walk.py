@@ -995,14 +995,21 @@ def test_gpu_exchanges_agree(vocab, rows, sampled):
 def test_gpu_noise_table_agrees(rows, d2t):
     """Sampled 32k walks with their noise made before the walk propose the tokens (and fill the draft-logits cache)
     of the walk that computes its noise, persistent and lockstep, and no wait gives up."""
-    from hybridspec_kernels.head_walk import barrier_errors
-
     p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows, scale=0.1,
                      extra_target=151936 - 32000 if d2t else 40)
     kw = dict(sampling_kwargs(p), req_indices=p.req)
     if d2t:
         kw.update(draft_to_target=p.d2t, draft_to_target_increasing=True)
-    width = 151936 if d2t else 32000
+    _assert_noise_tables_agree(p, kw, 151936 if d2t else 32000)
+
+
+def _assert_noise_tables_agree(p, kw: dict, width: int) -> dict:
+    """p walked sampled with head_walk options kw and a draft-logits cache of `width` columns, its noise computed while
+    scoring, made before the walk, and made before a lockstep walk: the same tokens and caches, no wait giving up.
+    Returns {form: (tokens, cache)}."""
+    from hybridspec_kernels.head_walk import barrier_errors
+
+    rows = p.U.shape[0]
     errors = barrier_errors(DEVICE)
     walks = {}
     for name, opts in (("inline", dict(noise_table=False)), ("table", dict(noise_table=True)),
@@ -1015,6 +1022,7 @@ def test_gpu_noise_table_agrees(rows, d2t):
     for name in ("table", "table_lockstep"):
         assert torch.equal(walks[name][0], walks["inline"][0]), name
         assert torch.equal(walks[name][1], walks["inline"][1]), name
+    return walks
 
 
 @gpu
@@ -1050,24 +1058,11 @@ def test_gpu_streamed_noise_table_agrees(vocab, rows, monkeypatch):
     the streamed tiles' noise loaded beside their W2 rows, through the TMA ring's loop) propose the tokens, and fill
     the draft-logits cache, of the walk that computes its noise, persistent and lockstep; no wait gives up."""
     import hybridspec_kernels.head_walk.walk as walk
-    from hybridspec_kernels.head_walk import barrier_errors
 
     monkeypatch.setattr(walk, "NOISE_TABLE_STREAMED", True)
     p = make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows + 3, scale=0.1)
     p.w2 = p.w2.t().contiguous().t()
-    kw = dict(sampling_kwargs(p), req_indices=p.req, gluon=False)
-    errors = barrier_errors(DEVICE)
-    walks = {}
-    for name, opts in (("inline", dict(noise_table=False)), ("table", dict(noise_table=True)),
-                       ("table_lockstep", dict(noise_table=True, lockstep=True))):
-        cache = torch.full((rows + 2, 16, vocab), -7.0, dtype=torch.bfloat16, device=DEVICE)
-        tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **opts, **kw)
-        walks[name] = (tokens, cache)
-    torch.cuda.synchronize()
-    assert barrier_errors(DEVICE) == errors
-    for name in ("table", "table_lockstep"):
-        assert torch.equal(walks[name][0], walks["inline"][0]), name
-        assert torch.equal(walks[name][1], walks["inline"][1]), name
+    walks = _assert_noise_tables_agree(p, dict(sampling_kwargs(p), req_indices=p.req, gluon=False), vocab)
     assert_walk_tolerated(p, walks["table"][0], dict(req_indices=p.req), True, cache=walks["table"][1])
 
 
