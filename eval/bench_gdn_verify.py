@@ -210,7 +210,7 @@ def ours_step(s, num_accepted, verify=True, reconstruct=True, config=None, recon
 def ours_fold_step(s, num_accepted, verify=True, conv=True, config=None):
     """Two folded steps (parity 0 then 1): each verifies every layer with a GDNFold of the other parity's rows
     (counts = num_accepted, the previous step's), then advances the conv windows in one conv-only launch."""
-    config = config or default_verify_config(s["B"], folded=True)
+    config = config or default_verify_config(s["B"], folded=True, num_v_heads=s["gdn"]["num_v_heads"])
 
     def run():
         for parity in (0, 1):
@@ -1424,9 +1424,9 @@ def b1_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s):
 # ---------------------------------------------------------------------------------------------------------------
 # Per-rank shapes under tensor parallelism (session 19): vLLM shards the GDN heads, so a rank of a TP 2 / 4 engine
 # verifies Qwen3-Next's layers with 8 / 4 key heads and 16 / 8 value heads. The tuned launch configs were swept at
-# 32 value heads and are picked by batch alone; this times, per cell, vLLM's path, ours as shipped, and ours with
-# every tuned batch's verify config and every tuned batch's reconstruction launch, so that a pick by the rank's work
-# (batch x value heads / 32) can be checked against the fastest.
+# 32 value heads (picked by batch alone before session 19, by the rank's work, batch x value heads / 32, since); this
+# times, per cell, vLLM's path, ours as shipped, and ours with every tuned batch's verify config and every tuned
+# batch's reconstruction launch, so that the pick can be checked against the fastest.
 
 TP_STUDY_SIZES = (2, 4)
 

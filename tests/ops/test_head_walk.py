@@ -774,7 +774,7 @@ def test_noise_table_kernel_writes_vllms_noise():
             torch.testing.assert_close(table[k, b], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_plan_of_the_noise_table():
+def test_plan_of_the_noise_table(monkeypatch):
     """A table only where it was measured to pay: sampled walks of several rows over fully resident shards (partly
     streamed ones as NOISE_TABLE_STREAMED says), within NOISE_TABLE_MAX_BYTES; noise_table=None takes the measured
     batches (MEASURED_NOISE_TABLE_ROWS)."""
@@ -791,7 +791,13 @@ def test_plan_of_the_noise_table():
     assert not choose_noise_table(on, 4, too_big, 200, sampled=True)
     streamed = plan_walk(1031, 16, 4, 4, cpu, noise_table=True)
     assert streamed.chunk_rows > streamed.resident_tiles * streamed.tile_rows
-    assert choose_noise_table(streamed, 4, 7, 1031, sampled=True) == walk.NOISE_TABLE_STREAMED
+    assert walk.NOISE_TABLE_STREAMED == "ring" and streamed.stream_tma == 0  # (the CPU plan has no TMA ring)
+    assert not choose_noise_table(streamed, 4, 7, 1031, sampled=True)
+    assert choose_noise_table(dataclasses.replace(streamed, stream_tma=2), 4, 7, 1031, sampled=True)
+    monkeypatch.setattr(walk, "NOISE_TABLE_STREAMED", True)
+    assert choose_noise_table(streamed, 4, 7, 1031, sampled=True)
+    monkeypatch.setattr(walk, "NOISE_TABLE_STREAMED", False)
+    assert not choose_noise_table(dataclasses.replace(streamed, stream_tma=2), 4, 7, 1031, sampled=True)
     assert not plan_walk(200, 16, 4, 4, cpu, noise_table=False).noise_table
     first, last = MEASURED_NOISE_TABLE_ROWS
     for rows in range(1, 70):
@@ -2446,8 +2452,11 @@ def test_a_refused_cooperative_launch_is_remembered_and_raised(monkeypatch, capl
     assert walk_module._lockstep_only("cuda:1") and not walk_module._lockstep_only("cuda:0")
     assert not walk_module._cooperative(132, "cuda:1") and walk_module._cooperative(132, "cuda:0")
     launches.clear()
+    with pytest.raises(walk_module.CooperativeLaunchRefused):  # a persistent launch there is refused at once
+        walk_module._launch_walk(refusing, 132, "cuda:1", 7)
+    walk_module._launch_walk(refusing, 1, "cuda:1", 7)  # (one program waits on no other)
     walk_module._launch_walk(refusing, 132, "cuda:0", 7, coresident=False)
-    assert launches == [((132,), (7,), {}, False)]
+    assert launches == [((1,), (7,), {}, False), ((132,), (7,), {}, False)]
     with pytest.raises(RuntimeError, match="illegal address") as raised:
         walk_module._launch_walk(Kernel("Triton Error [CUDA]: an illegal memory access was encountered: illegal "
                                         "address"), 132, "cuda:0")
@@ -2527,8 +2536,10 @@ def test_gpu_refused_walk_outwaits_a_neighbour_in_lockstep(rows, sampled, monkey
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_a_refused_walk_walks_again_in_lockstep(sampled, monkeypatch):
-    """The persistent walk's first launch refused: nothing ran, the same call walks one launch a step and returns
-    the walk's drafts (and cache); the next walk on that device plans lockstep at once (no cooperative launch)."""
+    """The persistent walk's first launch refused: nothing ran, the same call walks again and returns the walk's
+    drafts (and cache); the next walk on that device plans lockstep at once (no cooperative launch). (Here the walk
+    has one program, whose lockstep plan is the plain one-program walk; test_gpu_refused_walk_outwaits_a_neighbour_in_
+    lockstep walks the multi-program lockstep form on the GPU.)"""
     p = make_problem(2, 5, 1031, seed=61)
     kw = dict(sampling_kwargs(p)) if sampled else {}
     expect_cache = torch.zeros(2, 5, 1031) if sampled else None

@@ -91,11 +91,14 @@ NOISE_AHEAD_MAX_ROWS = 0
 # 52.3 vs 54.9 / 55.3, but with the d2t and its cache (what 32k DSpark heads run) 57.7 / 58.8 vs 52.4 / 52.6: one row
 # keeps the noise inline by default (noise_table=True still walks the table).
 MEASURED_NOISE_TABLE_ROWS = (2, 8)
-# Partly streamed shards (152k, 248k) take the table too, their streamed tiles' noise loaded beside their W2 rows.
+# Partly streamed shards (152k, 248k) take the table too, their streamed tiles' noise loaded beside their W2 rows:
+# "ring" where the plan streams through the TMA ring (what bf16 W2 plans on the H200 do: measured and GPU-tested
+# there), True in every streamed loop form (the register paths, e.g. fp8 W2: interpreter-tested only), False never.
 # Ladder v73 (session 19, H200, ABBA x 2, us incl. the table's launch, table vs inline): 152k b2 400.6 / 401.9 vs
 # 487.6 / 486.5, b4 431.0 / 431.2 vs 490.0 / 495.3, b8 475.9 / 475.6 vs 491.8 / 493.0; 248k b8 722.4 / 717.7 vs 761.9 /
-# 768.8.
-NOISE_TABLE_STREAMED = True
+# 768.8. Memory: the table is made per walk (15 steps x 8 rows: 73 MB at 152k, 119 MB at 248k); a CUDA graph captured
+# at each batch size keeps its own.
+NOISE_TABLE_STREAMED = "ring"
 NOISE_TABLE_MAX_BYTES = 128 << 20
 NOISE_TABLE_BLOCK = 1024
 MAX_STREAM_STAGES = 8
@@ -354,7 +357,8 @@ def choose_noise_table(cfg: WalkConfig, num_rows: int, num_steps: int, vocab: in
     """Whether a walk of this plan makes its noise before it (cfg.noise_table): sampled walks over fully resident
     shards, or partly streamed ones where NOISE_TABLE_STREAMED says so, whose table fits NOISE_TABLE_MAX_BYTES."""
     resident = cfg.chunk_rows <= cfg.resident_tiles * cfg.tile_rows
-    return bool(cfg.noise_table and sampled and (resident or NOISE_TABLE_STREAMED)
+    streamed_ok = NOISE_TABLE_STREAMED is True or NOISE_TABLE_STREAMED == "ring" and cfg.stream_tma > 0
+    return bool(cfg.noise_table and sampled and (resident or streamed_ok)
                 and num_steps * num_rows * vocab * 4 <= NOISE_TABLE_MAX_BYTES)
 
 
@@ -374,8 +378,8 @@ BLOCK_ROWS_ALL = (16, 32, 64)
 WORKSPACE_FAMILIES = ("triton", "gluon")
 
 
-# Devices whose driver refused a cooperative walk launch (an MPS client held below the device's SM count, a GPU
-# without cooperative launches): the programs of a persistent walk cannot all be resident there, so a plain launch
+# Devices whose driver refused a cooperative walk launch ("too many blocks in cooperative launch": an MPS client held
+# below the device's SM count): the programs of a persistent walk cannot all be resident there, so a plain launch
 # would leave the started ones spinning for the rest until SPIN_LIMIT and walk on with stale keys (wrong drafts, and
 # for a sampled walk a draft that is not the draw its cached logits describe). Their walks run one launch a step
 # (lockstep: the launch boundary is the barrier), which needs no co-residency.
@@ -402,6 +406,9 @@ def _launch_walk(kernel, programs: int, device: torch.device, *args, coresident:
     _cooperative says so. A driver that refuses the cooperative launch (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
     "too many blocks in cooperative launch") is remembered per device and CooperativeLaunchRefused raised (nothing
     was launched), so that head_walk walks in lockstep."""
+    if coresident and programs > 1 and _lockstep_only(device):
+        # (a persistent walk this device cannot hold resident: launched plainly, it would give up with stale keys)
+        raise CooperativeLaunchRefused(f"{device} refused a cooperative launch before: walk in lockstep")
     cooperative = coresident and _cooperative(programs, device)
     try:
         kernel[(programs,)](*args, **kwargs, launch_cooperative_grid=cooperative)
@@ -1575,7 +1582,8 @@ def _launch(cfg: WalkConfig, u, w1, w2_rows, w2_scale, first, tokens, req, tempe
     # A build that needs more shared memory than the SM has drops TMA ring stages (down to 2), then the streamed
     # tiles' register pipelining, then resident
     # tiles (their rows are then streamed), until it fits; the choice is remembered for the next walk.
-    key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype)
+    key = (cfg, head, args["SAMPLED"], args["STORE_LOGITS"], args["HAS_CONF"], args["W2_SCALED"], u.dtype,
+           table is not None)
     while True:
         cfg = _shrunk.get(key, cfg)
         args.update(RES_TILES=cfg.resident_tiles, num_stages=cfg.num_stages, STREAM_TMA=cfg.stream_tma)
