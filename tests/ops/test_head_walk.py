@@ -2500,6 +2500,35 @@ def _refuse_cooperative_launches(monkeypatch, device) -> list:
     return launches
 
 
+@pytest.mark.parametrize("form", ["b1", "rows"])
+def test_a_refused_gluon_walk_walks_again_in_lockstep(form, monkeypatch):
+    """A Gluon walk whose launch the driver refused (CooperativeLaunchRefused: nothing launched) is walked again by
+    the Triton kernel in lockstep, in the same call, with the walk's drafts."""
+    import hybridspec_kernels.head_walk.walk as walk_module
+
+    rows = 1 if form == "b1" else 3
+    p = make_problem(rows, 5, 1031, seed=62)
+    expect, _, _ = naive_head_walk(p.U, p.w1, p.w2, p.x0)
+    planned = []
+
+    def refused(*args, **kwargs):
+        raise walk_module.CooperativeLaunchRefused("too many blocks in cooperative launch")
+
+    def launch(cfg, *args, **kwargs):
+        planned.append(cfg)
+        return triton_launch(cfg, *args, **kwargs)
+
+    triton_launch = walk_module._launch
+    for name in ("why_not_gluon_b1", "why_not_gluon_rows"):
+        monkeypatch.setattr(walk_module, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(walk_module, f"_launch_gluon_{form}", refused)
+    monkeypatch.setattr(walk_module, "_launch", launch)
+    tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, gluon=True if form == "b1" else "rows")
+    assert torch.equal(tokens, expect)
+    assert len(planned) == 1 and planned[0] == walk_module.plan_walk(1031, p.w1.shape[1], rows, 4, p.U.device,
+                                                                      lockstep=True)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("rows,sampled", [(1, False), (4, False), (8, True)], ids=["b1-greedy", "b4-greedy",

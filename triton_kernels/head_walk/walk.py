@@ -897,7 +897,9 @@ def head_walk(
                     or sampled and num_steps * num_rows * vocab * 4 > NOISE_TABLE_MAX_BYTES)
     draw = dict(req_indices=req_indices, temperature=temperature, seeds=seeds, positions=positions,
                 draft_logits=draft_logits)
-    try:
+
+    def walk_gluon() -> bool:
+        """The Gluon walk where `gluon` and the case allow it (True: it walked); False: the Triton walk's turn."""
         if gluon == "rows" or gluon == "auto" and num_rows > 1:
             rows_case = dict(
                 num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
@@ -912,10 +914,10 @@ def head_walk(
                 reason = why_not_gluon_rows(cfg, **rows_case)
                 if reason is not None:
                     log_once(logger, logging.WARNING, f"head_walk(gluon='rows'): walking the Triton kernel: {reason}")
-            if reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens, logit_scale,
-                                                     d2t=draft_to_target if d2t_keyed else None, draw=draw):
-                return tokens, draft_logits, confidence
-        elif gluon is not False:
+            return reason is None and _launch_gluon_rows(cfg, base_logits, w1, w2_rows, first_tokens, tokens,
+                                                         logit_scale, d2t=draft_to_target if d2t_keyed else None,
+                                                         draw=draw)
+        if gluon is not False:
             gluon_case = dict(
                 num_rows=num_rows, head=head, sampled=sampled, cache=draft_logits is not None,
                 extras=gluon_extras, d2t=d2t_keyed, target_vocab=w1.shape[0],
@@ -936,20 +938,18 @@ def head_walk(
                 if reason is not None:
                     log_once(logger, logging.WARNING,
                              f"head_walk(gluon={gluon!r}): walking the Triton kernel: {reason}")
-            if reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
-                                                   logit_scale, d2t=draft_to_target if d2t_keyed else None, draw=draw,
-                                                   **flags):
-                return tokens, draft_logits, confidence
-    except CooperativeLaunchRefused:
-        cfg = plan(lockstep=True)
-    compact = t2d = None
-    if draft_to_target is not None and draft_logits is not None:
-        # Built by any walk outside graph capture (not only compact ones), so that a capture finds it.
-        t2d = _target_to_draft_table(draft_to_target, draft_logits.shape[-1])
-    if compact_cache and t2d is not None:
-        compact = torch.empty(num_rows, num_steps, vocab, dtype=draft_logits.dtype, device=device)
+            return reason is None and _launch_gluon_b1(gluon_cfg, base_logits, w1, w2_rows, first_tokens, tokens,
+                                                       logit_scale, d2t=draft_to_target if d2t_keyed else None,
+                                                       draw=draw, **flags)
+        return False
 
     def walk_triton(cfg: WalkConfig) -> None:
+        compact = t2d = None
+        if draft_to_target is not None and draft_logits is not None:
+            # Built by any walk outside graph capture (not only compact ones), so that a capture finds it.
+            t2d = _target_to_draft_table(draft_to_target, draft_logits.shape[-1])
+        if compact_cache and t2d is not None:
+            compact = torch.empty(num_rows, num_steps, vocab, dtype=draft_logits.dtype, device=device)
         for g0 in range(0, num_rows, MAX_ROWS_PER_LAUNCH):
             g = slice(g0, min(num_rows, g0 + MAX_ROWS_PER_LAUNCH))
             rows_req = req_indices[g] if req_indices is not None else (
@@ -964,8 +964,10 @@ def head_walk(
         if compact is not None:
             _expand_draft_logits(compact, draft_logits, req_indices, t2d)
 
+    # A refused cooperative launch (CooperativeLaunchRefused) launched nothing: the call walks again in lockstep.
     try:
-        walk_triton(cfg)
+        if not walk_gluon():
+            walk_triton(cfg)
     except CooperativeLaunchRefused:
         walk_triton(plan(lockstep=True))
     return tokens, draft_logits, confidence
