@@ -7,6 +7,9 @@ per-walk times. Run on the GPU (each step in its own process, so that a broken c
     python3 eval/sm_limited_probe.py green --sms 64 --step walk       # a green context of 64 SMs
     python3 eval/sm_limited_probe.py green --sms 64 --step capture    # the first walk there inside a graph capture
     python3 eval/sm_limited_probe.py plain --step walk                # as the process is (e.g. an MPS client)
+    python3 eval/sm_limited_probe.py plain --step forms --programs 132,114,78,66   # plans for fewer SMs, emulated by
+                                                                       # head_walk(programs=P) on the whole device
+Times are CUDA-graph replays of one walk (median of 7 samples of 10 replays).
 """
 import argparse
 import contextlib
@@ -63,17 +66,27 @@ def checked(p, tokens, sampled, cache) -> str:
         return f"WRONG: {exc}"
 
 
-def timed_us(fn, reps: int = 20) -> float:
+_CAPTURE_STREAM = None
+
+
+def timed_us(fn, samples: int = 7, replays: int = 10) -> float:
+    """us of one fn() replayed from a CUDA graph captured on _CAPTURE_STREAM (the green context's, where set)."""
     fn()
     torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=_CAPTURE_STREAM):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
     times = []
-    for _ in range(reps):
+    for _ in range(samples):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
+        times.append(start.elapsed_time(end) * 1000.0 / replays)
     return sorted(times)[len(times) // 2]
 
 
@@ -107,6 +120,36 @@ def step_walk(label: str, device_sms: int, sms: int | None) -> None:
                        error=repr(exc)[:400])
 
 
+FORMS = {"default": {}, "no_tma_ring": {"stream_tma": 0}, "gluon": {"gluon": True}}
+
+
+def step_forms(label: str, device_sms: int, programs: list[int]) -> None:
+    """Each plan for P SMs (head_walk(programs=P): the shard sizes a P-SM device plans) in its default form and the
+    alternatives FORMS names, where they differ from the default plan."""
+    for rows, sampled in ((1, False), (1, True), (8, False), (8, True), (32, False)):
+        p, kw = problem(rows, sampled)
+        for sms in programs:
+            base = {} if sms >= device_sms else {"programs": sms}
+            cfg = walk_module.plan_walk(32000, 256, rows, 2, torch.device("cuda"), **base)
+            for form, extra in FORMS.items():
+                if form == "no_tma_ring" and not cfg.stream_tma:
+                    continue
+                if form == "gluon" and rows > 1:
+                    continue
+                walk_kw = {**base, **extra}
+                walk_module._cooperative_refused.clear()
+                try:
+                    tokens, cache = one_walk(p, kw, rows, sampled, **walk_kw)
+                    torch.cuda.synchronize()
+                    verdict = checked(p, tokens, sampled, cache)
+                    us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
+                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, programs=cfg.programs,
+                           chunk_rows=cfg.chunk_rows, stream_tma=cfg.stream_tma, drafts=verdict,
+                           us_per_walk=round(us, 1))
+                except Exception as exc:  # noqa: BLE001
+                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
+
+
 def step_capture(label: str) -> None:
     rows, sampled = 1, False
     p, kw = problem(rows, sampled)
@@ -120,7 +163,7 @@ def step_capture(label: str) -> None:
     graph = torch.cuda.CUDAGraph()
     out = {}
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=_CAPTURE_STREAM):
             out["tokens"], _ = one_walk(p, kw, rows, sampled)
         captured = "captured"
     except Exception as exc:  # noqa: BLE001
@@ -142,7 +185,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("where", choices=["green", "plain"])
     parser.add_argument("--sms", type=int, default=64)
-    parser.add_argument("--step", choices=["walk", "capture"], default="walk")
+    parser.add_argument("--step", choices=["walk", "capture", "forms"], default="walk")
+    parser.add_argument("--programs", default="132,114,78,66")
     args = parser.parse_args()
     torch.cuda.init()
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -153,10 +197,15 @@ def main() -> None:
         from torch.cuda.green_contexts import GreenContext
 
         ctx = GreenContext.create(num_sms=args.sms, device_id=0)
+        global _CAPTURE_STREAM
         if hasattr(ctx, "Stream"):
-            scope = torch.cuda.stream(ctx.Stream())
+            _CAPTURE_STREAM = ctx.Stream()
+            scope = torch.cuda.stream(_CAPTURE_STREAM)
         else:
             ctx.set_context()
+            current = torch.cuda.current_stream()
+            _CAPTURE_STREAM = None if current == torch.cuda.default_stream() else current
+        report(where="green", context_stream=hasattr(ctx, "Stream"))
         sms = args.sms
     with scope:
         report(where=args.where, props_sms=torch.cuda.get_device_properties(0).multi_processor_count,
@@ -164,6 +213,8 @@ def main() -> None:
                    32000, 256, 1, 2, torch.device("cuda")).programs)
         if args.step == "walk":
             step_walk(args.where, device_sms, sms)
+        elif args.step == "forms":
+            step_forms(args.where, device_sms, [int(n) for n in args.programs.split(",")])
         else:
             step_capture(args.where)
 
