@@ -48,6 +48,7 @@ def report(**fields) -> None:
 
 def problem(rows: int, sampled: bool):
     p = cases.make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=0.1, device="cuda")
+    p.w2 = p.w2.t().contiguous().t()  # vLLM's layout: markov_w2.weight [V, r] passed as .t()
     kw = dict(cases.sampling_kwargs(p)) if sampled else {}
     return p, kw
 
@@ -121,6 +122,21 @@ def step_walk(label: str, device_sms: int, sms: int | None) -> None:
 
 
 FORMS = {"default": {}, "no_tma_ring": {"stream_tma": 0}, "gluon": {"gluon": True}}
+# Candidate forms for shards of 320..512 rows (fewer SMs): (rows the form is for, head_walk options).
+RING = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
+FORMS2 = {
+    "default": (None, {}),
+    "gluon_rs2_ring2": ((1,), dict(gluon="rs2_sf_lean_pp", **RING)),
+    "gluon_rs2_ring2_128": ((1,), dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=1,
+                                          stream_rows=128)),
+    "gluon_rs_ring4": ((1,), dict(gluon="rs_sf_lean", stream_tma=4, tile_rows=128, resident_tiles=1,
+                                  stream_rows=64)),
+    "triton_256reg_ring3": (None, dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=3, stream_rows=64)),
+    "triton_2x128_ring3": (None, dict(gluon=False, tile_rows=128, resident_tiles=2, stream_tma=3, stream_rows=64)),
+    "triton_256reg_ring2_128": (None, dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=2,
+                                           stream_rows=128)),
+    "rows": ((8,), dict(gluon="rows")),
+}
 
 
 def step_forms(label: str, device_sms: int, programs: list[int]) -> None:
@@ -145,6 +161,28 @@ def step_forms(label: str, device_sms: int, programs: list[int]) -> None:
                     us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
                     report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, programs=cfg.programs,
                            chunk_rows=cfg.chunk_rows, stream_tma=cfg.stream_tma, drafts=verdict,
+                           us_per_walk=round(us, 1))
+                except Exception as exc:  # noqa: BLE001
+                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
+
+
+def step_forms2(label: str, device_sms: int, programs: list[int], cases_: list[tuple[int, bool]]) -> None:
+    """FORMS2 at each P of `programs` (head_walk(programs=P)): us a walk, drafts, the plan it walked."""
+    for rows, sampled in cases_:
+        p, kw = problem(rows, sampled)
+        for sms in programs:
+            base = {} if sms >= device_sms else {"programs": sms}
+            for form, (for_rows, extra) in FORMS2.items():
+                if for_rows is not None and rows not in for_rows:
+                    continue
+                walk_kw = {**base, **extra}
+                walk_module._cooperative_refused.clear()
+                try:
+                    tokens, cache = one_walk(p, kw, rows, sampled, **walk_kw)
+                    torch.cuda.synchronize()
+                    verdict = checked(p, tokens, sampled, cache)
+                    us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
+                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, drafts=verdict,
                            us_per_walk=round(us, 1))
                 except Exception as exc:  # noqa: BLE001
                     report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
@@ -185,7 +223,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("where", choices=["green", "plain"])
     parser.add_argument("--sms", type=int, default=64)
-    parser.add_argument("--step", choices=["walk", "capture", "forms"], default="walk")
+    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2"], default="walk")
     parser.add_argument("--programs", default="132,114,78,66")
     args = parser.parse_args()
     torch.cuda.init()
@@ -213,6 +251,9 @@ def main() -> None:
                    32000, 256, 1, 2, torch.device("cuda")).programs)
         if args.step == "walk":
             step_walk(args.where, device_sms, sms)
+        elif args.step == "forms2":
+            step_forms2(args.where, device_sms, [int(n) for n in args.programs.split(",")],
+                        [(1, False), (1, True), (8, False), (32, False)])
         elif args.step == "forms":
             step_forms(args.where, device_sms, [int(n) for n in args.programs.split(",")])
         else:
