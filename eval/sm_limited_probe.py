@@ -9,11 +9,15 @@ per-walk times. Run on the GPU (each step in its own process, so that a broken c
     python3 eval/sm_limited_probe.py plain --step walk                # as the process is (e.g. an MPS client)
     python3 eval/sm_limited_probe.py plain --step forms --programs 132,114,78,66   # plans for fewer SMs, emulated by
                                                                        # head_walk(programs=P) on the whole device
+    python3 eval/sm_limited_probe.py plain --step results --out-jsonl X.jsonl   # head_walk's default vs the Triton
+                                                                       # walk (the default before session 20) per P
+    python3 eval/sm_limited_probe.py --finalize X.jsonl [Y.jsonl ...] --results-name head_walk_fewer_sms   (here)
 Times are CUDA-graph replays of one walk (median of 7 samples of 10 replays).
 """
 import argparse
 import contextlib
 import json
+import os
 import pathlib
 import sys
 import time
@@ -46,15 +50,15 @@ def report(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def problem(rows: int, sampled: bool):
-    p = cases.make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=0.1, device="cuda")
+def problem(rows: int, sampled: bool, vocab: int = 32000):
+    p = cases.make_problem(rows, 15, vocab, rank=256, dtype=torch.bfloat16, seed=rows + 90, scale=0.1, device="cuda")
     p.w2 = p.w2.t().contiguous().t()  # vLLM's layout: markov_w2.weight [V, r] passed as .t()
     kw = dict(cases.sampling_kwargs(p)) if sampled else {}
     return p, kw
 
 
-def one_walk(p, kw, rows, sampled, **walk_kw):
-    cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device="cuda") if sampled else None
+def one_walk(p, kw, rows, sampled, vocab=32000, **walk_kw):
+    cache = torch.zeros(rows, 16, vocab, dtype=torch.bfloat16, device="cuda") if sampled else None
     tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw, **walk_kw)
     return tokens, cache
 
@@ -188,6 +192,97 @@ def step_forms2(label: str, device_sms: int, programs: list[int], cases_: list[t
                     report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
 
 
+RESULT_CASES = [(32000, 1, False), (32000, 1, True), (50000, 1, False), (64000, 1, False)]
+
+
+def step_results(label: str, device_sms: int, programs: list[int], out_jsonl: str) -> None:
+    """Per P SMs (the plan's SM count set to P: head_walk plans as a P-SM device does) and case: head_walk's default
+    and the Triton walk (gluon=False: the default before session 20 at these shard sizes), interleaved A B A B, in
+    CUDA-graph replays; rows appended to out_jsonl."""
+    real_num_sms = walk_module._num_sms
+    with open(out_jsonl, "a") as out:
+        for vocab, rows, sampled in RESULT_CASES:
+            p, kw = problem(rows, sampled, vocab)
+            for sms in programs:
+                if vocab != 32000 and sms != device_sms:
+                    continue
+                walk_module._num_sms = (lambda device, n=sms: n) if sms < device_sms else real_num_sms
+                try:
+                    cfg = walk_module.plan_walk(vocab, 256, rows, 2, torch.device("cuda"))
+                    times = {"ours": [], "triton": []}
+                    verdicts = {}
+                    for name, opts in (("ours", {}), ("triton", {"gluon": False}), ("ours", {}), ("triton", {"gluon": False})):
+                        tokens, cache = one_walk(p, kw, rows, sampled, vocab, **opts)
+                        torch.cuda.synchronize()
+                        verdicts[name] = checked(p, tokens, sampled, cache)
+                        times[name].append(timed_us(lambda: one_walk(p, kw, rows, sampled, vocab, **opts)))
+                    row = dict(where=label, sms=sms, vocab=vocab, rows=rows, sampled=sampled, programs=cfg.programs,
+                               chunk_rows=cfg.chunk_rows, form=walk_module.gluon_auto_form(cfg)[0]
+                               if walk_module.why_not_gluon_auto(cfg, overrides=[], num_rows=rows, head="markov",
+                                                                 sampled=sampled, cache=sampled, extras=False,
+                                                                 dtypes=(torch.bfloat16,) * 3, rank=256,
+                                                                 capability=torch.cuda.get_device_capability(),
+                                                                 w2_tma=True) is None else "triton",
+                               ours_us=round(min(times["ours"]), 1), triton_us=round(min(times["triton"]), 1),
+                               ours_us_all=[round(t, 1) for t in times["ours"]],
+                               triton_us_all=[round(t, 1) for t in times["triton"]], drafts=verdicts)
+                    row["speedup_over_triton"] = round(row["triton_us"] / row["ours_us"], 3)
+                except Exception as exc:  # noqa: BLE001
+                    row = dict(where=label, sms=sms, vocab=vocab, rows=rows, sampled=sampled, error=repr(exc)[:300])
+                finally:
+                    walk_module._num_sms = real_num_sms
+                report(**row)
+                out.write(json.dumps(row) + "\n")
+
+
+def finalize(paths: list[str], results_name: str) -> None:
+    """eval/results/<results_name>.json / .md from step_results' rows (run here, on CPU)."""
+    import datetime
+    import os
+
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    header = [r for r in rows if "device" in r]
+    rows = [r for r in rows if "ours_us" in r]
+    assert rows and all(r["drafts"] == {"ours": "ok", "triton": "ok"} for r in rows), "a failed or wrong row"
+
+    def cell(where, sms, vocab=32000, sampled=False):
+        return next((r for r in rows if r["where"] == where and r["sms"] == sms and r["vocab"] == vocab
+                     and r["sampled"] == sampled), None)
+
+    summary = {}
+    for where, sms in (("plain", 114), ("plain", 90), ("plain", 78), ("plain", 66), ("mps50", 66)):
+        for sampled in (False, True):
+            r = cell(where, sms, sampled=sampled)
+            if r is not None:
+                tag = f"{'mps50_' if where == 'mps50' else ''}p{sms}_b1{'_sampled' if sampled else ''}"
+                summary[f"speedup_over_triton_v32k_{tag}"] = r["speedup_over_triton"]
+                summary[f"ours_us_v32k_{tag}"] = r["ours_us"]
+    full = cell("plain", 132)
+    if full is not None:
+        summary["ours_us_v32k_p132_b1"] = full["ours_us"]
+    summary["measures"] = ("us a 15-step Markov walk (block 15, b1, rank 256, bf16, vLLM's W2 layout), CUDA-graph "
+                           "replays, best of 2 interleaved samples (A B A B) each the median of 7 x 10 replays; ours: "
+                           "head_walk's default; triton: gluon=False, head_walk's default for these shards before "
+                           "session 20; pP: the plan's SM count set to P on the H200 (a P-SM device's shards); "
+                           "mps50: a real MPS client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (66 SMs reported)")
+    result = dict(bench="head_walk_fewer_sms", device=header[0]["device"] if header else "unknown",
+                  commit=os.environ.get("HYBRIDSPEC_COMMIT", header[0].get("commit", "") if header else ""),
+                  date=datetime.date.today().isoformat(),
+                  command=header[0].get("command", "") if header else "", rows=rows, summary=summary)
+    out = pathlib.Path(__file__).resolve().parent / "results"
+    (out / f"{results_name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# {results_name}", "", f"{result['device']}, commit `{result['commit']}`, {result['date']}: "
+             f"`{result['command']}`", "", summary["measures"], "",
+             "| where | SMs (P) | vocab | sampled | programs | rows a program | form | ours us | Triton us | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['where']} | {r['sms']} | {r['vocab']} | {r['sampled']} | {r['programs']} | "
+                     f"{r['chunk_rows']} | {r['form']} | {r['ours_us']} | {r['triton_us']} | "
+                     f"{r['speedup_over_triton']} |")
+    (out / f"{results_name}.md").write_text("\n".join(lines) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
 def step_capture(label: str) -> None:
     rows, sampled = 1, False
     p, kw = problem(rows, sampled)
@@ -221,11 +316,17 @@ def step_capture(label: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("where", choices=["green", "plain"])
+    parser.add_argument("where", choices=["green", "plain", "mps50"], nargs="?")
+    parser.add_argument("--out-jsonl")
+    parser.add_argument("--finalize", nargs="+")
+    parser.add_argument("--results-name", default="head_walk_fewer_sms")
     parser.add_argument("--sms", type=int, default=64)
-    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2"], default="walk")
+    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2", "results"], default="walk")
     parser.add_argument("--programs", default="132,114,78,66")
     args = parser.parse_args()
+    if args.finalize:
+        finalize(args.finalize, args.results_name)
+        return
     torch.cuda.init()
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     report(where=args.where, device_sms=device_sms, torch=torch.__version__, reached_sms=reached_sms(device_sms))
@@ -251,6 +352,12 @@ def main() -> None:
                    32000, 256, 1, 2, torch.device("cuda")).programs)
         if args.step == "walk":
             step_walk(args.where, device_sms, sms)
+        elif args.step == "results":
+            with open(args.out_jsonl, "a") as out:
+                out.write(json.dumps(dict(where=args.where, device=torch.cuda.get_device_name(0),
+                                          commit=os.environ.get("HYBRIDSPEC_COMMIT", ""),
+                                          command=" ".join(["python3"] + sys.argv))) + "\n")
+            step_results(args.where, device_sms, [int(n) for n in args.programs.split(",")], args.out_jsonl)
         elif args.step == "forms2":
             step_forms2(args.where, device_sms, [int(n) for n in args.programs.split(",")],
                         [(1, False), (1, True), (8, False), (32, False)])

@@ -1601,13 +1601,74 @@ def test_gluon_auto_selection(monkeypatch):
         assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
     # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes; session 19
     # (ladder v72): Qwen3.5's 248,320 tokens (1,920 rows a program), greedy and sampled.
-    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 1152, 1920)
+    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 320, 384, 448, 512, 1152, 1920)
     v248k = _gpu_plan(monkeypatch, 248320)
     assert v248k.chunk_rows == 1920 and walk.why_not_gluon_auto(v248k, **base) is None
     assert walk.gluon_auto_form(v248k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for plan in (v152k, v150001, _gpu_plan(monkeypatch, 32000), v248k):
         assert walk.why_not_gluon_auto(plan, **dict(base, sampled=True, cache=True)) is None, plan.chunk_rows
+
+
+# Devices with fewer SMs than 132 (H100 PCIe 114, an MPS client's share, H20 78, half an H200 66): the Triton plan's
+# shard at 32k, and the Gluon few-SMs plan's (stream_rows 128).
+FEWER_SMS = {114: (320, 384), 90: (384, 384), 78: (448, 512), 66: (512, 512)}
+
+
+@pytest.mark.parametrize("sms", list(FEWER_SMS))
+def test_gluon_auto_on_fewer_sms(monkeypatch, sms):
+    """A ~32k vocabulary on fewer SMs (shards of 320..512 rows, streamed in part): gluon="auto" takes the few-SMs
+    form (session 20: rs2_sf_lean_pp, 256 rows in registers, a 2-stage ring of 128-row tiles), greedy and for a
+    sampled row with its cache, and its plan passes gluon_b1's checks; a d2t (fully resident Gluon forms only), 8
+    rows and a shard past 512 rows keep the Triton walk; 132 SMs keep the resident form."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[])
+    triton_rows, gluon_rows = FEWER_SMS[sms]
+    monkeypatch.setattr(walk, "_interpreting", lambda: False)
+    monkeypatch.setattr(walk, "_num_sms", lambda device: sms)
+    plan = walk.plan_walk(32000, 256, 1, 2, torch.device("cuda"))
+    assert plan.chunk_rows == triton_rows and plan.stream_tma  # the Triton walk streams part of each shard
+    assert walk.gluon_auto_form(plan) == ("rs2_sf_lean_pp", walk.GLUON_AUTO_FEW_SMS_GEOMETRY)
+    for draw in ({}, dict(sampled=True, cache=True), dict(cache=True)):
+        assert walk.why_not_gluon_auto(plan, **dict(base, **draw)) is None, draw
+    gluon_plan = walk.plan_walk(32000, 256, 1, 2, torch.device("cuda"), **walk.GLUON_AUTO_FEW_SMS_GEOMETRY)
+    assert gluon_plan.chunk_rows == gluon_rows
+    case = {k: v for k, v in base.items() if k != "overrides"}
+    for sampled in (False, True):
+        assert walk.why_not_gluon_b1(gluon_plan, rs=2, lean=True, **dict(case, sampled=sampled)) is None
+    assert walk._gluon_stream_form(gluon_plan, 2) == (256, (gluon_rows - 256) // 128, 2)
+    assert "d2t" in walk.why_not_gluon_b1(gluon_plan, rs=2, lean=True, **dict(case, d2t=True, target_vocab=151936))
+    assert isinstance(walk.why_not_gluon_auto(walk.plan_walk(32000, 256, 8, 2, torch.device("cuda")),
+                                              **dict(base, num_rows=8)), str)
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 60)  # 576 rows: not measured
+    assert "measured at" in walk.why_not_gluon_auto(walk.plan_walk(32000, 256, 1, 2, torch.device("cuda")), **base)
+    monkeypatch.setattr(walk, "_num_sms", lambda device: 132)
+    assert walk.gluon_auto_form(walk.plan_walk(32000, 256, 1, 2, torch.device("cuda")))[0] == "rs2_lean_pair_pp"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("sms", [114, 90, 66])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gpu_gluon_b1_on_fewer_sms(monkeypatch, sms, seed):
+    """head_walk's default for one 32k row on a device of fewer SMs (the plan's SM count patched; the H200 runs the
+    smaller grid): the Gluon few-SMs form proposes exactly the Triton walk's tokens, walk after walk, no fallback, no
+    wait giving up; sampled and greedy with a draft-logits cache, its draws and cache exactly the Triton walk's; and
+    captured in a CUDA graph, replays agree."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_num_sms", lambda device: sms)
+    p = make_problem(1, 15, 32000, rank=256, dtype=torch.bfloat16, seed=seed + sms, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    form = dict(gluon="rs2_sf_lean_pp", **walk.GLUON_AUTO_FEW_SMS_GEOMETRY)
+    _assert_gluon_walks_agree(monkeypatch, p, {"auto": {}}, scaled_kw=form)
+    p.req = torch.tensor([0], device=DEVICE)
+    _assert_draws_agree(monkeypatch, p, 32000, dict(req_indices=p.req), form, {})
+    if seed == 0:
+        _assert_gluon_graph_replays_agree(monkeypatch, p, {})
 
 
 class _FailingBuild:

@@ -744,6 +744,7 @@ def head_walk(
             (why_not_gluon_auto: one greedy Markov row, shards of a measured size (V = 152k on 132 SMs, U rows
             aligned or not: partly streamed, form GLUON_AUTO_FORM with ring geometry GLUON_AUTO_GEOMETRY; fully
             resident shards of GLUON_AUTO_RESIDENT_CHUNK_ROWS (V = 32k class): GLUON_AUTO_RESIDENT_FORM /
+            _GEOMETRY; V = 32k class on fewer SMs (GLUON_AUTO_FEW_SMS_CHUNK_ROWS): GLUON_AUTO_FEW_SMS_FORM /
             _GEOMETRY), sm_90, a measured Triton version,
             no launch option given); the Triton walk otherwise (a log line says why, once). False: always the
             Triton walk. True / "ss" / "rs": the Gluon streamed walk in the plan's geometry (W2's resident rows in
@@ -1097,13 +1098,28 @@ GLUON_AUTO_CHUNK_ROWS = (1152, 1920)
 GLUON_AUTO_RESIDENT_FORM = "rs2_lean_pair_pp"
 GLUON_AUTO_RESIDENT_GEOMETRY = dict(tile_rows=128, resident_tiles=2, stream_rows=128)
 GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = (256,)
+# Shards of 320..512 rows: a ~32k vocabulary on fewer SMs than 132 (H100 PCIe's 114: 320 rows a program in the Triton
+# plan; H20's 78: 448; an MPS client at half an H200, whose properties report 66 SMs: 512). The Triton walk streams
+# 3/4 of such a shard every step (the 4-stage ring form measured for 152k's 1,152 rows). Gluon's rs2 form with one
+# resident tile and a 2-stage ring of 128-row tiles keeps 256 rows in registers and streams the rest from L2 (its
+# plan: shards of 384 rows at P = 114, 512 at P = 78 / 66). Session 20, call 3 at 01e1a03 (H200, triton 3.6, P SMs
+# emulated by head_walk(programs=P), which a real MPS client at 66 SMs matched within 1 %; CUDA-graph replays, us a
+# 15-step walk, vLLM's W2 layout), this form vs the Triton walk's default: greedy b1 50.3 / 58.8 / 59.1 vs 79.4 / 94.6
+# / 99.7 at P = 114 / 78 / 66, sampled b1 58.4 / 68.2 / 68.0 vs 104.2 / 128.8 / 140.7; on 132 SMs it ties auto's
+# forms (39.5 vs 39.9). GLUON_AUTO_GEOMETRY's 384 resident rows do not fit beside a ring there (shared memory).
+GLUON_AUTO_FEW_SMS_FORM = "rs2_sf_lean_pp"
+GLUON_AUTO_FEW_SMS_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=1, stream_rows=128)
+GLUON_AUTO_FEW_SMS_CHUNK_ROWS: tuple[int, ...] = (320, 384, 448, 512)
 
 
 def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
     """(form, plan geometry) gluon="auto" walks for the Triton plan cfg: the resident form for fully resident shards
-    of the measured size (GLUON_AUTO_RESIDENT_CHUNK_ROWS), else the streamed one (GLUON_AUTO_FORM, _GEOMETRY)."""
+    of the measured size (GLUON_AUTO_RESIDENT_CHUNK_ROWS), the few-SMs form for shards of
+    GLUON_AUTO_FEW_SMS_CHUNK_ROWS, else the streamed one (GLUON_AUTO_FORM, _GEOMETRY)."""
     if cfg.chunk_rows in GLUON_AUTO_RESIDENT_CHUNK_ROWS:
         return GLUON_AUTO_RESIDENT_FORM, GLUON_AUTO_RESIDENT_GEOMETRY
+    if cfg.chunk_rows in GLUON_AUTO_FEW_SMS_CHUNK_ROWS:
+        return GLUON_AUTO_FEW_SMS_FORM, GLUON_AUTO_FEW_SMS_GEOMETRY
     return GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY
 # plan_walk's launch options at their defaults (head_walk's too): anything else is a caller's choice.
 PLAN_DEFAULTS = dict(residency="auto", programs=None, lockstep=False, tile_rows=None, resident_tiles=None,
@@ -1200,10 +1216,10 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
               or _triton_not_measured(triton_version, "the Gluon walk", "gluon=True"))
     if reason is not None:
         return reason
-    if cfg.chunk_rows not in GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS:
-        return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at "
-                f"{', '.join(map(str, GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS))} rows a program only "
-                f"(gluon=True asks for it)")
+    measured = sorted(GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS + GLUON_AUTO_FEW_SMS_CHUNK_ROWS)
+    if cfg.chunk_rows not in measured:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at {', '.join(map(str, measured))} rows "
+                f"a program only (gluon=True asks for it)")
     if (case.get("sampled") or case.get("cache")) and cfg.chunk_rows not in MEASURED_GLUON_DRAW_CHUNK_ROWS:
         return (f"a {'sampled row' if case.get('sampled') else 'draft-logits cache'} with shards of {cfg.chunk_rows} "
                 f"rows: the Gluon walk's draw was not measured faster there (an explicit gluon= form walks it)")
@@ -1216,8 +1232,9 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 # Triton walk's default): 32k (256 rows) 44.7 / 44.7 vs 54.7 / 54.7; 32k with a d2t into 151,936 ids 45.3 / 46.1 vs
 # 52.4 / 53.0; 152k (1,152 rows) 246.2 / 242.8 vs 336.7 / 340.7. Greedy rows with a cache (no noise) walk the same
 # code without the draw's noise: not timed apart.
-# 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment).
-MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 1152, 1920)
+# 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment). 320..512 rows (fewer SMs): session
+# 20 (GLUON_AUTO_FEW_SMS_CHUNK_ROWS' comment).
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 320, 384, 448, 512, 1152, 1920)
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
