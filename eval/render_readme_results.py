@@ -69,6 +69,14 @@ ROWS = {
         ("speedup_graph_loop_v248k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
     ],
+    "head_walk_fewer_sms": [
+        ("speedup_over_triton_v32k_p114_b1", "DSpark Markov walk, V=32k, block 15, batch 1, on fewer SMs than the H200's 132 (the plan's SM count set to P; a P-SM device walks these shards): H100 PCIe's 114: the Gluon few-SMs form (session 20) / the Triton walk (the default there before)", "(not a goal)"),
+        ("speedup_over_triton_v32k_p78_b1", "same, H20's 78 SMs", "(not a goal)"),
+        ("speedup_over_triton_v32k_mps50_p66_b1", "same, a real MPS client at 50 % of an H200 (66 SMs reported)", "(not a goal)"),
+        ("speedup_over_triton_v32k_mps50_p66_b1_sampled", "same MPS client, sampled", "(not a goal)"),
+        ("ours_us_v32k_mps50_p66_b1", "that MPS client's walk, us (the whole H200: `ours_us_v32k_p132_b1` in the table)", "(not a goal)"),
+        ("speedup_over_triton_v50k_p132_b1", "132 SMs, a 50,000-token draft vocabulary (384-row shards): same ratio", "(not a goal)"),
+    ],
     "head_walk_t248k_d2t": [
         ("speedup_graph_loop_v32k_d2t248k_blk15_b1", "the same reduced-vocabulary walk into Qwen3.5 / 3.6's 248,320 target ids (vLLM's d2t), greedy, block 15, batch 1: vLLM's walk with its d2t / ours", "(not a goal)"),
         ("speedup_graph_loop_v32k_d2t248k_blk15_b1_sampled", "same, sampled, batch 1", "(not a goal)"),

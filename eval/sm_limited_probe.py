@@ -257,6 +257,10 @@ def finalize(paths: list[str], results_name: str) -> None:
                 tag = f"{'mps50_' if where == 'mps50' else ''}p{sms}_b1{'_sampled' if sampled else ''}"
                 summary[f"speedup_over_triton_v32k_{tag}"] = r["speedup_over_triton"]
                 summary[f"ours_us_v32k_{tag}"] = r["ours_us"]
+    for vocab in (50000, 64000):
+        r = cell("plain", 132, vocab=vocab)
+        if r is not None:
+            summary[f"speedup_over_triton_v{vocab // 1000}k_p132_b1"] = r["speedup_over_triton"]
     full = cell("plain", 132)
     if full is not None:
         summary["ours_us_v32k_p132_b1"] = full["ours_us"]
@@ -264,11 +268,15 @@ def finalize(paths: list[str], results_name: str) -> None:
                            "replays, best of 2 interleaved samples (A B A B) each the median of 7 x 10 replays; ours: "
                            "head_walk's default; triton: gluon=False, head_walk's default for these shards before "
                            "session 20; pP: the plan's SM count set to P on the H200 (a P-SM device's shards); "
-                           "mps50: a real MPS client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (66 SMs reported)")
+                           "mps50: a real MPS client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (66 SMs reported); programs / rows "
+                           "a program: the Triton plan's (the Gluon few-SMs form re-plans in 128-row tiles: 384 rows "
+                           "a program where the Triton plan has 320 or 384, 512 where it has 448 or 512)")
     result = dict(bench="head_walk_fewer_sms", device=header[0]["device"] if header else "unknown",
                   commit=os.environ.get("HYBRIDSPEC_COMMIT", header[0].get("commit", "") if header else ""),
                   date=datetime.date.today().isoformat(),
-                  command=header[0].get("command", "") if header else "", rows=rows, summary=summary)
+                  command=" ; ".join(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (under nvidia-cuda-mps-control -d) "
+                                      if h["where"] == "mps50" else "") + h.get("command", "") for h in header),
+                  rows=rows, summary=summary)
     out = pathlib.Path(__file__).resolve().parent / "results"
     (out / f"{results_name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# {results_name}", "", f"{result['device']}, commit `{result['commit']}`, {result['date']}: "
