@@ -291,6 +291,38 @@ def finalize(paths: list[str], results_name: str) -> None:
     print(json.dumps(summary, indent=1))
 
 
+STREAM_AUTO = dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
+TRITON_2X128 = dict(gluon=False, tile_rows=128, resident_tiles=2, stream_tma=3, stream_rows=64)
+TRITON_256 = dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=3, stream_rows=64)
+# (vocab, rows, sampled, P list, {variant: head_walk options}): session 20's call 5.
+FORMS3 = ([(vocab, 1, sampled, (114, 78, 66), {"default": {}, "gluon_stream_auto": STREAM_AUTO})
+           for vocab in (151936, 248320) for sampled in (False, True)]
+          + [(32000, rows, sampled, (114, 78, 66), {"default": {}, "triton_2x128_ring3": TRITON_2X128,
+                                                    "triton_256_ring3": TRITON_256})
+             for rows, sampled in ((2, False), (4, False), (8, False), (8, True), (16, False), (32, False))])
+
+
+def step_forms3(label: str) -> None:
+    """FORMS3: each case's variants timed twice, interleaved (A B C A B C), as a P-SM device plans (programs=P)."""
+    for vocab, rows, sampled, programs, variants in FORMS3:
+        p, kw = problem(rows, sampled, vocab)
+        for sms in programs:
+            times = {name: [] for name in variants}
+            verdicts = {}
+            for _ in range(2):
+                for name, extra in variants.items():
+                    opts = {"programs": sms, **extra}
+                    try:
+                        if name not in verdicts:
+                            tokens, cache = one_walk(p, kw, rows, sampled, vocab, **opts)
+                            torch.cuda.synchronize()
+                            verdicts[name] = checked(p, tokens, sampled, cache)
+                        times[name].append(round(timed_us(lambda: one_walk(p, kw, rows, sampled, vocab, **opts)), 1))
+                    except Exception as exc:  # noqa: BLE001
+                        verdicts[name] = repr(exc)[:200]
+            report(where=label, sms=sms, vocab=vocab, rows=rows, sampled=sampled, us=times, drafts=verdicts)
+
+
 def step_capture(label: str) -> None:
     rows, sampled = 1, False
     p, kw = problem(rows, sampled)
@@ -329,7 +361,7 @@ def main() -> None:
     parser.add_argument("--finalize", nargs="+")
     parser.add_argument("--results-name", default="head_walk_fewer_sms")
     parser.add_argument("--sms", type=int, default=64)
-    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2", "results"], default="walk")
+    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2", "forms3", "results"], default="walk")
     parser.add_argument("--programs", default="132,114,78,66")
     args = parser.parse_args()
     if args.finalize:
@@ -366,6 +398,8 @@ def main() -> None:
                                           commit=os.environ.get("HYBRIDSPEC_COMMIT", ""),
                                           command=" ".join(["python3"] + sys.argv))) + "\n")
             step_results(args.where, device_sms, [int(n) for n in args.programs.split(",")], args.out_jsonl)
+        elif args.step == "forms3":
+            step_forms3(args.where)
         elif args.step == "forms2":
             step_forms2(args.where, device_sms, [int(n) for n in args.programs.split(",")],
                         [(1, False), (1, True), (8, False), (32, False)])
