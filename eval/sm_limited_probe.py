@@ -192,7 +192,14 @@ def step_forms2(label: str, device_sms: int, programs: list[int], cases_: list[t
                     report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
 
 
-RESULT_CASES = [(32000, 1, False), (32000, 1, True), (50000, 1, False), (64000, 1, False)]
+# (vocab, rows, sampled, the walk before session 20 at these shards: head_walk options). Before: one row walked the
+# Triton walk there (gluon=False; its plan unchanged), several rows of 320..512-row shards choose_streamed_tma's ring.
+_BEFORE_RING8 = dict(gluon=False, stream_tma=3, tile_rows=64, resident_tiles=3, num_warps=8)
+RESULT_CASES = [(32000, 1, False, {"gluon": False}), (32000, 1, True, {"gluon": False}),
+                (32000, 8, False, _BEFORE_RING8), (32000, 8, True, _BEFORE_RING8),
+                (151936, 1, False, {"gluon": False}), (151936, 1, True, {"gluon": False}),
+                (248320, 1, False, {"gluon": False}),
+                (50000, 1, False, {"gluon": False}), (64000, 1, False, {"gluon": False})]
 
 
 def step_results(label: str, device_sms: int, programs: list[int], out_jsonl: str) -> None:
@@ -201,17 +208,17 @@ def step_results(label: str, device_sms: int, programs: list[int], out_jsonl: st
     CUDA-graph replays; rows appended to out_jsonl."""
     real_num_sms = walk_module._num_sms
     with open(out_jsonl, "a") as out:
-        for vocab, rows, sampled in RESULT_CASES:
+        for vocab, rows, sampled, before in RESULT_CASES:
             p, kw = problem(rows, sampled, vocab)
             for sms in programs:
-                if vocab != 32000 and sms != device_sms:
+                if vocab in (50000, 64000) and sms != device_sms or vocab > 64000 and sms >= 132:
                     continue
                 walk_module._num_sms = (lambda device, n=sms: n) if sms < device_sms else real_num_sms
                 try:
-                    cfg = walk_module.plan_walk(vocab, 256, rows, 2, torch.device("cuda"))
+                    cfg = walk_module.plan_walk(vocab, 256, rows, 2, torch.device("cuda"), sampled=sampled)
                     times = {"ours": [], "triton": []}
                     verdicts = {}
-                    for name, opts in (("ours", {}), ("triton", {"gluon": False}), ("ours", {}), ("triton", {"gluon": False})):
+                    for name, opts in (("ours", {}), ("triton", before), ("ours", {}), ("triton", before)):
                         tokens, cache = one_walk(p, kw, rows, sampled, vocab, **opts)
                         torch.cuda.synchronize()
                         verdicts[name] = checked(p, tokens, sampled, cache)
@@ -222,7 +229,9 @@ def step_results(label: str, device_sms: int, programs: list[int], out_jsonl: st
                                                                  sampled=sampled, cache=sampled, extras=False,
                                                                  dtypes=(torch.bfloat16,) * 3, rank=256,
                                                                  capability=torch.cuda.get_device_capability(),
-                                                                 w2_tma=True) is None else "triton",
+                                                                 w2_tma=True) is None
+                               else f"triton (ring {cfg.stream_tma} x {cfg.stream_rows}, {cfg.resident_tiles} x "
+                                    f"{cfg.tile_rows} resident)" if cfg.stream_tma else "triton",
                                ours_us=round(min(times["ours"]), 1), triton_us=round(min(times["triton"]), 1),
                                ours_us_all=[round(t, 1) for t in times["ours"]],
                                triton_us_all=[round(t, 1) for t in times["triton"]], drafts=verdicts)
@@ -247,7 +256,7 @@ def finalize(paths: list[str], results_name: str) -> None:
 
     def cell(where, sms, vocab=32000, sampled=False):
         return next((r for r in rows if r["where"] == where and r["sms"] == sms and r["vocab"] == vocab
-                     and r["sampled"] == sampled), None)
+                     and r["sampled"] == sampled and r["rows"] == 1), None)
 
     summary = {}
     for where, sms in (("plain", 114), ("plain", 90), ("plain", 78), ("plain", 66), ("mps50", 66)):
@@ -261,16 +270,24 @@ def finalize(paths: list[str], results_name: str) -> None:
         r = cell("plain", 132, vocab=vocab)
         if r is not None:
             summary[f"speedup_over_triton_v{vocab // 1000}k_p132_b1"] = r["speedup_over_triton"]
+    for where, sms in (("plain", 114), ("plain", 78), ("plain", 66), ("mps50", 66)):
+        for vocab, batch, sampled in ((151936, 1, False), (151936, 1, True), (248320, 1, False), (32000, 8, False),
+                                      (32000, 8, True)):
+            r = next((r for r in rows if r["where"] == where and r["sms"] == sms and r["vocab"] == vocab
+                      and r["rows"] == batch and r["sampled"] == sampled), None)
+            if r is not None:
+                tag = f"{'mps50_' if where == 'mps50' else ''}p{sms}_b{batch}{'_sampled' if sampled else ''}"
+                summary[f"speedup_over_before_v{round(vocab / 1000)}k_{tag}"] = r["speedup_over_triton"]
     full = cell("plain", 132)
     if full is not None:
         summary["ours_us_v32k_p132_b1"] = full["ours_us"]
-    summary["measures"] = ("us a 15-step Markov walk (block 15, b1, rank 256, bf16, vLLM's W2 layout), CUDA-graph "
-                           "replays, best of 2 interleaved samples (A B A B) each the median of 7 x 10 replays; ours: "
-                           "head_walk's default; triton: gluon=False, head_walk's default for these shards before "
-                           "session 20; pP: the plan's SM count set to P on the H200 (a P-SM device's shards); "
-                           "mps50: a real MPS client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (66 SMs reported); programs / rows "
-                           "a program: the Triton plan's (the Gluon few-SMs form re-plans in 128-row tiles: 384 rows "
-                           "a program where the Triton plan has 320 or 384, 512 where it has 448 or 512)")
+    summary["measures"] = (
+        "us a 15-step Markov walk (block 15, rank 256, bf16, vLLM's W2 layout), CUDA-graph replays, best of 2 "
+        "interleaved samples (A B A B) each the median of 7 x 10 replays; ours: head_walk's default; before "
+        "(triton_us): the walk head_walk took there before session 20 (one row: the Triton walk, gluon=False; 8 rows: "
+        "its ring of 3 x 64-row stages with 3 resident 64-row tiles); pP: the plan's SM count set to P on the H200 (a "
+        "P-SM device's shards); mps50: a real MPS client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 (66 SMs reported); "
+        "programs / rows a program: the Triton plan's (a Gluon form re-plans in 128-row tiles)")
     result = dict(bench="head_walk_fewer_sms", device=header[0]["device"] if header else "unknown",
                   commit=os.environ.get("HYBRIDSPEC_COMMIT", header[0].get("commit", "") if header else ""),
                   date=datetime.date.today().isoformat(),
@@ -281,10 +298,10 @@ def finalize(paths: list[str], results_name: str) -> None:
     (out / f"{results_name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# {results_name}", "", f"{result['device']}, commit `{result['commit']}`, {result['date']}: "
              f"`{result['command']}`", "", summary["measures"], "",
-             "| where | SMs (P) | vocab | sampled | programs | rows a program | form | ours us | Triton us | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| where | SMs (P) | vocab | batch | sampled | programs | rows a program | form | ours us | before us | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['where']} | {r['sms']} | {r['vocab']} | {r['sampled']} | {r['programs']} | "
+        lines.append(f"| {r['where']} | {r['sms']} | {r['vocab']} | {r['rows']} | {r['sampled']} | {r['programs']} | "
                      f"{r['chunk_rows']} | {r['form']} | {r['ours_us']} | {r['triton_us']} | "
                      f"{r['speedup_over_triton']} |")
     (out / f"{results_name}.md").write_text("\n".join(lines) + "\n")

@@ -1564,7 +1564,7 @@ def test_gluon_auto_selection(monkeypatch):
     # without their shard size listed, auto keeps the Triton walk there.
     assert walk.GLUON_AUTO_RESIDENT_CHUNK_ROWS == (256,) and walk.GLUON_AUTO_RESIDENT_FORM == "rs2_lean_pair_pp"
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", ())
-    assert "1152, 1920 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
+    assert "1152..3776 rows a program only" in walk.why_not_gluon_auto(_gpu_plan(monkeypatch, 32000), **base)
     monkeypatch.setattr(walk, "GLUON_AUTO_RESIDENT_CHUNK_ROWS", (256,))
     for vocab in (32000, 30011):
         resident = _gpu_plan(monkeypatch, vocab)
@@ -1590,7 +1590,7 @@ def test_gluon_auto_selection(monkeypatch):
         "triton 3.9 (checked offline, not measured)": (v152k, dict(base, triton_version="3.9.0")),
         "triton 3.10": (v152k, dict(base, triton_version="3.10.0")),
         "9001 (resident shards of an unmeasured size)": (_gpu_plan(monkeypatch, 9001), base),
-        "a larger vocabulary (unmeasured shard size)": (_gpu_plan(monkeypatch, 200000), base),
+        "shards past 3,776 rows (unmeasured)": (dataclasses.replace(v152k, chunk_rows=4160), base),
         "8 rows": (_gpu_plan(monkeypatch, 151936, 8), dict(base, num_rows=8)),
         "d2t / compact cache / confidence": (v152k, dict(base, extras=True)),
         "interpreter / cpu": (v152k, dict(base, capability=None)),
@@ -1601,7 +1601,7 @@ def test_gluon_auto_selection(monkeypatch):
         assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
     # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes; session 19
     # (ladder v72): Qwen3.5's 248,320 tokens (1,920 rows a program), greedy and sampled.
-    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 320, 384, 448, 512, 1152, 1920)
+    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 320, 384, 448, 512, 1152, 1344, 1920, 1984)
     v248k = _gpu_plan(monkeypatch, 248320)
     assert v248k.chunk_rows == 1920 and walk.why_not_gluon_auto(v248k, **base) is None
     assert walk.gluon_auto_form(v248k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
@@ -1649,6 +1649,47 @@ def test_gluon_auto_on_fewer_sms(monkeypatch, sms):
     assert walk.gluon_auto_form(walk.plan_walk(32000, 256, 1, 2, torch.device("cuda")))[0] == "rs2_lean_pair_pp"
 
 
+@pytest.mark.parametrize("sms", [114, 78, 66])
+def test_streamed_walks_on_fewer_sms(monkeypatch, sms):
+    """Fewer SMs (session 20, call 5): 2..16 greedy rows / 2..8 sampled rows of a ~32k vocabulary take the few-SMs ring
+    form (256 rows resident: 2 x 128 greedy, one 256-row tile sampled; a 3-stage ring of 64-row tiles), one row and
+    more rows keep theirs; 152k / 248k one-row walks take the Gluon streamed form (greedy at every measured shard, a
+    sampled row where its noise fits beside the ring)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_interpreting", lambda: False)
+    monkeypatch.setattr(walk, "_num_sms", lambda device: sms)
+
+    def plan(vocab, rows, **kw):
+        return walk.plan_walk(vocab, 256, rows, 2, torch.device("cuda"), **kw)
+
+    for rows, sampled, form in ((2, False, (128, 2)), (8, False, (128, 2)), (16, False, (128, 2)),
+                                (2, True, (256, 1)), (8, True, (256, 1))):
+        cfg = plan(32000, rows, sampled=sampled)
+        assert (cfg.stream_tma, cfg.stream_rows, cfg.num_warps, (cfg.tile_rows, cfg.resident_tiles)) == \
+            (3, 64, 8, form), (rows, sampled)
+    for rows, sampled in ((1, False), (1, True), (32, False), (16, True)):
+        cfg = plan(32000, rows, sampled=sampled)
+        assert (cfg.stream_tma, cfg.tile_rows, cfg.resident_tiles) != (3, 256, 1), (rows, sampled)
+        assert walk.choose_few_sms_tma(rows, sampled, cfg.chunk_rows) is None
+    assert walk.choose_few_sms_tma(8, False, 1152) is None and walk.choose_few_sms_tma(8, False, 256) is None
+    assert plan(32000, 8, stream_tma=0).stream_tma == 0  # a caller's choice stands
+    bf = torch.bfloat16
+    base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
+                capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[])
+    case = {k: v for k, v in base.items() if k != "overrides"}
+    for vocab in (151936, 248320):
+        cfg = plan(vocab, 1)
+        assert walk.why_not_gluon_auto(cfg, **base) is None, vocab
+        assert walk.gluon_auto_form(cfg) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
+        gluon_cfg = plan(vocab, 1, **walk.GLUON_AUTO_GEOMETRY)
+        assert walk.why_not_gluon_b1(gluon_cfg, rs=2, lean=True, **case) is None, vocab
+        draw = walk.why_not_gluon_auto(cfg, **dict(base, sampled=True, cache=True))
+        fits = walk.why_not_gluon_b1(gluon_cfg, rs=2, lean=True, **dict(case, sampled=True)) is None
+        assert (draw is None) == (vocab == 151936 and sms in (114, 78)), (vocab, draw)
+        assert fits == (vocab == 151936 and sms in (114, 78)), vocab
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("sms", [114, 90, 66])
@@ -1669,6 +1710,45 @@ def test_gpu_gluon_b1_on_fewer_sms(monkeypatch, sms, seed):
     _assert_draws_agree(monkeypatch, p, 32000, dict(req_indices=p.req), form, {})
     if seed == 0:
         _assert_gluon_graph_replays_agree(monkeypatch, p, {})
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("sms", [114, 78, 66])
+def test_gpu_streamed_walks_on_fewer_sms(monkeypatch, sms):
+    """Session 20's plans for fewer SMs (the plan's SM count patched): 4 greedy rows and 8 sampled rows with their
+    cache of a 32k vocabulary (the few-SMs ring form) within tolerance of the naive walk, walk after walk the same;
+    one 152k row (Gluon's streamed form) with exactly the Triton walk's tokens, no fallback, and at 114 / 78 SMs a
+    sampled 152k row with its cache exactly the Triton walk's draws; one 248k row at 66 SMs likewise (greedy)."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    monkeypatch.setattr(walk, "_num_sms", lambda device: sms)
+    for rows, sampled in ((4, False), (8, True)):
+        p = make_problem(rows, 15, 32000, rank=256, dtype=torch.bfloat16, seed=rows + sms, scale=0.1)
+        p.w2 = p.w2.t().contiguous().t()
+        assert walk.plan_walk(32000, 256, rows, 2, torch.device(DEVICE), sampled=sampled).stream_tma == 3
+        kw = dict(sampling_kwargs(p)) if sampled else {}
+        walks = []
+        for _ in range(2):
+            cache = torch.zeros(rows, 16, 32000, dtype=torch.bfloat16, device=DEVICE) if sampled else None
+            tokens, _, _ = head_walk(p.U, p.w1, p.w2, p.x0, draft_logits=cache, **kw)
+            torch.cuda.synchronize()
+            assert_walk_tolerated(p, tokens, {}, sampled, cache=cache)
+            walks.append((tokens, cache))
+        assert torch.equal(walks[0][0], walks[1][0])
+    p = make_problem(1, 15, 151936, rank=256, dtype=torch.bfloat16, seed=sms, scale=0.1)
+    p.w2 = p.w2.t().contiguous().t()
+    _assert_gluon_walks_agree(monkeypatch, p, {"auto": {}}, scaled_kw=dict(gluon="rs2_sf_lean_pp",
+                                                                           **walk.GLUON_AUTO_GEOMETRY))
+    if sms in (114, 78):
+        p.req = torch.tensor([0], device=DEVICE)
+        _assert_draws_agree(monkeypatch, p, 151936, dict(req_indices=p.req),
+                            dict(gluon="rs2_sf_lean_pp", **walk.GLUON_AUTO_GEOMETRY), {})
+    if sms == 66:
+        p = make_problem(1, 15, 248320, rank=256, dtype=torch.bfloat16, seed=sms, scale=0.1)
+        p.w2 = p.w2.t().contiguous().t()
+        _assert_gluon_walks_agree(monkeypatch, p, {"auto": {}}, scaled_kw=dict(gluon="rs2_sf_lean_pp",
+                                                                               **walk.GLUON_AUTO_GEOMETRY))
 
 
 class _FailingBuild:

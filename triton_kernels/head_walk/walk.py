@@ -210,6 +210,22 @@ def choose_streamed_tma(num_rows: int) -> tuple[int, int, int, int]:
     return next((form for rows, form in MEASURED_STREAMED_TMA if num_rows <= rows), MEASURED_STREAMED_TMA[-1][1])
 
 
+# Several rows over shards of 320..512 rows (a ~32k vocabulary on fewer SMs: GLUON_AUTO_FEW_SMS_CHUNK_ROWS): 256 rows
+# resident and a 3-stage ring of 64-row tiles at 8 warps, greedy as 2 x 128-row tiles, sampled as one 256-row tile.
+# Session 20, call 5 at 7602a8a (H200, triton 3.6, plans for P SMs by programs=P, CUDA-graph replays, two interleaved
+# samples, us a 15-step walk), vs choose_streamed_tma's (64-row tiles, 3 resident) at P = 114 / 78 / 66: greedy b2
+# 86.6 / 113.3 / 122.9 vs 102.8 / 121.4 / 131.9, b4 86.6 / 113.5 / 123.0 vs 103.1 / 121.7 / 131.2, b8 87.3 / 114.0 /
+# 123.2 vs 103.9 / 122.5 / 132.1, b16 92.1 / 119.5 / 135.9 vs 107.6 / 125.5 / 136.7 (b32: 121.7 / 163.9 / 179.2 vs
+# 133.5 / 156.9 / 167.9, not taken); sampled b8 131.7 / 174.6 / 194.4 vs 157.7 / 185.9 / 200.8.
+MEASURED_FEW_SMS_STREAMED_TMA = {False: (16, (3, 128, 2, 8)), True: (8, (3, 256, 1, 8))}
+
+
+def choose_few_sms_tma(num_rows: int, sampled: bool, chunk_rows: int) -> tuple[int, int, int, int] | None:
+    """The measured ring form for num_rows >= 2 rows over shards of GLUON_AUTO_FEW_SMS_CHUNK_ROWS, else None."""
+    max_rows, form = MEASURED_FEW_SMS_STREAMED_TMA[bool(sampled)]
+    return form if 2 <= num_rows <= max_rows and chunk_rows in GLUON_AUTO_FEW_SMS_CHUNK_ROWS else None
+
+
 def choose_streamed_l2_prefetch(num_rows: int, sampled: bool = False) -> int:
     rule = MEASURED_STREAMED_L2_PREFETCH_SAMPLED if sampled else MEASURED_STREAMED_L2_PREFETCH
     return next((tiles for rows, tiles in rule if num_rows <= rows), rule[-1][1])
@@ -310,8 +326,9 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     streamed = chunk_rows > resident_tiles * tile_rows
     tma_form = None
     if stream_tma is None:
-        tma_form = (choose_streamed_tma(num_rows) if streamed and on_gpu and residency == "auto" and not tiles_given
-                    and prefetch and w2_elt_bytes == 2 else None)
+        tma_form = ((choose_few_sms_tma(num_rows, sampled, chunk_rows) or choose_streamed_tma(num_rows))
+                    if streamed and on_gpu and residency == "auto" and not tiles_given and prefetch
+                    and w2_elt_bytes == 2 else None)
         stream_tma = 0
     if tma_form is not None:
         stream_tma, tile_rows, resident_tiles, form_warps = tma_form
@@ -1080,6 +1097,13 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # (130 programs of 1,920 rows) 452.7 / 452.1 vs the Triton walk's 467.2 / 471.2 greedy, 490.0 / 488.6 vs 511.2 / 508.1
 # sampled with its cache.
 GLUON_AUTO_CHUNK_ROWS = (1152, 1920)
+# Partly streamed shards of 1,152..3,776 rows (152k and 248k on fewer SMs too): session 20, call 5 at 7602a8a (H200,
+# triton 3.6, plans for P SMs by programs=P, CUDA-graph replays, two interleaved samples, us a 15-step greedy b1 walk),
+# the streamed form vs the Triton walk at P = 114 / 78 / 66: 152k (Triton shards of 1,344 / 1,984 / 2,304 rows) 248.3 /
+# 289.4 / 304.8 vs 302.4 / 317.4 / 343.6; 248k (2,240 / 3,200 / 3,776) 441.8 / 466.1 / 470.9 vs 463.9 / 485.8 / 537.5.
+# Sampled only where MEASURED_GLUON_DRAW_CHUNK_ROWS says (past ~2,048 rows the draw's noise does not fit beside the
+# ring: why_not_gluon_b1 keeps the Triton walk).
+GLUON_AUTO_STREAMED_CHUNK_RANGE = (1152, 3776)
 # Fully resident shards (HW12, H200, triton 3.6, 32k b1 block 15: 125 programs of 256 rows): ss_lean_pair in two
 # 128-row tiles at 8 warps. Ladder v32 (call B at 8a7cc6a): under the Triton walk in all 7 interleaved pairs (median
 # -6.0 %; block 7 23.5 vs 24.9, block 1 7.1 vs 8.0). Adopted by ladder v33 (session 9, lead, at af63436): its 26 GPU
@@ -1216,10 +1240,11 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
               or _triton_not_measured(triton_version, "the Gluon walk", "gluon=True"))
     if reason is not None:
         return reason
-    measured = sorted(GLUON_AUTO_CHUNK_ROWS + GLUON_AUTO_RESIDENT_CHUNK_ROWS + GLUON_AUTO_FEW_SMS_CHUNK_ROWS)
-    if cfg.chunk_rows not in measured:
-        return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at {', '.join(map(str, measured))} rows "
-                f"a program only (gluon=True asks for it)")
+    measured = sorted(GLUON_AUTO_RESIDENT_CHUNK_ROWS + GLUON_AUTO_FEW_SMS_CHUNK_ROWS)
+    low, high = GLUON_AUTO_STREAMED_CHUNK_RANGE
+    if cfg.chunk_rows not in measured and not low <= cfg.chunk_rows <= high:
+        return (f"shards of {cfg.chunk_rows} rows: the Gluon walk was measured at {', '.join(map(str, measured))} and "
+                f"{low}..{high} rows a program only (gluon=True asks for it)")
     if (case.get("sampled") or case.get("cache")) and cfg.chunk_rows not in MEASURED_GLUON_DRAW_CHUNK_ROWS:
         return (f"a {'sampled row' if case.get('sampled') else 'draft-logits cache'} with shards of {cfg.chunk_rows} "
                 f"rows: the Gluon walk's draw was not measured faster there (an explicit gluon= form walks it)")
@@ -1234,7 +1259,9 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 # code without the draw's noise: not timed apart.
 # 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment). 320..512 rows (fewer SMs): session
 # 20 (GLUON_AUTO_FEW_SMS_CHUNK_ROWS' comment).
-MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 320, 384, 448, 512, 1152, 1920)
+# 152k on 114 / 78 SMs (Triton shards of 1,344 / 1,984 rows; call 5 at 7602a8a, sampled with its cache): 279.5 / 317.1
+# vs the Triton walk's 345.0 / 457.9.
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 320, 384, 448, 512, 1152, 1344, 1920, 1984)
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
