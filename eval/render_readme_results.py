@@ -76,6 +76,8 @@ ROWS = {
         ("speedup_over_triton_v32k_mps50_p66_b1_sampled", "same MPS client, sampled", "(not a goal)"),
         ("ours_us_v32k_mps50_p66_b1", "that MPS client's walk, us (the whole H200: `ours_us_v32k_p132_b1` in the table)", "(not a goal)"),
         ("speedup_over_triton_v50k_p132_b1", "132 SMs, a 50,000-token draft vocabulary (384-row shards): same ratio", "(not a goal)"),
+        ("speedup_over_before_v152k_mps50_p66_b1", "that MPS client, V=151,936, greedy, batch 1: the walk before session 20 (Triton) / ours (Gluon's streamed form)", "(not a goal)"),
+        ("speedup_over_before_v32k_mps50_p66_b8", "that MPS client, V=32k, greedy, batch 8: before / ours (256 rows resident beside the ring)", "(not a goal)"),
     ],
     "head_walk_t248k_d2t": [
         ("speedup_graph_loop_v32k_d2t248k_blk15_b1", "the same reduced-vocabulary walk into Qwen3.5 / 3.6's 248,320 target ids (vLLM's d2t), greedy, block 15, batch 1: vLLM's walk with its d2t / ours", "(not a goal)"),

@@ -251,7 +251,8 @@ def finalize(paths: list[str], results_name: str) -> None:
 
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     header = [r for r in rows if "device" in r]
-    rows = [r for r in rows if "ours_us" in r]
+    # Several rows on the whole H200 walk resident shards, which session 20 left as they were: no "before" to show.
+    rows = [r for r in rows if "ours_us" in r and not (r["rows"] > 1 and r["sms"] >= 132)]
     assert rows and all(r["drafts"] == {"ours": "ok", "triton": "ok"} for r in rows), "a failed or wrong row"
 
     def cell(where, sms, vocab=32000, sampled=False):
