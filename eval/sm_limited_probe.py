@@ -320,9 +320,14 @@ FORMS3 = ([(vocab, 1, sampled, (114, 78, 66), {"default": {}, "gluon_stream_auto
              for rows, sampled in ((2, False), (4, False), (8, False), (8, True), (16, False), (32, False))])
 
 
-def step_forms3(label: str) -> None:
+# Session 20's call 7: a sampled 152k row over shards between the measured 1,344 and 1,984 rows (P = 100: 1,536 rows;
+# P = 90: 1,728).
+FORMS4 = [(151936, 1, True, (100, 90), {"default": {}, "gluon_stream_auto": STREAM_AUTO})]
+
+
+def step_forms3(label: str, forms=None) -> None:
     """FORMS3: each case's variants timed twice, interleaved (A B C A B C), as a P-SM device plans (programs=P)."""
-    for vocab, rows, sampled, programs, variants in FORMS3:
+    for vocab, rows, sampled, programs, variants in (FORMS3 if forms is None else forms):
         p, kw = problem(rows, sampled, vocab)
         for sms in programs:
             times = {name: [] for name in variants}
@@ -379,7 +384,7 @@ def main() -> None:
     parser.add_argument("--finalize", nargs="+")
     parser.add_argument("--results-name", default="head_walk_fewer_sms")
     parser.add_argument("--sms", type=int, default=64)
-    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2", "forms3", "results"], default="walk")
+    parser.add_argument("--step", choices=["walk", "capture", "forms", "forms2", "forms3", "forms4", "results"], default="walk")
     parser.add_argument("--programs", default="132,114,78,66")
     args = parser.parse_args()
     if args.finalize:
@@ -418,6 +423,8 @@ def main() -> None:
             step_results(args.where, device_sms, [int(n) for n in args.programs.split(",")], args.out_jsonl)
         elif args.step == "forms3":
             step_forms3(args.where)
+        elif args.step == "forms4":
+            step_forms3(args.where, FORMS4)
         elif args.step == "forms2":
             step_forms2(args.where, device_sms, [int(n) for n in args.programs.split(",")],
                         [(1, False), (1, True), (8, False), (32, False)])
