@@ -1601,7 +1601,7 @@ def test_gluon_auto_selection(monkeypatch):
         assert isinstance(walk.why_not_gluon_auto(plan, **kw), str), case
     # Session 17 (ladder v67): one sampled row with its draft-logits cache at both measured shard sizes; session 19
     # (ladder v72): Qwen3.5's 248,320 tokens (1,920 rows a program), greedy and sampled.
-    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 320, 384, 448, 512, 1152, 1344, 1920, 1984)
+    assert walk.MEASURED_GLUON_DRAW_CHUNK_ROWS == (256, 320, 384, 448, 512) + tuple(range(1152, 1985, 64))
     v248k = _gpu_plan(monkeypatch, 248320)
     assert v248k.chunk_rows == 1920 and walk.why_not_gluon_auto(v248k, **base) is None
     assert walk.gluon_auto_form(v248k) == (walk.GLUON_AUTO_FORM, walk.GLUON_AUTO_GEOMETRY)
@@ -1688,6 +1688,10 @@ def test_streamed_walks_on_fewer_sms(monkeypatch, sms):
         fits = walk.why_not_gluon_b1(gluon_cfg, rs=2, lean=True, **dict(case, sampled=True)) is None
         assert (draw is None) == (vocab == 151936 and sms in (114, 78)), (vocab, draw)
         assert fits == (vocab == 151936 and sms in (114, 78)), vocab
+    if sms == 114:
+        for between in (100, 90):  # 1,536 / 1,728-row shards (call 7)
+            monkeypatch.setattr(walk, "_num_sms", lambda device, n=between: n)
+            assert walk.why_not_gluon_auto(plan(151936, 1), **dict(base, sampled=True, cache=True)) is None
 
 
 @gpu
@@ -1714,12 +1718,12 @@ def test_gpu_gluon_b1_on_fewer_sms(monkeypatch, sms, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("sms", [114, 78, 66])
+@pytest.mark.parametrize("sms", [114, 90, 78, 66])
 def test_gpu_streamed_walks_on_fewer_sms(monkeypatch, sms):
     """Session 20's plans for fewer SMs (the plan's SM count patched): 4 greedy rows and 8 sampled rows with their
     cache of a 32k vocabulary (the few-SMs ring form) within tolerance of the naive walk, walk after walk the same;
-    one 152k row (Gluon's streamed form) with exactly the Triton walk's tokens, no fallback, and at 114 / 78 SMs a
-    sampled 152k row with its cache exactly the Triton walk's draws; one 248k row at 66 SMs likewise (greedy)."""
+    one 152k row (Gluon's streamed form) with exactly the Triton walk's tokens, no fallback, and at 114 / 90 / 78 SMs
+    a sampled 152k row with its cache exactly the Triton walk's draws; one 248k row at 66 SMs likewise (greedy)."""
     import hybridspec_kernels.head_walk.walk as walk
 
     monkeypatch.setattr(walk, "_num_sms", lambda device: sms)
@@ -1740,7 +1744,7 @@ def test_gpu_streamed_walks_on_fewer_sms(monkeypatch, sms):
     p.w2 = p.w2.t().contiguous().t()
     _assert_gluon_walks_agree(monkeypatch, p, {"auto": {}}, scaled_kw=dict(gluon="rs2_sf_lean_pp",
                                                                            **walk.GLUON_AUTO_GEOMETRY))
-    if sms in (114, 78):
+    if sms in (114, 90, 78):
         p.req = torch.tensor([0], device=DEVICE)
         _assert_draws_agree(monkeypatch, p, 151936, dict(req_indices=p.req),
                             dict(gluon="rs2_sf_lean_pp", **walk.GLUON_AUTO_GEOMETRY), {})

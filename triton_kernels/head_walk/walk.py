@@ -1259,9 +1259,11 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
 # code without the draw's noise: not timed apart.
 # 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment). 320..512 rows (fewer SMs): session
 # 20 (GLUON_AUTO_FEW_SMS_CHUNK_ROWS' comment).
-# 152k on 114 / 78 SMs (Triton shards of 1,344 / 1,984 rows; call 5 at 7602a8a, sampled with its cache): 279.5 / 317.1
-# vs the Triton walk's 345.0 / 457.9.
-MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 320, 384, 448, 512, 1152, 1344, 1920, 1984)
+# 152k on fewer SMs (sampled with its cache, session 20): Triton shards of 1,344 / 1,984 rows (P = 114 / 78, call 5 at
+# 7602a8a) 279.5 / 317.1 vs the Triton walk's 345.0 / 457.9, 1,536 / 1,728 (P = 100 / 90, call 7 at 9b8dc40) 297.9 /
+# 302.6 vs 378.5 / 410.1: every 64-row shard size from 1,152 to 1,984 (past ~2,048 the draw's noise does not fit beside
+# the ring: why_not_gluon_b1 keeps the Triton walk).
+MEASURED_GLUON_DRAW_CHUNK_ROWS: tuple[int, ...] = (256, 320, 384, 448, 512) + tuple(range(1152, 1985, 64))
 
 
 # The streamed Gluon walk's shared memory: resident rows + ring slots of 32 KB (64-row tiles) or 64 KB (128) (+ ~12 KB
