@@ -1279,7 +1279,7 @@ V72_FORMS = {"gluon": dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, 
 TUNE_CASES_V72 = (_mirrored_passes(V72_FORMS, 248320, "v248k_b1", passes=2)
                   + _mirrored_passes(_with(V72_FORMS, sampled=True), 248320, "sampled_v248k_b1", passes=2))
 # (v72 ran once at c50356b, us, Gluon / Triton: greedy 452.7 / 452.1 vs 467.2 / 471.2, sampled 490.0 / 488.6 vs 511.2 /
-# 508.1: adopted, walk.GLUON_AUTO_CHUNK_ROWS.)
+# 508.1: adopted, walk.GLUON_AUTO_CHUNK_ROWS; since session 20 walk.GLUON_AUTO_STREAMED_CHUNK_RANGE.)
 # v73 (session 19): sampled walks of 2..8 rows over partly streamed shards (152k, 248k) with every step's noise made
 # before the walk and loaded beside each tile (the resident tiles' and, new, the streamed ones'), against the noise
 # computed while scoring, ABBA x 2.

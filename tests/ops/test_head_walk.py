@@ -1674,6 +1674,13 @@ def test_streamed_walks_on_fewer_sms(monkeypatch, sms):
         assert walk.choose_few_sms_tma(rows, sampled, cfg.chunk_rows) is None
     assert walk.choose_few_sms_tma(8, False, 1152) is None and walk.choose_few_sms_tma(8, False, 256) is None
     assert plan(32000, 8, stream_tma=0).stream_tma == 0  # a caller's choice stands
+    ring8 = walk.choose_streamed_tma(8)
+    for head in ("gated_markov", "rnn"):  # not measured with the few-SMs ring form: the streamed one
+        cfg = plan(32000, 8, head=head)
+        assert (cfg.stream_tma, cfg.tile_rows, cfg.resident_tiles) == ring8[:3], head
+    for kw in (dict(tile_rows=64), dict(residency="partial"), dict(prefetch=False)):
+        assert (plan(32000, 8, **kw).tile_rows, plan(32000, 8, **kw).resident_tiles) != (128, 2), kw
+    assert walk.plan_walk(32000, 256, 8, 1, torch.device("cuda")).stream_tma == 0  # fp8 W2: no ring
     bf = torch.bfloat16
     base = dict(num_rows=1, head="markov", sampled=False, extras=False, dtypes=(bf, bf, bf), rank=256,
                 capability=(9, 0), triton_version="3.6.0", have_gluon=True, overrides=[])
@@ -1714,6 +1721,32 @@ def test_gpu_gluon_b1_on_fewer_sms(monkeypatch, sms, seed):
     _assert_draws_agree(monkeypatch, p, 32000, dict(req_indices=p.req), form, {})
     if seed == 0:
         _assert_gluon_graph_replays_agree(monkeypatch, p, {})
+
+
+def test_gluon_auto_plan_refused_near_the_id_limit(monkeypatch):
+    """A vocabulary within ~3k of MAX_TOKENS on 132 SMs (261,884: Triton shards of 1,984 rows, inside the streamed
+    range): the Gluon geometry's 128-row tiles round each shard to 2,048 rows, whose ids pass MAX_TOKENS, so
+    plan_walk refuses it; gluon_auto_plan turns that into a reason (head_walk walks the Triton plan) instead of
+    raising."""
+    import hybridspec_kernels.head_walk.walk as walk
+
+    cfg = _gpu_plan(monkeypatch, 261884)
+    assert cfg.chunk_rows == 1984
+    bf = torch.bfloat16
+    assert walk.why_not_gluon_auto(cfg, overrides=[], num_rows=1, head="markov", sampled=False, extras=False,
+                                   dtypes=(bf, bf, bf), rank=256, capability=(9, 0), triton_version="3.6.0",
+                                   have_gluon=True) is None
+    form, geometry = walk.gluon_auto_form(cfg)
+
+    def plan(**kw):
+        kw.pop("ring_reads_u")
+        return walk.plan_walk(261884, 256, 1, 2, torch.device("cuda"), **kw)
+
+    gluon_cfg, reason = walk.gluon_auto_plan(plan, geometry)
+    assert gluon_cfg is None and "past the keys'" in reason
+    gluon_cfg, reason = walk.gluon_auto_plan(lambda **kw: _gpu_plan(monkeypatch, 151936, **{
+        k: v for k, v in kw.items() if k != "ring_reads_u"}), geometry)
+    assert reason is None and gluon_cfg.chunk_rows == 1152
 
 
 @gpu

@@ -210,8 +210,9 @@ def choose_streamed_tma(num_rows: int) -> tuple[int, int, int, int]:
     return next((form for rows, form in MEASURED_STREAMED_TMA if num_rows <= rows), MEASURED_STREAMED_TMA[-1][1])
 
 
-# Several rows over shards of 320..512 rows (a ~32k vocabulary on fewer SMs: GLUON_AUTO_FEW_SMS_CHUNK_ROWS): 256 rows
-# resident and a 3-stage ring of 64-row tiles at 8 warps, greedy as 2 x 128-row tiles, sampled as one 256-row tile.
+# Several rows of a Markov head over shards of 320..512 rows (a ~32k vocabulary on fewer SMs:
+# GLUON_AUTO_FEW_SMS_CHUNK_ROWS): 256 rows resident and a 3-stage ring of 64-row tiles at 8 warps, greedy as 2 x 128-row
+# tiles, sampled as one 256-row tile (the gated Markov and RNN heads, not measured there, keep choose_streamed_tma's).
 # Session 20, call 5 at 7602a8a (H200, triton 3.6, plans for P SMs by programs=P, CUDA-graph replays, two interleaved
 # samples, us a 15-step walk), vs choose_streamed_tma's (64-row tiles, 3 resident) at P = 114 / 78 / 66: greedy b2
 # 86.6 / 113.3 / 122.9 vs 102.8 / 121.4 / 131.9, b4 86.6 / 113.5 / 123.0 vs 103.1 / 121.7 / 131.2, b8 87.3 / 114.0 /
@@ -326,7 +327,8 @@ def plan_walk(vocab: int, rank: int, num_rows: int, w2_elt_bytes: int, device: t
     streamed = chunk_rows > resident_tiles * tile_rows
     tma_form = None
     if stream_tma is None:
-        tma_form = ((choose_few_sms_tma(num_rows, sampled, chunk_rows) or choose_streamed_tma(num_rows))
+        tma_form = ((head == "markov" and choose_few_sms_tma(num_rows, sampled, chunk_rows)
+                     or choose_streamed_tma(num_rows))
                     if streamed and on_gpu and residency == "auto" and not tiles_given and prefetch
                     and w2_elt_bytes == 2 else None)
         stream_tma = 0
@@ -946,7 +948,8 @@ def head_walk(
             if gluon == "auto":
                 reason = why_not_gluon_auto(cfg, overrides=overrides, **gluon_case)
                 if reason is None:
-                    gluon_cfg = plan(ring_reads_u=False, **auto_geometry)
+                    gluon_cfg, reason = gluon_auto_plan(plan, auto_geometry)
+                if reason is None:
                     reason = why_not_gluon_b1(gluon_cfg, rs=flags["rs"], lean=flags["lean_ends"], **gluon_case)
                 if reason is not None:
                     log_once(logger, logging.INFO, f"head_walk(gluon='auto'): the Triton walk: {reason}")
@@ -1096,8 +1099,8 @@ GLUON_AUTO_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream
 # Session 19 (ladder v72, H200, triton 3.6, ABBA x 2, us a 15-step b1 walk): Qwen3.5 / 3.6's 248,320-token vocabulary
 # (130 programs of 1,920 rows) 452.7 / 452.1 vs the Triton walk's 467.2 / 471.2 greedy, 490.0 / 488.6 vs 511.2 / 508.1
 # sampled with its cache.
-GLUON_AUTO_CHUNK_ROWS = (1152, 1920)
-# Partly streamed shards of 1,152..3,776 rows (152k and 248k on fewer SMs too): session 20, call 5 at 7602a8a (H200,
+# Those two shard sizes (1,152 and 1,920 rows) were the whole rule until session 20, which measured the range:
+# partly streamed shards of 1,152..3,776 rows (152k and 248k on fewer SMs too): session 20, call 5 at 7602a8a (H200,
 # triton 3.6, plans for P SMs by programs=P, CUDA-graph replays, two interleaved samples, us a 15-step greedy b1 walk),
 # the streamed form vs the Triton walk at P = 114 / 78 / 66: 152k (Triton shards of 1,344 / 1,984 / 2,304 rows) 248.3 /
 # 289.4 / 304.8 vs 302.4 / 317.4 / 343.6; 248k (2,240 / 3,200 / 3,776) 441.8 / 466.1 / 470.9 vs 463.9 / 485.8 / 537.5.
@@ -1130,10 +1133,22 @@ GLUON_AUTO_RESIDENT_CHUNK_ROWS: tuple[int, ...] = (256,)
 # emulated by head_walk(programs=P), which a real MPS client at 66 SMs matched within 1 %; CUDA-graph replays, us a
 # 15-step walk, vLLM's W2 layout), this form vs the Triton walk's default: greedy b1 50.3 / 58.8 / 59.1 vs 79.4 / 94.6
 # / 99.7 at P = 114 / 78 / 66, sampled b1 58.4 / 68.2 / 68.0 vs 104.2 / 128.8 / 140.7; on 132 SMs it ties auto's
-# forms (39.5 vs 39.9). GLUON_AUTO_GEOMETRY's 384 resident rows do not fit beside a ring there (shared memory).
+# forms (39.5 vs 39.9). GLUON_AUTO_GEOMETRY's 384 resident rows do not fit beside a ring there (shared memory). Its
+# 256 resident rows are both register tiles, so the form walks without its lean start (nothing to load by TMA, logged
+# once): measured so.
 GLUON_AUTO_FEW_SMS_FORM = "rs2_sf_lean_pp"
 GLUON_AUTO_FEW_SMS_GEOMETRY = dict(stream_tma=2, tile_rows=128, resident_tiles=1, stream_rows=128)
 GLUON_AUTO_FEW_SMS_CHUNK_ROWS: tuple[int, ...] = (320, 384, 448, 512)
+
+
+def gluon_auto_plan(plan, geometry: dict) -> tuple[WalkConfig | None, str | None]:
+    """(plan, None) of the Gluon walk gluon="auto" chose, in its geometry; (None, why) where that plan is refused: its
+    128-row tiles round the shard up past the Triton plan's 64-row one, which can score row ids past MAX_TOKENS (a
+    vocabulary within ~3k of 262,144 on some SM counts) -- the Triton walk then runs."""
+    try:
+        return plan(ring_reads_u=False, **geometry), None
+    except ValueError as exc:
+        return None, f"the Gluon walk's plan: {exc}"
 
 
 def gluon_auto_form(cfg: WalkConfig) -> tuple[str, dict]:
@@ -1230,8 +1245,10 @@ def _triton_not_measured(triton_version: str, walk_name: str, ask: str) -> str |
 
 def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version: str = triton.__version__,
                        **case) -> str | None:
-    """None where head_walk(gluon="auto") takes the Gluon streamed walk (GLUON_AUTO_FORM, GLUON_AUTO_GEOMETRY): the
-    case it was measured faster in; else why the Triton walk runs. cfg: the Triton walk's default plan; overrides:
+    """None where head_walk(gluon="auto") takes a Gluon walk (gluon_auto_form's: the resident form, the few-SMs form
+    or the streamed one) for the Triton walk's plan cfg: the shard sizes it was measured faster at (256; 320..512;
+    1,152..3,776 rows; sampled rows and caches MEASURED_GLUON_DRAW_CHUNK_ROWS); else why the Triton walk runs
+    (head_walk also refuses the Gluon plan itself where gluon_auto_plan says so). cfg: the Triton walk's default plan; overrides:
     the launch options the caller set (any: the Triton walk they name); case: why_not_gluon_b1's other
     arguments."""
     reason = (_overrides_given(overrides)
@@ -1251,13 +1268,13 @@ def why_not_gluon_auto(cfg: WalkConfig, *, overrides: list[str], triton_version:
     return None
 
 
-# Shard sizes (rows a program, as GLUON_AUTO_CHUNK_ROWS) where gluon="auto" also takes one sampled row and / or a
+# Shard sizes (rows a program of the Triton plan) where gluon="auto" also takes one sampled row and / or a
 # draft-logits cache (gluon_b1's SAMPLED / STORE_LOGITS, the noise made before the walk). Ladder v67 (session 17,
 # H200, triton 3.6, ABBA x 2, us a 15-step sampled walk with its cache incl. the noise table's launch, Gluon vs the
 # Triton walk's default): 32k (256 rows) 44.7 / 44.7 vs 54.7 / 54.7; 32k with a d2t into 151,936 ids 45.3 / 46.1 vs
 # 52.4 / 53.0; 152k (1,152 rows) 246.2 / 242.8 vs 336.7 / 340.7. Greedy rows with a cache (no noise) walk the same
 # code without the draw's noise: not timed apart.
-# 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_CHUNK_ROWS' comment). 320..512 rows (fewer SMs): session
+# 248,320 (1,920 rows): ladder v72 (session 19; GLUON_AUTO_STREAMED_CHUNK_RANGE's comment). 320..512 rows (fewer SMs): session
 # 20 (GLUON_AUTO_FEW_SMS_CHUNK_ROWS' comment).
 # 152k on fewer SMs (sampled with its cache, session 20): Triton shards of 1,344 / 1,984 rows (P = 114 / 78, call 5 at
 # 7602a8a) 279.5 / 317.1 vs the Triton walk's 345.0 / 457.9, 1,536 / 1,728 (P = 100 / 90, call 7 at 9b8dc40) 297.9 /
