@@ -156,18 +156,21 @@ def step_forms(label: str, device_sms: int, programs: list[int]) -> None:
                     continue
                 if form == "gluon" and rows > 1:
                     continue
-                walk_kw = {**base, **extra}
-                walk_module._cooperative_refused.clear()
-                try:
-                    tokens, cache = one_walk(p, kw, rows, sampled, **walk_kw)
-                    torch.cuda.synchronize()
-                    verdict = checked(p, tokens, sampled, cache)
-                    us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
-                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, programs=cfg.programs,
-                           chunk_rows=cfg.chunk_rows, stream_tma=cfg.stream_tma, drafts=verdict,
-                           us_per_walk=round(us, 1))
-                except Exception as exc:  # noqa: BLE001
-                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
+                time_form(p, kw, rows, sampled, {**base, **extra}, where=label, sms=sms, rows=rows, sampled=sampled,
+                          form=form, programs=cfg.programs, chunk_rows=cfg.chunk_rows, stream_tma=cfg.stream_tma)
+
+
+def time_form(p, kw, rows: int, sampled: bool, walk_kw: dict, **fields) -> None:
+    """One walk with walk_kw (its drafts checked), then its CUDA-graph time: a report line with `fields`."""
+    walk_module._cooperative_refused.clear()
+    try:
+        tokens, cache = one_walk(p, kw, rows, sampled, **walk_kw)
+        torch.cuda.synchronize()
+        verdict = checked(p, tokens, sampled, cache)
+        us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
+        report(**fields, drafts=verdict, us_per_walk=round(us, 1))
+    except Exception as exc:  # noqa: BLE001 (a diagnostic: say what broke)
+        report(**fields, error=repr(exc)[:300])
 
 
 def step_forms2(label: str, device_sms: int, programs: list[int], cases_: list[tuple[int, bool]]) -> None:
@@ -179,17 +182,8 @@ def step_forms2(label: str, device_sms: int, programs: list[int], cases_: list[t
             for form, (for_rows, extra) in FORMS2.items():
                 if for_rows is not None and rows not in for_rows:
                     continue
-                walk_kw = {**base, **extra}
-                walk_module._cooperative_refused.clear()
-                try:
-                    tokens, cache = one_walk(p, kw, rows, sampled, **walk_kw)
-                    torch.cuda.synchronize()
-                    verdict = checked(p, tokens, sampled, cache)
-                    us = timed_us(lambda: one_walk(p, kw, rows, sampled, **walk_kw))
-                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, drafts=verdict,
-                           us_per_walk=round(us, 1))
-                except Exception as exc:  # noqa: BLE001
-                    report(where=label, sms=sms, rows=rows, sampled=sampled, form=form, error=repr(exc)[:300])
+                time_form(p, kw, rows, sampled, {**base, **extra}, where=label, sms=sms, rows=rows, sampled=sampled,
+                          form=form)
 
 
 # (vocab, rows, sampled, the walk before session 20 at these shards: head_walk options). Before: one row walked the
