@@ -1,9 +1,10 @@
 """CUDA-graph capture shared by the benchmarks (each keeps its own replay-timing policy)."""
 
 
-def capture_graph(fn, warmup_calls: int = 1):
+def capture_graph(fn, warmup_calls: int = 1, stream=None):
     """`fn` run `warmup_calls` times on a side stream (compiles Triton kernels and creates library handles
-    before capture, as capture forbids both), then captured once; returns the torch.cuda.CUDAGraph."""
+    before capture, as capture forbids both), then captured once (on `stream`, None: torch's capture stream);
+    returns the torch.cuda.CUDAGraph."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -13,7 +14,7 @@ def capture_graph(fn, warmup_calls: int = 1):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     return graph
 

@@ -27,7 +27,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "ops"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import test_head_walk as cases  # noqa: E402  (make_problem, sampling_kwargs, assert_walk_tolerated)
+from _cuda_graph import capture_graph  # noqa: E402
 
 import hybridspec_kernels.head_walk.walk as walk_module  # noqa: E402
 from hybridspec_kernels.head_walk import head_walk  # noqa: E402
@@ -76,11 +78,9 @@ _CAPTURE_STREAM = None
 
 def timed_us(fn, samples: int = 7, replays: int = 10) -> float:
     """us of one fn() replayed from a CUDA graph captured on _CAPTURE_STREAM (the green context's, where set)."""
-    fn()
+    fn()  # on the current stream (the green context's, where set), not capture_graph's side stream
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=_CAPTURE_STREAM):
-        fn()
+    graph = capture_graph(fn, warmup_calls=0, stream=_CAPTURE_STREAM)
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -126,17 +126,20 @@ def step_walk(label: str, device_sms: int, sms: int | None) -> None:
 
 
 FORMS = {"default": {}, "no_tma_ring": {"stream_tma": 0}, "gluon": {"gluon": True}}
+# head_walk options of the forms the steps below compare (literals: what each call measured).
+STREAM_AUTO = dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
+TRITON_2X128 = dict(gluon=False, tile_rows=128, resident_tiles=2, stream_tma=3, stream_rows=64)
+TRITON_256 = dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=3, stream_rows=64)
 # Candidate forms for shards of 320..512 rows (fewer SMs): (rows the form is for, head_walk options).
-RING = dict(stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
 FORMS2 = {
     "default": (None, {}),
-    "gluon_rs2_ring2": ((1,), dict(gluon="rs2_sf_lean_pp", **RING)),
+    "gluon_rs2_ring2": ((1,), STREAM_AUTO),
     "gluon_rs2_ring2_128": ((1,), dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=1,
                                           stream_rows=128)),
     "gluon_rs_ring4": ((1,), dict(gluon="rs_sf_lean", stream_tma=4, tile_rows=128, resident_tiles=1,
                                   stream_rows=64)),
-    "triton_256reg_ring3": (None, dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=3, stream_rows=64)),
-    "triton_2x128_ring3": (None, dict(gluon=False, tile_rows=128, resident_tiles=2, stream_tma=3, stream_rows=64)),
+    "triton_256reg_ring3": (None, TRITON_256),
+    "triton_2x128_ring3": (None, TRITON_2X128),
     "triton_256reg_ring2_128": (None, dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=2,
                                            stream_rows=128)),
     "rows": ((8,), dict(gluon="rows")),
@@ -332,9 +335,6 @@ def finalize(paths: list[str], results_name: str) -> None:
     print(json.dumps(summary, indent=1))
 
 
-STREAM_AUTO = dict(gluon="rs2_sf_lean_pp", stream_tma=2, tile_rows=128, resident_tiles=2, stream_rows=128)
-TRITON_2X128 = dict(gluon=False, tile_rows=128, resident_tiles=2, stream_tma=3, stream_rows=64)
-TRITON_256 = dict(gluon=False, tile_rows=256, resident_tiles=1, stream_tma=3, stream_rows=64)
 # (vocab, rows, sampled, P list, {variant: head_walk options}): session 20's call 5.
 FORMS3 = ([(vocab, 1, sampled, (114, 78, 66), {"default": {}, "gluon_stream_auto": STREAM_AUTO})
            for vocab in (151936, 248320) for sampled in (False, True)]
@@ -372,18 +372,19 @@ def step_forms3(label: str, forms=None) -> None:
 def step_capture(label: str) -> None:
     rows, sampled = 1, False
     p, kw = problem(rows, sampled)
-    # compile outside the capture (Triton cannot compile inside one) on the full device's plan? No: on this context,
-    # with the refusal forgotten afterwards, so that the capture meets the refusal first as a graph captured before
-    # any eager walk would.
+    # Compiled by an eager walk in this context (Triton cannot compile inside a capture), its refusal then forgotten,
+    # so that the capture meets the refusal first, as a graph captured before any eager walk would.
     one_walk(p, kw, rows, sampled)
     torch.cuda.synchronize()
     eager_refused = sorted(walk_module._cooperative_refused)
     walk_module._cooperative_refused.clear()
-    graph = torch.cuda.CUDAGraph()
     out = {}
+
+    def walk_into_out():
+        out["tokens"], _ = one_walk(p, kw, rows, sampled)
+
     try:
-        with torch.cuda.graph(graph, stream=_CAPTURE_STREAM):
-            out["tokens"], _ = one_walk(p, kw, rows, sampled)
+        graph = capture_graph(walk_into_out, warmup_calls=0, stream=_CAPTURE_STREAM)
         captured = "captured"
     except Exception as exc:  # noqa: BLE001
         report(where=label, step="capture", eager_refused=eager_refused, capture_error=repr(exc)[:600],
