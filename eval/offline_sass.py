@@ -9,7 +9,7 @@ Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: p
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]
     python eval/offline_sass.py compare BASE_OUT NEW_OUT     # per build: sass / masked / ptx SAME or DIFF
 
-WHAT: gdn, hw, hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache), hwrows (the Gluon
+WHAT: gdn, hw, topk (head_walk_topk's builds), hwd (head_walk's Triton builds with d2t at 32k: greedy, sampled, the compact cache), hwrows (the Gluon
 walk of 2..32 rows, gluon_rows, beside the Triton walk's build of each batch) or hwg (head_walk's Gluon streamed b1 walk, 152k / 150001, in its forms and ring geometries beside
 the Triton b1 build, with step-loop instruction counts; and its fully resident lean forms at 32k / 30011, HW12). (head_walk's removed Gluon prototypes' targets: the
 resident b1 forms in hwg, hwr (gluon_rows): at eee43d2.)
@@ -46,7 +46,7 @@ def compare(base, new):
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "compare":
     sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-WHATS = ("gdn", "hw", "hwg", "hwd", "hwrows")
+WHATS = ("gdn", "hw", "hwg", "hwd", "hwrows", "topk")
 if __name__ != "__main__" or len(sys.argv) < 4 or sys.argv[1] != "compile" or sys.argv[3] not in WHATS:
     sys.exit(__doc__)
 
@@ -347,6 +347,38 @@ def hwd():
             compile_captured(name, fn, args, kwargs)
 
 
+def topk():
+    """head_walk_topk (the top-k walk, one program a row): bf16, r 256, 15 steps, greedy / sampled with the cache, K 64
+    with and without the prefetch, K 256 (four chunks), 4 and 8 warps."""
+    import hybridspec_kernels.head_walk_topk.walk as walk
+    walk.head_walk_topk_kernel = Capture(walk.head_walk_topk_kernel)
+    rows, steps, rank, vocab = 8, 15, 256, 151936
+    for topk in (64, 256):
+        for sampled in (False, True):
+            for prefetch in ((False, True) if topk <= walk.CHUNK else (False,)):
+                for warps in (4, 8):
+                    name = (f"topk_k{topk}_{'sampled' if sampled else 'greedy'}{'_prefetch' if prefetch else ''}"
+                            f"_w{warps}")
+                    if ONLY and name not in ONLY:
+                        continue
+                    values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
+                    cand = torch.zeros(rows, steps, topk, dtype=torch.long)
+                    w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+                    w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+                    first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
+                    extra = {}
+                    if sampled:
+                        extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
+                                     positions=torch.zeros(rows, steps, dtype=torch.long),
+                                     draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
+                                     cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+                    del captured[:]
+                    walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first,
+                                        prefetch=prefetch, num_warps=warps, **extra)
+                    (fn, args, kwargs), = captured
+                    compile_captured(name, fn, args, kwargs)
+
+
 def _compile_counted(name, cfg):
     """Compiles the one captured launch and prints its step loop's counts; the SASS text, or None where this Triton
     rejects the build (printed: what a Triton version rejects is the finding, not a crash)."""
@@ -475,4 +507,4 @@ def hwrows():
         _compile_counted(name, cfg)
 
 
-{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd, "hwrows": hwrows}[WHAT]()
+{"gdn": gdn, "hwg": hwg, "hw": hw, "hwd": hwd, "hwrows": hwrows, "topk": topk}[WHAT]()

@@ -3,7 +3,8 @@
 # on the lent H200, in parallel (pytest-xdist from carried wheels: the device has no network).
 # Here:    cp <wheels of pytest-xdist and execnet> .whl/      (carry .whl)
 # Device:  TESTS_S=600 PART=gdn bash eval/run_gpu_tests.sh    (log in $OUT/gpu_tests/pytest.log)
-#          PART=gdn: test_gdn_verify.py + test_gdn_checkpoint.py; PART=hw: test_head_walk.py; unset: all three (118
+#          PART=gdn: test_gdn_verify.py + test_gdn_checkpoint.py; PART=hw: test_head_walk.py; PART=topk:
+#          test_head_walk_topk.py; unset: all four (118
 #          tests did not finish in 545 s on 15 workers in session 6: one call per part); TEST_K: a pytest -k filter.
 set +e
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -14,8 +15,9 @@ export PYTHONPATH=/tmp/pk:/tmp/site
 case "${PART:-all}" in
     gdn) FILES="tests/ops/test_gdn_verify.py tests/ops/test_gdn_checkpoint.py" ;;
     hw) FILES="tests/ops/test_head_walk.py" ;;
-    all) FILES="tests/ops/test_gdn_verify.py tests/ops/test_gdn_checkpoint.py tests/ops/test_head_walk.py" ;;
-    *) echo "PART must be gdn, hw or all, got $PART"; exit 2 ;;
+    topk) FILES="tests/ops/test_head_walk_topk.py" ;;
+    all) FILES="tests/ops/test_gdn_verify.py tests/ops/test_gdn_checkpoint.py tests/ops/test_head_walk.py tests/ops/test_head_walk_topk.py" ;;
+    *) echo "PART must be gdn, hw, topk or all, got $PART"; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

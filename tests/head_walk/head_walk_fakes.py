@@ -38,8 +38,10 @@ def make_speculator(
     dyadic=True,
     hybridspec=None,
     seed=0,
+    topk=None,
 ):
-    """hybridspec: the `hybridspec` section of additional_config (None: the plugin is not enabled)."""
+    """hybridspec: the `hybridspec` section of additional_config (None: the plugin is not enabled); topk: the
+    drafter's `dspark_draft_topk` (vLLM's top-k walk)."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -59,7 +61,8 @@ def make_speculator(
         model = Qwen3DSparkForCausalLM.__new__(Qwen3DSparkForCausalLM)
         nn.Module.__init__(model)
         model.model = nn.Module()
-        model.model.markov_head = DSparkMarkovHead(target_vocab, vocab, rank, prefix="markov_head")
+        model.model.markov_head = DSparkMarkovHead(target_vocab, vocab, rank, prefix="markov_head",
+                                                   retain_weight_for_gather=topk is not None)
         model.lm_head = ParallelLMHead(vocab, hidden, prefix="lm_head", disable_tp=True)
         model.logits_processor = LogitsProcessor(vocab, scale=logit_scale)
     head = model.model.markov_head
@@ -94,7 +97,7 @@ def make_speculator(
     spec.num_speculative_steps = num_steps
     spec.max_num_reqs = max_num_reqs
     spec.vocab_size = target_vocab
-    spec._draft_topk = None
+    spec._draft_topk = topk
     spec.draft_watermarker = None
     spec.use_fp64_gumbel = False
     spec._step_cols = torch.arange(num_steps, dtype=torch.int32)
@@ -140,13 +143,14 @@ def make_speculator(
     return spec
 
 
-def run_walk(spec, ours: bool):
-    """Walks a deep copy of spec with vLLM's `_sample_sequential` (ours=False) or hybridspec's; returns what it
-    wrote. Raises if hybridspec's walk declined (it would have left the work to vLLM's)."""
+def run_walk(spec, ours: bool, copy_spec: bool = True):
+    """Walks a deep copy of spec (copy_spec=False: spec itself) with vLLM's `_sample_sequential` (ours=False) or
+    hybridspec's; returns what it wrote. Raises if hybridspec's walk declined (it would have left the work to vLLM's)."""
     from vllm_hybridspec.head_walk.patches import UseHybridSpecHeadWalk
     from vllm_hybridspec.head_walk.walk import sample_sequential
 
-    spec = copy.deepcopy(spec)
+    if copy_spec:
+        spec = copy.deepcopy(spec)
     rows, hidden = spec._test_rows, spec._test_head_hidden
     with torch.no_grad():
         if ours:
@@ -166,3 +170,17 @@ def run_walk(spec, ours: bool):
         out.features = spec.acceptance_estimator.features[valid].clone()
         out.predictions = spec.acceptance_estimator.predictions[valid].clone()
     return out
+
+
+def move_requests(spec, seed):
+    """The next engine step of the same batch shape: other hidden states, and the requests in other cache slots
+    (the slots' cached rows from the last walk stay behind, as they do in vLLM)."""
+    gen = torch.Generator().manual_seed(seed)
+    steps, rows, num_reqs = spec.num_speculative_steps, spec._test_rows, len(spec._test_valid_reqs)
+    req_states = torch.randperm(spec.max_num_reqs, generator=gen)[:rows]
+    req_states[num_reqs:] = -1
+    mapping = spec.sample_idx_mapping.view(spec.max_num_reqs, steps)
+    mapping.fill_(-1)
+    mapping[:rows] = req_states[:, None]
+    spec._test_valid_reqs = req_states[:num_reqs]
+    spec._test_head_hidden = spec._test_head_hidden.roll(1 + seed % 5, dims=0)

@@ -9,6 +9,7 @@ Dyadic weights make every dot product exact, so drafts, the draft logits cache, 
 confidences must match bit for bit; with Gaussian weights the kernel's summation order may move a logit by an
 ulp, so the drafts must match and the cache to 1e-5 relative.
 """
+import copy
 import os
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("HYBRIDSPEC_MRV2_SHIM") != "1":
     pytest.skip("needs mrv2_env(): TRITON_INTERPRET=1 and tests/mrv2_shim on PYTHONPATH", allow_module_level=True)
 
-from head_walk_fakes import make_speculator, run_walk  # noqa: E402
+from head_walk_fakes import make_speculator, move_requests, run_walk  # noqa: E402
 
 from vllm_hybridspec import status  # noqa: E402
 from vllm_hybridspec.head_walk import walk  # noqa: E402
@@ -44,6 +45,22 @@ def kernel_calls(monkeypatch):
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(kernels, "head_walk", counting)
+    return calls
+
+
+@pytest.fixture
+def topk_calls(monkeypatch):
+    """Counts launches of hybridspec_kernels.head_walk_topk.head_walk_topk."""
+    import hybridspec_kernels.head_walk_topk as kernels
+
+    calls = []
+    launch = kernels.head_walk_topk
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "head_walk_topk", counting)
     return calls
 
 
@@ -85,6 +102,45 @@ def test_megakernel_walk_equals_vllms_bit_for_bit(options, kernel_calls):
     assert len(kernel_calls) == (spec.num_speculative_steps if per_step else 1), kernel_calls
 
 
+TOPK_CASES = [
+    pytest.param({"topk": 8}, id="greedy"),
+    pytest.param({"topk": 8, "sampled": True}, id="sampled"),
+    pytest.param({"topk": 8, "sampled": True, "reduced_vocab": True}, id="sampled-d2t"),
+    pytest.param({"topk": 6, "reduced_vocab": True, "estimator": True}, id="greedy-estimator-d2t"),
+    pytest.param({"topk": 8, "sampled": True, "padding_rows": 2, "confidence": True}, id="sampled-padding-confidence"),
+    pytest.param({"topk": 8, "sampled": True, "estimator": True}, id="sampled-estimator"),
+    pytest.param({"topk": 70, "sampled": True, "dtype": torch.float16, "logit_scale": 0.75}, id="sampled-fp16-scaled"),
+    pytest.param({"topk": 100, "sampled": True, "num_reqs": 5, "num_steps": 7, "vocab": 1031, "rank": 32,
+                  "reduced_vocab": True}, id="sampled-two-chunks-d2t"),
+    pytest.param({"topk": 4, "num_steps": 1}, id="one-step"),
+]
+
+
+@pytest.mark.parametrize("options", TOPK_CASES)
+def test_topk_walk_equals_vllms_bit_for_bit_across_steps(options, topk_calls, kernel_calls):
+    """vLLM's top-k mode (dspark_draft_topk), two engine steps in a row with the requests moved to other slots: the
+    second walk's cache rows are vLLM's dense top-k rows again (the first walk's columns put back to -inf)."""
+    spec = make_speculator(hybridspec=MEGAKERNEL, **options)
+    theirs, ours = copy.deepcopy(spec), copy.deepcopy(spec)
+    for step in range(2):
+        if step:
+            move_requests(theirs, seed=step)
+            move_requests(ours, seed=step)
+        want, got = run_walk(theirs, ours=False, copy_spec=False), run_walk(ours, ours=True, copy_spec=False)
+        assert_same_walk(want, got, exact=True)
+    assert status.get(walk.COMPONENT).state == status.ACTIVE
+    assert "top-k walk" in status.get(walk.COMPONENT).reason
+    plan = getattr(ours, walk.PLAN_ATTRIBUTE)
+    per_step = options.get("sampled") and not plan.step_keyed_seeds
+    assert len(topk_calls) == 2 * (spec.num_speculative_steps if per_step else 1), topk_calls
+    assert not kernel_calls  # the full-vocabulary walk never ran
+
+
+def test_topk_walk_with_gaussian_weights(topk_calls):
+    spec = make_speculator(hybridspec=MEGAKERNEL, dyadic=False, topk=12, sampled=True, reduced_vocab=True, seed=8)
+    assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=False)
+
+
 @pytest.fixture
 def vllm_033_draft_seeds(monkeypatch):
     """vLLM 0.33 mixes the step into every draft draw's seed (`spec_step_seed(seed, col)` inside its Gumbel
@@ -114,6 +170,17 @@ def test_one_launch_walk_equals_vllm_033_seed_keying(options, vllm_033_draft_see
     spec = make_speculator(hybridspec=MEGAKERNEL, **options)
     assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=True)
     assert len(kernel_calls) == 1, kernel_calls
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({"topk": 8, "sampled": True}, id="sampled"),
+    pytest.param({"topk": 8, "sampled": True, "reduced_vocab": True, "padding_rows": 1, "num_steps": 7},
+                 id="sampled-d2t"),
+])
+def test_one_launch_topk_walk_equals_vllm_033_seed_keying(options, vllm_033_draft_seeds, topk_calls):
+    spec = make_speculator(hybridspec=MEGAKERNEL, **options)
+    assert_same_walk(run_walk(spec, ours=False), run_walk(spec, ours=True), exact=True)
+    assert len(topk_calls) == 1, topk_calls
 
 
 @pytest.mark.parametrize("options", [

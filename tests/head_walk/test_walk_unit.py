@@ -130,6 +130,11 @@ def _own_markov_bias(spec):
     spec.model.__class__ = type("OtherDSpark", (Qwen3DSparkForCausalLM,), {"markov_bias": markov_bias})
 
 
+def _own_gathered_bias(spec):
+    head = spec.model.model.markov_head
+    head.__class__ = type("OtherHead", (type(head),), {"apply_bias_gathered": lambda self, *a, **k: None})
+
+
 def _quantized_projection(spec):
     spec.model.model.markov_head.markov_w2.quant_method = type("Fp8EmbeddingMethod", (), {})()
 
@@ -147,7 +152,9 @@ def _own_sample_logits(spec):
 
 FALLBACKS = [
     pytest.param({}, _own_sample_logits, "OtherSpeculator samples drafts its own way", id="speculator-subclass"),
-    pytest.param({}, lambda s: setattr(s, "_draft_topk", 8), "draft top-k mode (dspark_draft_topk=8)", id="topk"),
+    pytest.param({}, lambda s: setattr(s, "_draft_topk", 101), "dspark_draft_topk=101 (the top-k walk takes 1..100",
+                 id="topk-past-vocab"),
+    pytest.param({"topk": 8}, _own_gathered_bias, "with its own gathered bias", id="topk-other-gathered-bias"),
     pytest.param({}, lambda s: setattr(s, "draft_watermarker", object()), "draft watermarker", id="watermarker"),
     pytest.param({"sampled": True}, lambda s: setattr(s, "use_fp64_gumbel", True), "fp64 Gumbel", id="fp64-gumbel"),
     pytest.param({}, lambda s: setattr(s.model, "sample_sequential", lambda *a: False), "own Markov sampling",
@@ -287,6 +294,13 @@ REFERENCE_CASES = [
     pytest.param({"num_reqs": 5, "num_steps": 7, "vocab": 257, "rank": 32, "logit_scale": 0.75}, id="odd-sizes"),
     pytest.param({"dtype": torch.float16, "reduced_vocab": True}, id="fp16"),
     pytest.param({"dyadic": False, "seed": 3}, id="gaussian-weights"),
+    pytest.param({"topk": 8}, id="topk"),
+    pytest.param({"topk": 8, "reduced_vocab": True}, id="topk-d2t"),
+    pytest.param({"topk": 5, "confidence": True, "padding_rows": 2}, id="topk-confidence-padding"),
+    pytest.param({"topk": 1, "num_steps": 3}, id="topk-1"),
+    pytest.param({"topk": 40, "num_reqs": 5, "num_steps": 7, "vocab": 257, "rank": 32, "logit_scale": 0.75},
+                 id="topk-odd-sizes"),
+    pytest.param({"topk": 16, "dtype": torch.float16, "reduced_vocab": True}, id="topk-fp16"),
 ]
 
 
@@ -339,6 +353,15 @@ def test_status_names_the_megakernel_when_it_runs(kernel_runs_here):
     assert plan.backend == "megakernel" and plan.logits_dtype == torch.float32
     assert status.get(walk.COMPONENT) == status.ComponentStatus(status.ACTIVE, plan.reason)
     assert "megakernel" in plan.reason and "residency auto" in plan.reason
+
+
+def test_status_names_the_topk_walk(kernel_runs_here):
+    spec = make_speculator(hybridspec=MEGAKERNEL, topk=8, sampled=True)
+    spec.draft_logits.fill_(3.0)
+    plan = walk.make_plan(spec)
+    assert plan.backend == "megakernel" and plan.topk == 8
+    assert "top-k walk (dspark_draft_topk=8)" in status.get(walk.COMPONENT).reason
+    assert torch.isneginf(spec.draft_logits).all()  # the walk then writes only its candidates' columns
 
 
 # --- the megakernel and vLLM's seeded sampling, in a child process under the MRV2 shim --------------------------

@@ -21,6 +21,10 @@ from pathlib import Path
 PINNED = (
     ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential"),
     ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_logits"),
+    # the top-k mode (dspark_draft_topk) the top-k walk reproduces
+    ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential_topk"),
+    ("model_executor/models/qwen3_dspark.py", "Qwen3DSparkForCausalLM.apply_markov_bias_gathered"),
+    ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.apply_bias_gathered"),
     ("v1/worker/gpu/sample/gumbel.py", "gumbel_noised_argmax"),
     ("v1/worker/gpu/sample/gumbel.py", "gumbel_block_argmax"),
     # the Gumbel draw's hash and transform, which the walk recomputes (kernel.py _gumbel_noise), and the step seed
@@ -46,6 +50,9 @@ KNOWN = {
     "0.32.0": {
         "DSparkSpeculator._sample_sequential": "1c6230686e06c89493d088a56cfd23c045fd2aef247ba7e3411e6b3635f20af5",
         "DSparkSpeculator._sample_logits": "ae5a48cd3163a6a1f228a1f9159d0f7be2add0cddb76cc19c8a6945c0254f58d",
+        "DSparkSpeculator._sample_sequential_topk": "dcd530a7e7687c0a5f08ae79e248665fb7946780957fc065da570c79f2a840e9",
+        "Qwen3DSparkForCausalLM.apply_markov_bias_gathered": "1ab046bec704252dbdb9a8e7c549d764f411807d07bcc6d132a2cc2c9741b32a",
+        "DSparkMarkovHead.apply_bias_gathered": "502e7741c6d34ac7368430fb4ebe72c1b635649fa7288e9a739b5e10e05c9cb6",
         "gumbel_noised_argmax": "7b86e3a00025ccd1f86620146ef1ab912c65d66bcdd0699931c1fbda3c5b5402",
         "gumbel_block_argmax": "5958185b8a4984535a3721c8824d5beaf3a3eaa9ed2db935f4e15121b71cbf28",
         "spec_step_seed": "missing",
@@ -66,6 +73,9 @@ KNOWN = {
     "0.33.0": {
         "DSparkSpeculator._sample_sequential": "958f28b52937b7fff0a75fe7bb0d3a10434b05fa68a74f7fdf52201cd6817f45",
         "DSparkSpeculator._sample_logits": "ae5a48cd3163a6a1f228a1f9159d0f7be2add0cddb76cc19c8a6945c0254f58d",
+        "DSparkSpeculator._sample_sequential_topk": "dcd530a7e7687c0a5f08ae79e248665fb7946780957fc065da570c79f2a840e9",
+        "Qwen3DSparkForCausalLM.apply_markov_bias_gathered": "1ab046bec704252dbdb9a8e7c549d764f411807d07bcc6d132a2cc2c9741b32a",
+        "DSparkMarkovHead.apply_bias_gathered": "502e7741c6d34ac7368430fb4ebe72c1b635649fa7288e9a739b5e10e05c9cb6",
         "gumbel_noised_argmax": "7b86e3a00025ccd1f86620146ef1ab912c65d66bcdd0699931c1fbda3c5b5402",
         "gumbel_block_argmax": "102d98a01409ffce3460ccef3f3d7f8459fc8fcc2796e3940f5c1ab24a26ec8a",
         "spec_step_seed": "4c5d6297c7e0392c59bd6c2642ac100844baaea353d4fab64386446e958c2503",

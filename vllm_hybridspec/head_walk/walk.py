@@ -8,6 +8,11 @@ or it does nothing and returns False, and vLLM's loop runs. "All" is:
 - the acceptance estimator's per-step predictions (`_maybe_predict_acceptance`);
 - the confidence head's `draft_token_confidence_probs`.
 
+vLLM's top-k mode (`dspark_draft_topk`, `_sample_sequential_topk`) walks only each step's K largest base logits:
+that walk runs through `hybridspec_kernels.head_walk_topk` (one program a batch row, no grid exchange). Its draft
+logits cache rows are vLLM's dense ones (-inf outside the candidates): filled with -inf once, then each walk puts
+-inf back at the columns the last walk of that slot wrote and writes its K (`WalkPlan.topk_columns`).
+
 What runs is decided once per speculator (`WalkPlan`, from the `hybridspec` config and `why_not`); a fallback is
 logged and recorded in `vllm_hybridspec.status` under "head_walk". Inside the step nothing syncs with the host
 and every shape is static, so the walk can be captured in vLLM's draft CUDA graph.
@@ -51,6 +56,10 @@ class WalkPlan:
     draft_columns: torch.Tensor | None = None  # reduced draft vocabulary: draft id -> target column
     # Whether d2t maps draft ids to strictly increasing target ids (read once, outside CUDA-graph capture).
     d2t_increasing: bool | None = None
+    topk: int | None = None  # vLLM's dspark_draft_topk: the top-k walk runs
+    # Top-k walk: [cache slots, N, K] target columns each cache slot's last walk wrote (-1: none), so that the next
+    # walk puts -inf back there (the cache rows then stay vLLM's dense top-k rows without an N x V write).
+    topk_columns: torch.Tensor | None = None
 
 
 def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -87,6 +96,7 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     d2t = model.draft_id_to_target_id
     if estimating and cache is None:  # the walk's logits go to target-id columns
         cache = _estimator_cache(plan, spec, base_logits, vocab if d2t is None else head.markov_w1.weight.shape[0])
+    topk = plan.topk is not None
 
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, num_steps)
     anchors = spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]]
@@ -100,16 +110,29 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     if sampled:
         walk_kwargs.update(temperature=spec.temperature, seeds=spec.seeds)
         positions = spec.sample_pos[:num_sample].view(num_reqs, num_steps) - 1
-    walk = _backend(plan)
     w1 = head.markov_w1.weight
-    w2 = head.markov_w2.weight[:vocab].t()  # the LM-head weight is padded past the vocabulary
+    if topk:
+        # vLLM's candidates: one torch.topk over all steps (the same op, so the same candidates and order).
+        values, candidates = base_logits.topk(plan.topk, dim=-1)
+        walk = _topk_backend(plan)
+        inputs = (values, candidates)
+        w2 = head.markov_w2.weight[:vocab]  # [V, r] rows (padded past the vocabulary): the walk gathers candidates' rows
+        if cache is not None:
+            walk_kwargs["cached_columns"] = _topk_columns(plan, cache)
+    else:
+        walk = _backend(plan)
+        inputs = (base_logits,)
+        w2 = head.markov_w2.weight[:vocab].t()  # the LM-head weight is padded past the vocabulary
     if not sampled or plan.step_keyed_seeds:
-        walk(base_logits, w1, w2, anchors, positions=positions if sampled else None, draft_logits=cache,
+        walk(*inputs, w1, w2, anchors, positions=positions if sampled else None, draft_logits=cache,
              out=tokens, **walk_kwargs)
     else:
         previous = anchors
+        columns = walk_kwargs.pop("cached_columns", None)
         for step in range(num_steps):
-            walk(base_logits[:, step:step + 1], w1, w2, previous, positions=positions[:, step:step + 1],
+            if columns is not None:
+                walk_kwargs["cached_columns"] = columns[:, step:]
+            walk(*(t[:, step:step + 1] for t in inputs), w1, w2, previous, positions=positions[:, step:step + 1],
                  draft_logits=cache[:, step:], out=tokens[:, step:step + 1], **walk_kwargs)
             previous = tokens[:, step]
 
@@ -141,10 +164,14 @@ def make_plan(spec: Any) -> WalkPlan:
     plan.residency = config.head_walk_residency
     on_cuda = w1.device.type == "cuda"
     plan.w2_fp8 = config.head_walk_w2_dtype == "fp8" and on_cuda
-    if spec.draft_logits is not None and model.draft_id_to_target_id is not None:
+    plan.topk = getattr(spec, "_draft_topk", None)
+    topk_note = "" if plan.topk is None else f" top-k walk (dspark_draft_topk={plan.topk})"
+    if spec.draft_logits is not None and plan.topk is not None:
+        spec.draft_logits.fill_(float("-inf"))  # the top-k walk writes only its candidates' columns
+    elif spec.draft_logits is not None and model.draft_id_to_target_id is not None:
         _mask_columns_outside_draft_vocab(spec.draft_logits, model.draft_id_to_target_id)
     if plan.backend == "reference":
-        plan.reason = "hybridspec's reference walk (torch, step by step; hybridspec.head_walk=reference)"
+        plan.reason = f"hybridspec's reference{topk_note or ' walk'} (torch, step by step; hybridspec.head_walk=reference)"
         status.record(COMPONENT, status.REFERENCE, plan.reason)
         return plan
     where = "on the GPU" if on_cuda else "as one program under the Triton interpreter"
@@ -155,7 +182,11 @@ def make_plan(spec: Any) -> WalkPlan:
         notes.append("fp8 W2 ignored off the GPU")
     if not plan.step_keyed_seeds and spec.draft_logits is not None:
         notes.append("one launch per step: this vLLM keys draft draws by the request seed alone")
-    plan.reason = f"megakernel {where}, residency {plan.residency}" + "".join(f"; {note}" for note in notes)
+    if plan.topk is not None:
+        notes = [note for note in notes if not note.startswith("fp8")]  # the top-k walk gathers W2 rows as they are
+        plan.reason = f"megakernel{topk_note} {where}, one program a batch row" + "".join(f"; {n}" for n in notes)
+    else:
+        plan.reason = f"megakernel {where}, residency {plan.residency}" + "".join(f"; {note}" for note in notes)
     status.record(COMPONENT, status.ACTIVE, plan.reason)  # logs it
     return plan
 
@@ -172,8 +203,6 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
     model = spec.model
     if getattr(model, "sample_sequential", None) is not None:
         return f"the draft model ({type(model).__name__}) runs its own Markov sampling (sample_sequential)"
-    if getattr(spec, "_draft_topk", None) is not None:
-        return f"draft top-k mode (dspark_draft_topk={spec._draft_topk}): vLLM's gathered walk runs"
     if spec.draft_watermarker is not None:
         return "a draft watermarker samples the drafts"
     if hasattr(model, "apply_output_logit_transform"):
@@ -183,6 +212,11 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
     reason = _why_not_head(model)
     if reason is not None:
         return reason
+    topk = getattr(spec, "_draft_topk", None)
+    if topk is not None:
+        reason = _why_not_topk(model, topk)
+        if reason is not None:
+            return reason
     w1 = model.model.markov_head.markov_w1.weight
     dtypes = {w1.dtype} | ({spec.draft_logits.dtype} if spec.draft_logits is not None else set())
     if config.head_walk == "megakernel":
@@ -191,6 +225,8 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
             return reason
         if w1.device.type != "cuda" and torch.bfloat16 in dtypes:
             return "bf16 under the Triton interpreter, which computes bf16 wrongly (use fp32 or fp16 on CPU)"
+        if topk is not None:
+            return _why_not_cache(spec, model)  # the top-k walk has no residency plan: one program a row
         from hybridspec_kernels.head_walk import plan_walk
 
         vocab, rank = model.logits_processor.org_vocab_size, w1.shape[1]
@@ -280,6 +316,24 @@ def _why_not_head(model: Any) -> str | None:
     return None
 
 
+def _why_not_topk(model: Any, topk: int) -> str | None:
+    """Whether vLLM's top-k walk is the one the top-k kernel reproduces, at a K it takes."""
+    from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead, Qwen3DSparkForCausalLM
+
+    from hybridspec_kernels.head_walk_topk import MAX_TOPK
+
+    head = model.model.markov_head
+    if getattr(type(head), "apply_bias_gathered", None) is not DSparkMarkovHead.apply_bias_gathered:
+        return f"a {type(head).__name__} Markov head with its own gathered bias (apply_bias_gathered)"
+    if not _same_code(getattr(type(model), "apply_markov_bias_gathered", None),
+                      Qwen3DSparkForCausalLM.apply_markov_bias_gathered):
+        return "the draft model's apply_markov_bias_gathered is not vLLM's DSpark one"
+    vocab = model.logits_processor.org_vocab_size
+    if not 1 <= topk <= min(MAX_TOPK, vocab):
+        return f"dspark_draft_topk={topk} (the top-k walk takes 1..{min(MAX_TOPK, vocab)} here)"
+    return None
+
+
 def _why_kernel_cannot_run(device: torch.device) -> str | None:
     try:
         from hybridspec_kernels.head_walk.kernel import head_walk_kernel
@@ -321,6 +375,22 @@ def _backend(plan: WalkPlan) -> Callable[..., Any]:
     return megakernel
 
 
+def _topk_backend(plan: WalkPlan) -> Callable[..., Any]:
+    if plan.backend == "reference":
+        return _reference_walk_topk
+    from hybridspec_kernels import head_walk_topk as ops
+
+    return ops.head_walk_topk
+
+
+def _topk_columns(plan: WalkPlan, cache: torch.Tensor) -> torch.Tensor:
+    """[cache slots, N, K] int64, -1 at first: the target columns each slot's last top-k walk wrote."""
+    want = (cache.shape[0], cache.shape[1], plan.topk)
+    if plan.topk_columns is None or tuple(plan.topk_columns.shape) != want:
+        plan.topk_columns = torch.full(want, -1, dtype=torch.int64, device=cache.device)
+    return plan.topk_columns
+
+
 def _d2t_increasing(plan: WalkPlan, d2t: torch.Tensor) -> bool:
     """Whether d2t maps draft ids to strictly increasing target ids, as vLLM builds it from a sorted draft vocabulary:
     then the kernel keys rows by target id (the same order). The kernel's own check (one host read per d2t, which
@@ -355,6 +425,19 @@ def _reference_walk(base_logits, w1, w2, first_tokens, *, out, draft_logits=None
         _store_logits(draft_logits, kwargs["req_indices"], logits, kwargs.get("draft_to_target"))
 
 
+def _reference_walk_topk(values, candidates, w1, w2, first_tokens, *, out, draft_logits=None, cached_columns=None,
+                         **kwargs) -> None:
+    """`naive_head_walk_topk` with the kernel's outputs; the cache gets whole dense rows (-inf off the candidates)."""
+    from hybridspec_kernels.head_walk_topk import dense_step_logits, naive_head_walk_topk
+
+    tokens, corrected = naive_head_walk_topk(values, candidates, w1, w2, first_tokens, **kwargs)
+    out.copy_(tokens)
+    if draft_logits is not None:
+        d2t = kwargs.get("draft_to_target")
+        dense = dense_step_logits(corrected, candidates, w2.shape[0])  # draft columns, as _store_logits takes them
+        _store_logits(draft_logits, kwargs["req_indices"], dense, d2t)
+
+
 def _store_logits(cache: torch.Tensor, req: torch.Tensor, logits: torch.Tensor, d2t: torch.Tensor | None) -> None:
     """cache[req[b], k, target column of v] = logits[b, k, v]; rows with req -1 (padding) change nothing.
 
@@ -387,8 +470,9 @@ def _mask_columns_outside_draft_vocab(cache: torch.Tensor, d2t: torch.Tensor) ->
 def _estimator_cache(plan: WalkPlan, spec: Any, base_logits: torch.Tensor, width: int) -> torch.Tensor:
     """Greedy drafting keeps no draft logits; the estimator still needs each step's, so the walk writes them here."""
     if plan.estimator_cache is None or plan.estimator_cache.shape[-1] < width:
-        plan.estimator_cache = torch.zeros(spec.draft_tokens.shape[0], spec.num_speculative_steps, width,
-                                           dtype=base_logits.dtype, device=base_logits.device)
+        # -inf: the top-k walk writes only its candidates' columns (the full walk writes every column it reads).
+        plan.estimator_cache = torch.full((spec.draft_tokens.shape[0], spec.num_speculative_steps, width),
+                                          float("-inf"), dtype=base_logits.dtype, device=base_logits.device)
     return plan.estimator_cache
 
 

@@ -1,0 +1,248 @@
+"""DSpark's top-k Markov walk (vLLM's `dspark_draft_topk` mode): our one-launch walk against vLLM 0.33's own
+`_sample_sequential_topk` loop, both captured in a CUDA graph, in one run.
+
+Variants (B rows x N steps, r = 256, bf16, K = bench_head_walk.TOPK candidates a step):
+    graph_topk   vLLM's walk, op for op (bench_head_walk.graph_topk): torch.topk once, a -inf fill of the logits,
+                 then per step a W1 gather, a W2 row gather, baddbmm_, scatter_ and vLLM's sampler (argmax, or its
+                 Triton gumbel_sample writing the dense draft-logits cache row)
+    ours_topk    what the wiring runs: the anchors' gather, the same torch.topk, then head_walk_topk (one program a
+                 row, all N steps; a sampled walk writes the cache's K columns and puts -inf back at the last walk's)
+Every row checks ours against vLLM's drafts (and, sampled, the cache rows) on the same inputs: `agree` is the share
+of equal drafts (a bf16 rounding of a different summation order may flip a near tie, which changes that row's later
+steps), `cache_equal` whether the cached rows of rows whose drafts agree are equal.
+
+GPU (one call; vLLM's gumbel.py from `python eval/bench_head_walk.py --prepare`, carried in .vendor):
+    python3 eval/bench_head_walk_topk.py --out $OUT/topk
+CPU smoke (Triton interpreter, tiny sizes, wall clock, greedy only: no vLLM sampler here):
+    python eval/bench_head_walk_topk.py --quick --out /tmp/topk
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+EVAL = Path(__file__).resolve().parent
+sys.path.insert(0, str(EVAL))
+
+import bench_head_walk  # noqa: E402
+from _results import write_results  # noqa: E402
+from bench_head_walk import RANK, TOPK, Problem, graph_topk, hbm_gbps, load_vllm_kernels, time_graph  # noqa: E402
+
+BENCH = "head_walk_topk"
+
+
+class OursTopk:
+    """The wiring's top-k walk on a Problem's buffers (the cache filled with -inf once, as make_plan does)."""
+
+    def __init__(self, torch, walk, p: Problem, topk: int, **launch):
+        self.torch, self.walk, self.p, self.topk, self.launch = torch, walk, p, topk, launch
+        self.req = p.idx_map[:, 0].contiguous()
+        self.columns = None
+        if p.sampled:
+            p.draft_logits.fill_(float("-inf"))
+            self.columns = torch.full((p.rows, p.steps, topk), -1, dtype=torch.int64, device=p.base.device)
+
+    def __call__(self) -> None:
+        p = self.p
+        first = p.input_ids[p.anchor_idx]
+        values, candidates = p.base.topk(self.topk, dim=-1)
+        sampling = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
+        self.walk(values, candidates, p.w1, p.w2, first, out=p.draft_tokens, req_indices=self.req,
+                  draft_logits=p.draft_logits, cached_columns=self.columns, **sampling, **self.launch)
+
+
+def run(args) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from hybridspec_kernels.head_walk_topk import head_walk_topk
+
+    bench_head_walk.TOPK = args.topk  # graph_topk's K
+    gumbel, _ = load_vllm_kernels()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
+    on_gpu = device.type == "cuda"
+    props = torch.cuda.get_device_properties(device) if on_gpu else None
+    bw = hbm_gbps(torch) if on_gpu else None
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    rows_out = []
+    t_start = time.time()
+    for steps in args.steps:
+        for vocab in args.vocabs:
+            for batch in args.batches:
+                for mode in args.modes:
+                    if time.time() - t_start > args.budget_s:
+                        print(f"time budget reached, skipping V={vocab} N={steps} B={batch} {mode}", flush=True)
+                        continue
+                    sampled = mode == "sampled"
+                    if sampled and gumbel is None:
+                        print(f"no vLLM gumbel.py: skipping sampled V={vocab} B={batch}", flush=True)
+                        continue
+                    row = dict(vocab=vocab, steps=steps, batch=batch, mode=mode, topk=args.topk)
+                    samples: dict[str, list[float]] = {}
+                    try:
+                        for sample in range(args.samples):
+                            p = Problem(torch, batch, steps, vocab, RANK, sampled, device, dtype, seed=sample)
+                            theirs = lambda p=p: graph_topk(torch, F, gumbel, p)  # noqa: E731
+                            ours = OursTopk(torch, head_walk_topk, p, args.topk)
+                            # Correctness on this sample's inputs: vLLM's walk, then ours, on the same buffers.
+                            theirs()
+                            want_tokens = p.draft_tokens.clone()
+                            want_cache = p.draft_logits.clone() if sampled else None
+                            p.draft_tokens.fill_(-1)
+                            ours()
+                            ours()  # a second walk over the same slots: the bookkeeping's steady state
+                            agree = (p.draft_tokens == want_tokens)
+                            row.setdefault("agree", []).append(round(float(agree.float().mean()), 4))
+                            if sampled:
+                                same_rows = agree.all(dim=1)
+                                row.setdefault("cache_equal", []).append(
+                                    bool(torch.equal(p.draft_logits[same_rows], want_cache[same_rows])))
+                            for name, fn in (("graph_topk", theirs), ("ours_topk", ours)):
+                                if on_gpu:
+                                    us, _ = time_graph(torch, fn)
+                                else:
+                                    t0 = time.perf_counter()
+                                    fn()
+                                    us = (time.perf_counter() - t0) * 1e6
+                                samples.setdefault(name, []).append(us)
+                            del p
+                    except Exception as exc:  # a row that cannot run is reported, not fatal
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                        print(f"  failed: {row['error']}", flush=True)
+                    for name, us_list in samples.items():
+                        row[f"{name}_us"] = round(statistics.median(us_list), 1)
+                        row[f"{name}_us_samples"] = [round(us, 1) for us in us_list]
+                    if row.get("ours_topk_us") and row.get("graph_topk_us"):
+                        row["speedup_graph_topk"] = round(row["graph_topk_us"] / row["ours_topk_us"], 2)
+                        row["speedup_samples"] = [round(a / b, 3) for a, b in zip(row["graph_topk_us_samples"],
+                                                                                   row["ours_topk_us_samples"])]
+                        row["ours_us_per_step"] = round(row["ours_topk_us"] / steps, 2)
+                    if bw:  # the least any top-k walk reads: the B x N x K rows of W2 it gathers
+                        row["w2_rows_floor_us"] = round(batch * steps * args.topk * RANK * 2 / bw / 1e3, 2)
+                    rows_out.append(row)
+                    print(json.dumps(row), flush=True)
+                    if on_gpu:
+                        torch.cuda.empty_cache()
+    return dict(rows=rows_out, device=props.name if on_gpu else "cpu (Triton interpreter)",
+                hbm_gbps=round(bw) if bw else None, sms=props.multi_processor_count if on_gpu else None)
+
+
+LADDER = {  # launch options of head_walk_topk timed side by side (--ladder)
+    "w4": dict(num_warps=4, prefetch=False),
+    "w8": dict(num_warps=8, prefetch=False),
+    "w16": dict(num_warps=16, prefetch=False),
+    "w4_prefetch": dict(num_warps=4, prefetch=True),
+    "w8_prefetch": dict(num_warps=8, prefetch=True),
+    "w16_prefetch": dict(num_warps=16, prefetch=True),
+}
+LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 8, "greedy"), (151936, 32, "sampled")]
+
+
+def ladder(args) -> list[dict]:
+    """Each launch option on the same inputs, interleaved sample by sample (us per 15-step walk, K = args.topk);
+    drafts checked equal to the default launch's."""
+    import torch
+
+    from hybridspec_kernels.head_walk_topk import head_walk_topk
+
+    gumbel, _ = load_vllm_kernels()
+    out = []
+    for vocab, batch, mode in LADDER_POINTS:
+        sampled = mode == "sampled"
+        if sampled and gumbel is None:
+            continue
+        row = dict(check="ladder", vocab=vocab, steps=15, batch=batch, mode=mode, topk=args.topk)
+        for sample in range(args.samples):
+            p = Problem(torch, batch, 15, vocab, RANK, sampled, torch.device("cuda"), torch.bfloat16, seed=sample)
+            want = None
+            for name, launch in LADDER.items():
+                fn = OursTopk(torch, head_walk_topk, p, args.topk, **launch)
+                try:
+                    fn()
+                    if want is None:
+                        want = p.draft_tokens.clone()
+                    row.setdefault(f"{name}_equal", True)
+                    row[f"{name}_equal"] &= bool(torch.equal(p.draft_tokens, want))
+                    us, _ = time_graph(torch, fn)
+                    row.setdefault(f"{name}_us_samples", []).append(round(us, 2))
+                except Exception as exc:
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            del p
+        for name in LADDER:
+            if row.get(f"{name}_us_samples"):
+                row[f"{name}_us"] = round(statistics.median(row[f"{name}_us_samples"]), 2)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    summary = {}
+    for row in rows:
+        if row.get("steps") == 15 and row.get("speedup_graph_topk"):
+            key = f"speedup_graph_topk_v{round(row['vocab'] / 1000)}k_blk15_b{row['batch']}"
+            summary[key + ("_sampled" if row["mode"] == "sampled" else "")] = row["speedup_graph_topk"]
+    agree = [a for row in rows for a in row.get("agree", [])]
+    if agree:
+        summary["min_draft_agreement"] = min(agree)
+    caches = [c for row in rows for c in row.get("cache_equal", [])]
+    if caches:
+        summary["cache_rows_equal"] = all(caches)
+    summary["measures"] = ("vLLM's _sample_sequential_topk graph-loop time / ours (torch.topk + head_walk_topk), "
+                           "CUDA-graph replays, median of the samples")
+    return summary
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# {BENCH}", "", f"{doc['device']}, commit {doc['commit'][:7]}, {doc['date']}", "",
+             f"`{doc['command']}`", "",
+             "DSpark's top-k Markov walk (vLLM's `dspark_draft_topk`, K candidates a step): vLLM's own loop "
+             "(`_sample_sequential_topk`, CUDA graph) vs ours (`hybridspec_kernels.head_walk_topk`, one launch), "
+             "us per walk.", "",
+             "| V | block | batch | mode | K | vLLM top-k loop | ours | speedup | drafts equal | cache rows equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['vocab']} | {r['steps']} | {r['batch']} | {r['mode']} | {r['topk']} | "
+                     f"{r.get('graph_topk_us', r.get('error', ''))} | {r.get('ours_topk_us', '')} | "
+                     f"{r.get('speedup_graph_topk', '')} | {min(r.get('agree', [0]))} | "
+                     f"{all(r['cache_equal']) if 'cache_equal' in r else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny sizes under the interpreter")
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[32000, 151936, 248320])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--steps", type=int, nargs="+", default=[15])
+    parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
+    parser.add_argument("--topk", type=int, default=TOPK)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=300)
+    parser.add_argument("--results-name", default=BENCH)
+    parser.add_argument("--ladder", action="store_true", help="time head_walk_topk's launch options (LADDER) only")
+    args = parser.parse_args()
+    if args.ladder:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "ladder.json").write_text(json.dumps(ladder(args), indent=1) + "\n")
+        return
+    if args.quick:
+        args.vocabs, args.batches, args.steps, args.modes, args.samples = [300], [1, 3], [4], ["greedy"], 1
+        args.topk = min(args.topk, 16)
+    result = run(args)
+    command = "python3 eval/bench_head_walk_topk.py " + " ".join(sys.argv[1:])
+    summary = summarize(result["rows"])
+    path = write_results(args.results_name, result["rows"], summary, command, result["device"], out_dir=args.out,
+                         extra=dict(hbm_gbps=result["hbm_gbps"], sms=result["sms"], topk=args.topk, rank=RANK))
+    doc = json.loads(path.read_text())
+    path.with_suffix(".md").write_text(markdown(doc))
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Reference for DSpark's top-k Markov walk (`dspark_draft_topk`): torch, step by step, fp64 dot products.
+
+It follows vLLM 0.33's `DSparkSpeculator._sample_sequential_topk` + `DSparkMarkovHead.apply_bias_gathered` +
+`_sample_logits`, op for op in meaning:
+
+    base_values, candidates = U.topk(K)                       once, for all N steps (the caller's torch.topk)
+    e_k       = W1[x_{k-1}]                                   (x_{-1} = first_tokens, the anchor)
+    c_k[j]    = values_k[j] + scale * (W2[candidates_k[j]] . e_k)   rounded once to U's dtype (vLLM's baddbmm_)
+    logits_k  = -inf everywhere, c_k scattered at candidates_k        (the row vLLM's sampler and cache see)
+    x_k       = argmax(logits_k)                greedy: first of equal maxima in draft-id order, then d2t
+              = argmax(logits_k / T + G)        sampled: vLLM's Gumbel-max over target ids (ties: first target id)
+
+W2 comes in vLLM's layout, [V, r] rows (`markov_w2.weight`), since the walk gathers rows of it.
+"""
+import torch
+
+from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed
+
+
+def naive_head_walk_topk(
+    base_values: torch.Tensor,
+    candidates: torch.Tensor,
+    w1: torch.Tensor,
+    w2_rows: torch.Tensor,
+    first_tokens: torch.Tensor,
+    *,
+    temperature: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    req_indices: torch.Tensor | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    force_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Walk the top-k Markov head one step at a time.
+
+    Args:
+        base_values: [B, N, K] the K largest base logits of each step (torch.topk values; their dtype sets the
+            rounding point of the corrected logits).
+        candidates: [B, N, K] their draft ids (torch.topk indices).
+        w1: [V_target, r] Markov embedding table, indexed by target ids.
+        w2_rows: [V, r] Markov projection rows (vLLM's `markov_w2.weight`).
+        first_tokens: [B] target id of each row's anchor token x_{-1}.
+        temperature, seeds: per request (indexed by req_indices[b], or b). None: greedy walk.
+        positions: [B, N] int64 position each draw is keyed by (vLLM's sample_pos - 1).
+        req_indices: [B] request-state index of each row; -1 marks a padding row (temperature 0, seed 0).
+        draft_to_target: [V] vLLM's d2t offsets (target id = draft id + d2t[draft id]); None: the same ids.
+        force_tokens: [B, N] walk this path instead of the proposed tokens (teacher forcing).
+
+    Returns:
+        tokens [B, N] int64 target ids; corrected [B, N, K] fp32, the candidates' logits (rounded to
+        base_values' dtype) that vLLM's cache holds at their target columns, -inf elsewhere.
+    """
+    num_rows, num_steps, topk = base_values.shape
+    device = base_values.device
+    out_dtype = base_values.dtype
+    cand = candidates.long()
+    d2t = None if draft_to_target is None else draft_to_target.long()
+    target = cand if d2t is None else cand + d2t[cand]
+    rows = torch.arange(num_rows, device=device)
+    req = rows if req_indices is None else req_indices.long()
+    valid = req >= 0
+    safe_req = torch.where(valid, req, torch.zeros_like(req))
+    sampled = temperature is not None
+    if sampled:
+        temp = torch.where(valid, temperature.float()[safe_req], torch.zeros(num_rows, device=device))
+        seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
+
+    w1d, w2d = w1.double(), w2_rows.double()
+    prev = first_tokens.long()
+    tokens = torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
+    corrected = torch.empty(num_rows, num_steps, topk, device=device)
+    for k in range(num_steps):
+        e = w1d[prev]                                                    # [B, r]
+        dot = torch.einsum("bjr,br->bj", w2d[cand[:, k]], e)            # [B, K]
+        c = (base_values[:, k].double() + logit_scale * dot).to(out_dtype).float()
+        corrected[:, k] = c
+        if sampled:
+            hot = temp != 0.0
+            noise = gumbel_noise(spec_step_seed(seed, k)[:, None], positions[:, k].long()[:, None] + DRAFT_NOISE_SALT,
+                                 target[:, k])
+            scored = torch.where(hot[:, None], c / torch.where(hot, temp, 1.0)[:, None] + noise, c)
+            tie_ids = target[:, k]  # the sampler's row lives in target space
+        else:
+            scored, tie_ids = c, cand[:, k]
+        # argmax of the dense row: the largest score, then the smallest id among equal ones.
+        best = scored.max(dim=1, keepdim=True).values
+        pick = torch.where(scored == best, tie_ids, torch.iinfo(torch.long).max).argmin(dim=1)
+        x = target[rows, k, pick]
+        tokens[:, k] = x
+        prev = x if force_tokens is None else force_tokens[:, k].long()
+    return tokens, corrected
+
+
+def dense_step_logits(corrected: torch.Tensor, candidates: torch.Tensor, width: int,
+                      draft_to_target: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, N, width] rows as vLLM's cache holds them: the corrected logits at their target columns, -inf elsewhere."""
+    cand = candidates.long()
+    cols = cand if draft_to_target is None else cand + draft_to_target.long()[cand]
+    dense = torch.full((*corrected.shape[:2], width), float("-inf"), device=corrected.device)
+    return dense.scatter_(2, cols, corrected.float())

@@ -1,0 +1,323 @@
+"""DSpark's top-k Markov walk (`dspark_draft_topk`) in one launch: `head_walk_topk`.
+
+vLLM's top-k mode keeps, at each draft step, only the K largest base logits as candidates and adds the Markov bias
+to those alone (`_sample_sequential_topk`): every step gathers K rows of W2, a batched GEMV, a scatter into a row of
+-inf and vLLM's sampler over the whole vocabulary, about ten launches a step. The candidates of all N steps are known
+before the walk (one torch.topk), so nothing but the previous token links two steps, and one row's walk never needs
+another row's: here each batch row is one program that walks all N steps alone (no grid-wide exchange, unlike
+head_walk's full-vocabulary walk). A step is: W1[previous token] (the only load that waits on the chain; the K
+W2 rows, base values, d2t offsets and Gumbel noise of the step do not), K dot products, one rounding to the logits'
+dtype, the noise (sampled), one CTA-wide max of (score, -id) keys.
+
+The draft logits cache (probabilistic drafting) holds whole target-vocabulary rows, -inf outside the candidates.
+Writing N x V entries a row every walk, as vLLM's sampler does, would cost more than the walk at a large vocabulary;
+instead the cache is filled with -inf once, and every walk first puts -inf back at the columns the last walk of
+that request slot wrote (`cached_columns`, as vLLM's DFlash2 candidate cache does), then writes its K.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from hybridspec_kernels.head_walk.kernel import (
+    DRAFT_NOISE_SALT,
+    ID_MASK,
+    MAX_TOKENS,
+    _gumbel_noise,
+    _ordered_keys,
+    _step_seed,
+)
+
+MAX_TOPK = 4096
+MAX_RANK = 1024
+# Candidates scored at once (a [CHUNK, r] tile of W2 rows in registers); K above it loops over chunks.
+CHUNK = 64
+NUM_WARPS = 4
+# Whether a one-chunk walk loads the next step's candidates during this step (launch option `prefetch`).
+PREFETCH = False
+
+
+@triton.jit
+def head_walk_topk_kernel(
+    values_ptr, stride_vb, stride_vk,
+    cand_ptr, stride_cb, stride_ck,
+    w1_ptr, stride_w1,
+    w2_ptr, stride_w2,
+    first_ptr, stride_first,
+    req_ptr, temp_ptr, seed_ptr, pos_ptr, stride_pb,
+    d2t_ptr,
+    out_ptr, stride_ob,
+    cl_ptr, stride_clb, stride_clk,
+    dl_ptr, stride_dlr, stride_dlk,
+    col_ptr, stride_colr, stride_colk,
+    logit_scale, num_steps, topk, rank, width, target_vocab,
+    R: tl.constexpr, KC: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, SCALED: tl.constexpr,
+    STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Program b walks batch row b through all steps.
+
+    values [B, N, K] / cand [B, N, K]: the steps' top-k base logits and draft ids; w1 [V_t, r]; w2 [V, r] rows;
+    out [B, N] int64 target ids; cl [B, N, K] corrected logits (STORE_CORRECTED); dl [reqs, N, width] the draft
+    logits cache and col [reqs, N, K] the target columns its slot's last walk wrote (STORE_CACHE).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    o_r = tl.arange(0, R)
+    m_r = o_r < rank
+    o_j = tl.arange(0, KC)
+    if HAS_REQ:
+        req = tl.load(req_ptr + b).to(tl.int64)
+    else:
+        req = b
+    valid = req >= 0
+    req_safe = tl.maximum(req, 0)
+    temp = 0.0
+    seed = req_safe * 0
+    if SAMPLED:
+        temp = tl.where(valid, tl.load(temp_ptr + req_safe).to(tl.float32), 0.0)
+        seed = tl.where(valid, tl.load(seed_ptr + req_safe).to(tl.int64), 0)
+    hot = temp != 0.0
+    out_ty: tl.constexpr = values_ptr.dtype.element_ty
+
+    if STORE_CACHE:
+        # -inf back where this slot's last walk wrote, before any of this walk's stores (another thread of this
+        # program may write the same column below: the barrier orders them).
+        for k in range(num_steps):
+            for c in tl.static_range(NUM_CHUNKS):
+                o_k = c * KC + o_j
+                m_old = tl.where(valid, o_k < topk, False)  # where: the interpreter rejects block & scalar
+                old = tl.load(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, mask=m_old, other=-1)
+                m_old = m_old & (old >= 0) & (old < width)
+                tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + old, float("-inf"), mask=m_old)
+        tl.debug_barrier()
+
+    # The anchor of a padding row may be anything: kept inside W1 (every later token is a candidate's).
+    prev = tl.minimum(tl.maximum(tl.load(first_ptr + b * stride_first).to(tl.int64), 0), target_vocab - 1)
+    if PREFETCH:
+        # One chunk: the next step's candidate ids and base values are loaded as a step starts, and its W2 rows
+        # gathered once this step's dot is done, so that only W1[previous token] waits on the chain.
+        m_k = o_j < topk
+        ids_n, vals_n, targets_n = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, 0, o_j, m_k, stride_cb,
+                                                    stride_ck, stride_vb, stride_vk, HAS_D2T)
+        w_n = _gather_rows(w2_ptr, stride_w2, ids_n, o_r, m_k, m_r)
+        for k in range(num_steps):
+            ids, vals, targets, w = ids_n, vals_n, targets_n, w_n
+            ids_n, vals_n, targets_n = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b,
+                                                        tl.minimum(k + 1, num_steps - 1), o_j, m_k, stride_cb,
+                                                        stride_ck, stride_vb, stride_vk, HAS_D2T)
+            e = tl.load(w1_ptr + prev * stride_w1 + o_r, mask=m_r, other=0.0).to(tl.float32)
+            dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
+            w_n = _gather_rows(w2_ptr, stride_w2, ids_n, o_r, m_k, m_r)
+            best, best_target = _score_candidates(
+                dot, vals, ids, targets, o_j, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
+                cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
+                logit_scale, out_ty, SAMPLED, SCALED, STORE_CORRECTED, STORE_CACHE)
+            tl.store(out_ptr + b * stride_ob + k, best_target)
+            prev = best_target
+    else:
+        for k in range(num_steps):
+            e = tl.load(w1_ptr + prev * stride_w1 + o_r, mask=m_r, other=0.0).to(tl.float32)
+            for c in tl.static_range(NUM_CHUNKS):
+                o_k = c * KC + o_j
+                m_k = o_k < topk
+                ids, vals, targets = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb,
+                                                      stride_ck, stride_vb, stride_vk, HAS_D2T)
+                w = _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r)
+                dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
+                chunk_best, chunk_target = _score_candidates(
+                    dot, vals, ids, targets, o_k, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
+                    cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
+                    stride_colk, logit_scale, out_ty, SAMPLED, SCALED, STORE_CORRECTED, STORE_CACHE)
+                if c == 0:
+                    best, best_target = chunk_best, chunk_target
+                else:
+                    best_target = tl.where(chunk_best > best, chunk_target, best_target)
+                    best = tl.maximum(best, chunk_best)
+            tl.store(out_ptr + b * stride_ob + k, best_target)
+            prev = best_target
+
+
+@triton.jit
+def _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb, stride_ck, stride_vb, stride_vk,
+                     HAS_D2T: tl.constexpr):
+    """Step k's candidates o_k of row b: (draft ids, base values in fp32, target ids)."""
+    ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_k, mask=m_k, other=0).to(tl.int64)
+    vals = tl.load(values_ptr + b * stride_vb + k * stride_vk + o_k, mask=m_k, other=0.0).to(tl.float32)
+    if HAS_D2T:
+        targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
+    else:
+        targets = ids
+    return ids, vals, targets
+
+
+@triton.jit
+def _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r):
+    """[candidates, r] rows of W2."""
+    return tl.load(w2_ptr + ids[:, None] * stride_w2 + o_r[None, :], mask=m_k[:, None] & m_r[None, :], other=0.0)
+
+
+@triton.jit
+def _score_candidates(dot, vals, ids, targets, o_k, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
+                      cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
+                      stride_colk, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr, SCALED: tl.constexpr,
+                      STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr):
+    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
+    # vLLM: values.clone().baddbmm_(W2[ids], e, beta=1, alpha=scale): one rounding of the fp32 result.
+    if SCALED:
+        corrected = (vals + dot * logit_scale).to(out_ty).to(tl.float32)
+    else:
+        corrected = (vals + dot).to(out_ty).to(tl.float32)
+    if STORE_CORRECTED:
+        tl.store(cl_ptr + b * stride_clb + k * stride_clk + o_k, corrected, mask=m_k)
+    if STORE_CACHE:
+        m_store = tl.where(valid, m_k, False)  # where: the interpreter rejects block & scalar
+        tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + targets, corrected.to(dl_ptr.dtype.element_ty),
+                 mask=m_store)
+        tl.store(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, targets, mask=m_store)
+    if SAMPLED:
+        pos = tl.load(pos_ptr + b * stride_pb + k).to(tl.int64) + DRAFT_NOISE_SALT
+        noise = _gumbel_noise(_step_seed(seed, k), pos, targets)
+        scored = tl.where(hot, corrected / tl.where(hot, temp, 1.0) + noise, corrected)
+        keys = _ordered_keys(tl.where(m_k, scored, float("-inf")), targets)  # the sampler's row: target ids
+    else:
+        keys = _ordered_keys(tl.where(m_k, corrected, float("-inf")), ids)  # argmax over draft ids
+    best = tl.max(keys, axis=0)
+    return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"head_walk_topk: {msg}")
+
+
+def head_walk_topk(
+    base_values: torch.Tensor,
+    candidates: torch.Tensor,
+    w1: torch.Tensor,
+    w2_rows: torch.Tensor,
+    first_tokens: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    req_indices: torch.Tensor | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    draft_logits: torch.Tensor | None = None,
+    cached_columns: torch.Tensor | None = None,
+    corrected_out: torch.Tensor | None = None,
+    chunk: int = CHUNK,
+    num_warps: int = NUM_WARPS,
+    prefetch: bool | None = None,
+) -> torch.Tensor:
+    """Walk DSpark's top-k Markov head for B rows x N steps in one launch; proposes vLLM's drafts.
+
+    Args:
+        base_values: [B, N, K] the K largest base logits of each step (torch.topk values; fp32 / fp16 / bf16, the
+            dtype vLLM's corrected logits are rounded to).
+        candidates: [B, N, K] int64 their draft ids (torch.topk indices), each < V.
+        w1: [V_target, r] Markov embedding table (indexed by target ids); w2_rows: [V, r] Markov projection rows
+            (vLLM's `markov_w2.weight`), the same dtype. r <= 1024; rows contiguous.
+        first_tokens: [B] target id of each row's anchor token.
+        temperature, seeds: per request (float / int64, indexed by req_indices[b] or b): a sampled walk (vLLM's
+            seeded Gumbel-max, step-keyed); None: greedy. positions: [B, N] int64 keys of the draws (sampled).
+        req_indices: [B] each row's request slot, -1 for padding rows (temperature 0, no cache store).
+        draft_to_target: [V] int64 vLLM's d2t (target id = draft id + d2t[draft id]); None: the same ids.
+        draft_logits: [slots, >= N, width] the cache vLLM's rejection sampler reads: this walk writes the K
+            corrected logits of each valid row's slot at their target columns and puts -inf back at the columns
+            in cached_columns ([slots, >= N, K] int64, -1 = none), which it then updates. The rest of the cache must
+            hold -inf (fill it once); then every row reads as vLLM's dense top-k row.
+        corrected_out: [B, N, K] fp32 receives the corrected candidate logits (optional).
+        out: [B, N] int64 receives the drafts (target ids).
+        chunk, num_warps, prefetch: launch options (candidates scored at once; prefetch: the next step's candidates
+            loaded during this one, K <= chunk only; None: PREFETCH where it applies).
+
+    Returns:
+        out.
+    """
+    _check(base_values.dim() == 3 and candidates.shape == base_values.shape,
+           f"base_values {tuple(base_values.shape)} and candidates {tuple(candidates.shape)} must be the same [B, N, K]")
+    num_rows, num_steps, topk = base_values.shape
+    _check(1 <= topk <= MAX_TOPK, f"top-k {topk} outside 1..{MAX_TOPK}")
+    _check(base_values.dtype in (torch.float32, torch.float16, torch.bfloat16),
+           f"base_values in {base_values.dtype} (float32, float16 or bfloat16)")
+    _check(candidates.dtype in (torch.int64, torch.int32), f"candidates in {candidates.dtype} (int64 or int32)")
+    _check(w1.dim() == 2 and w2_rows.dim() == 2 and w1.shape[1] == w2_rows.shape[1],
+           f"w1 {tuple(w1.shape)} and w2_rows {tuple(w2_rows.shape)} must be [V_target, r] and [V, r]")
+    rank = w1.shape[1]
+    _check(1 <= rank <= MAX_RANK, f"rank {rank} outside 1..{MAX_RANK}")
+    _check(w1.dtype == w2_rows.dtype and w1.dtype in (torch.float32, torch.float16, torch.bfloat16),
+           f"w1 / w2_rows in {w1.dtype} / {w2_rows.dtype}: one float dtype")
+    _check(w1.stride(1) == 1 and w2_rows.stride(1) == 1, "w1 and w2_rows rows must be contiguous")
+    _check(max(w1.shape[0], w2_rows.shape[0]) <= MAX_TOKENS, f"vocabularies above {MAX_TOKENS} tokens")
+    _check(first_tokens.shape == (num_rows,), f"first_tokens {tuple(first_tokens.shape)} must be [{num_rows}]")
+    devices = {t.device for t in (base_values, candidates, w1, w2_rows, first_tokens)}
+    _check(len(devices) == 1, f"tensors on several devices {sorted(map(str, devices))}")
+    device = base_values.device
+    sampled = temperature is not None
+    _check(sampled == (seeds is not None) and (not sampled or positions is not None),
+           "a sampled walk takes temperature, seeds and positions together")
+    if sampled:
+        _check(positions.shape == (num_rows, num_steps), f"positions {tuple(positions.shape)} must be [B, N]")
+    if req_indices is not None:
+        _check(req_indices.shape == (num_rows,), f"req_indices {tuple(req_indices.shape)} must be [{num_rows}]")
+    if draft_to_target is not None:
+        _check(draft_to_target.shape == (w2_rows.shape[0],) or draft_to_target.dim() == 1,
+               f"draft_to_target of shape {tuple(draft_to_target.shape)}")
+    store_cache = draft_logits is not None
+    if store_cache:
+        _check(cached_columns is not None, "draft_logits needs cached_columns (the columns its last walk wrote)")
+        _check(draft_logits.dim() == 3 and draft_logits.shape[1] >= num_steps and draft_logits.stride(2) == 1,
+               f"draft_logits {tuple(draft_logits.shape)} must be [slots, >= {num_steps}, width], rows contiguous")
+        _check(cached_columns.dtype == torch.int64 and cached_columns.shape[0] == draft_logits.shape[0]
+               and cached_columns.shape[1] >= num_steps and cached_columns.shape[2] >= topk
+               and cached_columns.stride(2) == 1,
+               f"cached_columns {tuple(cached_columns.shape)} {cached_columns.dtype} must be int64 "
+               f"[{draft_logits.shape[0]}, >= {num_steps}, >= {topk}]")
+    if out is None:
+        out = torch.empty(num_rows, num_steps, dtype=torch.int64, device=device)
+    _check(out.shape == (num_rows, num_steps) and out.dtype == torch.int64 and out.stride(1) == 1,
+           f"out {tuple(out.shape)} {out.dtype} must be int64 [B, N], contiguous steps")
+    if corrected_out is not None:
+        _check(corrected_out.shape == base_values.shape and corrected_out.dtype == torch.float32
+               and corrected_out.stride(2) == 1, "corrected_out must be fp32 [B, N, K], contiguous candidates")
+    if num_rows == 0 or num_steps == 0:
+        return out
+    # One-element-a-row vectors are read with unit stride (first_tokens, a column of the drafts, with its own).
+    req_indices, temperature, seeds = (t if t is None or t.stride(0) == 1 else t.contiguous()
+                                       for t in (req_indices, temperature, seeds))
+    values = base_values if base_values.stride(2) == 1 else base_values.contiguous()
+    cand = candidates if candidates.stride(2) == 1 else candidates.contiguous()
+    kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
+    num_chunks = triton.cdiv(topk, kc)
+    if prefetch is None:
+        prefetch = PREFETCH and num_chunks == 1
+    _check(not prefetch or num_chunks == 1, f"prefetch takes one chunk (top-k {topk} > chunk {kc})")
+    dummy = out
+    head_walk_topk_kernel[(num_rows,)](
+        values, values.stride(0), values.stride(1),
+        cand, cand.stride(0), cand.stride(1),
+        w1, w1.stride(0),
+        w2_rows, w2_rows.stride(0),
+        first_tokens, first_tokens.stride(0),
+        req_indices if req_indices is not None else dummy,
+        temperature if sampled else dummy,
+        seeds if sampled else dummy,
+        positions if sampled else dummy, positions.stride(0) if sampled else 0,
+        draft_to_target if draft_to_target is not None else dummy,
+        out, out.stride(0),
+        corrected_out if corrected_out is not None else dummy,
+        corrected_out.stride(0) if corrected_out is not None else 0,
+        corrected_out.stride(1) if corrected_out is not None else 0,
+        draft_logits if store_cache else dummy,
+        draft_logits.stride(0) if store_cache else 0, draft_logits.stride(1) if store_cache else 0,
+        cached_columns if store_cache else dummy,
+        cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
+        float(logit_scale), num_steps, topk, rank, draft_logits.shape[2] if store_cache else 0, w1.shape[0],
+        R=triton.next_power_of_2(rank), KC=kc, NUM_CHUNKS=num_chunks,
+        SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None,
+        SCALED=float(logit_scale) != 1.0, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache,
+        PREFETCH=bool(prefetch),
+        num_warps=num_warps,
+    )
+    return out
