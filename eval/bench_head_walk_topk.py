@@ -180,6 +180,63 @@ def ladder(args) -> list[dict]:
     return out
 
 
+def diagnose(args) -> list[dict]:
+    """(1) How vLLM's `values.clone().baddbmm_(W2[ids], e)` rounds on this GPU: its bf16 results against candidate
+    formulas, share of equal entries. (2) Where the time goes: torch.topk alone, the walk kernel alone (default launch
+    and the ladder's), each in its own CUDA graph."""
+    import torch
+
+    from hybridspec_kernels.head_walk_topk import head_walk_topk
+
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev = torch.device("cuda")
+    for batch, k, scale in ((64, 64, 1.0), (8, 256, 1.0), (64, 64, 0.75)):
+        v = (torch.randn(batch, k, generator=gen, device=dev) * 2).bfloat16()
+        w = (torch.randn(batch, k, RANK, generator=gen, device=dev) * 0.25).bfloat16()
+        e = (torch.randn(batch, RANK, generator=gen, device=dev) * 0.25).bfloat16()
+        ref = v.unsqueeze(-1).clone().baddbmm_(w, e.unsqueeze(-1), beta=1.0, alpha=scale).squeeze(-1)
+        dot32 = torch.einsum("bkr,br->bk", w.double(), e.double()).float()
+        bmm = torch.bmm(w, e.unsqueeze(-1)).squeeze(-1)  # bf16 out, as cuBLAS rounds a plain bmm
+        forms = {
+            "single_round": (v.float() + scale * dot32).bfloat16(),
+            "dot_rounded_then_add": (v.float() + scale * dot32.bfloat16().float()).bfloat16(),
+            "bmm_bf16_then_add": (v.float() + scale * bmm.float()).bfloat16(),
+            "bmm_scaled_rounded_then_add": (v.float() + (scale * bmm.float()).bfloat16().float()).bfloat16(),
+        }
+        row = dict(check="baddbmm_rounding", batch=batch, topk=k, scale=scale,
+                   reduced_precision_reduction=torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+                   max_abs_diff_single=float((ref.float() - forms["single_round"].float()).abs().max()))
+        for name, form in forms.items():
+            row[f"equal_{name}"] = round(float((form == ref).float().mean()), 5)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    for vocab in (32000, 151936, 248320):
+        for batch in (1, 8, 32, 64):
+            for mode in ("greedy", "sampled"):
+                sampled = mode == "sampled"
+                p = Problem(torch, batch, 15, vocab, RANK, sampled, dev, torch.bfloat16)
+                values, cand = p.base.topk(args.topk, dim=-1)
+                row = dict(check="time_split", vocab=vocab, batch=batch, mode=mode, topk=args.topk)
+                row["topk_us"] = round(time_graph(torch, lambda: p.base.topk(args.topk, dim=-1))[0], 1)
+                req = p.idx_map[:, 0].contiguous()
+                columns = torch.full((batch, 15, args.topk), -1, dtype=torch.int64, device=dev) if sampled else None
+                if sampled:
+                    p.draft_logits.fill_(float("-inf"))
+                sampling = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if sampled else {}
+                for name, launch in (("w4", LADDER["w4"]), ("w16", LADDER["w16"]), ("w8_prefetch", LADDER["w8_prefetch"]),
+                                     ("w16_prefetch", LADDER["w16_prefetch"])):
+                    fn = lambda launch=launch: head_walk_topk(  # noqa: E731
+                        values, cand, p.w1, p.w2, p.first, out=p.draft_tokens, req_indices=req,
+                        draft_logits=p.draft_logits, cached_columns=columns, **sampling, **launch)
+                    fn()
+                    row[f"walk_{name}_us"] = round(time_graph(torch, fn)[0], 1)
+                out.append(row)
+                print(json.dumps(row), flush=True)
+                del p, values, cand
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     summary = {}
     for row in rows:
@@ -226,7 +283,12 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--results-name", default=BENCH)
     parser.add_argument("--ladder", action="store_true", help="time head_walk_topk's launch options (LADDER) only")
+    parser.add_argument("--diagnose", action="store_true", help="vLLM's baddbmm_ rounding; topk / walk time split")
     args = parser.parse_args()
+    if args.diagnose:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "diagnose.json").write_text(json.dumps(diagnose(args), indent=1) + "\n")
+        return
     if args.ladder:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "ladder.json").write_text(json.dumps(ladder(args), indent=1) + "\n")
