@@ -349,34 +349,32 @@ def hwd():
 
 def topk():
     """head_walk_topk (the top-k walk, one program a row): bf16, r 256, 15 steps, greedy / sampled with the cache, K 64
-    with and without the prefetch, K 256 (four chunks), 4 and 8 warps."""
+    and K 256 (four chunks), 8 / 16 / 32 warps."""
     import hybridspec_kernels.head_walk_topk.walk as walk
     walk.head_walk_topk_kernel = Capture(walk.head_walk_topk_kernel)
     rows, steps, rank, vocab = 8, 15, 256, 151936
     for topk in (64, 256):
         for sampled in (False, True):
-            for prefetch in ((False, True) if topk <= walk.CHUNK else (False,)):
-                for warps in (4, 8):
-                    name = (f"topk_k{topk}_{'sampled' if sampled else 'greedy'}{'_prefetch' if prefetch else ''}"
-                            f"_w{warps}")
-                    if ONLY and name not in ONLY:
-                        continue
-                    values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
-                    cand = torch.zeros(rows, steps, topk, dtype=torch.long)
-                    w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                    w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                    first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
-                    extra = {}
-                    if sampled:
-                        extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
-                                     positions=torch.zeros(rows, steps, dtype=torch.long),
-                                     draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
-                                     cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
-                    del captured[:]
-                    walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first,
-                                        prefetch=prefetch, num_warps=warps, **extra)
-                    (fn, args, kwargs), = captured
-                    compile_captured(name, fn, args, kwargs)
+            for warps in (8, 16, 32):
+                name = f"topk_k{topk}_{'sampled' if sampled else 'greedy'}_w{warps}"
+                if ONLY and name not in ONLY:
+                    continue
+                values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
+                cand = torch.zeros(rows, steps, topk, dtype=torch.long)
+                w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+                w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+                first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
+                extra = {}
+                if sampled:
+                    extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
+                                 positions=torch.zeros(rows, steps, dtype=torch.long),
+                                 draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
+                                 cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+                del captured[:]
+                walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first,
+                                    num_warps=warps, round_dot=True, **extra)
+                (fn, args, kwargs), = captured
+                compile_captured(name, fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

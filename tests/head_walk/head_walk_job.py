@@ -5,7 +5,8 @@ engine keeps). Prints the engines' outputs and the comparison as JSON.
     python tests/head_walk/head_walk_job.py JOB.json OUT.json
 
 JOB: {"engines": [{"name", "model", "speculative_config", "additional_config", "llm_kwargs", "sampling"}],
-      "prompts": [...], "max_tokens": N, "dense_target": {"out", "drafter", "tokenizer"} (optional)}.
+      "prompts": [...], "max_tokens": N, "dense_target": {"out", "drafter", "tokenizer"} (optional),
+      "topk_drafter": {"out", "drafter", "topk"} (optional: a copy of the drafter with `dspark_draft_topk`)}.
 "sampling": {"temperature": T, "seed": S, "greedy_every": k} draws request i with seed S + i, except every k-th
 request, which stays greedy (absent: all greedy). Started by test_walk_e2e.py under `mrv2_env()`; the engines run
 through tests/e2e_job.py.
@@ -46,30 +47,33 @@ def install_shadow_walk(stats):
 
     register()  # arms the patch before the speculator module is imported (vLLM's own call is then a no-op)
     import hybridspec_kernels.head_walk as kernels
+    import hybridspec_kernels.head_walk_topk as topk_kernels
     import vllm.v1.worker.gpu.spec_decode.dspark.speculator as module
 
     from vllm_hybridspec.head_walk.patches import UseHybridSpecHeadWalk
 
     assert UseHybridSpecHeadWalk.is_applied(), "the head_walk patch was not applied on import"
     ours, vllms = module.DSparkSpeculator._sample_sequential, UseHybridSpecHeadWalk.original()
-    launch = kernels.head_walk
 
-    def counting_launch(*args, **kwargs):
-        stats["kernel_launches"] += 1
-        return launch(*args, **kwargs)
+    def counting(launch, key):
+        def counting_launch(*args, **kwargs):
+            stats[key] += 1
+            return launch(*args, **kwargs)
+        return counting_launch
 
-    kernels.head_walk = counting_launch
+    kernels.head_walk = counting(kernels.head_walk, "kernel_launches")
+    topk_kernels.head_walk_topk = counting(topk_kernels.head_walk_topk, "topk_kernel_launches")
 
     def shadow(self, num_reqs, head_hidden):
         before = _state(self)
         vllms(self, num_reqs, head_hidden)
         want = _outputs(self, num_reqs)
         _restore(self, before)
-        launches = stats["kernel_launches"]
+        launches = stats["kernel_launches"] + stats["topk_kernel_launches"]
         ours(self, num_reqs, head_hidden)
         got = _outputs(self, num_reqs)
         stats["walks"] += 1
-        stats["walks_through_kernel"] += stats["kernel_launches"] > launches
+        stats["walks_through_kernel"] += stats["kernel_launches"] + stats["topk_kernel_launches"] > launches
         rows = want["tokens"].shape[0]
         if rows == 0:
             return
@@ -88,7 +92,8 @@ def install_shadow_walk(stats):
 
 
 def new_stats():
-    return dict(walks=0, walks_through_kernel=0, kernel_launches=0, compared_steps=0, compared_drafts=0,
+    return dict(walks=0, walks_through_kernel=0, kernel_launches=0, topk_kernel_launches=0, compared_steps=0,
+                compared_drafts=0,
                 differing_drafts=0, cache_entries=0, cache_equal_entries=0, cache_max_abs_diff=0.0, sample_drafts=[])
 
 
@@ -111,6 +116,22 @@ def build_dense_target(out, drafter, tokenizer):
     tok.save_pretrained(out)
 
 
+def build_topk_drafter(out, drafter, topk):
+    """The drafter with `dspark_draft_topk` in its config (vLLM's top-k walk); the weights are linked, not copied."""
+    import json
+    import os
+
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(drafter):
+        if name != "config.json" and not os.path.exists(os.path.join(out, name)):
+            os.symlink(os.path.join(drafter, name), os.path.join(out, name))
+    with open(os.path.join(drafter, "config.json")) as f:
+        config = json.load(f)
+    config["dspark_draft_topk"] = topk
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
 def sampling_params(job, engine):
     from vllm import SamplingParams
 
@@ -126,6 +147,8 @@ def sampling_params(job, engine):
 def run(job):
     if job.get("dense_target"):
         build_dense_target(**job["dense_target"])
+    if job.get("topk_drafter"):
+        build_topk_drafter(**job["topk_drafter"])
     stats = new_stats()
     install_shadow_walk(stats)
     return e2e_job.run(job, before_engine=lambda engine: stats.update(new_stats()),

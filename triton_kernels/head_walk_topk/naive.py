@@ -5,7 +5,8 @@ It follows vLLM 0.33's `DSparkSpeculator._sample_sequential_topk` + `DSparkMarko
 
     base_values, candidates = U.topk(K)                       once, for all N steps (the caller's torch.topk)
     e_k       = W1[x_{k-1}]                                   (x_{-1} = first_tokens, the anchor)
-    c_k[j]    = values_k[j] + scale * (W2[candidates_k[j]] . e_k)   rounded once to U's dtype (vLLM's baddbmm_)
+    c_k[j]    = values_k[j] + scale * (W2[candidates_k[j]] . e_k)   rounded as vLLM's baddbmm_ rounds it: on CUDA
+                the scaled product to U's dtype first, then the sum (round_dot=True); torch on CPU the sum once
     logits_k  = -inf everywhere, c_k scattered at candidates_k        (the row vLLM's sampler and cache see)
     x_k       = argmax(logits_k)                greedy: first of equal maxima in draft-id order, then d2t
               = argmax(logits_k / T + G)        sampled: vLLM's Gumbel-max over target ids (ties: first target id)
@@ -31,6 +32,7 @@ def naive_head_walk_topk(
     draft_to_target: torch.Tensor | None = None,
     logit_scale: float = 1.0,
     force_tokens: torch.Tensor | None = None,
+    round_dot: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Walk the top-k Markov head one step at a time.
 
@@ -46,6 +48,8 @@ def naive_head_walk_topk(
         req_indices: [B] request-state index of each row; -1 marks a padding row (temperature 0, seed 0).
         draft_to_target: [V] vLLM's d2t offsets (target id = draft id + d2t[draft id]); None: the same ids.
         force_tokens: [B, N] walk this path instead of the proposed tokens (teacher forcing).
+        round_dot: round the scaled product to base_values' dtype before adding the values (vLLM on CUDA); None: by
+            the tensors' device.
 
     Returns:
         tokens [B, N] int64 target ids; corrected [B, N, K] fp32, the candidates' logits (rounded to
@@ -66,6 +70,8 @@ def naive_head_walk_topk(
         temp = torch.where(valid, temperature.float()[safe_req], torch.zeros(num_rows, device=device))
         seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
 
+    if round_dot is None:
+        round_dot = device.type == "cuda"
     w1d, w2d = w1.double(), w2_rows.double()
     prev = first_tokens.long()
     tokens = torch.empty(num_rows, num_steps, dtype=torch.long, device=device)
@@ -73,7 +79,10 @@ def naive_head_walk_topk(
     for k in range(num_steps):
         e = w1d[prev]                                                    # [B, r]
         dot = torch.einsum("bjr,br->bj", w2d[cand[:, k]], e)            # [B, K]
-        c = (base_values[:, k].double() + logit_scale * dot).to(out_dtype).float()
+        product = logit_scale * dot
+        if round_dot:
+            product = product.to(out_dtype).double()
+        c = (base_values[:, k].double() + product).to(out_dtype).float()
         corrected[:, k] = c
         if sampled:
             hot = temp != 0.0

@@ -31,9 +31,10 @@ MAX_TOPK = 4096
 MAX_RANK = 1024
 # Candidates scored at once (a [CHUNK, r] tile of W2 rows in registers); K above it loops over chunks.
 CHUNK = 64
-NUM_WARPS = 4
-# Whether a one-chunk walk loads the next step's candidates during this step (launch option `prefetch`).
-PREFETCH = False
+# One program's warps. Ladder (H200, session 21 calls 1-2, K 64, walk alone, us per 15-step walk): greedy 4 / 8 /
+# 16 warps 82.9-92.7 / - / 27.6-32.1; sampled 71.9-85.9 / - / 43.0-52.1; a prefetch of the next step's candidates
+# (loaded as a step starts, W2 rows gathered after its dot) 30.0-32.3 / 46.4-50.8 at 16 warps: not faster, removed.
+NUM_WARPS = 16
 
 
 @triton.jit
@@ -52,7 +53,7 @@ def head_walk_topk_kernel(
     logit_scale, num_steps, topk, rank, width, target_vocab,
     R: tl.constexpr, KC: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, SCALED: tl.constexpr,
-    STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr, PREFETCH: tl.constexpr,
+    ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
     """Program b walks batch row b through all steps.
 
@@ -92,48 +93,33 @@ def head_walk_topk_kernel(
 
     # The anchor of a padding row may be anything: kept inside W1 (every later token is a candidate's).
     prev = tl.minimum(tl.maximum(tl.load(first_ptr + b * stride_first).to(tl.int64), 0), target_vocab - 1)
-    if PREFETCH:
-        # One chunk: the next step's candidate ids and base values are loaded as a step starts, and its W2 rows
-        # gathered once this step's dot is done, so that only W1[previous token] waits on the chain.
-        m_k = o_j < topk
-        ids_n, vals_n, targets_n = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, 0, o_j, m_k, stride_cb,
-                                                    stride_ck, stride_vb, stride_vk, HAS_D2T)
-        w_n = _gather_rows(w2_ptr, stride_w2, ids_n, o_r, m_k, m_r)
-        for k in range(num_steps):
-            ids, vals, targets, w = ids_n, vals_n, targets_n, w_n
-            ids_n, vals_n, targets_n = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b,
-                                                        tl.minimum(k + 1, num_steps - 1), o_j, m_k, stride_cb,
-                                                        stride_ck, stride_vb, stride_vk, HAS_D2T)
-            e = tl.load(w1_ptr + prev * stride_w1 + o_r, mask=m_r, other=0.0).to(tl.float32)
+    for k in range(num_steps):
+        e = tl.load(w1_ptr + prev * stride_w1 + o_r, mask=m_r, other=0.0).to(tl.float32)
+        if SAMPLED:
+            step_seed = _step_seed(seed, k)
+            pos = tl.load(pos_ptr + b * stride_pb + k).to(tl.int64) + DRAFT_NOISE_SALT
+        for c in tl.static_range(NUM_CHUNKS):
+            o_k = c * KC + o_j
+            m_k = o_k < topk
+            ids, vals, targets = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb,
+                                                  stride_ck, stride_vb, stride_vk, HAS_D2T)
+            w = _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r)
+            if SAMPLED:  # written before the dot: it does not wait on W1[previous token]
+                noise = _gumbel_noise(step_seed, pos, targets)
+            else:
+                noise = None
             dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
-            w_n = _gather_rows(w2_ptr, stride_w2, ids_n, o_r, m_k, m_r)
-            best, best_target = _score_candidates(
-                dot, vals, ids, targets, o_j, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
+            chunk_best, chunk_target = _score_candidates(
+                dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                 cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
-                logit_scale, out_ty, SAMPLED, SCALED, STORE_CORRECTED, STORE_CACHE)
-            tl.store(out_ptr + b * stride_ob + k, best_target)
-            prev = best_target
-    else:
-        for k in range(num_steps):
-            e = tl.load(w1_ptr + prev * stride_w1 + o_r, mask=m_r, other=0.0).to(tl.float32)
-            for c in tl.static_range(NUM_CHUNKS):
-                o_k = c * KC + o_j
-                m_k = o_k < topk
-                ids, vals, targets = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb,
-                                                      stride_ck, stride_vb, stride_vk, HAS_D2T)
-                w = _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r)
-                dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
-                chunk_best, chunk_target = _score_candidates(
-                    dot, vals, ids, targets, o_k, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
-                    cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
-                    stride_colk, logit_scale, out_ty, SAMPLED, SCALED, STORE_CORRECTED, STORE_CACHE)
-                if c == 0:
-                    best, best_target = chunk_best, chunk_target
-                else:
-                    best_target = tl.where(chunk_best > best, chunk_target, best_target)
-                    best = tl.maximum(best, chunk_best)
-            tl.store(out_ptr + b * stride_ob + k, best_target)
-            prev = best_target
+                logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
+            if c == 0:
+                best, best_target = chunk_best, chunk_target
+            else:
+                best_target = tl.where(chunk_best > best, chunk_target, best_target)
+                best = tl.maximum(best, chunk_best)
+        tl.store(out_ptr + b * stride_ob + k, best_target)
+        prev = best_target
 
 
 @triton.jit
@@ -156,16 +142,16 @@ def _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r):
 
 
 @triton.jit
-def _score_candidates(dot, vals, ids, targets, o_k, m_k, b, k, valid, req_safe, hot, temp, seed, pos_ptr, stride_pb,
+def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                       cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
                       stride_colk, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr, SCALED: tl.constexpr,
-                      STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr):
+                      ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr):
     """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
-    # vLLM: values.clone().baddbmm_(W2[ids], e, beta=1, alpha=scale): one rounding of the fp32 result.
     if SCALED:
-        corrected = (vals + dot * logit_scale).to(out_ty).to(tl.float32)
-    else:
-        corrected = (vals + dot).to(out_ty).to(tl.float32)
+        dot = dot * logit_scale
+    if ROUND_DOT:  # CUDA: the (scaled) product is rounded to the logits' dtype, then the values added and rounded
+        dot = dot.to(out_ty).to(tl.float32)
+    corrected = (vals + dot).to(out_ty).to(tl.float32)
     if STORE_CORRECTED:
         tl.store(cl_ptr + b * stride_clb + k * stride_clk + o_k, corrected, mask=m_k)
     if STORE_CACHE:
@@ -174,8 +160,6 @@ def _score_candidates(dot, vals, ids, targets, o_k, m_k, b, k, valid, req_safe, 
                  mask=m_store)
         tl.store(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, targets, mask=m_store)
     if SAMPLED:
-        pos = tl.load(pos_ptr + b * stride_pb + k).to(tl.int64) + DRAFT_NOISE_SALT
-        noise = _gumbel_noise(_step_seed(seed, k), pos, targets)
         scored = tl.where(hot, corrected / tl.where(hot, temp, 1.0) + noise, corrected)
         keys = _ordered_keys(tl.where(m_k, scored, float("-inf")), targets)  # the sampler's row: target ids
     else:
@@ -208,7 +192,7 @@ def head_walk_topk(
     corrected_out: torch.Tensor | None = None,
     chunk: int = CHUNK,
     num_warps: int = NUM_WARPS,
-    prefetch: bool | None = None,
+    round_dot: bool | None = None,
 ) -> torch.Tensor:
     """Walk DSpark's top-k Markov head for B rows x N steps in one launch; proposes vLLM's drafts.
 
@@ -229,8 +213,10 @@ def head_walk_topk(
             hold -inf (fill it once); then every row reads as vLLM's dense top-k row.
         corrected_out: [B, N, K] fp32 receives the corrected candidate logits (optional).
         out: [B, N] int64 receives the drafts (target ids).
-        chunk, num_warps, prefetch: launch options (candidates scored at once; prefetch: the next step's candidates
-            loaded during this one, K <= chunk only; None: PREFETCH where it applies).
+        round_dot: how vLLM's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds where it runs: True (CUDA,
+            measured on the H200: the scaled product rounded to the logits' dtype, then the values added and rounded
+            again), False (torch on CPU: one rounding of the fp32 sum); None: by the tensors' device.
+        chunk, num_warps: launch options (candidates scored at once; warps of a program).
 
     Returns:
         out.
@@ -290,9 +276,8 @@ def head_walk_topk(
     cand = candidates if candidates.stride(2) == 1 else candidates.contiguous()
     kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
     num_chunks = triton.cdiv(topk, kc)
-    if prefetch is None:
-        prefetch = PREFETCH and num_chunks == 1
-    _check(not prefetch or num_chunks == 1, f"prefetch takes one chunk (top-k {topk} > chunk {kc})")
+    if round_dot is None:
+        round_dot = device.type == "cuda"
     dummy = out
     head_walk_topk_kernel[(num_rows,)](
         values, values.stride(0), values.stride(1),
@@ -317,7 +302,7 @@ def head_walk_topk(
         R=triton.next_power_of_2(rank), KC=kc, NUM_CHUNKS=num_chunks,
         SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None,
         SCALED=float(logit_scale) != 1.0, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache,
-        PREFETCH=bool(prefetch),
+        ROUND_DOT=bool(round_dot),
         num_warps=num_warps,
     )
     return out
