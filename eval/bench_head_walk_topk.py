@@ -5,8 +5,9 @@ Variants (B rows x N steps, r = 256, bf16, K = bench_head_walk.TOPK candidates a
     graph_topk   vLLM's walk, op for op (bench_head_walk.graph_topk): torch.topk once, a -inf fill of the logits,
                  then per step a W1 gather, a W2 row gather, baddbmm_, scatter_ and vLLM's sampler (argmax, or its
                  Triton gumbel_sample writing the dense draft-logits cache row)
-    ours_topk    what the wiring runs: the anchors' gather, the same torch.topk, then head_walk_topk (one program a
-                 row, all N steps; a sampled walk writes the cache's K columns and puts -inf back at the last walk's)
+    ours_topk    what the wiring runs: the anchors' gather, walk_candidates (torch.topk's set by a radix select for
+                 bf16 logits), then head_walk_topk (one program a row, all N steps; a sampled walk writes the cache's K
+                 columns and puts -inf back at the last walk's)
 Every row checks ours against vLLM's drafts (and, sampled, the cache rows) on the same inputs: `agree` is the share
 of equal drafts (a bf16 rounding of a different summation order may flip a near tie, which changes that row's later
 steps), `cache_equal` whether the cached rows of rows whose drafts agree are equal.
@@ -38,8 +39,11 @@ BENCH = "head_walk_topk"
 class OursTopk:
     """The wiring's top-k walk on a Problem's buffers (the cache filled with -inf once, as make_plan does)."""
 
-    def __init__(self, torch, walk, p: Problem, topk: int, **launch):
+    def __init__(self, torch, walk, p: Problem, topk: int, select=None, **launch):
+        from hybridspec_kernels.head_walk_topk import walk_candidates
+
         self.torch, self.walk, self.p, self.topk, self.launch = torch, walk, p, topk, launch
+        self.select = select or walk_candidates
         self.req = p.idx_map[:, 0].contiguous()
         self.columns = None
         if p.sampled:
@@ -49,7 +53,7 @@ class OursTopk:
     def __call__(self) -> None:
         p = self.p
         first = p.input_ids[p.anchor_idx]
-        values, candidates = p.base.topk(self.topk, dim=-1)
+        values, candidates = self.select(p.base, self.topk)
         sampling = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
         self.walk(values, candidates, p.w1, p.w2, first, out=p.draft_tokens, req_indices=self.req,
                   draft_logits=p.draft_logits, cached_columns=self.columns, **sampling, **self.launch)
@@ -184,7 +188,7 @@ def diagnose(args) -> list[dict]:
     and the ladder's), each in its own CUDA graph."""
     import torch
 
-    from hybridspec_kernels.head_walk_topk import head_walk_topk
+    from hybridspec_kernels.head_walk_topk import head_walk_topk, topk_candidates
 
     out = []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -218,6 +222,9 @@ def diagnose(args) -> list[dict]:
                 values, cand = p.base.topk(args.topk, dim=-1)
                 row = dict(check="time_split", vocab=vocab, batch=batch, mode=mode, topk=args.topk)
                 row["topk_us"] = round(time_graph(torch, lambda: p.base.topk(args.topk, dim=-1))[0], 1)
+                row["select_us"] = round(time_graph(torch, lambda: topk_candidates(p.base, args.topk))[0], 1)
+                sel_values, sel_index = topk_candidates(p.base, args.topk)
+                row["select_equal_topk_set"] = bool(torch.equal(sel_index.sort(-1).values, cand.sort(-1).values))
                 req = p.idx_map[:, 0].contiguous()
                 columns = torch.full((batch, 15, args.topk), -1, dtype=torch.int64, device=dev) if sampled else None
                 if sampled:
@@ -247,7 +254,7 @@ def summarize(rows: list[dict]) -> dict:
     caches = [c for row in rows for c in row.get("cache_equal", [])]
     if caches:
         summary["cache_rows_equal"] = all(caches)
-    summary["measures"] = ("vLLM's _sample_sequential_topk graph-loop time / ours (torch.topk + head_walk_topk), "
+    summary["measures"] = ("vLLM's _sample_sequential_topk graph-loop time / ours (walk_candidates + head_walk_topk), "
                            "CUDA-graph replays, median of the samples")
     return summary
 

@@ -375,6 +375,13 @@ def topk():
                                     num_warps=warps, round_dot=True, **extra)
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
+    import hybridspec_kernels.head_walk_topk.select as select
+    for name in ("topk_histogram_kernel", "topk_count_kernel", "topk_gather_kernel"):
+        setattr(select, name, Capture(getattr(select, name)))
+    del captured[:]
+    select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64)
+    for i, (fn, args, kwargs) in enumerate(captured):
+        compile_captured(f"topk_select_{i}_{fn.fn.__name__ if hasattr(fn, 'fn') else fn.__name__}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

@@ -23,6 +23,8 @@ from hybridspec_kernels.head_walk_topk import (  # noqa: E402
     dense_step_logits,
     head_walk_topk,
     naive_head_walk_topk,
+    naive_topk_candidates,
+    topk_candidates,
 )
 
 needs_kernels = pytest.mark.skipif(
@@ -243,6 +245,44 @@ def test_bad_input(bad, message):
         head_walk_topk(*positional, **args)
 
 
+def tied_logits(rows, vocab, dtype, device, seed):
+    """Random 16-bit logits with many exact ties (coarse values), a tied plateau at the top, -0.0 / +0.0 and NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randint(-40, 40, (rows, vocab), generator=gen).float() / 8).to(dtype)
+    x[:, 3:40] = 5.0  # a plateau that straddles every small k's boundary
+    x[0, 7] = float("nan")
+    x[-1, :20] = -0.0
+    x[-1, 20:40] = 0.0
+    return x.to(device)
+
+
+SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several programs)
+    (3, 1000, 8, 256),
+    (2, 5000, 64, 1024),
+    (4, 300, 300, 128),
+    (1, 77, 1, 8192),
+    (5, 2049, 40, 512),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
+def test_topk_candidates_match_naive(case):
+    rows, vocab, k, split = case
+    x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
+    values, index = topk_candidates(x, k, split=split, block=min(split, 256))
+    want_values, want_index = naive_topk_candidates(x, k)
+    assert torch.equal(index, want_index)
+    assert torch.equal(values.view(torch.int16), want_values.view(torch.int16))  # NaN and -0.0 bit for bit
+
+
+def test_topk_candidates_bad_input():
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        topk_candidates(torch.zeros(2, 10), 3)
+    with pytest.raises(ValueError, match="outside 1..10"):
+        topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 11)
+
+
 # ---------------------------------------------------------------------------------------------------------- GPU
 GPU_CASES = [  # rows, steps, vocab, topk, d2t target vocab
     (1, 15, 32_000, 64, None),
@@ -283,3 +323,18 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
     if sampled:
         same = ~differ
         assert torch.equal(cache[same], want_cache[same])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows, vocab, k", [(15, 32_000, 64), (120, 151_936, 64), (15, 248_320, 256), (960, 32_000, 64),
+                                            (7, 1000, 1000)])
+def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
+    """The set (and the boundary ties) torch.topk's CUDA kernel picks, on random and on heavily tied bf16 logits."""
+    for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
+              tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows)):
+        values, index = topk_candidates(x, k)
+        want_values, want_index = x.topk(k, dim=-1)
+        assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
+        assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),
+                           want_values.float().sort(-1).values.nan_to_num(9.0))

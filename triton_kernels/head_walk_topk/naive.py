@@ -108,3 +108,22 @@ def dense_step_logits(corrected: torch.Tensor, candidates: torch.Tensor, width: 
     cols = cand if draft_to_target is None else cand + draft_to_target.long()[cand]
     dense = torch.full((*corrected.shape[:2], width), float("-inf"), device=corrected.device)
     return dense.scatter_(2, cols, corrected.float())
+
+
+def naive_topk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The set torch.topk(logits, k) takes on CUDA, in `topk_candidates`' order: 16-bit logits ordered by torch's radix
+    key (the bits made monotone, NaN largest, -0.0 below +0.0), equal keys by index; the first k of that order, listed
+    as those above the k-th key by index, then those equal to it by index."""
+    vocab = logits.shape[-1]
+    bits = logits.contiguous().view(torch.int16).long() & 0xFFFF
+    key = bits ^ torch.where((bits & 0x8000) != 0, 0xFFFF, 0x8000)
+    key = torch.where(logits != logits, 0xFFFF, key)
+    index = torch.arange(vocab, device=logits.device).expand_as(key)
+    order = ((0xFFFF - key) << 20) | index  # ascending: larger key first, then smaller index
+    chosen = order.sort(dim=-1).values[..., :k] & ((1 << 20) - 1)
+    chosen_keys = key.gather(-1, chosen)
+    threshold = chosen_keys.min(dim=-1, keepdim=True).values
+    # index order within each group: above the threshold first
+    rank = torch.where(chosen_keys > threshold, 0, 1 << 20) + chosen
+    chosen = chosen.gather(-1, rank.argsort(dim=-1))
+    return logits.gather(-1, chosen), chosen

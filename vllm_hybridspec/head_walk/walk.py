@@ -112,8 +112,10 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
         positions = spec.sample_pos[:num_sample].view(num_reqs, num_steps) - 1
     w1 = head.markov_w1.weight
     if topk:
-        # vLLM's candidates: one torch.topk over all steps (the same op, so the same candidates and order).
-        values, candidates = base_logits.topk(plan.topk, dim=-1)
+        # vLLM's candidates (torch.topk's set; on CUDA 16-bit logits a faster radix select that picks the same set).
+        from hybridspec_kernels.head_walk_topk import walk_candidates
+
+        values, candidates = walk_candidates(base_logits, plan.topk)
         walk = _topk_backend(plan)
         inputs = (values, candidates)
         w2 = head.markov_w2.weight[:vocab]  # [V, r] rows (padded past the vocabulary): the walk gathers candidates' rows
