@@ -376,7 +376,7 @@ def topk():
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
-    for name in ("topk_histogram_kernel", "topk_count_kernel", "topk_gather_kernel"):
+    for name in ("topk_split_kernel", "topk_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
     del captured[:]
     select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64)

@@ -261,6 +261,7 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
     (2, 5000, 64, 1024),
     (4, 300, 300, 128),
     (1, 77, 1, 8192),
+    (2, 3000, 200, 256),  # k above a split: every split stages all it has
     (5, 2049, 40, 512),
 ]
 
@@ -270,10 +271,12 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 def test_topk_candidates_match_naive(case):
     rows, vocab, k, split = case
     x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
-    values, index = topk_candidates(x, k, split=split, block=min(split, 256))
+    values, index = topk_candidates(x, k, split=split, num_warps=4)
     want_values, want_index = naive_topk_candidates(x, k)
-    assert torch.equal(index, want_index)
-    assert torch.equal(values.view(torch.int16), want_values.view(torch.int16))  # NaN and -0.0 bit for bit
+    order, want_order = index.argsort(-1), want_index.argsort(-1)  # the same set; the order is not torch's
+    assert torch.equal(index.gather(-1, order), want_index.gather(-1, want_order))
+    assert torch.equal(values.gather(-1, order).view(torch.int16),
+                       want_values.gather(-1, want_order).view(torch.int16))  # NaN and -0.0 bit for bit
 
 
 def test_topk_candidates_bad_input():
@@ -281,6 +284,8 @@ def test_topk_candidates_bad_input():
         topk_candidates(torch.zeros(2, 10), 3)
     with pytest.raises(ValueError, match="outside 1..10"):
         topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 11)
+    with pytest.raises(ValueError, match="staged candidates"):
+        topk_candidates(torch.zeros(2, 10_000, dtype=torch.float16), 5000, split=128)
 
 
 # ---------------------------------------------------------------------------------------------------------- GPU
@@ -320,9 +325,14 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
                    **sampling(p, sampled))
     ulp = corrected.abs() * 2.0**-7 + 1e-30
     assert ((got - corrected).abs() <= ulp).all()
-    if sampled:
+    if sampled:  # rows that walked the same path: their cached rows, up to the same rare one-ulp product roundings
         same = ~differ
-        assert torch.equal(cache[same], want_cache[same])
+        got_rows, want_rows = cache[same], want_cache[same]
+        assert torch.equal(torch.isfinite(got_rows), torch.isfinite(want_rows))
+        finite = torch.isfinite(want_rows)
+        gap = (got_rows[finite] - want_rows[finite]).abs()
+        assert (gap <= want_rows[finite].abs() * 2.0**-7 + 2.0**-14).all()
+        assert (gap > 0).float().mean() <= 1e-3, (gap > 0).float().mean()
 
 
 @gpu

@@ -1,23 +1,27 @@
 """The top-k walk's candidates: the K largest logits of every (row, step), the set torch.topk returns, faster.
 
 torch.topk over DSpark's [B * N, V] base logits took most of the top-k walk's time on the H200 (session 21: 40 us for
-15 rows of 32k, 1.1 ms for 960 rows of 151,936). Here, for 16-bit logits, a radix select over the 16-bit order keys
-(torch.topk's own key: the bits made monotone, NaN largest, -0.0 below +0.0): two 256-bin histogram passes (high
-byte, then the low byte among the high byte's bucket) pin the K-th largest key T exactly; a count pass and a gather
-pass write every element above T and the first (by index) of those equal to T, as torch.topk's CUDA kernel picks
-its boundary ties. Each pass is a grid of (row, split) programs, so one long row is read by many SMs.
+15 rows of 32k, 1.1 ms for 960 rows of 151,936). Here, for 16-bit logits, a radix select over torch.topk's own
+16-bit order keys (the bits made monotone, NaN largest, -0.0 below +0.0), in two launches that read the logits once:
+- split pass, program (row, split of SPLIT elements held in registers): two 256-bin histograms (high byte, then the
+  low byte within the high byte's bucket) pin the split's K-th largest key T_s; the split's elements above T_s and the
+  first of those equal to T_s (by index) go to a staging row of K slots (keys -1 where the split has fewer);
+- merge pass, program per row: the same select over the row's splits x K staged keys picks the row's K.
+The result is the first K elements in the order (key descending, index ascending), torch.topk's CUDA kernel's boundary
+tie rule (its gatherTopK writes ties in index order): every such element is among its split's first K in the same
+order, and the staged candidates equal to the row's K-th key sit in index order (splits in order; within a split all in
+one group, above or equal to T_s).
 
-Only the set is torch.topk's: the candidates come in index order (above T, then equal to T), not sorted by value,
-which the walk does not need (it keys every candidate by value and id).
+Only the set is torch.topk's: the candidates come in staging order, not sorted by value, which the walk does not need.
 """
 import torch
 import triton
 import triton.language as tl
 
-# Elements of a row one program reads per pass, and per load.
+# Elements of a row one split program holds in registers; and the most staged candidates a row may have.
 SPLIT = 8192
-BLOCK = 2048
-NUM_WARPS = 8
+NUM_WARPS = 16
+MAX_STAGED = 16384
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -41,93 +45,65 @@ def _digit_above(hist, need):
 
 
 @triton.jit
-def _threshold(hist_ptr, row, k):
-    """(T, elements above T) of a row from its two histograms."""
-    o_d = tl.arange(0, 256)
-    high, above_high = _digit_above(tl.load(hist_ptr + row * 512 + o_d), k)
-    low, above_low = _digit_above(tl.load(hist_ptr + row * 512 + 256 + o_d), k - above_high)
-    return high * 256 + low, above_high + above_low
+def _select_slots(key, valid, need):
+    """Radix select of `need` keys among the valid ones: (take, slot) with the slots 0..need-1 of those above the
+    need-th largest key T in position order, then of the first of those equal to T in position order."""
+    key = tl.where(valid, key, 0)  # masked-off lanes inside the bins too (the interpreter indexes with them)
+    high, above_high = _digit_above(tl.histogram(key >> 8, 256, mask=valid), need)
+    low, above_low = _digit_above(tl.histogram(key & 0xFF, 256, mask=valid & ((key >> 8) == high)), need - above_high)
+    threshold = high * 256 + low
+    num_above = above_high + above_low
+    is_above = (valid & (key > threshold)).to(tl.int32)
+    is_equal = (valid & (key == threshold)).to(tl.int32)
+    slot_equal = num_above + tl.cumsum(is_equal, axis=0) - 1
+    take = (is_above != 0) | ((is_equal != 0) & (slot_equal < need))
+    slot = tl.where(is_above != 0, tl.cumsum(is_above, axis=0) - 1, slot_equal)
+    return take, tl.where(take, slot, 0)
 
 
 @triton.jit
-def topk_histogram_kernel(x_ptr, stride_x, vocab, hist_ptr, k, PASS: tl.constexpr, SPLIT: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """PASS 0: histogram of the keys' high bytes into hist[row, 0:256]; PASS 1: of the low bytes of the keys whose
-    high byte is T's, into hist[row, 256:512]."""
+def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
+                      KP: tl.constexpr):
+    """Stages split `split` of row `row`: its first min(k, elements) by (key desc, index asc), keys -1 after them."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    o_d = tl.arange(0, 256)
-    if PASS == 1:
-        high, _ = _digit_above(tl.load(hist_ptr + row * 512 + o_d), k)
-    counts = tl.zeros([256], dtype=tl.int32)
-    for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, vocab), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < vocab
-        key = _order_keys(x_ptr + row * stride_x, offs, m)
-        if PASS == 0:
-            counts += tl.histogram(key >> 8, 256, mask=m)
-        else:
-            counts += tl.histogram(key & 0xFF, 256, mask=m & ((key >> 8) == high))
-    tl.atomic_add(hist_ptr + row * 512 + PASS * 256 + o_d, counts, mask=counts > 0, sem="relaxed")
+    offs = split * SPLIT + tl.arange(0, SPLIT)
+    valid = offs < vocab
+    key = _order_keys(x_ptr + row * stride_x, offs, valid)
+    need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
+    take, slot = _select_slots(key, valid, need)
+    base = (row * num_splits + split) * k
+    o_p = tl.arange(0, KP)
+    tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= need) & (o_p < k))
+    tl.store(stage_key_ptr + base + slot, key, mask=take)
+    tl.store(stage_idx_ptr + base + slot, offs.to(tl.int64), mask=take)
 
 
 @triton.jit
-def topk_count_kernel(x_ptr, stride_x, vocab, hist_ptr, count_ptr, k, num_splits, SPLIT: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """count[row, split] = (elements above T, elements equal to T) in the split."""
-    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    threshold, _ = _threshold(hist_ptr, row, k)
-    above = tl.zeros([], dtype=tl.int32)
-    equal = tl.zeros([], dtype=tl.int32)
-    for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, vocab), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < vocab
-        key = _order_keys(x_ptr + row * stride_x, offs, m)
-        above += tl.sum((m & (key > threshold)).to(tl.int32), axis=0)
-        equal += tl.sum((m & (key == threshold)).to(tl.int32), axis=0)
-    tl.store(count_ptr + (row * num_splits + split) * 2, above)
-    tl.store(count_ptr + (row * num_splits + split) * 2 + 1, equal)
+def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
+                      STAGED: tl.constexpr):
+    """Row `row`'s k from its staged candidates."""
+    row = tl.program_id(0).to(tl.int64)
+    o_c = tl.arange(0, STAGED)
+    m_c = o_c < staged
+    key = tl.load(stage_key_ptr + row * staged + o_c, mask=m_c, other=-1)
+    idx = tl.load(stage_idx_ptr + row * staged + o_c, mask=m_c, other=0)
+    take, slot = _select_slots(key, key >= 0, k)
+    idx = tl.where(take, idx, 0)  # slots a short split left unwritten hold no index
+    tl.store(index_ptr + row * stride_out + slot, idx, mask=take)
+    tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
 
 
-@triton.jit
-def topk_gather_kernel(x_ptr, stride_x, vocab, hist_ptr, count_ptr, values_ptr, index_ptr, stride_out, k, num_splits,
-                       SPLIT: tl.constexpr, BLOCK: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """Writes the split's elements above T at their place among the row's (index order), then its elements equal to T
-    after all of the row's above-T ones, while fewer than k are written."""
-    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    threshold, num_above = _threshold(hist_ptr, row, k)
-    o_s = tl.arange(0, SPLITS_P2)
-    before = (o_s < split)
-    above_base = tl.sum(tl.load(count_ptr + (row * num_splits + o_s) * 2, mask=before, other=0), axis=0)
-    equal_base = num_above + tl.sum(tl.load(count_ptr + (row * num_splits + o_s) * 2 + 1, mask=before, other=0),
-                                    axis=0)
-    for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, vocab), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < vocab
-        x = tl.load(x_ptr + row * stride_x + offs, mask=m, other=0.0)
-        key = _order_keys(x_ptr + row * stride_x, offs, m)
-        is_above = (m & (key > threshold)).to(tl.int32)
-        is_equal = (m & (key == threshold)).to(tl.int32)
-        slot_above = above_base + tl.cumsum(is_above, axis=0) - 1
-        slot_equal = equal_base + tl.cumsum(is_equal, axis=0) - 1
-        slot = tl.where(is_above != 0, slot_above, slot_equal)
-        take = ((is_above != 0) | ((is_equal != 0) & (slot_equal < k)))
-        tl.store(values_ptr + row * stride_out + slot, x, mask=take)
-        tl.store(index_ptr + row * stride_out + slot, offs.to(tl.int64), mask=take)
-        above_base += tl.sum(is_above, axis=0)
-        equal_base += tl.sum(is_equal, axis=0)
-
-
-def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, block: int = BLOCK,
+def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT,
                     num_warps: int = NUM_WARPS) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
         logits: [..., V] bf16 or fp16, the last dimension contiguous.
-        k: 1 <= k <= V.
+        k: 1 <= k <= V, with ceil(V / split) * k <= MAX_STAGED.
 
     Returns:
-        (values [..., k] in logits' dtype, indices [..., k] int64): every element whose key is above the k-th largest
-        key T, in index order, then the first elements equal to T in index order (torch.topk's CUDA tie rule).
+        (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
+        radix key descending, index ascending), which is torch.topk's set on CUDA, boundary ties included.
     """
     if logits.dtype not in SELECT_DTYPES:
         raise ValueError(f"topk_candidates: logits in {logits.dtype} (bfloat16 or float16; torch.topk otherwise)")
@@ -136,6 +112,9 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, block: 
         raise ValueError(f"topk_candidates: k {k} outside 1..{vocab}")
     if logits.stride(-1) != 1:
         raise ValueError("topk_candidates: the last dimension must be contiguous")
+    num_splits = triton.cdiv(vocab, split)
+    if num_splits * k > MAX_STAGED:
+        raise ValueError(f"topk_candidates: {num_splits} splits x k {k} staged candidates, above {MAX_STAGED}")
     lead = logits.shape[:-1]
     x = logits.reshape(-1, vocab)
     rows = x.shape[0]
@@ -143,23 +122,18 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, block: 
     indices = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return values, indices
-    num_splits = triton.cdiv(vocab, split)
-    hist = torch.zeros(rows, 512, dtype=torch.int32, device=logits.device)
-    counts = torch.empty(rows, num_splits, 2, dtype=torch.int32, device=logits.device)
-    grid = (rows, num_splits)
-    for pass_ in (0, 1):
-        topk_histogram_kernel[grid](x, x.stride(0), vocab, hist, k, PASS=pass_, SPLIT=split, BLOCK=block,
-                                    num_warps=num_warps)
-    topk_count_kernel[grid](x, x.stride(0), vocab, hist, counts, k, num_splits, SPLIT=split, BLOCK=block,
-                            num_warps=num_warps)
-    topk_gather_kernel[grid](x, x.stride(0), vocab, hist, counts, values.view(rows, k), indices.view(rows, k), k, k,
-                             num_splits, SPLIT=split, BLOCK=block, SPLITS_P2=triton.next_power_of_2(num_splits),
-                             num_warps=num_warps)
+    stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=logits.device)
+    stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=logits.device)
+    topk_split_kernel[(rows, num_splits)](x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, SPLIT=split,
+                                          KP=triton.next_power_of_2(k), num_warps=num_warps)
+    topk_merge_kernel[(rows,)](x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k,
+                               num_splits * k, STAGED=triton.next_power_of_2(num_splits * k), num_warps=num_warps)
     return values, indices
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA, torch.topk (sorted=False) otherwise."""
-    if logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1:
+    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA where it takes k, torch.topk otherwise."""
+    if (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
+            and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
         return topk_candidates(logits, k)
     return logits.topk(k, dim=-1)
