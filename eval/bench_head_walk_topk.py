@@ -231,6 +231,9 @@ def diagnose(args) -> list[dict]:
                 row = dict(check="time_split", vocab=vocab, batch=batch, mode=mode, topk=args.topk)
                 row["topk_us"] = round(time_graph(torch, lambda: p.base.topk(args.topk, dim=-1))[0], 1)
                 row["select_us"] = round(time_graph(torch, lambda: topk_candidates(p.base, args.topk))[0], 1)
+                for split in (4096, 16384):
+                    row[f"select_split{split}_us"] = round(time_graph(
+                        torch, lambda split=split: topk_candidates(p.base, args.topk, split=split))[0], 1)
                 sel_values, sel_index = topk_candidates(p.base, args.topk)
                 row["select_equal_topk_set"] = bool(torch.equal(sel_index.sort(-1).values, cand.sort(-1).values))
                 req = p.idx_map[:, 0].contiguous()
