@@ -265,8 +265,8 @@ def summarize(rows: list[dict]) -> dict:
     patterns = [c for row in rows for c in row.get("cache_pattern_equal", [])]
     if patterns:
         summary["cache_candidate_columns_equal"] = all(patterns)
-        summary["cache_entries_differing_max"] = max(c for row in rows for c in row["cache_entries_differing"])
-        summary["cache_max_rel_gap"] = max(c for row in rows for c in row["cache_max_rel_gap"])
+        summary["cache_entries_differing_max"] = max(c for row in rows for c in row.get("cache_entries_differing", []))
+        summary["cache_max_rel_gap"] = max(c for row in rows for c in row.get("cache_max_rel_gap", []))
     summary["measures"] = ("vLLM's _sample_sequential_topk graph-loop time / ours (walk_candidates + head_walk_topk), "
                            "CUDA-graph replays, median of the samples")
     return summary

@@ -22,6 +22,13 @@ import triton.language as tl
 SPLIT = 8192
 NUM_WARPS = 16
 MAX_STAGED = 16384
+# Where the walk takes topk_candidates instead of torch.topk: up to this many logits in all, in splits of
+# WALK_SPLIT. H200, session 21 call 4 (us, CUDA graph, K 64; torch.topk / select at splits 4096 / 8192 / 16384):
+# 15 rows of 32k 40.0 / 15.4 / 21.2 / 36.8; 120 rows of 32k 70.4 / 74.5 / 65.8 / 69.3; 15 of 151,936 56.7 / 54.9 /
+# 52.9 / 68.9; 15 of 248,320 67.7 / 71.2 / 67.5 / 70.3; from 120 rows of 151,936 on 1.3-2.2x slower than torch.topk
+# (its two 256-bin histograms a split cost more than torch's passes).
+WALK_SELECT_MAX_ELEMENTS = 15 * 32_000
+WALK_SPLIT = 4096
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -132,8 +139,10 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT,
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA where it takes k, torch.topk otherwise."""
+    """The top-k walk's candidates: topk_candidates where it measured faster (16-bit logits on CUDA, up to
+    WALK_SELECT_MAX_ELEMENTS of them), torch.topk otherwise. Either way torch.topk's set."""
     if (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
-            and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
-        return topk_candidates(logits, k)
+            and logits.numel() <= WALK_SELECT_MAX_ELEMENTS
+            and triton.cdiv(logits.shape[-1], WALK_SPLIT) * k <= MAX_STAGED):
+        return topk_candidates(logits, k, split=WALK_SPLIT)
     return logits.topk(k, dim=-1)
