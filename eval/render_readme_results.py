@@ -63,11 +63,20 @@ ROWS = {
         ("speedup_graph_loop_v32k_d2t152k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
     ],
     "head_walk_v248k": [
-        ("speedup_graph_loop_v248k_blk15_b1", "DSpark Markov walk at Qwen3.5 / 3.6's 248,320-token vocabulary (W2 127 MB: 384 of each program's 1,920 rows on chip, the rest streamed every step), greedy, block 15, batch 1: vLLM graph loop / ours (vLLM's `dspark_draft_topk` walk, other drafts, is faster there: `eval/results/head_walk_v248k.md`)", "(not a goal)"),
+        ("speedup_graph_loop_v248k_blk15_b1", "DSpark Markov walk at Qwen3.5 / 3.6's 248,320-token vocabulary (W2 127 MB: 384 of each program's 1,920 rows on chip, the rest streamed every step), greedy, block 15, batch 1: vLLM graph loop / ours (vLLM's `dspark_draft_topk` walk, other drafts, is faster there: `eval/results/head_walk_v248k.md`; that mode now runs through `head_walk_topk`, below)", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b1_sampled", "same, sampled (with the draft-logits cache), batch 1", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b8", "same, greedy, batch 8", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
         ("speedup_graph_loop_v248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
+    ],
+    "head_walk_topk": [
+        ("speedup_graph_topk_v32k_blk15_b1", "DSpark's top-k mode (`dspark_draft_topk`, K=64 candidates a step; session 21: walked by `head_walk_topk`, one program a row, instead of falling back), V=32k, greedy, block 15, batch 1: vLLM's `_sample_sequential_topk` graph loop / ours (its candidates included: a radix select up to 15 x 32k logits, torch.topk above, which is then most of both walks' time); every draft equal to vLLM's", "(not a goal)"),
+        ("speedup_graph_topk_v32k_blk15_b1_sampled", "same, sampled (the draft-logits cache kept vLLM's dense rows)", "(not a goal)"),
+        ("speedup_graph_topk_v32k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
+        ("speedup_graph_topk_v152k_blk15_b1", "V=151,936, greedy, batch 1", "(not a goal)"),
+        ("speedup_graph_topk_v152k_blk15_b8", "same, batch 8", "(not a goal)"),
+        ("speedup_graph_topk_v248k_blk15_b1", "V=248,320 (Qwen3.5 / 3.6), greedy, batch 1", "(not a goal)"),
+        ("speedup_graph_topk_v248k_blk15_b64_sampled", "same, sampled, batch 64", "(not a goal)"),
     ],
     "head_walk_fewer_sms": [
         ("speedup_over_triton_v32k_p114_b1", "DSpark Markov walk, V=32k, block 15, batch 1, on fewer SMs than the H200's 132 (the plan's SM count set to P; a P-SM device walks these shards): H100 PCIe's 114: the Gluon few-SMs form (session 20) / the Triton walk (the default there before)", "(not a goal)"),

@@ -331,7 +331,7 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
         assert torch.equal(torch.isfinite(got_rows), torch.isfinite(want_rows))
         finite = torch.isfinite(want_rows)
         gap = (got_rows[finite] - want_rows[finite]).abs()
-        assert (gap <= want_rows[finite].abs() * 2.0**-7 + 2.0**-14).all()
+        assert (gap <= want_rows[finite].abs() * 2.0**-6 + 2.0**-10).all()  # an ulp of the product, after the sum
         assert (gap > 0).float().mean() <= 1e-2, (gap > 0).float().mean()  # measured 0-0.2 %
 
 
