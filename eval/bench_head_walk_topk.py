@@ -253,6 +253,33 @@ def diagnose(args) -> list[dict]:
     return out
 
 
+def diagnose_topk(args) -> list[dict]:
+    """torch.topk over the [B * N, V] logits as one slice a row and as S shorter slices a row ([B * N * S, V / S]: the
+    first stage a two-stage select could use), and torch.topk over the staged S * K of a row (its second stage)."""
+    import torch
+
+    out = []
+    dev = torch.device("cuda")
+    for vocab in (32000, 151936, 248320):
+        for batch in (1, 8, 32, 64):
+            base = torch.randn(batch * 15, vocab, device=dev).bfloat16()
+            row = dict(check="topk_reshape", vocab=vocab, batch=batch, topk=args.topk)
+            row["rows_us"] = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
+            for parts in (4, 8, 16, 32, 64):
+                if vocab % parts or vocab // parts < args.topk:
+                    continue
+                short = base.view(batch * 15 * parts, vocab // parts)
+                row[f"split{parts}_us"] = round(time_graph(torch, lambda: short.topk(args.topk, dim=-1))[0], 1)
+                row[f"split{parts}_unsorted_us"] = round(time_graph(
+                    torch, lambda: short.topk(args.topk, dim=-1, sorted=False))[0], 1)
+                staged = torch.randn(batch * 15, parts * args.topk, device=dev).bfloat16()
+                row[f"merge{parts}_us"] = round(time_graph(torch, lambda: staged.topk(args.topk, dim=-1))[0], 1)
+            out.append(row)
+            print(json.dumps(row), flush=True)
+            del base
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     summary = {}
     for row in rows:
@@ -302,7 +329,12 @@ def main() -> None:
     parser.add_argument("--results-name", default=BENCH)
     parser.add_argument("--ladder", action="store_true", help="time head_walk_topk's launch options (LADDER) only")
     parser.add_argument("--diagnose", action="store_true", help="vLLM's baddbmm_ rounding; topk / walk time split")
+    parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
     args = parser.parse_args()
+    if args.diagnose_topk:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "diagnose_topk.json").write_text(json.dumps(diagnose_topk(args), indent=1) + "\n")
+        return
     if args.diagnose:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "diagnose.json").write_text(json.dumps(diagnose(args), indent=1) + "\n")
