@@ -280,6 +280,36 @@ def diagnose_topk(args) -> list[dict]:
     return out
 
 
+def diagnose_select(args) -> list[dict]:
+    """topk_candidates' launch options (digit bits, split, warps) against torch.topk, same inputs; the sets compared."""
+    import torch
+
+    from hybridspec_kernels.head_walk_topk import topk_candidates
+
+    out = []
+    dev = torch.device("cuda")
+    for vocab, batch in ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 32)):
+        base = torch.randn(batch * 15, vocab, device=dev).bfloat16()
+        want = base.topk(args.topk, dim=-1)[1].sort(-1).values
+        row = dict(check="select_options", vocab=vocab, batch=batch, topk=args.topk)
+        row["torch_topk_us"] = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
+        for bits in (8, 4, 2):
+            for split in (4096, 8192):
+                for warps in (8, 16):
+                    name = f"bits{bits}_split{split}_w{warps}"
+                    fn = lambda: topk_candidates(base, args.topk, split=split, num_warps=warps,  # noqa: E731
+                                                 digit_bits=bits)
+                    try:
+                        row[f"{name}_equal"] = bool(torch.equal(fn()[1].sort(-1).values, want))
+                        row[f"{name}_us"] = round(time_graph(torch, fn)[0], 1)
+                    except Exception as exc:
+                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        out.append(row)
+        print(json.dumps(row), flush=True)
+        del base
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     summary = {}
     for row in rows:
@@ -330,7 +360,12 @@ def main() -> None:
     parser.add_argument("--ladder", action="store_true", help="time head_walk_topk's launch options (LADDER) only")
     parser.add_argument("--diagnose", action="store_true", help="vLLM's baddbmm_ rounding; topk / walk time split")
     parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
+    parser.add_argument("--diagnose-select", action="store_true", help="topk_candidates' options against torch.topk")
     args = parser.parse_args()
+    if args.diagnose_select:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "diagnose_select.json").write_text(json.dumps(diagnose_select(args), indent=1) + "\n")
+        return
     if args.diagnose_topk:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "diagnose_topk.json").write_text(json.dumps(diagnose_topk(args), indent=1) + "\n")

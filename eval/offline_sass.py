@@ -378,10 +378,11 @@ def topk():
     import hybridspec_kernels.head_walk_topk.select as select
     for name in ("topk_split_kernel", "topk_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
-    del captured[:]
-    select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64)
-    for i, (fn, args, kwargs) in enumerate(captured):
-        compile_captured(f"topk_select_{i}_{fn.fn.__name__ if hasattr(fn, 'fn') else fn.__name__}", fn, args, kwargs)
+    for bits in (8, 4, 2):
+        del captured[:]
+        select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits)
+        for i, (fn, args, kwargs) in enumerate(captured):
+            compile_captured(f"topk_select_bits{bits}_{i}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

@@ -267,11 +267,12 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 
 
 @needs_kernels
+@pytest.mark.parametrize("digit_bits", [4, 8])
 @pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
-def test_topk_candidates_match_naive(case):
+def test_topk_candidates_match_naive(case, digit_bits):
     rows, vocab, k, split = case
     x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
-    values, index = topk_candidates(x, k, split=split, num_warps=4)
+    values, index = topk_candidates(x, k, split=split, num_warps=4, digit_bits=digit_bits)
     want_values, want_index = naive_topk_candidates(x, k)
     order, want_order = index.argsort(-1), want_index.argsort(-1)  # the same set; the order is not torch's
     assert torch.equal(index.gather(-1, order), want_index.gather(-1, want_order))

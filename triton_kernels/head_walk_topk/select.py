@@ -3,8 +3,8 @@
 torch.topk over DSpark's [B * N, V] base logits took most of the top-k walk's time on the H200 (session 21: 40 us for
 15 rows of 32k, 1.1 ms for 960 rows of 151,936). Here, for 16-bit logits, a radix select over torch.topk's own
 16-bit order keys (the bits made monotone, NaN largest, -0.0 below +0.0), in two launches that read the logits once:
-- split pass, program (row, split of SPLIT elements held in registers): two 256-bin histograms (high byte, then the
-  low byte within the high byte's bucket) pin the split's K-th largest key T_s; the split's elements above T_s and the
+- split pass, program (row, split of SPLIT elements held in registers): histogram rounds of DIGIT_BITS bits each
+  (the highest digit, then the next within that digit's bucket, ...) pin the split's K-th largest key T_s; the split's elements above T_s and the
   first of those equal to T_s (by index) go to a staging row of K slots (keys -1 where the split has fewer);
 - merge pass, program per row: the same select over the row's splits x K staged keys picks the row's K.
 The result is the first K elements in the order (key descending, index ascending), torch.topk's CUDA kernel's boundary
@@ -22,6 +22,8 @@ import triton.language as tl
 SPLIT = 8192
 NUM_WARPS = 16
 MAX_STAGED = 16384
+# Bits of the key decided per histogram round (16 / DIGIT_BITS rounds): 8 (two 256-bin rounds), 4 (four 16-bin) or 2.
+DIGIT_BITS = 4
 # Where the walk takes topk_candidates instead of torch.topk: up to this many logits in all, in splits of
 # WALK_SPLIT. H200, session 21 call 4 (us, CUDA graph, K 64; torch.topk / select at splits 4096 / 8192 / 16384):
 # 15 rows of 32k 40.0 / 15.4 / 21.2 / 36.8; 120 rows of 32k 70.4 / 74.5 / 65.8 / 69.3; 15 of 151,936 56.7 / 54.9 /
@@ -42,9 +44,9 @@ def _order_keys(x_ptr, offs, mask):
 
 
 @triton.jit
-def _digit_above(hist, need):
+def _digit_above(hist, need, BINS: tl.constexpr):
     """The largest digit d with (count of digits >= d) >= need, and the count of digits > d."""
-    o_d = tl.arange(0, 256)
+    o_d = tl.arange(0, BINS)
     at_or_above = tl.cumsum(hist, axis=0, reverse=True)
     digit = tl.max(tl.where(at_or_above >= need, o_d, -1), axis=0)
     above = tl.sum(tl.where(o_d > digit, hist, 0), axis=0)
@@ -52,14 +54,21 @@ def _digit_above(hist, need):
 
 
 @triton.jit
-def _select_slots(key, valid, need):
+def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
     """Radix select of `need` keys among the valid ones: (take, slot) with the slots 0..need-1 of those above the
     need-th largest key T in position order, then of the first of those equal to T in position order."""
     key = tl.where(valid, key, 0)  # masked-off lanes inside the bins too (the interpreter indexes with them)
-    high, above_high = _digit_above(tl.histogram(key >> 8, 256, mask=valid), need)
-    low, above_low = _digit_above(tl.histogram(key & 0xFF, 256, mask=valid & ((key >> 8) == high)), need - above_high)
-    threshold = high * 256 + low
-    num_above = above_high + above_low
+    threshold = tl.zeros([], dtype=tl.int32)
+    num_above = tl.zeros([], dtype=tl.int32)
+    for i in tl.static_range(16 // DIGIT_BITS):
+        # Digit i of T, among the keys whose higher digits are T's so far (a histogram of 2**DIGIT_BITS bins: the
+        # cost of tl.histogram grows with its bins, so 16-bin rounds beat 256-bin ones; measured, session 21).
+        in_bucket = valid & ((key >> (16 - DIGIT_BITS * i)) == (threshold >> (16 - DIGIT_BITS * i)))
+        digits = (key >> (16 - DIGIT_BITS * (i + 1))) & ((1 << DIGIT_BITS) - 1)
+        digit, above = _digit_above(tl.histogram(digits, 1 << DIGIT_BITS, mask=in_bucket), need - num_above,
+                                    1 << DIGIT_BITS)
+        threshold = threshold | (digit << (16 - DIGIT_BITS * (i + 1)))
+        num_above = num_above + above
     is_above = (valid & (key > threshold)).to(tl.int32)
     is_equal = (valid & (key == threshold)).to(tl.int32)
     slot_equal = num_above + tl.cumsum(is_equal, axis=0) - 1
@@ -70,14 +79,14 @@ def _select_slots(key, valid, need):
 
 @triton.jit
 def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
-                      KP: tl.constexpr):
+                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
     """Stages split `split` of row `row`: its first min(k, elements) by (key desc, index asc), keys -1 after them."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
     key = _order_keys(x_ptr + row * stride_x, offs, valid)
     need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
-    take, slot = _select_slots(key, valid, need)
+    take, slot = _select_slots(key, valid, need, DIGIT_BITS)
     base = (row * num_splits + split) * k
     o_p = tl.arange(0, KP)
     tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= need) & (o_p < k))
@@ -87,21 +96,21 @@ def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, n
 
 @triton.jit
 def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
-                      STAGED: tl.constexpr):
+                      STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
     """Row `row`'s k from its staged candidates."""
     row = tl.program_id(0).to(tl.int64)
     o_c = tl.arange(0, STAGED)
     m_c = o_c < staged
     key = tl.load(stage_key_ptr + row * staged + o_c, mask=m_c, other=-1)
     idx = tl.load(stage_idx_ptr + row * staged + o_c, mask=m_c, other=0)
-    take, slot = _select_slots(key, key >= 0, k)
+    take, slot = _select_slots(key, key >= 0, k, DIGIT_BITS)
     idx = tl.where(take, idx, 0)  # slots a short split left unwritten hold no index
     tl.store(index_ptr + row * stride_out + slot, idx, mask=take)
     tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
 
 
-def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT,
-                    num_warps: int = NUM_WARPS) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
+                    digit_bits: int = DIGIT_BITS) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
@@ -120,6 +129,8 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT,
     if logits.stride(-1) != 1:
         raise ValueError("topk_candidates: the last dimension must be contiguous")
     num_splits = triton.cdiv(vocab, split)
+    if digit_bits not in (2, 4, 8):
+        raise ValueError(f"topk_candidates: digit_bits {digit_bits} (2, 4 or 8)")
     if num_splits * k > MAX_STAGED:
         raise ValueError(f"topk_candidates: {num_splits} splits x k {k} staged candidates, above {MAX_STAGED}")
     lead = logits.shape[:-1]
@@ -132,9 +143,10 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT,
     stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=logits.device)
     stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=logits.device)
     topk_split_kernel[(rows, num_splits)](x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, SPLIT=split,
-                                          KP=triton.next_power_of_2(k), num_warps=num_warps)
+                                          KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits, num_warps=num_warps)
     topk_merge_kernel[(rows,)](x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k,
-                               num_splits * k, STAGED=triton.next_power_of_2(num_splits * k), num_warps=num_warps)
+                               num_splits * k, STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits,
+                               num_warps=num_warps)
     return values, indices
 
 
