@@ -18,19 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
-# Elements of a row one split program holds in registers; and the most staged candidates a row may have.
-SPLIT = 8192
-NUM_WARPS = 16
+# Elements of a row one split program holds in registers; warps of a program; the most staged candidates a row may
+# have; bits of the key decided per histogram round (16 / DIGIT_BITS rounds: 8 = two 256-bin rounds, 4 = four 16-bin
+# ones, 2 = eight 4-bin ones). H200, session 21 call 7 (K 64, us, CUDA graph; torch.topk / bits 8 / 4 / 2 at split 4096
+# and 8 warps): 15 rows of 32k 41.1 / 14.8 / 12.2 / 14.3; 120 of 32k 72.0 / 53.8 / 44.2 / 52.2; 15 of 151,936 57.1 /
+# 43.0 / 35.0 / 41.9; 120 of 151,936 207.9 / 215.0 / 173.7 / 208.8; 960 of 151,936 1118 / 1670 / 1337 / 1616; 480 of
+# 248,320 920 / 1321 / 1055 / 1276. Split 8192 and 16 warps slower in every cell (the same set everywhere).
+SPLIT = 4096
+NUM_WARPS = 8
 MAX_STAGED = 16384
-# Bits of the key decided per histogram round (16 / DIGIT_BITS rounds): 8 (two 256-bin rounds), 4 (four 16-bin) or 2.
 DIGIT_BITS = 4
-# Where the walk takes topk_candidates instead of torch.topk: up to this many logits in all, in splits of
-# WALK_SPLIT. H200, session 21 call 4 (us, CUDA graph, K 64; torch.topk / select at splits 4096 / 8192 / 16384):
-# 15 rows of 32k 40.0 / 15.4 / 21.2 / 36.8; 120 rows of 32k 70.4 / 74.5 / 65.8 / 69.3; 15 of 151,936 56.7 / 54.9 /
-# 52.9 / 68.9; 15 of 248,320 67.7 / 71.2 / 67.5 / 70.3; from 120 rows of 151,936 on 1.3-2.2x slower than torch.topk
-# (its two 256-bin histograms a split cost more than torch's passes).
-WALK_SELECT_MAX_ELEMENTS = 15 * 32_000
-WALK_SPLIT = 4096
+# Where the walk takes topk_candidates instead of torch.topk: up to this many logits in all (measured faster up to
+# 120 rows of 151,936, slower from 480 rows of 248,320 on; between, not measured).
+WALK_SELECT_MAX_ELEMENTS = 120 * 151_936
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -155,6 +155,6 @@ def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     WALK_SELECT_MAX_ELEMENTS of them), torch.topk otherwise. Either way torch.topk's set."""
     if (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
             and logits.numel() <= WALK_SELECT_MAX_ELEMENTS
-            and triton.cdiv(logits.shape[-1], WALK_SPLIT) * k <= MAX_STAGED):
-        return topk_candidates(logits, k, split=WALK_SPLIT)
+            and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
+        return topk_candidates(logits, k)
     return logits.topk(k, dim=-1)
