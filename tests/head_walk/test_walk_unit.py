@@ -66,9 +66,10 @@ def test_installed_vllm_walk_is_the_one_the_replacement_reproduces():
     version = installed_vllm()[1].split("+")[0]
     assert version in upstream.KNOWN, f"vLLM {version}: re-read the DSpark walk, then add its digests to upstream.py"
     found = upstream.digests(upstream.installed_vllm_dir())
+    found.update(upstream.digests(upstream.installed_vllm_dir(), upstream.TOPK_PINNED))
     changed = [name for name, digest in found.items() if digest != upstream.KNOWN[version][name]]
     assert not changed, f"vLLM {version} changed {changed} since the walk was written against it"
-    assert upstream.match_installed() == (version, ())
+    assert upstream.match_installed() == (version, ()) == upstream.match_installed(upstream.TOPK_PINNED)
 
 
 def test_patched_method_source_hash_is_pinned():
@@ -88,7 +89,7 @@ def test_vllm_033_digests_match_its_sources_when_present():
     vendored = REPO / ".vendor" / "vllm033" / "vllm"
     if not vendored.is_dir():
         pytest.skip("vLLM 0.33's sources are not unpacked here (.vendor/vllm033, git-ignored)")
-    assert upstream.digests(vendored) == upstream.KNOWN["0.33.0"]
+    assert {**upstream.digests(vendored), **upstream.digests(vendored, upstream.TOPK_PINNED)} == upstream.KNOWN["0.33.0"]
 
 
 def test_changed_upstream_code_falls_back(monkeypatch, warnings_seen):
@@ -353,6 +354,36 @@ def test_status_names_the_megakernel_when_it_runs(kernel_runs_here):
     assert plan.backend == "megakernel" and plan.logits_dtype == torch.float32
     assert status.get(walk.COMPONENT) == status.ComponentStatus(status.ACTIVE, plan.reason)
     assert "megakernel" in plan.reason and "residency auto" in plan.reason
+
+
+def test_changed_topk_code_leaves_only_the_topk_mode_to_vllm(monkeypatch, warnings_seen):
+    """A vLLM whose top-k pieces changed: top-k engines fall back, the full-vocabulary walk still runs."""
+    real = upstream.match_installed
+
+    def topk_changed(pinned=upstream.PINNED):
+        return (None, ("DSparkMarkovHead.apply_bias_gathered",)) if pinned is upstream.TOPK_PINNED else real(pinned)
+
+    monkeypatch.setattr(upstream, "match_installed", topk_changed)
+    spec = make_speculator(hybridspec=REFERENCE, topk=8)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("top-k walk differs from the releases", warnings_seen)
+    status.reset()
+    full = make_speculator(hybridspec=REFERENCE)
+    assert walk.sample_sequential(full, full._test_rows, full._test_head_hidden)
+
+
+def test_topk_rounding_unknown_here_falls_back(monkeypatch, warnings_seen):
+    monkeypatch.setattr(walk, "_gathered_bias_rounding", lambda model, dtype: None)
+    spec = make_speculator(hybridspec=REFERENCE, topk=8, sampled=True)
+    assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    _assert_fell_back("rounds here in neither way", warnings_seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_topk_rounding_read_off_vllms_gathered_bias(dtype):
+    """On CPU torch rounds the fp32 sum once (16-bit logits tell the two apart; fp32 ones cannot: the default)."""
+    spec = make_speculator(hybridspec=REFERENCE, topk=8, dtype=dtype, dyadic=False, vocab=1000, rank=64)
+    assert walk._gathered_bias_rounding(spec.model, dtype) is False
 
 
 def test_status_names_the_topk_walk(kernel_runs_here):

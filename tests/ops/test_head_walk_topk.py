@@ -235,6 +235,14 @@ def test_sampled_draw_distribution():
     (dict(temperature=torch.ones(2)), "together"),
     (dict(draft_logits=torch.zeros(2, 3, 16)), "cached_columns"),
     (dict(draft_logits=torch.zeros(2, 3, 16), cached_columns=torch.zeros(2, 3, 5, dtype=torch.int32)), "int64"),
+    (dict(draft_logits=torch.zeros(2, 3, 12), cached_columns=torch.zeros(2, 3, 5, dtype=torch.int64)),
+     "12 columns for 16 draft ids"),
+    (dict(draft_to_target=torch.zeros(9, dtype=torch.int64)), "draft_to_target"),
+    (dict(w1=torch.zeros(8, 32)), "w1 has 8 rows"),
+    (dict(temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.int64), positions=torch.zeros(2, 3)),
+     "positions"),
+    (dict(temperature=torch.ones(1), seeds=torch.zeros(2, dtype=torch.int64),
+          positions=torch.zeros(2, 3, dtype=torch.int64)), "temperature"),
 ])
 def test_bad_input(bad, message):
     args = dict(base_values=torch.zeros(2, 3, 5), candidates=torch.zeros(2, 3, 5, dtype=torch.int64),
@@ -338,8 +346,30 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [1.0, 0.75])
+@pytest.mark.parametrize("batch, topk, rank", [(1, 8, 64), (64, 64, 256), (256, 1024, 1024), (7, 100, 256)])
+def test_gpu_corrected_logits_equal_vllms_baddbmm(batch, topk, rank, scale, dtype):
+    """The rounding point, bit for bit: dyadic weights make every dot product exact whatever the summation order, so
+    the kernel's corrected logits must equal torch's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` exactly."""
+    gen = torch.Generator().manual_seed(batch + topk)
+    dyadic = lambda *shape: (torch.randint(-8, 9, shape, generator=gen).float() / 16).to("cuda", dtype)  # noqa: E731
+    vocab = max(2048, topk)
+    w1, w2 = dyadic(vocab, rank), dyadic(vocab, rank)
+    values = (torch.randn(batch, 1, topk, generator=gen) * 4).to("cuda", dtype)
+    cand = torch.stack([torch.randperm(vocab, generator=gen)[:topk] for _ in range(batch)])[:, None].cuda()
+    first = torch.randint(0, vocab, (batch,), generator=gen).cuda()
+    got = torch.empty(batch, 1, topk, device="cuda")
+    head_walk_topk(values, cand, w1, w2, first, logit_scale=scale, corrected_out=got)
+    want = values[:, 0].unsqueeze(-1).clone().baddbmm_(w2[cand[:, 0]], w1[first].unsqueeze(-1), beta=1.0, alpha=scale)
+    assert torch.equal(got[:, 0], want.squeeze(-1).float())
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("rows, vocab, k", [(15, 32_000, 64), (120, 151_936, 64), (15, 248_320, 256), (960, 32_000, 64),
-                                            (7, 1000, 1000)])
+                                            (7, 1000, 1000), (1, 151_936, 64), (3, 248_320, 64), (7, 151_936, 16),
+                                            (15, 32_000, 1), (15, 32_000, 8), (15, 32_000, 16)])
 def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
     """The set (and the boundary ties) torch.topk's CUDA kernel picks, on random and on heavily tied bf16 logits."""
     for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),

