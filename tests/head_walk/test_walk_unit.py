@@ -373,7 +373,7 @@ def test_changed_topk_code_leaves_only_the_topk_mode_to_vllm(monkeypatch, warnin
 
 
 def test_topk_rounding_unknown_here_falls_back(monkeypatch, warnings_seen):
-    monkeypatch.setattr(walk, "_gathered_bias_rounding", lambda model, dtype: None)
+    monkeypatch.setattr(walk, "_gathered_bias_rounding", lambda model, dtype, topk: None)
     spec = make_speculator(hybridspec=REFERENCE, topk=8, sampled=True)
     assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
     _assert_fell_back("rounds here in neither way", warnings_seen)
@@ -383,7 +383,7 @@ def test_topk_rounding_unknown_here_falls_back(monkeypatch, warnings_seen):
 def test_topk_rounding_read_off_vllms_gathered_bias(dtype):
     """On CPU torch rounds the fp32 sum once (16-bit logits tell the two apart; fp32 ones cannot: the default)."""
     spec = make_speculator(hybridspec=REFERENCE, topk=8, dtype=dtype, dyadic=False, vocab=1000, rank=64)
-    assert walk._gathered_bias_rounding(spec.model, dtype) is False
+    assert walk._gathered_bias_rounding(spec.model, dtype, 8) is False
 
 
 def test_status_names_the_topk_walk(kernel_runs_here):

@@ -48,8 +48,8 @@ def naive_head_walk_topk(
         req_indices: [B] request-state index of each row; -1 marks a padding row (temperature 0, seed 0).
         draft_to_target: [V] vLLM's d2t offsets (target id = draft id + d2t[draft id]); None: the same ids.
         force_tokens: [B, N] walk this path instead of the proposed tokens (teacher forcing).
-        round_dot: round the scaled product to base_values' dtype before adding the values (vLLM on CUDA); None: by
-            the tensors' device.
+        round_dot: round the scaled product to base_values' dtype before adding the values (torch on CUDA for K a
+            multiple of 8, measured); None: as head_walk_topk's default.
 
     Returns:
         tokens [B, N] int64 target ids; corrected [B, N, K] fp32, the candidates' logits (rounded to
@@ -71,7 +71,7 @@ def naive_head_walk_topk(
         seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
 
     if round_dot is None:
-        round_dot = device.type == "cuda"
+        round_dot = device.type == "cuda" and topk % 8 == 0  # walk.default_round_dot (measured)
     w1d, w2d = w1.double(), w2_rows.double()
     prev = first_tokens.long()
     tokens = torch.empty(num_rows, num_steps, dtype=torch.long, device=device)

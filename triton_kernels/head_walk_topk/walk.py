@@ -169,6 +169,14 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
     return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
 
 
+def default_round_dot(device: torch.device, topk: int) -> bool:
+    """How torch's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds, as measured (H200, torch 2.11, bf16,
+    session 21 calls 2 and 10): on CUDA with K a multiple of 8 (8, 16, 64, 128, 200, 256, 1024) the scaled product is
+    rounded to the logits' dtype before the values are added; at K 100, and on CPU, the fp32 sum is rounded once. The
+    vLLM wiring reads it off vLLM's own gathered bias at the engine's K instead of trusting this."""
+    return device.type == "cuda" and topk % 8 == 0
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(f"head_walk_topk: {msg}")
@@ -214,9 +222,9 @@ def head_walk_topk(
             hold -inf (fill it once); then every row reads as vLLM's dense top-k row.
         corrected_out: [B, N, K] fp32 receives the corrected candidate logits (optional).
         out: [B, N] int64 receives the drafts (target ids).
-        round_dot: how vLLM's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds where it runs: True (CUDA,
-            measured on the H200: the scaled product rounded to the logits' dtype, then the values added and rounded
-            again), False (torch on CPU: one rounding of the fp32 sum); None: by the tensors' device.
+        round_dot: how vLLM's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds where it runs: True (the
+            scaled product rounded to the logits' dtype, then the values added and rounded again), False (one rounding
+            of the fp32 sum); None: `default_round_dot` (measured: True on CUDA for K a multiple of 8).
         chunk, num_warps: launch options (candidates scored at once; warps of a program).
 
     Returns:
@@ -298,7 +306,7 @@ def head_walk_topk(
     kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
     num_chunks = triton.cdiv(topk, kc)
     if round_dot is None:
-        round_dot = device.type == "cuda"
+        round_dot = default_round_dot(device, topk)
     dummy = out
     head_walk_topk_kernel[(num_rows,)](
         values, values.stride(0), values.stride(1),

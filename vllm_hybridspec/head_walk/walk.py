@@ -331,7 +331,7 @@ def _prepare_topk(plan: WalkPlan, spec: Any, model: Any) -> str | None:
     fall back, or None."""
     if spec.draft_logits is not None and spec.draft_logits.is_cuda and torch.cuda.is_current_stream_capturing():
         return "the top-k walk's first step came inside a CUDA-graph capture (its cache must be prepared eagerly)"
-    rounding = _gathered_bias_rounding(model, plan.logits_dtype)
+    rounding = _gathered_bias_rounding(model, plan.logits_dtype, plan.topk)
     if rounding is None:
         return "vLLM's gathered Markov bias rounds here in neither way the top-k kernel knows"
     plan.topk_round_dot = rounding
@@ -354,18 +354,22 @@ def _prepare_topk(plan: WalkPlan, spec: Any, model: Any) -> str | None:
     return None
 
 
-def _gathered_bias_rounding(model: Any, dtype: torch.dtype) -> bool | None:
+def _gathered_bias_rounding(model: Any, dtype: torch.dtype, topk: int) -> bool | None:
     """Whether vLLM's `apply_markov_bias_gathered` rounds the scaled product to the logits' dtype before adding the
-    base values (True: cuBLAS on the H200, session 21) or rounds the fp32 sum once (False: torch on CPU), read off its
-    result on random rows of this model's weights; None when neither reproduces >= 99 % of it (the rest: the order of
-    the r products). For fp32 logits the two are the same: the device's default."""
+    base values (True: cuBLAS on the H200 at K a multiple of 8) or rounds the fp32 sum once (False: cuBLAS at K 100,
+    torch on CPU; session 21), read off its result at this engine's K on random rows of this model's weights; None
+    when neither reproduces >= 99 % of it (the rest: the order of the r products). For fp32 logits the two are the
+    same: the kernel's default then."""
+    from hybridspec_kernels.head_walk_topk.walk import default_round_dot
+
     head = model.model.markov_head
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     vocab, device = model.logits_processor.org_vocab_size, w1.device
+    default = default_round_dot(device, topk)
     if dtype == torch.float32:  # the kernel's products are fp32 already: the two forms are one
-        return device.type == "cuda"
+        return default
     gen = torch.Generator().manual_seed(0)
-    rows, k = 8, min(64, vocab)
+    rows, k = 8, min(topk, vocab)
     ids = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(rows)]).to(device)
     embed = w1[torch.randint(0, w1.shape[0], (rows,), generator=gen).to(device)]
     values = (torch.randn(rows, k, generator=gen) * 4).to(device=device, dtype=dtype)
@@ -378,7 +382,6 @@ def _gathered_bias_rounding(model: Any, dtype: torch.dtype) -> bool | None:
     for round_dot in (True, False):
         rounded = product.to(dtype).double() if round_dot else product
         share[round_dot] = float(((values.double() + rounded).to(dtype) == got).float().mean())
-    default = device.type == "cuda"
     if share[default] >= 0.99:
         return default
     return (not default) if share[not default] >= 0.99 else None
