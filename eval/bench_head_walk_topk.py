@@ -362,22 +362,12 @@ def main() -> None:
     parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
     parser.add_argument("--diagnose-select", action="store_true", help="topk_candidates' options against torch.topk")
     args = parser.parse_args()
-    if args.diagnose_select:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "diagnose_select.json").write_text(json.dumps(diagnose_select(args), indent=1) + "\n")
-        return
-    if args.diagnose_topk:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "diagnose_topk.json").write_text(json.dumps(diagnose_topk(args), indent=1) + "\n")
-        return
-    if args.diagnose:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "diagnose.json").write_text(json.dumps(diagnose(args), indent=1) + "\n")
-        return
-    if args.ladder:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "ladder.json").write_text(json.dumps(ladder(args), indent=1) + "\n")
-        return
+    steps = {"diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
+    for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json
+        if getattr(args, name):
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"{name}.json").write_text(json.dumps(step(args), indent=1) + "\n")
+            return
     if args.quick:
         args.vocabs, args.batches, args.steps, args.modes, args.samples = [300], [1, 3], [4], ["greedy"], 1
         args.topk = min(args.topk, 16)

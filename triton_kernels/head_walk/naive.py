@@ -90,6 +90,21 @@ def spec_step_seed(seed: torch.Tensor, step: int) -> torch.Tensor:
     return seed.long() ^ (step << 32)
 
 
+def row_sampling(num_rows: int, req_indices: torch.Tensor | None, temperature: torch.Tensor | None,
+                 seeds: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Each batch row's (temperature, seed) from its request (req_indices[b], or b); padding rows (-1) get 0 and 0.
+    (None, None) for a greedy walk."""
+    if temperature is None:
+        return None, None
+    rows = torch.arange(num_rows, device=device)
+    req = rows if req_indices is None else req_indices.long()
+    valid = req >= 0
+    safe_req = torch.where(valid, req, torch.zeros_like(req))
+    temp = torch.where(valid, temperature.float()[safe_req], torch.zeros(num_rows, device=device))
+    seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
+    return temp, seed
+
+
 def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).float()
 
@@ -136,14 +151,8 @@ def naive_head_walk(
     out_dtype = base_logits.dtype
     w1f, w2f = w1.float(), w2.float()
     d2t = None if draft_to_target is None else draft_to_target.long()
-    rows = torch.arange(num_rows, device=device)
-    req = rows if req_indices is None else req_indices.long()
-    valid = req >= 0
-    safe_req = torch.where(valid, req, torch.zeros_like(req))
     sampled = temperature is not None
-    if sampled:
-        temp = torch.where(valid, temperature.float()[safe_req], torch.zeros(num_rows, device=device))
-        seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
+    temp, seed = row_sampling(num_rows, req_indices, temperature, seeds, device)
     draft_ids = torch.arange(vocab, device=device)
     target_ids = draft_ids if d2t is None else draft_ids + d2t
 

@@ -15,7 +15,7 @@ W2 comes in vLLM's layout, [V, r] rows (`markov_w2.weight`), since the walk gath
 """
 import torch
 
-from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed
+from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, row_sampling, spec_step_seed
 
 
 def naive_head_walk_topk(
@@ -62,13 +62,8 @@ def naive_head_walk_topk(
     d2t = None if draft_to_target is None else draft_to_target.long()
     target = cand if d2t is None else cand + d2t[cand]
     rows = torch.arange(num_rows, device=device)
-    req = rows if req_indices is None else req_indices.long()
-    valid = req >= 0
-    safe_req = torch.where(valid, req, torch.zeros_like(req))
     sampled = temperature is not None
-    if sampled:
-        temp = torch.where(valid, temperature.float()[safe_req], torch.zeros(num_rows, device=device))
-        seed = torch.where(valid, seeds.long()[safe_req], torch.zeros(num_rows, dtype=torch.long, device=device))
+    temp, seed = row_sampling(num_rows, req_indices, temperature, seeds, device)
 
     if round_dot is None:
         round_dot = device.type == "cuda" and topk % 8 == 0  # walk.default_round_dot (measured)
