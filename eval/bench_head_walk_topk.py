@@ -293,9 +293,9 @@ def diagnose_select(args) -> list[dict]:
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         row = dict(check="select_options", vocab=vocab, batch=batch, topk=args.topk)
         row["torch_topk_us"] = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for bits in (8, 4, 2):
-            for split in (4096, 8192):
-                for warps in (8, 16):
+        for bits in args.select_bits:
+            for split in args.select_splits:
+                for warps in args.select_warps:
                     name = f"bits{bits}_split{split}_w{warps}"
                     fn = lambda: topk_candidates(base, args.topk, split=split, num_warps=warps,  # noqa: E731
                                                  digit_bits=bits)
@@ -361,6 +361,9 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true", help="vLLM's baddbmm_ rounding; topk / walk time split")
     parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
     parser.add_argument("--diagnose-select", action="store_true", help="topk_candidates' options against torch.topk")
+    parser.add_argument("--select-bits", type=int, nargs="+", default=[8, 4, 2])
+    parser.add_argument("--select-splits", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--select-warps", type=int, nargs="+", default=[8, 16])
     args = parser.parse_args()
     steps = {"diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
     for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json
