@@ -32,36 +32,33 @@ def fresh_status():
     yield
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts launches of hybridspec_kernels.head_walk.head_walk (to prove the kernel, not vLLM, walked)."""
-    import hybridspec_kernels.head_walk as kernels
-
+def count_launches(monkeypatch, module, name):
+    """Launches of module.name from now on (each its first argument's shape): proves which kernel walked."""
     calls = []
-    launch = kernels.head_walk
+    launch = getattr(module, name)
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "head_walk", counting)
+    monkeypatch.setattr(module, name, counting)
     return calls
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Launches of hybridspec_kernels.head_walk.head_walk (the kernel, not vLLM, walked)."""
+    import hybridspec_kernels.head_walk as kernels
+
+    return count_launches(monkeypatch, kernels, "head_walk")
 
 
 @pytest.fixture
 def topk_calls(monkeypatch):
-    """Counts launches of hybridspec_kernels.head_walk_topk.head_walk_topk."""
+    """Launches of hybridspec_kernels.head_walk_topk.head_walk_topk."""
     import hybridspec_kernels.head_walk_topk as kernels
 
-    calls = []
-    launch = kernels.head_walk_topk
-
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(kernels, "head_walk_topk", counting)
-    return calls
+    return count_launches(monkeypatch, kernels, "head_walk_topk")
 
 
 def assert_same_walk(want, got, exact):

@@ -18,6 +18,14 @@ import torch
 from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, row_sampling, spec_step_seed
 
 
+def default_round_dot(device: torch.device, topk: int) -> bool:
+    """How torch's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds, as measured (H200, torch 2.11, bf16,
+    session 21 calls 2 and 10): on CUDA with K a multiple of 8 (8, 16, 64, 128, 200, 256, 1024) the scaled product is
+    rounded to the logits' dtype before the values are added; at K 100, and on CPU, the fp32 sum is rounded once. The
+    vLLM wiring reads it off vLLM's own gathered bias at the engine's K instead of trusting this."""
+    return device.type == "cuda" and topk % 8 == 0
+
+
 def naive_head_walk_topk(
     base_values: torch.Tensor,
     candidates: torch.Tensor,
@@ -66,7 +74,7 @@ def naive_head_walk_topk(
     temp, seed = row_sampling(num_rows, req_indices, temperature, seeds, device)
 
     if round_dot is None:
-        round_dot = device.type == "cuda" and topk % 8 == 0  # walk.default_round_dot (measured)
+        round_dot = default_round_dot(device, topk)
     w1d, w2d = w1.double(), w2_rows.double()
     prev = first_tokens.long()
     tokens = torch.empty(num_rows, num_steps, dtype=torch.long, device=device)

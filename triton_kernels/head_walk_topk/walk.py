@@ -27,6 +27,8 @@ from hybridspec_kernels.head_walk.kernel import (
     _step_seed,
 )
 
+from .naive import default_round_dot
+
 MAX_TOPK = 4096
 MAX_RANK = 1024
 # Candidates scored at once (a [CHUNK, r] tile of W2 rows in registers); K above it loops over chunks.
@@ -101,9 +103,14 @@ def head_walk_topk_kernel(
         for c in tl.static_range(NUM_CHUNKS):
             o_k = c * KC + o_j
             m_k = o_k < topk
-            ids, vals, targets = _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb,
-                                                  stride_ck, stride_vb, stride_vk, HAS_D2T)
-            w = _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r)
+            ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_k, mask=m_k, other=0).to(tl.int64)
+            vals = tl.load(values_ptr + b * stride_vb + k * stride_vk + o_k, mask=m_k, other=0.0).to(tl.float32)
+            if HAS_D2T:
+                targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
+            else:
+                targets = ids
+            w = tl.load(w2_ptr + ids[:, None] * stride_w2 + o_r[None, :], mask=m_k[:, None] & m_r[None, :],
+                        other=0.0)
             if SAMPLED:  # written before the dot: it does not wait on W1[previous token]
                 noise = _gumbel_noise(step_seed, pos, targets)
             else:
@@ -120,25 +127,6 @@ def head_walk_topk_kernel(
                 best = tl.maximum(best, chunk_best)
         tl.store(out_ptr + b * stride_ob + k, best_target)
         prev = best_target
-
-
-@triton.jit
-def _load_candidates(cand_ptr, values_ptr, d2t_ptr, b, k, o_k, m_k, stride_cb, stride_ck, stride_vb, stride_vk,
-                     HAS_D2T: tl.constexpr):
-    """Step k's candidates o_k of row b: (draft ids, base values in fp32, target ids)."""
-    ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_k, mask=m_k, other=0).to(tl.int64)
-    vals = tl.load(values_ptr + b * stride_vb + k * stride_vk + o_k, mask=m_k, other=0.0).to(tl.float32)
-    if HAS_D2T:
-        targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
-    else:
-        targets = ids
-    return ids, vals, targets
-
-
-@triton.jit
-def _gather_rows(w2_ptr, stride_w2, ids, o_r, m_k, m_r):
-    """[candidates, r] rows of W2."""
-    return tl.load(w2_ptr + ids[:, None] * stride_w2 + o_r[None, :], mask=m_k[:, None] & m_r[None, :], other=0.0)
 
 
 @triton.jit
@@ -167,14 +155,6 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
         keys = _ordered_keys(tl.where(m_k, corrected, float("-inf")), ids)  # argmax over draft ids
     best = tl.max(keys, axis=0)
     return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
-
-
-def default_round_dot(device: torch.device, topk: int) -> bool:
-    """How torch's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds, as measured (H200, torch 2.11, bf16,
-    session 21 calls 2 and 10): on CUDA with K a multiple of 8 (8, 16, 64, 128, 200, 256, 1024) the scaled product is
-    rounded to the logits' dtype before the values are added; at K 100, and on CPU, the fp32 sum is rounded once. The
-    vLLM wiring reads it off vLLM's own gathered bias at the engine's K instead of trusting this."""
-    return device.type == "cuda" and topk % 8 == 0
 
 
 def _check(cond: bool, msg: str) -> None:

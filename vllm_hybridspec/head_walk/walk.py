@@ -97,7 +97,8 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     head = model.model.markov_head
     d2t = model.draft_id_to_target_id
     if estimating and cache is None:  # the walk's logits go to target-id columns
-        cache = _estimator_cache(plan, spec, base_logits, vocab if d2t is None else head.markov_w1.weight.shape[0])
+        cache = _estimator_cache(plan, spec, base_logits.dtype, base_logits.device,
+                                 vocab if d2t is None else head.markov_w1.weight.shape[0])
     topk = plan.topk is not None
 
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, num_steps)
@@ -123,7 +124,7 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
         w2 = head.markov_w2.weight[:vocab]  # [V, r] rows (padded past the vocabulary): the walk gathers candidates' rows
         walk_kwargs["round_dot"] = plan.topk_round_dot
         if cache is not None:
-            walk_kwargs["cached_columns"] = _topk_columns(plan, cache)
+            walk_kwargs["cached_columns"] = plan.topk_columns  # made with the cache, at plan time
     else:
         walk = _backend(plan)
         inputs = (base_logits,)
@@ -184,17 +185,15 @@ def make_plan(spec: Any) -> WalkPlan:
         return plan
     where = "on the GPU" if on_cuda else "as one program under the Triton interpreter"
     notes = []
-    if plan.w2_fp8:
-        notes.append("fp8 W2: drafts may differ from vLLM's walk, output stays exact")
-    elif config.head_walk_w2_dtype == "fp8":
-        notes.append("fp8 W2 ignored off the GPU")
+    if plan.topk is None:  # the top-k walk gathers W2 rows as they are: fp8 does not apply to it
+        if plan.w2_fp8:
+            notes.append("fp8 W2: drafts may differ from vLLM's walk, output stays exact")
+        elif config.head_walk_w2_dtype == "fp8":
+            notes.append("fp8 W2 ignored off the GPU")
     if not plan.step_keyed_seeds and spec.draft_logits is not None:
         notes.append("one launch per step: this vLLM keys draft draws by the request seed alone")
-    if plan.topk is not None:
-        notes = [note for note in notes if not note.startswith("fp8")]  # the top-k walk gathers W2 rows as they are
-        plan.reason = f"megakernel{topk_note} {where}, one program a batch row" + "".join(f"; {n}" for n in notes)
-    else:
-        plan.reason = f"megakernel {where}, residency {plan.residency}" + "".join(f"; {note}" for note in notes)
+    walk = "one program a batch row" if plan.topk is not None else f"residency {plan.residency}"
+    plan.reason = f"megakernel{topk_note} {where}, {walk}" + "".join(f"; {note}" for note in notes)
     status.record(COMPONENT, status.ACTIVE, plan.reason)  # logs it
     return plan
 
@@ -339,18 +338,15 @@ def _prepare_topk(plan: WalkPlan, spec: Any, model: Any) -> str | None:
     if cache is not None and d2t is not None and cache.dtype != plan.logits_dtype:
         return (f"a {cache.dtype} draft logits cache with {plan.logits_dtype} logits and a d2t (vLLM samples the "
                 f"cache-dtype copy)")
-    estimating = spec.acceptance_estimator is not None
-    if cache is None and estimating:
-        width = model.model.markov_head.markov_w1.weight.shape[0] if d2t is not None else (
-            model.logits_processor.org_vocab_size)
-        cache = plan.estimator_cache = torch.full(
-            (spec.draft_tokens.shape[0], spec.num_speculative_steps, width), float("-inf"), dtype=plan.logits_dtype,
-            device=model.model.markov_head.markov_w1.weight.device)
+    vocab = model.logits_processor.org_vocab_size
+    if cache is None and spec.acceptance_estimator is not None:
+        cache = _estimator_cache(plan, spec, plan.logits_dtype, model.model.markov_head.markov_w1.weight.device,
+                                 vocab if d2t is None else model.model.markov_head.markov_w1.weight.shape[0])
     elif cache is not None:
-        columns = cache.shape[-1] if d2t is not None else model.logits_processor.org_vocab_size
-        cache[..., :columns].fill_(float("-inf"))  # the top-k walk writes only its candidates' columns
+        cache[..., :cache.shape[-1] if d2t is not None else vocab].fill_(float("-inf"))  # only candidates are written
     if cache is not None:
-        _topk_columns(plan, cache)
+        plan.topk_columns = torch.full((cache.shape[0], cache.shape[1], plan.topk), -1, dtype=torch.int64,
+                                       device=cache.device)
     return None
 
 
@@ -360,7 +356,7 @@ def _gathered_bias_rounding(model: Any, dtype: torch.dtype, topk: int) -> bool |
     torch on CPU; session 21), read off its result at this engine's K on random rows of this model's weights; None
     when neither reproduces >= 99 % of it (the rest: the order of the r products). For fp32 logits the two are the
     same: the kernel's default then."""
-    from hybridspec_kernels.head_walk_topk.walk import default_round_dot
+    from hybridspec_kernels.head_walk_topk.naive import default_round_dot
 
     head = model.model.markov_head
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
@@ -457,14 +453,6 @@ def _topk_backend(plan: WalkPlan) -> Callable[..., Any]:
     return ops.head_walk_topk
 
 
-def _topk_columns(plan: WalkPlan, cache: torch.Tensor) -> torch.Tensor:
-    """[cache slots, N, K] int64, -1 at first: the target columns each slot's last top-k walk wrote."""
-    want = (cache.shape[0], cache.shape[1], plan.topk)
-    if plan.topk_columns is None or tuple(plan.topk_columns.shape) != want:
-        plan.topk_columns = torch.full(want, -1, dtype=torch.int64, device=cache.device)
-    return plan.topk_columns
-
-
 def _d2t_increasing(plan: WalkPlan, d2t: torch.Tensor) -> bool:
     """Whether d2t maps draft ids to strictly increasing target ids, as vLLM builds it from a sorted draft vocabulary:
     then the kernel keys rows by target id (the same order). The kernel's own check (one host read per d2t, which
@@ -541,12 +529,13 @@ def _mask_columns_outside_draft_vocab(cache: torch.Tensor, d2t: torch.Tensor) ->
     cache.masked_fill_(outside, float("-inf"))
 
 
-def _estimator_cache(plan: WalkPlan, spec: Any, base_logits: torch.Tensor, width: int) -> torch.Tensor:
+def _estimator_cache(plan: WalkPlan, spec: Any, dtype: torch.dtype, device: torch.device,
+                     width: int) -> torch.Tensor:
     """Greedy drafting keeps no draft logits; the estimator still needs each step's, so the walk writes them here."""
     if plan.estimator_cache is None or plan.estimator_cache.shape[-1] < width:
         # -inf: the top-k walk writes only its candidates' columns (the full walk writes every column it reads).
         plan.estimator_cache = torch.full((spec.draft_tokens.shape[0], spec.num_speculative_steps, width),
-                                          float("-inf"), dtype=base_logits.dtype, device=base_logits.device)
+                                          float("-inf"), dtype=dtype, device=device)
     return plan.estimator_cache
 
 
