@@ -21,6 +21,7 @@ CPU smoke (Triton interpreter, tiny sizes, wall clock, greedy only: no vLLM samp
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -280,30 +281,42 @@ def diagnose_topk(args) -> list[dict]:
     return out
 
 
+def select_inputs(rows: int, vocab: int, dist: str, torch, dev):
+    """bf16 logits: `randn`; `skewed` adds a bias falling along the vocabulary, as frequent (low) token ids get, which
+    packs the top of every row into its first splits."""
+    x = torch.randn(rows, vocab, device=dev)
+    if dist == "skewed":
+        x += torch.linspace(4.0, 0.0, vocab, device=dev)
+    return x.bfloat16()
+
+
 def diagnose_select(args) -> list[dict]:
-    """topk_candidates' launch options (digit bits, split, warps) against torch.topk, same inputs; the sets compared."""
+    """topk_candidates' launch options (digit bits, split, warps, bound pieces) against torch.topk, same inputs; the
+    sets compared."""
     import torch
 
     from hybridspec_kernels.head_walk_topk import topk_candidates
 
     out = []
     dev = torch.device("cuda")
-    for vocab, batch in ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 32)):
-        base = torch.randn(batch * 15, vocab, device=dev).bfloat16()
+    cells = ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 32), (151936, 64), (248320, 8), (248320, 32),
+             (248320, 64))
+    for (vocab, batch), dist in itertools.product(cells, args.select_dists):
+        base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
-        row = dict(check="select_options", vocab=vocab, batch=batch, topk=args.topk)
+        row = dict(check="select_options", vocab=vocab, batch=batch, topk=args.topk, dist=dist)
         row["torch_topk_us"] = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for bits in args.select_bits:
-            for split in args.select_splits:
-                for warps in args.select_warps:
-                    name = f"bits{bits}_split{split}_w{warps}"
-                    fn = lambda: topk_candidates(base, args.topk, split=split, num_warps=warps,  # noqa: E731
-                                                 digit_bits=bits)
-                    try:
-                        row[f"{name}_equal"] = bool(torch.equal(fn()[1].sort(-1).values, want))
-                        row[f"{name}_us"] = round(time_graph(torch, fn)[0], 1)
-                    except Exception as exc:
-                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        for bits, split, warps, pieces in itertools.product(args.select_bits, args.select_splits, args.select_warps,
+                                                            args.select_pieces):
+            pieces = None if pieces < 0 else pieces
+            name = f"bits{bits}_split{split}_w{warps}_p{'auto' if pieces is None else pieces}"
+            fn = lambda: topk_candidates(base, args.topk, split=split, num_warps=warps,  # noqa: E731
+                                         digit_bits=bits, bound_pieces=pieces)
+            try:
+                row[f"{name}_equal"] = bool(torch.equal(fn()[1].sort(-1).values, want))
+                row[f"{name}_us"] = round(time_graph(torch, fn)[0], 1)
+            except Exception as exc:
+                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         out.append(row)
         print(json.dumps(row), flush=True)
         del base
@@ -364,6 +377,9 @@ def main() -> None:
     parser.add_argument("--select-bits", type=int, nargs="+", default=[8, 4, 2])
     parser.add_argument("--select-splits", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--select-warps", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],
+                        help="bound pieces per split (0 none, -1 topk_candidates' default)")
+    parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])
     args = parser.parse_args()
     steps = {"diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
     for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json

@@ -376,13 +376,13 @@ def topk():
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
-    for name in ("topk_split_kernel", "topk_merge_kernel"):
+    for name in ("topk_bound_maxima_kernel", "topk_bound_kernel", "topk_split_kernel", "topk_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
-    for bits in (8, 4, 2):
+    for bits, pieces in ((8, 0), (4, 0), (2, 0), (4, None)):
         del captured[:]
-        select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits)
+        select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits, bound_pieces=pieces)
         for i, (fn, args, kwargs) in enumerate(captured):
-            compile_captured(f"topk_select_bits{bits}_{i}", fn, args, kwargs)
+            compile_captured(f"topk_select_bits{bits}_p{pieces}_{i}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

@@ -275,12 +275,13 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 
 
 @needs_kernels
-@pytest.mark.parametrize("digit_bits", [4, 8])
+@pytest.mark.parametrize("digit_bits, bound_pieces", [(4, None), (8, 0), (4, 2)])
 @pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
-def test_topk_candidates_match_naive(case, digit_bits):
+def test_topk_candidates_match_naive(case, digit_bits, bound_pieces):
+    """Tied logits: the plateau overflows its split's bound (the select path), the other splits stage without one."""
     rows, vocab, k, split = case
     x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
-    values, index = topk_candidates(x, k, split=split, num_warps=4, digit_bits=digit_bits)
+    values, index = topk_candidates(x, k, split=split, num_warps=4, digit_bits=digit_bits, bound_pieces=bound_pieces)
     want_values, want_index = naive_topk_candidates(x, k)
     order, want_order = index.argsort(-1), want_index.argsort(-1)  # the same set; the order is not torch's
     assert torch.equal(index.gather(-1, order), want_index.gather(-1, want_order))
@@ -295,6 +296,10 @@ def test_topk_candidates_bad_input():
         topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 11)
     with pytest.raises(ValueError, match="staged candidates"):
         topk_candidates(torch.zeros(2, 10_000, dtype=torch.float16), 5000, split=128)
+    with pytest.raises(ValueError, match="bound_pieces 3"):
+        topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, split=64, bound_pieces=3)
+    with pytest.raises(ValueError, match="bound_pieces 128"):
+        topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, split=64, bound_pieces=128)
 
 
 # ---------------------------------------------------------------------------------------------------------- GPU

@@ -32,6 +32,8 @@ DIGIT_BITS = 4
 # 120 rows of 151,936, slower from 480 rows of 248,320 on; between, not measured).
 WALK_SELECT_MAX_ELEMENTS = 120 * 151_936
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
+# The most pieces per split the bound takes its maxima over.
+BOUND_MAX_PIECES = 64
 
 
 @triton.jit
@@ -54,9 +56,8 @@ def _digit_above(hist, need, BINS: tl.constexpr):
 
 
 @triton.jit
-def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
-    """Radix select of `need` keys among the valid ones: (take, slot) with the slots 0..need-1 of those above the
-    need-th largest key T in position order, then of the first of those equal to T in position order."""
+def _kth_key(key, valid, need, DIGIT_BITS: tl.constexpr):
+    """The need-th largest of the valid keys, T, and how many valid keys are above it (need <= valid count)."""
     key = tl.where(valid, key, 0)  # masked-off lanes inside the bins too (the interpreter indexes with them)
     threshold = tl.zeros([], dtype=tl.int32)
     num_above = tl.zeros([], dtype=tl.int32)
@@ -69,6 +70,14 @@ def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
                                     1 << DIGIT_BITS)
         threshold = threshold | (digit << (16 - DIGIT_BITS * (i + 1)))
         num_above = num_above + above
+    return threshold, num_above
+
+
+@triton.jit
+def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
+    """Radix select of `need` keys among the valid ones: (take, slot) with the slots 0..need-1 of those above the
+    need-th largest key T in position order, then of the first of those equal to T in position order."""
+    threshold, num_above = _kth_key(key, valid, need, DIGIT_BITS)
     is_above = (valid & (key > threshold)).to(tl.int32)
     is_equal = (valid & (key == threshold)).to(tl.int32)
     slot_equal = num_above + tl.cumsum(is_equal, axis=0) - 1
@@ -78,15 +87,54 @@ def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
 
 
 @triton.jit
-def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
-                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """Stages split `split` of row `row`: its first min(k, elements) by (key desc, index asc), keys -1 after them."""
+def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPLIT: tl.constexpr,
+                             PIECES: tl.constexpr):
+    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row)."""
+    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = split * SPLIT + tl.arange(0, SPLIT)
+    valid = offs < vocab
+    key = tl.where(valid, _order_keys(x_ptr + row * stride_x, offs, valid), -1)
+    piece_max = tl.max(tl.reshape(key, [PIECES, SPLIT // PIECES]), axis=1)
+    tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES), piece_max)
+
+
+@triton.jit
+def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, k, MAXIMA: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Row `row`'s bound: the k-th largest of its pieces' maxima, at most the row's k-th largest key (k pieces hold a
+    key at least as large); 0 (no bound) where fewer than k pieces hold elements."""
+    row = tl.program_id(0).to(tl.int64)
+    o_m = tl.arange(0, MAXIMA)
+    piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
+    valid = piece_max >= 0
+    bound, _ = _kth_key(piece_max, valid, k, DIGIT_BITS)
+    tl.store(bound_ptr + row, tl.where(tl.sum(valid.to(tl.int32), axis=0) >= k, bound, 0))
+
+
+@triton.jit
+def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, bound_ptr,
+                      SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr, BOUNDED: tl.constexpr):
+    """Stages split `split` of row `row`: a set of at most k of its elements that holds every one of the row's first k
+    by (key desc, index asc), in index order or as _select_slots orders them; keys -1 after them.
+
+    BOUNDED: the split's elements at or above the row's bound (a key at most the row's k-th largest) are such a set
+    when there are at most k of them, staged without a select; otherwise, and without a bound, the split's own first
+    min(k, elements) by (key desc, index asc)."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
     key = _order_keys(x_ptr + row * stride_x, offs, valid)
     need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
-    take, slot = _select_slots(key, valid, need, DIGIT_BITS)
+    if BOUNDED:
+        candidate = valid & (key >= tl.load(bound_ptr + row))
+        count = tl.sum(candidate.to(tl.int32), axis=0)
+        if count <= k:
+            take = candidate
+            slot = tl.where(take, tl.cumsum(candidate.to(tl.int32), axis=0) - 1, 0)
+            need = count
+        else:
+            take, slot = _select_slots(key, valid, need, DIGIT_BITS)
+    else:
+        take, slot = _select_slots(key, valid, need, DIGIT_BITS)
     base = (row * num_splits + split) * k
     o_p = tl.arange(0, KP)
     tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= need) & (o_p < k))
@@ -110,12 +158,15 @@ def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr,
 
 
 def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
-                    digit_bits: int = DIGIT_BITS) -> tuple[torch.Tensor, torch.Tensor]:
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
         logits: [..., V] bf16 or fp16, the last dimension contiguous.
         k: 1 <= k <= V, with ceil(V / split) * k <= MAX_STAGED.
+        bound_pieces: 0 reads the logits once, each split selecting its own k; a power of two dividing `split` first
+            reads them for the maxima of that many pieces per split, whose k-th largest bounds the row's k-th key, so
+            that a split with at most k elements at or above the bound stages them without a select; None picks.
 
     Returns:
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
@@ -136,18 +187,39 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     lead = logits.shape[:-1]
     x = logits.reshape(-1, vocab)
     rows = x.shape[0]
+    if bound_pieces is None:
+        bound_pieces = default_bound_pieces(rows, vocab, k, split)
+    if bound_pieces and (bound_pieces & (bound_pieces - 1) or split % bound_pieces):
+        raise ValueError(f"topk_candidates: bound_pieces {bound_pieces} (a power of two dividing split {split})")
     values = torch.empty(*lead, k, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return values, indices
     stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=logits.device)
     stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=logits.device)
-    topk_split_kernel[(rows, num_splits)](x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, SPLIT=split,
-                                          KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits, num_warps=num_warps)
+    bound = stage_key  # unread without a bound
+    if bound_pieces:
+        num_maxima = num_splits * bound_pieces
+        maxima = torch.empty(rows, num_maxima, dtype=torch.int32, device=logits.device)
+        bound = torch.empty(rows, dtype=torch.int32, device=logits.device)
+        topk_bound_maxima_kernel[(rows, num_splits)](x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split,
+                                                     PIECES=bound_pieces, num_warps=num_warps)
+        topk_bound_kernel[(rows,)](maxima, num_maxima, bound, k, MAXIMA=triton.next_power_of_2(num_maxima),
+                                   DIGIT_BITS=digit_bits, num_warps=num_warps)
+    topk_split_kernel[(rows, num_splits)](x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, bound,
+                                          SPLIT=split, KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits,
+                                          BOUNDED=bool(bound_pieces), num_warps=num_warps)
     topk_merge_kernel[(rows,)](x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k,
                                num_splits * k, STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits,
                                num_warps=num_warps)
     return values, indices
+
+
+def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> int:
+    """Pieces per split for the bound (0: none): enough pieces that a row has at least 4k of them."""
+    num_splits = triton.cdiv(vocab, split)
+    pieces = triton.next_power_of_2(triton.cdiv(4 * k, num_splits))
+    return pieces if pieces <= min(split, BOUND_MAX_PIECES) else 0
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
