@@ -323,6 +323,40 @@ def diagnose_select(args) -> list[dict]:
     return out
 
 
+def diagnose_select_parts(args) -> list[dict]:
+    """Each launch of topk_candidates (default options) timed alone, on the buffers a full run left (so the overflow
+    pass sees the list the split pass made), against the whole and torch.topk."""
+    import torch
+
+    from hybridspec_kernels.head_walk_topk.select import (DIGIT_BITS, NUM_WARPS, SPLIT, default_bound_pieces,
+                                                          select_launches)
+
+    out = []
+    dev = torch.device("cuda")
+    cells = ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 8), (248320, 64))
+    for (vocab, batch), dist in itertools.product(cells, args.select_dists):
+        base = select_inputs(batch * 15, vocab, dist, torch, dev)
+        plan = select_launches(base, args.topk, split=SPLIT, num_warps=NUM_WARPS, digit_bits=DIGIT_BITS,
+                               bound_pieces=None)
+        launches, index = plan.launches, plan.indices
+        run_all = lambda: [launch() for _, launch in launches]  # noqa: E731
+        run_all()
+        row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist,
+                   bound_pieces=default_bound_pieces(batch * 15, vocab, args.topk),
+                   equal=bool(torch.equal(index.sort(-1).values, base.topk(args.topk, dim=-1)[1].sort(-1).values)),
+                   torch_topk_us=round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1),
+                   all_us=round(time_graph(torch, run_all)[0], 1),
+                   read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
+        if plan.overflow is not None:
+            row["overflow_splits"] = int(plan.overflow[0].item())
+        for name, launch in launches:
+            row[f"{name}_us"] = round(time_graph(torch, launch)[0], 1)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+        del base
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     summary = {}
     for row in rows:
@@ -374,6 +408,8 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true", help="vLLM's baddbmm_ rounding; topk / walk time split")
     parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
     parser.add_argument("--diagnose-select", action="store_true", help="topk_candidates' options against torch.topk")
+    parser.add_argument("--diagnose-select-parts", action="store_true", help="topk_candidates' launches timed alone")
+    parser.add_argument("--hbm-gbps", type=float, default=4000.0, help="the read floor's bandwidth (GB/s)")
     parser.add_argument("--select-bits", type=int, nargs="+", default=[8, 4, 2])
     parser.add_argument("--select-splits", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--select-warps", type=int, nargs="+", default=[8, 16])
@@ -381,7 +417,7 @@ def main() -> None:
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])
     args = parser.parse_args()
-    steps = {"diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
+    steps = {"diagnose_select_parts": diagnose_select_parts, "diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
     for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json
         if getattr(args, name):
             Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ one group, above or equal to T_s).
 
 Only the set is torch.topk's: the candidates come in staging order, not sorted by value, which the walk does not need.
 """
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -34,6 +36,16 @@ WALK_SELECT_MAX_ELEMENTS = 120 * 151_936
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
 # The most pieces per split the bound takes its maxima over.
 BOUND_MAX_PIECES = 64
+
+
+@dataclasses.dataclass
+class SelectPlan:
+    """topk_candidates' outputs, its launches as (name, launch) in order, and the overflow list ([count, entries]
+    int32; None without a bound)."""
+    values: torch.Tensor
+    indices: torch.Tensor
+    launches: list
+    overflow: torch.Tensor | None
 
 
 @triton.jit
@@ -99,10 +111,14 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPL
 
 
 @triton.jit
-def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, k, MAXIMA: tl.constexpr, DIGIT_BITS: tl.constexpr):
+def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, overflow_count_ptr, k, MAXIMA: tl.constexpr,
+                      DIGIT_BITS: tl.constexpr):
     """Row `row`'s bound: the k-th largest of its pieces' maxima, at most the row's k-th largest key (k pieces hold a
-    key at least as large); 0 (no bound) where fewer than k pieces hold elements."""
+    key at least as large); 0 (no bound) where fewer than k pieces hold elements. Program 0 empties the overflow list
+    the split pass fills."""
     row = tl.program_id(0).to(tl.int64)
+    if row == 0:
+        tl.store(overflow_count_ptr, 0)
     o_m = tl.arange(0, MAXIMA)
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
     valid = piece_max >= 0
@@ -111,35 +127,61 @@ def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, k, MAXIMA: tl.constexpr
 
 
 @triton.jit
-def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, bound_ptr,
-                      SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr, BOUNDED: tl.constexpr):
-    """Stages split `split` of row `row`: a set of at most k of its elements that holds every one of the row's first k
-    by (key desc, index asc), in index order or as _select_slots orders them; keys -1 after them.
+def _stage(stage_key_ptr, stage_idx_ptr, base, key, offs, take, slot, staged, k, KP: tl.constexpr):
+    """Writes a split's staging row: the taken keys and indices at their slots, keys -1 from `staged` to k."""
+    o_p = tl.arange(0, KP)
+    tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= staged) & (o_p < k))
+    tl.store(stage_key_ptr + base + slot, key, mask=take)
+    tl.store(stage_idx_ptr + base + slot, offs.to(tl.int64), mask=take)
 
-    BOUNDED: the split's elements at or above the row's bound (a key at most the row's k-th largest) are such a set
-    when there are at most k of them, staged without a select; otherwise, and without a bound, the split's own first
-    min(k, elements) by (key desc, index asc)."""
+
+@triton.jit
+def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
+                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Stages split `split` of row `row` (or, with a grid of one dimension, the splits of the overflow list): its
+    first min(k, elements) by (key desc, index asc), keys -1 after them."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
     key = _order_keys(x_ptr + row * stride_x, offs, valid)
     need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
-    if BOUNDED:
-        candidate = valid & (key >= tl.load(bound_ptr + row))
-        count = tl.sum(candidate.to(tl.int32), axis=0)
-        if count <= k:
-            take = candidate
-            slot = tl.where(take, tl.cumsum(candidate.to(tl.int32), axis=0) - 1, 0)
-            need = count
-        else:
-            take, slot = _select_slots(key, valid, need, DIGIT_BITS)
-    else:
+    take, slot = _select_slots(key, valid, need, DIGIT_BITS)
+    _stage(stage_key_ptr, stage_idx_ptr, (row * num_splits + split) * k, key, offs, take, slot, need, k, KP)
+
+
+@triton.jit
+def topk_overflow_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, overflow_ptr,
+                         overflow_count_ptr, SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """topk_split_kernel's select for the splits on the overflow list, each program taking every num_programs-th."""
+    for i in range(tl.program_id(0), tl.load(overflow_count_ptr), tl.num_programs(0)):
+        entry = tl.load(overflow_ptr + i).to(tl.int64)
+        row, split = entry // num_splits, entry % num_splits
+        offs = split * SPLIT + tl.arange(0, SPLIT)
+        valid = offs < vocab
+        key = _order_keys(x_ptr + row * stride_x, offs, valid)
+        need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
         take, slot = _select_slots(key, valid, need, DIGIT_BITS)
-    base = (row * num_splits + split) * k
-    o_p = tl.arange(0, KP)
-    tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= need) & (o_p < k))
-    tl.store(stage_key_ptr + base + slot, key, mask=take)
-    tl.store(stage_idx_ptr + base + slot, offs.to(tl.int64), mask=take)
+        _stage(stage_key_ptr, stage_idx_ptr, entry * k, key, offs, take, slot, need, k, KP)
+
+
+@triton.jit
+def topk_bounded_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, bound_ptr,
+                              overflow_ptr, overflow_count_ptr, SPLIT: tl.constexpr, KP: tl.constexpr):
+    """Stages split `split` of row `row` when at most k of its elements are at or above the row's bound (a key at most
+    the row's k-th largest): those, in index order, which hold every element of the row's first k in the split.
+    A split with more goes on the overflow list for topk_overflow_kernel (this kernel stays free of the select's
+    registers)."""
+    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = split * SPLIT + tl.arange(0, SPLIT)
+    valid = offs < vocab
+    key = _order_keys(x_ptr + row * stride_x, offs, valid)
+    candidate = valid & (key >= tl.load(bound_ptr + row))
+    count = tl.sum(candidate.to(tl.int32), axis=0)
+    if count <= k:
+        slot = tl.where(candidate, tl.cumsum(candidate.to(tl.int32), axis=0) - 1, 0)
+        _stage(stage_key_ptr, stage_idx_ptr, (row * num_splits + split) * k, key, offs, candidate, slot, count, k, KP)
+    else:
+        tl.store(overflow_ptr + tl.atomic_add(overflow_count_ptr, 1), (row * num_splits + split).to(tl.int32))
 
 
 @triton.jit
@@ -172,6 +214,16 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
         radix key descending, index ascending), which is torch.topk's set on CUDA, boundary ties included.
     """
+    plan = select_launches(logits, k, split=split, num_warps=num_warps, digit_bits=digit_bits,
+                           bound_pieces=bound_pieces)
+    for _, launch in plan.launches:
+        launch()
+    return plan.values, plan.indices
+
+
+def select_launches(logits: torch.Tensor, k: int, *, split: int, num_warps: int, digit_bits: int,
+                    bound_pieces: int | None) -> SelectPlan:
+    """topk_candidates' outputs and its launches in order, unlaunched (the bench times each)."""
     if logits.dtype not in SELECT_DTYPES:
         raise ValueError(f"topk_candidates: logits in {logits.dtype} (bfloat16 or float16; torch.topk otherwise)")
     vocab = logits.shape[-1]
@@ -194,25 +246,44 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     values = torch.empty(*lead, k, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
     if rows == 0:
-        return values, indices
+        return SelectPlan(values, indices, [], None)
     stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=logits.device)
     stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=logits.device)
-    bound = stage_key  # unread without a bound
+    kp = triton.next_power_of_2(k)
+    launches, overflow = [], None
     if bound_pieces:
         num_maxima = num_splits * bound_pieces
         maxima = torch.empty(rows, num_maxima, dtype=torch.int32, device=logits.device)
         bound = torch.empty(rows, dtype=torch.int32, device=logits.device)
-        topk_bound_maxima_kernel[(rows, num_splits)](x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split,
-                                                     PIECES=bound_pieces, num_warps=num_warps)
-        topk_bound_kernel[(rows,)](maxima, num_maxima, bound, k, MAXIMA=triton.next_power_of_2(num_maxima),
-                                   DIGIT_BITS=digit_bits, num_warps=num_warps)
-    topk_split_kernel[(rows, num_splits)](x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, bound,
-                                          SPLIT=split, KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits,
-                                          BOUNDED=bool(bound_pieces), num_warps=num_warps)
-    topk_merge_kernel[(rows,)](x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k,
-                               num_splits * k, STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits,
-                               num_warps=num_warps)
-    return values, indices
+        overflow = torch.empty(rows * num_splits + 1, dtype=torch.int32, device=logits.device)  # [count, entries]
+        launches += [
+            ("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
+                x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split, PIECES=bound_pieces, num_warps=num_warps)),
+            ("bound", lambda: topk_bound_kernel[(rows,)](
+                maxima, num_maxima, bound, overflow, k, MAXIMA=triton.next_power_of_2(num_maxima),
+                DIGIT_BITS=digit_bits, num_warps=num_warps)),
+            ("split", lambda: topk_bounded_split_kernel[(rows, num_splits)](
+                x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, bound, overflow[1:], overflow, SPLIT=split,
+                KP=kp, num_warps=num_warps)),
+            ("overflow", lambda: topk_overflow_kernel[(min(rows * num_splits, _overflow_programs(logits.device)),)](
+                x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, overflow[1:], overflow, SPLIT=split, KP=kp,
+                DIGIT_BITS=digit_bits, num_warps=num_warps)),
+        ]
+    else:
+        launches.append(("split", lambda: topk_split_kernel[(rows, num_splits)](
+            x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, SPLIT=split, KP=kp, DIGIT_BITS=digit_bits,
+            num_warps=num_warps)))
+    launches.append(("merge", lambda: topk_merge_kernel[(rows,)](
+        x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k, num_splits * k,
+        STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits, num_warps=num_warps)))
+    return SelectPlan(values, indices, launches, overflow)
+
+
+def _overflow_programs(device: torch.device) -> int:
+    """Programs of the overflow pass: two per SM (its select's registers allow two 8-warp programs)."""
+    if device.type != "cuda":
+        return 1
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> int:
