@@ -324,8 +324,8 @@ def diagnose_select(args) -> list[dict]:
 
 
 def diagnose_select_parts(args) -> list[dict]:
-    """Each launch of topk_candidates (default options) timed alone, on the buffers a full run left (so the overflow
-    pass sees the list the split pass made), against the whole and torch.topk."""
+    """topk_candidates (default options) timed through each of its launches in turn (a prefix of them), against
+    torch.topk, with the overflow list's length."""
     import torch
 
     from hybridspec_kernels.head_walk_topk.select import (DIGIT_BITS, NUM_WARPS, SPLIT, default_bound_pieces,
@@ -349,8 +349,9 @@ def diagnose_select_parts(args) -> list[dict]:
                    read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
         if plan.overflow is not None:
             row["overflow_splits"] = int(plan.overflow[0].item())
-        for name, launch in launches:
-            row[f"{name}_us"] = round(time_graph(torch, launch)[0], 1)
+        for n, (name, _) in enumerate(launches):  # prefixes: a launch alone may not be replayable (the list grows)
+            prefix = launches[:n + 1]
+            row[f"through_{name}_us"] = round(time_graph(torch, lambda: [launch() for _, launch in prefix])[0], 1)
         out.append(row)
         print(json.dumps(row), flush=True)
         del base

@@ -289,6 +289,26 @@ def test_topk_candidates_match_naive(case, digit_bits, bound_pieces):
                        want_values.gather(-1, want_order).view(torch.int16))  # NaN and -0.0 bit for bit
 
 
+@needs_kernels
+@pytest.mark.parametrize("digit_bits", [4, 8])
+def test_topk_candidates_bound_fallback_rows(digit_bits):
+    """Two-read path, rows of every kind in one call: a constant row and a row rising along the vocabulary overfill
+    their lists (the one-read fallback), random rows do not; a tied top exceeding k orders its ties by index."""
+    vocab, k = 3000, 24
+    gen = torch.Generator().manual_seed(digit_bits)
+    x = torch.randn(5, vocab, generator=gen).half()
+    x[1] = 1.5
+    x[2] = torch.linspace(-4, 4, vocab).half()
+    x[3, 100:160] = 9.0  # 60 tied at the top: the first 24 by index
+    x[4, ::97] = 9.0
+    for bound_pieces in (None, 4):
+        values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, digit_bits=digit_bits,
+                                        bound_pieces=bound_pieces)
+        want_values, want_index = naive_topk_candidates(x, k)
+        assert torch.equal(index.cpu().sort(-1).values, want_index.sort(-1).values)
+        assert torch.equal(values.cpu().float().sort(-1).values, want_values.float().sort(-1).values)
+
+
 def test_topk_candidates_bad_input():
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         topk_candidates(torch.zeros(2, 10), 3)
@@ -298,6 +318,8 @@ def test_topk_candidates_bad_input():
         topk_candidates(torch.zeros(2, 10_000, dtype=torch.float16), 5000, split=128)
     with pytest.raises(ValueError, match="bound_pieces 3"):
         topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, split=64, bound_pieces=3)
+    with pytest.raises(ValueError, match="a bound for k 600"):
+        topk_candidates(torch.zeros(2, 10_000, dtype=torch.float16), 600, bound_pieces=4)
     with pytest.raises(ValueError, match="bound_pieces 128"):
         topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, split=64, bound_pieces=128)
 

@@ -34,8 +34,11 @@ DIGIT_BITS = 4
 # 120 rows of 151,936, slower from 480 rows of 248,320 on; between, not measured).
 WALK_SELECT_MAX_ELEMENTS = 120 * 151_936
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
-# The most pieces per split the bound takes its maxima over.
+# The two-read path: the most pieces per split the bound takes its maxima over; the largest k (its candidate list
+# holds 2k); indices below 2**INDEX_BITS (the merge's tie order is a radix select on them).
 BOUND_MAX_PIECES = 64
+BOUND_MAX_K = 512
+INDEX_BITS = 20
 
 
 @dataclasses.dataclass
@@ -68,19 +71,20 @@ def _digit_above(hist, need, BINS: tl.constexpr):
 
 
 @triton.jit
-def _kth_key(key, valid, need, DIGIT_BITS: tl.constexpr):
-    """The need-th largest of the valid keys, T, and how many valid keys are above it (need <= valid count)."""
+def _kth_key(key, valid, need, DIGIT_BITS: tl.constexpr, KEY_BITS: tl.constexpr = 16):
+    """The need-th largest of the valid keys (non-negative, below 2**KEY_BITS), T, and how many valid keys are above
+    it (need <= valid count)."""
     key = tl.where(valid, key, 0)  # masked-off lanes inside the bins too (the interpreter indexes with them)
     threshold = tl.zeros([], dtype=tl.int32)
     num_above = tl.zeros([], dtype=tl.int32)
-    for i in tl.static_range(16 // DIGIT_BITS):
+    for i in tl.static_range(KEY_BITS // DIGIT_BITS):
         # Digit i of T, among the keys whose higher digits are T's so far (a histogram of 2**DIGIT_BITS bins: the
         # cost of tl.histogram grows with its bins, so 16-bin rounds beat 256-bin ones; measured, session 21).
-        in_bucket = valid & ((key >> (16 - DIGIT_BITS * i)) == (threshold >> (16 - DIGIT_BITS * i)))
-        digits = (key >> (16 - DIGIT_BITS * (i + 1))) & ((1 << DIGIT_BITS) - 1)
+        in_bucket = valid & ((key >> (KEY_BITS - DIGIT_BITS * i)) == (threshold >> (KEY_BITS - DIGIT_BITS * i)))
+        digits = (key >> (KEY_BITS - DIGIT_BITS * (i + 1))) & ((1 << DIGIT_BITS) - 1)
         digit, above = _digit_above(tl.histogram(digits, 1 << DIGIT_BITS, mask=in_bucket), need - num_above,
                                     1 << DIGIT_BITS)
-        threshold = threshold | (digit << (16 - DIGIT_BITS * (i + 1)))
+        threshold = threshold | (digit << (KEY_BITS - DIGIT_BITS * (i + 1)))
         num_above = num_above + above
     return threshold, num_above
 
@@ -98,6 +102,52 @@ def _select_slots(key, valid, need, DIGIT_BITS: tl.constexpr):
     return take, tl.where(take, slot, 0)
 
 
+# ------------------------------------------------------------------------------------------- one read: split, merge
+@triton.jit
+def _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, row, split,
+                  SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Stages split `split` of row `row`: its first min(k, elements) by (key desc, index asc), keys -1 after them."""
+    offs = split * SPLIT + tl.arange(0, SPLIT)
+    valid = offs < vocab
+    key = _order_keys(x_ptr + row * stride_x, offs, valid)
+    need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
+    take, slot = _select_slots(key, valid, need, DIGIT_BITS)
+    base = (row * num_splits + split) * k
+    o_p = tl.arange(0, KP)
+    tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= need) & (o_p < k))
+    tl.store(stage_key_ptr + base + slot, key, mask=take)
+    tl.store(stage_idx_ptr + base + slot, offs.to(tl.int64), mask=take)
+
+
+@triton.jit
+def _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged, row,
+                  STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Row `row`'s k from its staged candidates."""
+    o_c = tl.arange(0, STAGED)
+    m_c = o_c < staged
+    key = tl.load(stage_key_ptr + row * staged + o_c, mask=m_c, other=-1)
+    idx = tl.load(stage_idx_ptr + row * staged + o_c, mask=m_c, other=0)
+    take, slot = _select_slots(key, key >= 0, k, DIGIT_BITS)
+    idx = tl.where(take, idx, 0)  # slots a short split left unwritten hold no index
+    tl.store(index_ptr + row * stride_out + slot, idx, mask=take)
+    tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
+
+
+@triton.jit
+def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
+                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, tl.program_id(0).to(tl.int64),
+                  tl.program_id(1), SPLIT, KP, DIGIT_BITS)
+
+
+@triton.jit
+def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
+                      STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
+                  tl.program_id(0).to(tl.int64), STAGED, DIGIT_BITS)
+
+
+# ------------------------------------------------------------------------- two reads: bound, filter, list merge
 @triton.jit
 def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPLIT: tl.constexpr,
                              PIECES: tl.constexpr):
@@ -111,14 +161,15 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPL
 
 
 @triton.jit
-def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, overflow_count_ptr, k, MAXIMA: tl.constexpr,
+def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, count_ptr, fallback_ptr, k, MAXIMA: tl.constexpr,
                       DIGIT_BITS: tl.constexpr):
     """Row `row`'s bound: the k-th largest of its pieces' maxima, at most the row's k-th largest key (k pieces hold a
-    key at least as large); 0 (no bound) where fewer than k pieces hold elements. Program 0 empties the overflow list
-    the split pass fills."""
+    key at least as large); 0 (no bound) where fewer than k pieces hold elements. Empties the row's candidate list
+    (and, program 0, the fallback list)."""
     row = tl.program_id(0).to(tl.int64)
     if row == 0:
-        tl.store(overflow_count_ptr, 0)
+        tl.store(fallback_ptr, 0)
+    tl.store(count_ptr + row, 0)
     o_m = tl.arange(0, MAXIMA)
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
     valid = piece_max >= 0
@@ -127,76 +178,82 @@ def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, overflow_count_ptr, k, 
 
 
 @triton.jit
-def _stage(stage_key_ptr, stage_idx_ptr, base, key, offs, take, slot, staged, k, KP: tl.constexpr):
-    """Writes a split's staging row: the taken keys and indices at their slots, keys -1 from `staged` to k."""
-    o_p = tl.arange(0, KP)
-    tl.store(stage_key_ptr + base + o_p, -1, mask=(o_p >= staged) & (o_p < k))
-    tl.store(stage_key_ptr + base + slot, key, mask=take)
-    tl.store(stage_idx_ptr + base + slot, offs.to(tl.int64), mask=take)
-
-
-@triton.jit
-def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
-                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """Stages split `split` of row `row` (or, with a grid of one dimension, the splits of the overflow list): its
-    first min(k, elements) by (key desc, index asc), keys -1 after them."""
-    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    offs = split * SPLIT + tl.arange(0, SPLIT)
-    valid = offs < vocab
-    key = _order_keys(x_ptr + row * stride_x, offs, valid)
-    need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
-    take, slot = _select_slots(key, valid, need, DIGIT_BITS)
-    _stage(stage_key_ptr, stage_idx_ptr, (row * num_splits + split) * k, key, offs, take, slot, need, k, KP)
-
-
-@triton.jit
-def topk_overflow_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, overflow_ptr,
-                         overflow_count_ptr, SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """topk_split_kernel's select for the splits on the overflow list, each program taking every num_programs-th."""
-    for i in range(tl.program_id(0), tl.load(overflow_count_ptr), tl.num_programs(0)):
-        entry = tl.load(overflow_ptr + i).to(tl.int64)
-        row, split = entry // num_splits, entry % num_splits
-        offs = split * SPLIT + tl.arange(0, SPLIT)
-        valid = offs < vocab
-        key = _order_keys(x_ptr + row * stride_x, offs, valid)
-        need = tl.minimum(k, tl.minimum(vocab - split * SPLIT, SPLIT))
-        take, slot = _select_slots(key, valid, need, DIGIT_BITS)
-        _stage(stage_key_ptr, stage_idx_ptr, entry * k, key, offs, take, slot, need, k, KP)
-
-
-@triton.jit
-def topk_bounded_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, bound_ptr,
-                              overflow_ptr, overflow_count_ptr, SPLIT: tl.constexpr, KP: tl.constexpr):
-    """Stages split `split` of row `row` when at most k of its elements are at or above the row's bound (a key at most
-    the row's k-th largest): those, in index order, which hold every element of the row's first k in the split.
-    A split with more goes on the overflow list for topk_overflow_kernel (this kernel stays free of the select's
-    registers)."""
+def topk_bounded_split_kernel(x_ptr, stride_x, vocab, bound_ptr, count_ptr, list_key_ptr, list_idx_ptr,
+                              CAPACITY: tl.constexpr, SPLIT: tl.constexpr):
+    """Appends split `split`'s elements at or above row `row`'s bound to the row's list (in no order: the merge
+    orders ties by index); with more than CAPACITY of them it only marks the list overfull."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
     key = _order_keys(x_ptr + row * stride_x, offs, valid)
     candidate = valid & (key >= tl.load(bound_ptr + row))
     count = tl.sum(candidate.to(tl.int32), axis=0)
-    if count <= k:
-        slot = tl.where(candidate, tl.cumsum(candidate.to(tl.int32), axis=0) - 1, 0)
-        _stage(stage_key_ptr, stage_idx_ptr, (row * num_splits + split) * k, key, offs, candidate, slot, count, k, KP)
+    if count <= CAPACITY:  # a handful, almost always: one atomic each
+        slot = tl.atomic_add(count_ptr + row + tl.zeros_like(offs), 1, mask=candidate)
+        keep = candidate & (slot < CAPACITY)
+        tl.store(list_key_ptr + row * CAPACITY + slot, key, mask=keep)
+        tl.store(list_idx_ptr + row * CAPACITY + slot, offs, mask=keep)
     else:
-        tl.store(overflow_ptr + tl.atomic_add(overflow_count_ptr, 1), (row * num_splits + split).to(tl.int32))
+        tl.atomic_add(count_ptr + row, CAPACITY + 1)
 
 
 @triton.jit
-def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
-                      STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """Row `row`'s k from its staged candidates."""
+def topk_list_merge_kernel(x_ptr, stride_x, count_ptr, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out,
+                           fallback_ptr, k, CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr,
+                           DIGIT_BITS: tl.constexpr):
+    """Row `row`'s k from its list: those above the k-th key T, then of those equal to T the smallest indices
+    (torch.topk's boundary ties); a row whose list overflowed goes on the fallback list instead."""
     row = tl.program_id(0).to(tl.int64)
-    o_c = tl.arange(0, STAGED)
-    m_c = o_c < staged
-    key = tl.load(stage_key_ptr + row * staged + o_c, mask=m_c, other=-1)
-    idx = tl.load(stage_idx_ptr + row * staged + o_c, mask=m_c, other=0)
-    take, slot = _select_slots(key, key >= 0, k, DIGIT_BITS)
-    idx = tl.where(take, idx, 0)  # slots a short split left unwritten hold no index
-    tl.store(index_ptr + row * stride_out + slot, idx, mask=take)
-    tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
+    count = tl.load(count_ptr + row)
+    if count > CAPACITY:
+        tl.store(fallback_ptr + 1 + tl.atomic_add(fallback_ptr, 1), row.to(tl.int32))
+    else:
+        o_c = tl.arange(0, CAPACITY)
+        listed = o_c < count
+        key = tl.load(list_key_ptr + row * CAPACITY + o_c, mask=listed, other=0)
+        idx = tl.load(list_idx_ptr + row * CAPACITY + o_c, mask=listed, other=0)
+        threshold, num_above = _kth_key(key, listed, k, DIGIT_BITS)
+        above = listed & (key > threshold)
+        equal = listed & (key == threshold)
+        need_equal = k - num_above
+        if tl.sum(equal.to(tl.int32), axis=0) > need_equal:
+            last_index = (1 << INDEX_BITS) - 1
+            first_indices, _ = _kth_key(last_index - idx, equal, need_equal, DIGIT_BITS, INDEX_BITS)
+            equal = equal & (last_index - idx >= first_indices)
+        take = above | equal
+        slot = tl.where(take, tl.cumsum(take.to(tl.int32), axis=0) - 1, 0)
+        tl.store(index_ptr + row * stride_out + slot, idx.to(tl.int64), mask=take)
+        tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
+
+
+@triton.jit
+def topk_fallback_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, fallback_ptr,
+                               SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """The one-read split pass for the splits of the rows on the fallback list, each program every num_programs-th."""
+    for i in range(tl.program_id(0), tl.load(fallback_ptr) * num_splits, tl.num_programs(0)):
+        row = tl.load(fallback_ptr + 1 + i // num_splits).to(tl.int64)
+        _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, row, i % num_splits,
+                      SPLIT, KP, DIGIT_BITS)
+
+
+@triton.jit
+def topk_fallback_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k,
+                               staged, fallback_ptr, STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """The one-read merge for the rows on the fallback list."""
+    for i in range(tl.program_id(0), tl.load(fallback_ptr), tl.num_programs(0)):
+        _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
+                      tl.load(fallback_ptr + 1 + i).to(tl.int64), STAGED, DIGIT_BITS)
+
+
+# ---------------------------------------------------------------------------------------------------------- host
+@dataclasses.dataclass
+class SelectPlan:
+    """topk_candidates' outputs, its launches as (name, launch) in order, and the fallback list ([rows on it, rows]
+    int32; None on the one-read path)."""
+    values: torch.Tensor
+    indices: torch.Tensor
+    launches: list
+    fallback: torch.Tensor | None
 
 
 def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
@@ -206,9 +263,10 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     Args:
         logits: [..., V] bf16 or fp16, the last dimension contiguous.
         k: 1 <= k <= V, with ceil(V / split) * k <= MAX_STAGED.
-        bound_pieces: 0 reads the logits once, each split selecting its own k; a power of two dividing `split` first
-            reads them for the maxima of that many pieces per split, whose k-th largest bounds the row's k-th key, so
-            that a split with at most k elements at or above the bound stages them without a select; None picks.
+        bound_pieces: 0 reads the logits once (each split selects its own k, a merge the row's); a power of two
+            dividing `split` reads them twice: first for the maxima of that many pieces per split, whose k-th largest
+            bounds the row's k-th key, then for the few elements at or above the bound, from which a merge picks k
+            (rows with too many fall back to the one-read path). None picks by size (`default_bound_pieces`).
 
     Returns:
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
@@ -221,9 +279,9 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     return plan.values, plan.indices
 
 
-def select_launches(logits: torch.Tensor, k: int, *, split: int, num_warps: int, digit_bits: int,
-                    bound_pieces: int | None) -> SelectPlan:
-    """topk_candidates' outputs and its launches in order, unlaunched (the bench times each)."""
+def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> SelectPlan:
+    """topk_candidates' outputs and its launches in order, unlaunched (the bench times them)."""
     if logits.dtype not in SELECT_DTYPES:
         raise ValueError(f"topk_candidates: logits in {logits.dtype} (bfloat16 or float16; torch.topk otherwise)")
     vocab = logits.shape[-1]
@@ -243,54 +301,70 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int, num_warps: int,
         bound_pieces = default_bound_pieces(rows, vocab, k, split)
     if bound_pieces and (bound_pieces & (bound_pieces - 1) or split % bound_pieces):
         raise ValueError(f"topk_candidates: bound_pieces {bound_pieces} (a power of two dividing split {split})")
+    if bound_pieces and (k > BOUND_MAX_K or vocab > 1 << INDEX_BITS):
+        raise ValueError(f"topk_candidates: a bound for k {k} <= {BOUND_MAX_K}, vocab {vocab} <= {1 << INDEX_BITS}")
     values = torch.empty(*lead, k, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return SelectPlan(values, indices, [], None)
-    stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=logits.device)
-    stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=logits.device)
-    kp = triton.next_power_of_2(k)
-    launches, overflow = [], None
-    if bound_pieces:
-        num_maxima = num_splits * bound_pieces
-        maxima = torch.empty(rows, num_maxima, dtype=torch.int32, device=logits.device)
-        bound = torch.empty(rows, dtype=torch.int32, device=logits.device)
-        overflow = torch.empty(rows * num_splits + 1, dtype=torch.int32, device=logits.device)  # [count, entries]
-        launches += [
-            ("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-                x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split, PIECES=bound_pieces, num_warps=num_warps)),
-            ("bound", lambda: topk_bound_kernel[(rows,)](
-                maxima, num_maxima, bound, overflow, k, MAXIMA=triton.next_power_of_2(num_maxima),
-                DIGIT_BITS=digit_bits, num_warps=num_warps)),
-            ("split", lambda: topk_bounded_split_kernel[(rows, num_splits)](
-                x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, bound, overflow[1:], overflow, SPLIT=split,
-                KP=kp, num_warps=num_warps)),
-            ("overflow", lambda: topk_overflow_kernel[(min(rows * num_splits, _overflow_programs(logits.device)),)](
-                x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, overflow[1:], overflow, SPLIT=split, KP=kp,
-                DIGIT_BITS=digit_bits, num_warps=num_warps)),
-        ]
-    else:
-        launches.append(("split", lambda: topk_split_kernel[(rows, num_splits)](
-            x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, SPLIT=split, KP=kp, DIGIT_BITS=digit_bits,
-            num_warps=num_warps)))
-    launches.append(("merge", lambda: topk_merge_kernel[(rows,)](
-        x, x.stride(0), stage_key, stage_idx, values.view(rows, k), indices.view(rows, k), k, k, num_splits * k,
-        STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits, num_warps=num_warps)))
-    return SelectPlan(values, indices, launches, overflow)
+    dev = logits.device
+    stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=dev)
+    stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=dev)
+    out = (values.view(rows, k), indices.view(rows, k), k)
+    one_read = dict(SPLIT=split, KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits, num_warps=num_warps)
+    merge = dict(STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits, num_warps=num_warps)
+    if not bound_pieces:
+        return SelectPlan(values, indices, [
+            ("split", lambda: topk_split_kernel[(rows, num_splits)](
+                x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, **one_read)),
+            ("merge", lambda: topk_merge_kernel[(rows,)](
+                x, x.stride(0), stage_key, stage_idx, *out, k, num_splits * k, **merge)),
+        ], None)
+    num_maxima = num_splits * bound_pieces
+    capacity = list_capacity(k)
+    maxima = torch.empty(rows, num_maxima, dtype=torch.int32, device=dev)
+    bound, count = torch.empty(2, rows, dtype=torch.int32, device=dev)
+    list_key, list_idx = torch.empty(2, rows, capacity, dtype=torch.int32, device=dev)
+    fallback = torch.empty(rows + 1, dtype=torch.int32, device=dev)  # [rows on it, rows]
+    persistent = (min(rows * num_splits, _persistent_programs(dev)),)
+    return SelectPlan(values, indices, [
+        ("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
+            x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split, PIECES=bound_pieces, num_warps=num_warps)),
+        ("bound", lambda: topk_bound_kernel[(rows,)](
+            maxima, num_maxima, bound, count, fallback, k, MAXIMA=triton.next_power_of_2(num_maxima),
+            DIGIT_BITS=digit_bits, num_warps=num_warps)),
+        ("split", lambda: topk_bounded_split_kernel[(rows, num_splits)](
+            x, x.stride(0), vocab, bound, count, list_key, list_idx, CAPACITY=capacity, SPLIT=split,
+            num_warps=num_warps)),
+        ("merge", lambda: topk_list_merge_kernel[(rows,)](
+            x, x.stride(0), count, list_key, list_idx, *out, fallback, k, CAPACITY=capacity,
+            INDEX_BITS=triton.cdiv(INDEX_BITS, digit_bits) * digit_bits, DIGIT_BITS=digit_bits, num_warps=num_warps)),
+        ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
+            x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
+        ("fallback_merge", lambda: topk_fallback_merge_kernel[persistent](
+            x, x.stride(0), stage_key, stage_idx, *out, k, num_splits * k, fallback, **merge)),
+    ], fallback)
 
 
-def _overflow_programs(device: torch.device) -> int:
-    """Programs of the overflow pass: two per SM (its select's registers allow two 8-warp programs)."""
+def list_capacity(k: int) -> int:
+    """Slots of a row's candidate list on the two-read path: room for the bound's slack and its ties."""
+    return max(256, triton.next_power_of_2(2 * k))
+
+
+def _persistent_programs(device: torch.device) -> int:
+    """Programs of the fallback launches: two per SM (the select's registers allow two 8-warp programs)."""
     if device.type != "cuda":
         return 1
     return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> int:
-    """Pieces per split for the bound (0: none): enough pieces that a row has at least 4k of them."""
+    """Pieces per split for the bound (0: the one-read path): enough pieces that a row has at least 4k of them."""
     num_splits = triton.cdiv(vocab, split)
     pieces = triton.next_power_of_2(triton.cdiv(4 * k, num_splits))
-    return pieces if pieces <= min(split, BOUND_MAX_PIECES) else 0
+    if k > BOUND_MAX_K or vocab > 1 << INDEX_BITS or pieces > min(split, BOUND_MAX_PIECES):
+        return 0
+    return pieces
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
