@@ -324,36 +324,36 @@ def diagnose_select(args) -> list[dict]:
 
 
 def diagnose_select_parts(args) -> list[dict]:
-    """topk_candidates (default options) timed through each of its launches in turn (a prefix of them), against
-    torch.topk, with the overflow list's length."""
+    """topk_candidates (default bound pieces; each split and warps given) timed through each of its launches in
+    turn (a prefix of them), against torch.topk, with the rows that fell back to the one-read path."""
     import torch
 
-    from hybridspec_kernels.head_walk_topk.select import (DIGIT_BITS, NUM_WARPS, SPLIT, default_bound_pieces,
-                                                          select_launches)
+    from hybridspec_kernels.head_walk_topk.select import DIGIT_BITS, default_bound_pieces, select_launches
 
     out = []
     dev = torch.device("cuda")
     cells = ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 8), (248320, 64))
     for (vocab, batch), dist in itertools.product(cells, args.select_dists):
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
-        plan = select_launches(base, args.topk, split=SPLIT, num_warps=NUM_WARPS, digit_bits=DIGIT_BITS,
-                               bound_pieces=None)
-        launches, index = plan.launches, plan.indices
-        run_all = lambda: [launch() for _, launch in launches]  # noqa: E731
-        run_all()
-        row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist,
-                   bound_pieces=default_bound_pieces(batch * 15, vocab, args.topk),
-                   equal=bool(torch.equal(index.sort(-1).values, base.topk(args.topk, dim=-1)[1].sort(-1).values)),
-                   torch_topk_us=round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1),
-                   all_us=round(time_graph(torch, run_all)[0], 1),
-                   read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
-        if plan.overflow is not None:
-            row["overflow_splits"] = int(plan.overflow[0].item())
-        for n, (name, _) in enumerate(launches):  # prefixes: a launch alone may not be replayable (the list grows)
-            prefix = launches[:n + 1]
-            row[f"through_{name}_us"] = round(time_graph(torch, lambda: [launch() for _, launch in prefix])[0], 1)
-        out.append(row)
-        print(json.dumps(row), flush=True)
+        want = base.topk(args.topk, dim=-1)[1].sort(-1).values
+        torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
+        for split, warps in itertools.product(args.select_splits, args.select_warps):
+            plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS)
+            launches = plan.launches
+            run_all = lambda: [launch() for _, launch in launches]  # noqa: E731
+            run_all()
+            row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
+                       warps=warps, bound_pieces=default_bound_pieces(batch * 15, vocab, args.topk, split),
+                       equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
+                       all_us=round(time_graph(torch, run_all)[0], 1),
+                       read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
+            if plan.fallback is not None:
+                row["fallback_rows"] = int(plan.fallback[0].item())
+            for n, (name, _) in enumerate(launches):  # prefixes: a launch alone may not be replayable
+                prefix = launches[:n + 1]
+                row[f"through_{name}_us"] = round(time_graph(torch, lambda: [f() for _, f in prefix])[0], 1)
+            out.append(row)
+            print(json.dumps(row), flush=True)
         del base
     return out
 
