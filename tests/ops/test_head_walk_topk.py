@@ -275,7 +275,7 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 
 
 @needs_kernels
-@pytest.mark.parametrize("digit_bits, bound_pieces", [(4, None), (8, 0), (4, 2)])
+@pytest.mark.parametrize("digit_bits, bound_pieces", [(4, None), (8, 0), (4, 2), (8, 16)])
 @pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
 def test_topk_candidates_match_naive(case, digit_bits, bound_pieces):
     """Tied logits: the plateau overflows its split's bound (the select path), the other splits stage without one."""
@@ -301,7 +301,7 @@ def test_topk_candidates_bound_fallback_rows(digit_bits):
     x[2] = torch.linspace(-4, 4, vocab).half()
     x[3, 100:160] = 9.0  # 60 tied at the top: the first 24 by index
     x[4, ::97] = 9.0
-    for bound_pieces in (None, 4):
+    for bound_pieces in (4, 16):
         values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, digit_bits=digit_bits,
                                         bound_pieces=bound_pieces)
         want_values, want_index = naive_topk_candidates(x, k)
