@@ -324,10 +324,11 @@ def diagnose_select(args) -> list[dict]:
 
 
 def diagnose_select_parts(args) -> list[dict]:
-    """topk_candidates (default bound pieces; each split and warps given) timed through each of its launches in
+    """topk_candidates (each split, warps, gather chunk and bound pieces given) timed through each of its launches in
     turn (a prefix of them), against torch.topk, with the rows that fell back to the one-read path."""
     import torch
 
+    from hybridspec_kernels.head_walk_topk import select
     from hybridspec_kernels.head_walk_topk.select import DIGIT_BITS, default_bound_pieces, select_launches
 
     out = []
@@ -337,13 +338,17 @@ def diagnose_select_parts(args) -> list[dict]:
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for split, warps in itertools.product(args.select_splits, args.select_warps):
-            plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS)
+        for split, warps, gather, pieces in itertools.product(args.select_splits, args.select_warps,
+                                                              args.select_gathers, args.select_pieces):
+            select.GATHER_CHUNK = gather
+            pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
+            plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
+                                   bound_pieces=pieces)
             launches = plan.launches
             run_all = lambda: [launch() for _, launch in launches]  # noqa: E731
             run_all()
             row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
-                       warps=warps, bound_pieces=default_bound_pieces(batch * 15, vocab, args.topk, split),
+                       warps=warps, gather_chunk=gather, bound_pieces=pieces,
                        equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
                        all_us=round(time_graph(torch, run_all)[0], 1),
                        read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
@@ -414,6 +419,8 @@ def main() -> None:
     parser.add_argument("--select-bits", type=int, nargs="+", default=[8, 4, 2])
     parser.add_argument("--select-splits", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--select-warps", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--select-gathers", type=int, nargs="+", default=[2048],
+                        help="elements per round of the two-read path's second read (select.GATHER_CHUNK)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])

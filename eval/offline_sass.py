@@ -376,9 +376,8 @@ def topk():
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
-    for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bound_kernel",
-                 "topk_bounded_split_kernel", "topk_list_merge_kernel", "topk_fallback_split_kernel",
-                 "topk_fallback_merge_kernel"):
+    for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel",
+                 "topk_fallback_split_kernel", "topk_fallback_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
     for bits, pieces in ((8, 0), (4, 0), (2, 0), (4, None)):
         del captured[:]

@@ -301,7 +301,7 @@ def test_topk_candidates_bound_fallback_rows(digit_bits):
     x[2] = torch.linspace(-4, 4, vocab).half()
     x[3, 100:160] = 9.0  # 60 tied at the top: the first 24 by index
     x[4, ::97] = 9.0
-    for bound_pieces in (4, 16):
+    for bound_pieces in (4, 16, 64):  # 64: pieces of 8, the constant row chooses more than the most pieces
         values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, digit_bits=digit_bits,
                                         bound_pieces=bound_pieces)
         want_values, want_index = naive_topk_candidates(x, k)

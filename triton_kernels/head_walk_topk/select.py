@@ -39,6 +39,8 @@ SELECT_DTYPES = (torch.bfloat16, torch.float16)
 BOUND_MAX_PIECES = 64
 BOUND_MAX_K = 512
 INDEX_BITS = 20
+# Elements the second read of the two-read path loads per round (whole pieces).
+GATHER_CHUNK = 2048
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
@@ -152,10 +154,13 @@ def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr,
 
 # ------------------------------------------------------------------------- two reads: bound, filter, list merge
 @triton.jit
-def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPLIT: tl.constexpr,
+def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fallback_ptr, SPLIT: tl.constexpr,
                              PIECES: tl.constexpr):
-    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row)."""
+    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row).
+    Program (0, 0) empties the fallback list the next launch fills."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if (row == 0) & (split == 0):
+        tl.store(fallback_ptr, 0)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
     key = tl.where(valid, _order_keys(x_ptr + row * stride_x, offs, valid), -1)
@@ -164,62 +169,52 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, SPL
 
 
 @triton.jit
-def topk_bound_kernel(maxima_ptr, num_maxima, bound_ptr, count_ptr, fallback_ptr, k, MAXIMA: tl.constexpr,
-                      DIGIT_BITS: tl.constexpr):
-    """Row `row`'s bound: the k-th largest of its pieces' maxima, at most the row's k-th largest key (k pieces hold a
-    key at least as large); 0 (no bound) where fewer than k pieces hold elements. Empties the row's candidate list
-    (and, program 0, the fallback list)."""
+def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piece_ids_ptr, list_key_ptr, list_idx_ptr,
+                            values_ptr, index_ptr, stride_out, fallback_ptr, k, PIECE: tl.constexpr,
+                            MAXIMA: tl.constexpr, MAX_PIECES: tl.constexpr, CHUNK: tl.constexpr,
+                            CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Row `row`'s k from its pieces' maxima and a second read of only the pieces that can hold them.
+
+    The k-th largest piece maximum B is at most the row's k-th key (k pieces hold a key at least as large), so the
+    row's first k lie in the pieces whose maximum is at least B (about k of them): those are read, their elements at
+    or above B listed, and the k picked from the list (ties at the k-th key by smallest index, torch.topk's rule).
+    A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead."""
     row = tl.program_id(0).to(tl.int64)
-    if row == 0:
-        tl.store(fallback_ptr, 0)
-    tl.store(count_ptr + row, 0)
     o_m = tl.arange(0, MAXIMA)
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
-    valid = piece_max >= 0
-    bound, _ = _kth_key(piece_max, valid, k, DIGIT_BITS)
-    tl.store(bound_ptr + row, tl.where(tl.sum(valid.to(tl.int32), axis=0) >= k, bound, 0))
-
-
-@triton.jit
-def topk_bounded_split_kernel(x_ptr, stride_x, vocab, bound_ptr, count_ptr, list_key_ptr, list_idx_ptr,
-                              CAPACITY: tl.constexpr, SPLIT: tl.constexpr):
-    """Appends split `split`'s elements at or above row `row`'s bound to the row's list (in no order: the merge
-    orders ties by index); with more than CAPACITY of them it only marks the list overfull."""
-    row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    offs = split * SPLIT + tl.arange(0, SPLIT)
-    valid = offs < vocab
-    key = _order_keys(x_ptr + row * stride_x, offs, valid)
-    candidate = valid & (key >= tl.load(bound_ptr + row))
-    count = tl.sum(candidate.to(tl.int32), axis=0)
-    if count <= CAPACITY:  # a handful, almost always: one atomic each
-        # relaxed: the default acq_rel put a GPU-wide fence and an L1 invalidation at each of these (sm_90 SASS); the
-        # merge reads the lists after this launch ends
-        slot = tl.atomic_add(count_ptr + row + tl.zeros_like(offs), 1, mask=candidate, sem="relaxed")
-        keep = candidate & (slot < CAPACITY)
-        tl.store(list_key_ptr + row * CAPACITY + slot, key, mask=keep)
-        tl.store(list_idx_ptr + row * CAPACITY + slot, offs, mask=keep)
-    else:
-        tl.atomic_add(count_ptr + row, CAPACITY + 1, sem="relaxed")
-
-
-@triton.jit
-def topk_list_merge_kernel(x_ptr, stride_x, count_ptr, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out,
-                           fallback_ptr, k, CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr,
-                           DIGIT_BITS: tl.constexpr):
-    """Row `row`'s k from its list: those above the k-th key T, then of those equal to T the smallest indices
-    (torch.topk's boundary ties); a row whose list overflowed goes on the fallback list instead."""
-    row = tl.program_id(0).to(tl.int64)
-    count = tl.load(count_ptr + row)
-    if count > CAPACITY:
+    bound, _ = _kth_key(piece_max, piece_max >= 0, k, DIGIT_BITS)
+    bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=0) >= k, bound, 0)  # fewer pieces than k: none
+    chosen = piece_max >= bound
+    num_pieces = tl.sum(chosen.to(tl.int32), axis=0)
+    listed = tl.zeros([], dtype=tl.int32)  # the elements at or above the bound found so far
+    if num_pieces <= MAX_PIECES:
+        slot = tl.where(chosen, tl.cumsum(chosen.to(tl.int32), axis=0) - 1, 0)
+        tl.store(piece_ids_ptr + row * MAX_PIECES + slot, o_m, mask=chosen)
+        tl.debug_barrier()  # the piece ids, written by other threads of this program, read below
+        o_e = tl.arange(0, PIECE)
+        for start in range(0, num_pieces, CHUNK):
+            o_p = start + tl.arange(0, CHUNK)
+            piece = tl.load(piece_ids_ptr + row * MAX_PIECES + o_p, mask=o_p < num_pieces, other=0)
+            offs = piece[:, None] * PIECE + o_e[None, :]
+            inside = (o_p < num_pieces)[:, None] & (offs < vocab)
+            key = _order_keys(x_ptr + row * stride_x, offs, inside)
+            candidate = inside & (key >= bound)
+            at = listed + tl.reshape(tl.cumsum(tl.reshape(candidate.to(tl.int32), [CHUNK * PIECE]), axis=0),
+                                     [CHUNK, PIECE]) - 1
+            tl.store(list_key_ptr + row * CAPACITY + at, key, mask=candidate & (at < CAPACITY))
+            tl.store(list_idx_ptr + row * CAPACITY + at, offs, mask=candidate & (at < CAPACITY))
+            listed += tl.sum(tl.sum(candidate.to(tl.int32), axis=1), axis=0)
+    if (num_pieces > MAX_PIECES) | (listed > CAPACITY):
         tl.store(fallback_ptr + 1 + tl.atomic_add(fallback_ptr, 1, sem="relaxed"), row.to(tl.int32))
     else:
+        tl.debug_barrier()  # the list, likewise
         o_c = tl.arange(0, CAPACITY)
-        listed = o_c < count
-        key = tl.load(list_key_ptr + row * CAPACITY + o_c, mask=listed, other=0)
-        idx = tl.load(list_idx_ptr + row * CAPACITY + o_c, mask=listed, other=0)
-        threshold, num_above = _kth_key(key, listed, k, DIGIT_BITS)
-        above = listed & (key > threshold)
-        equal = listed & (key == threshold)
+        in_list = o_c < listed
+        key = tl.load(list_key_ptr + row * CAPACITY + o_c, mask=in_list, other=0)
+        idx = tl.load(list_idx_ptr + row * CAPACITY + o_c, mask=in_list, other=0)
+        threshold, num_above = _kth_key(key, in_list, k, DIGIT_BITS)
+        above = in_list & (key > threshold)
+        equal = in_list & (key == threshold)
         need_equal = k - num_above
         if tl.sum(equal.to(tl.int32), axis=0) > need_equal:
             last_index = (1 << INDEX_BITS) - 1
@@ -326,29 +321,31 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
                 x, x.stride(0), stage_key, stage_idx, *out, k, num_splits * k, **merge)),
         ], None)
     num_maxima = num_splits * bound_pieces
-    capacity = list_capacity(k)
+    capacity, max_pieces = list_capacity(k), bound_max_pieces(k)
     maxima = torch.empty(rows, num_maxima, dtype=torch.int32, device=dev)
-    bound, count = torch.empty(2, rows, dtype=torch.int32, device=dev)
+    piece_ids = torch.empty(rows, max_pieces, dtype=torch.int32, device=dev)
     list_key, list_idx = torch.empty(2, rows, capacity, dtype=torch.int32, device=dev)
     fallback = torch.empty(rows + 1, dtype=torch.int32, device=dev)  # [rows on it, rows]
     persistent = (min(rows * num_splits, _persistent_programs(dev)),)
     return SelectPlan(values, indices, [
         ("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-            x, x.stride(0), vocab, maxima, num_maxima, SPLIT=split, PIECES=bound_pieces, num_warps=num_warps)),
-        ("bound", lambda: topk_bound_kernel[(rows,)](
-            maxima, num_maxima, bound, count, fallback, k, MAXIMA=triton.next_power_of_2(num_maxima),
-            DIGIT_BITS=digit_bits, num_warps=num_warps)),
-        ("split", lambda: topk_bounded_split_kernel[(rows, num_splits)](
-            x, x.stride(0), vocab, bound, count, list_key, list_idx, CAPACITY=capacity, SPLIT=split,
+            x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
             num_warps=num_warps)),
-        ("merge", lambda: topk_list_merge_kernel[(rows,)](
-            x, x.stride(0), count, list_key, list_idx, *out, fallback, k, CAPACITY=capacity,
+        ("rows", lambda: topk_bounded_row_kernel[(rows,)](
+            x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
+            PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces,
+            CHUNK=max(1, GATHER_CHUNK // (split // bound_pieces)), CAPACITY=capacity,
             INDEX_BITS=triton.cdiv(INDEX_BITS, digit_bits) * digit_bits, DIGIT_BITS=digit_bits, num_warps=num_warps)),
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
         ("fallback_merge", lambda: topk_fallback_merge_kernel[persistent](
             x, x.stride(0), stage_key, stage_idx, *out, k, num_splits * k, fallback, **merge)),
     ], fallback)
+
+
+def bound_max_pieces(k: int) -> int:
+    """The most pieces the second read takes per row (about k hold a maximum at or above the bound, more with ties)."""
+    return max(256, triton.next_power_of_2(4 * k))
 
 
 def list_capacity(k: int) -> int:
