@@ -397,11 +397,16 @@ def test_gpu_corrected_logits_equal_vllms_baddbmm(batch, topk, rank, scale, dtyp
 @needs_cuda
 @pytest.mark.parametrize("rows, vocab, k", [(15, 32_000, 64), (120, 151_936, 64), (15, 248_320, 256), (960, 32_000, 64),
                                             (7, 1000, 1000), (1, 151_936, 64), (3, 248_320, 64), (7, 151_936, 16),
-                                            (15, 32_000, 1), (15, 32_000, 8), (15, 32_000, 16)])
+                                            (15, 32_000, 1), (15, 32_000, 8), (15, 32_000, 16),
+                                            (960, 248_320, 64), (64, 151_936, 256)])
 def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
-    """The set (and the boundary ties) torch.topk's CUDA kernel picks, on random and on heavily tied bf16 logits."""
+    """The set (and the boundary ties) torch.topk's CUDA kernel picks, on random and on heavily tied bf16 logits, and
+    on random rows among constant and rising ones (those two fall back from the two-read path)."""
+    mixed = torch.randn(rows, vocab, device="cuda")
+    mixed[::3] = 0.5
+    mixed[1::3] = torch.linspace(-3, 3, vocab, device="cuda")
     for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
-              tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows)):
+              tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows), mixed.bfloat16()):
         values, index = topk_candidates(x, k)
         want_values, want_index = x.topk(k, dim=-1)
         assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)

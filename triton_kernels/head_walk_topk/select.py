@@ -1,18 +1,23 @@
 """The top-k walk's candidates: the K largest logits of every (row, step), the set torch.topk returns, faster.
 
-torch.topk over DSpark's [B * N, V] base logits took most of the top-k walk's time on the H200 (session 21: 40 us for
-15 rows of 32k, 1.1 ms for 960 rows of 151,936). Here, for 16-bit logits, a radix select over torch.topk's own
-16-bit order keys (the bits made monotone, NaN largest, -0.0 below +0.0), in two launches that read the logits once:
-- split pass, program (row, split of SPLIT elements held in registers): histogram rounds of DIGIT_BITS bits each
-  (the highest digit, then the next within that digit's bucket, ...) pin the split's K-th largest key T_s; the split's elements above T_s and the
-  first of those equal to T_s (by index) go to a staging row of K slots (keys -1 where the split has fewer);
-- merge pass, program per row: the same select over the row's splits x K staged keys picks the row's K.
-The result is the first K elements in the order (key descending, index ascending), torch.topk's CUDA kernel's boundary
-tie rule (its gatherTopK writes ties in index order): every such element is among its split's first K in the same
-order, and the staged candidates equal to the row's K-th key sit in index order (splits in order; within a split all in
-one group, above or equal to T_s).
+torch.topk over DSpark's [B * N, V] base logits took most of the top-k walk's time on the H200 (40 us for 15 rows of
+32k, 1.1 ms for 960 rows of 151,936, 1.8 ms for 960 of 248,320: ~260 GB/s). Here, for 16-bit logits, selects over
+torch.topk's own 16-bit order keys (the bits made monotone, NaN largest, -0.0 below +0.0); radix selects of
+DIGIT_BITS-bit histogram rounds pick a k-th largest key where one is needed. Two paths:
+- one read (small inputs): split programs (row, SPLIT elements) each stage their own first K, a merge per row picks
+  the row's K from the splits x K staged;
+- two reads (from BOUND_MIN_ELEMENTS logits): a streaming pass stores the maximum of each piece of a row; one program
+  per row takes the K-th largest piece maximum B, which is at most the row's K-th key (K pieces hold a key at least as
+  large), reads again only the pieces whose maximum is at least B (about K pieces: a few % of the row), lists their
+  elements at or above B and picks K from the list. Rows where the bound is loose (a constant row, a top clustered in
+  few pieces) overfill the list and go through the one-read path instead, in two persistent launches that do
+  nothing otherwise.
+Either way the result is the first K elements in the order (key descending, index ascending), torch.topk's CUDA
+kernel's boundary tie rule (its gatherTopK writes ties in index order). One read: every such element is among its
+split's first K in that order, and the staged candidates equal to the row's K-th key sit in index order. Two reads:
+the list holds every element at or above B, and the ties at the K-th key are cut by a radix select on their indices.
 
-Only the set is torch.topk's: the candidates come in staging order, not sorted by value, which the walk does not need.
+Only the set is torch.topk's: the candidates are not sorted by value, which the walk does not need.
 """
 import dataclasses
 
@@ -30,9 +35,9 @@ SPLIT = 4096
 NUM_WARPS = 8
 MAX_STAGED = 16384
 DIGIT_BITS = 4
-# Where the walk takes topk_candidates instead of torch.topk: up to this many logits in all (measured faster up to
-# 120 rows of 151,936, slower from 480 rows of 248,320 on; between, not measured).
-WALK_SELECT_MAX_ELEMENTS = 120 * 151_936
+# Warps of the two-read path's launches (session 22 call 6, K 64, split 4096: 4 warps within 10% of the fastest
+# option in every cell, the fastest from 960 rows: 960 x 248,320 238.7 us against 245.8-415.7 for the others).
+BOUND_NUM_WARPS = 4
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
 # The two-read path: the most pieces per split the bound takes its maxima over; the largest k (its candidate list
 # holds 2k); indices below 2**INDEX_BITS (the merge's tie order is a radix select on them).
@@ -256,13 +261,14 @@ class SelectPlan:
     fallback: torch.Tensor | None
 
 
-def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
+def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
                     digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
         logits: [..., V] bf16 or fp16, the last dimension contiguous.
         k: 1 <= k <= V, with ceil(V / split) * k <= MAX_STAGED.
+        num_warps: per program; None: NUM_WARPS on the one-read path, BOUND_NUM_WARPS on the two-read one.
         bound_pieces: 0 reads the logits once (each split selects its own k, a merge the row's); a power of two
             dividing `split` reads them twice: first for the maxima of that many pieces per split, whose k-th largest
             bounds the row's k-th key, then for the few elements at or above the bound, from which a merge picks k
@@ -279,7 +285,7 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     return plan.values, plan.indices
 
 
-def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int = NUM_WARPS,
+def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
                     digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> SelectPlan:
     """topk_candidates' outputs and its launches in order, unlaunched (the bench times them)."""
     if logits.dtype not in SELECT_DTYPES:
@@ -303,6 +309,8 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
         raise ValueError(f"topk_candidates: bound_pieces {bound_pieces} (a power of two dividing split {split})")
     if bound_pieces and (k > BOUND_MAX_K or vocab > 1 << INDEX_BITS):
         raise ValueError(f"topk_candidates: a bound for k {k} <= {BOUND_MAX_K}, vocab {vocab} <= {1 << INDEX_BITS}")
+    if num_warps is None:
+        num_warps = BOUND_NUM_WARPS if bound_pieces else NUM_WARPS
     values = torch.empty(*lead, k, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
     if rows == 0:
@@ -371,10 +379,9 @@ def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> i
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k walk's candidates: topk_candidates where it measured faster (16-bit logits on CUDA, up to
-    WALK_SELECT_MAX_ELEMENTS of them), torch.topk otherwise. Either way torch.topk's set."""
+    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA (faster than torch.topk at every size
+    measured, 15 x 32k to 960 x 248,320), torch.topk otherwise. Either way torch.topk's set."""
     if (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
-            and logits.numel() <= WALK_SELECT_MAX_ELEMENTS
             and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
         return topk_candidates(logits, k)
     return logits.topk(k, dim=-1)
