@@ -377,16 +377,13 @@ def topk():
                 compile_captured(name, fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
     for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel",
-                 "topk_bound_pieces_kernel", "topk_gather_kernel", "topk_list_merge_kernel",
                  "topk_fallback_split_kernel", "topk_fallback_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
-    for bits, pieces, rows_pass in ((8, 0, "fused"), (4, 0, "fused"), (2, 0, "fused"), (4, None, "fused"),
-                                    (4, None, "split")):
+    for bits, pieces in ((8, 0), (4, 0), (2, 0), (4, None)):
         del captured[:]
-        select.ROWS_PASS = rows_pass
         select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits, bound_pieces=pieces)
         for i, (fn, args, kwargs) in enumerate(captured):
-            compile_captured(f"topk_select_bits{bits}_p{pieces}_{rows_pass}_{i}", fn, args, kwargs)
+            compile_captured(f"topk_select_bits{bits}_p{pieces}_{i}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

@@ -35,7 +35,7 @@ SPLIT = 4096
 NUM_WARPS = 8
 MAX_STAGED = 16384
 DIGIT_BITS = 4
-# Warps of the two-read path's launches (session 22 call 6, K 64, split 4096: 4 warps within 10% of the fastest
+# Warps of the two-read path's maxima pass (session 22 call 6, K 64, split 4096: 4 warps within 10% of the fastest
 # option in every cell, the fastest from 960 rows: 960 x 248,320 238.7 us against 245.8-415.7 for the others).
 BOUND_NUM_WARPS = 4
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
@@ -46,10 +46,11 @@ BOUND_MAX_K = 512
 INDEX_BITS = 20
 # Elements the second read of the two-read path loads per round (whole pieces).
 GATHER_CHUNK = 2048
-# The two-read path's second read: "fused" (one program a row: bound, read, pick) or "split" (three launches: the
-# bound and chosen pieces a row, the reads a chunk of pieces, the pick a row); its warps (0: the maxima pass's).
-ROWS_PASS = "fused"
-ROWS_NUM_WARPS = 0
+# Warps of the two-read path's row programs (session 22 call 10, K 64: 8 against 4: 960 x 248,320 231.4 vs 240.5 us,
+# 15 x 151,936 23.4 vs 26.7; 4 warps took 255 registers there). Three launches in its place (the bound and chosen
+# pieces a row, the reads a chunk of pieces, the pick a row) measured 210 us at 960 x 248,320 but slower from 120
+# rows of 32k down (4 us more there); not kept.
+ROWS_NUM_WARPS = 8
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
@@ -245,60 +246,6 @@ def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piec
 
 
 @triton.jit
-def topk_bound_pieces_kernel(maxima_ptr, num_maxima, bound_ptr, piece_ids_ptr, num_pieces_ptr, count_ptr, k,
-                             MAXIMA: tl.constexpr, MAX_PIECES: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """topk_bounded_row_kernel's first part alone: row `row`'s bound, its chosen pieces' ids and count, its list
-    emptied."""
-    row = tl.program_id(0).to(tl.int64)
-    o_m = tl.arange(0, MAXIMA)
-    piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
-    bound, _ = _kth_key(piece_max, piece_max >= 0, k, DIGIT_BITS)
-    bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=0) >= k, bound, 0)
-    chosen = piece_max >= bound
-    num_pieces = tl.sum(chosen.to(tl.int32), axis=0)
-    slot = tl.where(chosen, tl.cumsum(chosen.to(tl.int32), axis=0) - 1, 0)
-    tl.store(piece_ids_ptr + row * MAX_PIECES + slot, o_m, mask=chosen & (slot < MAX_PIECES))
-    tl.store(bound_ptr + row, bound)
-    tl.store(num_pieces_ptr + row, num_pieces)
-    tl.store(count_ptr + row, 0)
-
-
-@triton.jit
-def topk_gather_kernel(x_ptr, stride_x, vocab, bound_ptr, piece_ids_ptr, num_pieces_ptr, count_ptr, list_key_ptr,
-                       list_idx_ptr, PIECE: tl.constexpr, MAX_PIECES: tl.constexpr, CHUNK: tl.constexpr,
-                       CAPACITY: tl.constexpr):
-    """Chunk `chunk` of row `row`'s chosen pieces read, their elements at or above the bound appended to the row's
-    list (in no order; the merge orders ties by index)."""
-    row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    num_pieces = tl.load(num_pieces_ptr + row)
-    if (chunk * CHUNK < num_pieces) & (num_pieces <= MAX_PIECES):
-        o_p = chunk * CHUNK + tl.arange(0, CHUNK)
-        piece = tl.load(piece_ids_ptr + row * MAX_PIECES + o_p, mask=o_p < num_pieces, other=0)
-        offs = piece[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
-        inside = (o_p < num_pieces)[:, None] & (offs < vocab)
-        key = _order_keys(x_ptr + row * stride_x, offs, inside)
-        candidate = inside & (key >= tl.load(bound_ptr + row))
-        slot = tl.atomic_add(count_ptr + row + tl.zeros_like(offs), 1, mask=candidate, sem="relaxed")
-        keep = candidate & (slot < CAPACITY)
-        tl.store(list_key_ptr + row * CAPACITY + slot, key, mask=keep)
-        tl.store(list_idx_ptr + row * CAPACITY + slot, offs, mask=keep)
-
-
-@triton.jit
-def topk_list_merge_kernel(x_ptr, stride_x, num_pieces_ptr, count_ptr, list_key_ptr, list_idx_ptr, values_ptr,
-                           index_ptr, stride_out, fallback_ptr, k, MAX_PIECES: tl.constexpr, CAPACITY: tl.constexpr,
-                           INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """Row `row`'s k from its list (ties at the k-th key by smallest index), or the row on the fallback list."""
-    row = tl.program_id(0).to(tl.int64)
-    listed = tl.load(count_ptr + row)
-    if (tl.load(num_pieces_ptr + row) > MAX_PIECES) | (listed > CAPACITY):
-        tl.store(fallback_ptr + 1 + tl.atomic_add(fallback_ptr, 1, sem="relaxed"), row.to(tl.int32))
-    else:
-        _pick_from_list(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out, k, listed,
-                        row, CAPACITY, INDEX_BITS, DIGIT_BITS)
-
-
-@triton.jit
 def topk_fallback_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, fallback_ptr,
                                SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
     """The one-read split pass for the splits of the rows on the fallback list, each program every num_programs-th."""
@@ -335,7 +282,8 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     Args:
         logits: [..., V] bf16 or fp16, the last dimension contiguous.
         k: 1 <= k <= V, with ceil(V / split) * k <= MAX_STAGED.
-        num_warps: per program; None: NUM_WARPS on the one-read path, BOUND_NUM_WARPS on the two-read one.
+        num_warps: per program; None: NUM_WARPS on the one-read path, BOUND_NUM_WARPS for the two-read path's maxima
+            pass (its row programs take ROWS_NUM_WARPS, its fallback NUM_WARPS).
         bound_pieces: 0 reads the logits once (each split selects its own k, a merge the row's); a power of two
             dividing `split` reads them twice: first for the maxima of that many pieces per split, whose k-th largest
             bounds the row's k-th key, then for the few elements at or above the bound, from which a merge picks k
@@ -406,30 +354,13 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     persistent = (min(rows * num_splits, _persistent_programs(dev)),)
     chunk = max(1, GATHER_CHUNK // (split // bound_pieces))
     index_bits = triton.cdiv(INDEX_BITS, digit_bits) * digit_bits
-    rows_warps = ROWS_NUM_WARPS or num_warps
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
         num_warps=num_warps))]
-    if ROWS_PASS == "fused":
-        launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
-            x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
-            PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces,
-            CHUNK=chunk, CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=rows_warps)))
-    else:
-        bound, num_pieces, count = torch.empty(3, rows, dtype=torch.int32, device=dev)
-        launches += [
-            ("pieces", lambda: topk_bound_pieces_kernel[(rows,)](
-                maxima, num_maxima, bound, piece_ids, num_pieces, count, k, MAXIMA=triton.next_power_of_2(num_maxima),
-                MAX_PIECES=max_pieces, DIGIT_BITS=digit_bits, num_warps=rows_warps)),
-            ("gather", lambda: topk_gather_kernel[(rows, triton.cdiv(max_pieces, chunk))](
-                x, x.stride(0), vocab, bound, piece_ids, num_pieces, count, list_key, list_idx,
-                PIECE=split // bound_pieces, MAX_PIECES=max_pieces, CHUNK=chunk, CAPACITY=capacity,
-                num_warps=rows_warps)),
-            ("merge", lambda: topk_list_merge_kernel[(rows,)](
-                x, x.stride(0), num_pieces, count, list_key, list_idx, *out[:2], k, fallback, k,
-                MAX_PIECES=max_pieces, CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits,
-                num_warps=rows_warps)),
-        ]
+    launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
+        x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
+        PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=ROWS_NUM_WARPS)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
