@@ -309,6 +309,28 @@ def test_topk_candidates_bound_fallback_rows(digit_bits):
         assert torch.equal(values.cpu().float().sort(-1).values, want_values.float().sort(-1).values)
 
 
+@needs_kernels
+@pytest.mark.parametrize("k", [12, 40, 70])
+def test_topk_candidates_bound_signed_zeros(k):
+    """Two-read path: rows whose k-th key is -0.0 or +0.0 (the maxima pass's float maximum cannot tell them apart),
+    with pieces holding only -0.0 beside pieces holding +0.0, and a NaN."""
+    vocab = 2000
+    gen = torch.Generator().manual_seed(k)
+    x = torch.full((3, vocab), -1.0)
+    x[:, torch.randperm(vocab, generator=gen)[:8]] = 1.0
+    x[0, 300:340] = 0.0
+    x[0, 900:960] = -0.0
+    x[1, 0:400:7] = -0.0
+    x[1, 1000:1003] = 0.0
+    x[2, 500:1500:3] = -0.0
+    x[2, 77] = float("nan")
+    x = x.half()
+    values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, bound_pieces=16)
+    want_values, want_index = naive_topk_candidates(x, k)
+    assert torch.equal(index.cpu().sort(-1).values, want_index.sort(-1).values)
+    assert torch.equal(values.cpu().view(torch.int16).sort(-1).values, want_values.view(torch.int16).sort(-1).values)
+
+
 def test_topk_candidates_bad_input():
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         topk_candidates(torch.zeros(2, 10), 3)

@@ -46,6 +46,9 @@ BOUND_MAX_K = 512
 INDEX_BITS = 20
 # Elements the second read of the two-read path loads per round (whole pieces).
 GATHER_CHUNK = 2048
+# The maxima pass takes float maxima of the pieces (a bf16x2 / f16x2 max a pair, NaN propagating) instead of the
+# maximum of every element's key.
+FLOAT_MAX = True
 # Warps of the two-read path's row programs (session 22 call 10, K 64: 8 against 4: 960 x 248,320 231.4 vs 240.5 us,
 # 15 x 151,936 23.4 vs 26.7; 4 warps took 255 registers there). Three launches in its place (the bound and chosen
 # pieces a row, the reads a chunk of pieces, the pick a row) measured 210 us at 960 x 248,320 but slower from 120
@@ -68,8 +71,13 @@ class SelectPlan:
 
 @triton.jit
 def _order_keys(x_ptr, offs, mask):
+    """torch.topk's radix key of the 16-bit floats at x_ptr + offs (see _order_keys_of)."""
+    return _order_keys_of(tl.load(x_ptr + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def _order_keys_of(x):
     """torch.topk's radix key of 16-bit floats, as int32 in [0, 65536): bits ^ (sign ? 0xffff : 0x8000), NaN 0xffff."""
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     key = bits ^ tl.where((bits & 0x8000) != 0, 0xFFFF, 0x8000)
     return tl.where(x != x, 0xFFFF, key)
@@ -164,17 +172,32 @@ def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr,
 
 # ------------------------------------------------------------------------- two reads: bound, filter, list merge
 @triton.jit
+def _max_propagating_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
+
+
+@triton.jit
 def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fallback_ptr, SPLIT: tl.constexpr,
-                             PIECES: tl.constexpr):
-    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row).
-    Program (0, 0) empties the fallback list the next launch fills."""
+                             PIECES: tl.constexpr, FLOAT_MAX: tl.constexpr):
+    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row),
+    or, FLOAT_MAX, at most one above it: the key of the pieces' float maximum (NaN if any), a zero maximum taken as
+    +0.0 (the float maximum does not tell -0.0 from +0.0; the row programs allow for it). Program (0, 0) empties the
+    fallback list the next launch fills."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if (row == 0) & (split == 0):
         tl.store(fallback_ptr, 0)
     offs = split * SPLIT + tl.arange(0, SPLIT)
     valid = offs < vocab
-    key = tl.where(valid, _order_keys(x_ptr + row * stride_x, offs, valid), -1)
-    piece_max = tl.max(tl.reshape(key, [PIECES, SPLIT // PIECES]), axis=1)
+    if FLOAT_MAX:
+        x = tl.load(x_ptr + row * stride_x + offs, mask=valid, other=float("-inf"))
+        piece_float_max = tl.reduce(tl.reshape(x, [PIECES, SPLIT // PIECES]), 1, _max_propagating_nan)
+        o_piece = split * SPLIT + tl.arange(0, PIECES) * (SPLIT // PIECES)
+        piece_max = _order_keys_of(piece_float_max)
+        piece_max = tl.where(piece_float_max == 0, 0x8000, piece_max)
+        piece_max = tl.where(o_piece < vocab, piece_max, -1)
+    else:
+        key = tl.where(valid, _order_keys(x_ptr + row * stride_x, offs, valid), -1)
+        piece_max = tl.max(tl.reshape(key, [PIECES, SPLIT // PIECES]), axis=1)
     tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES), piece_max)
 
 
@@ -217,6 +240,7 @@ def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piec
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
     bound, _ = _kth_key(piece_max, piece_max >= 0, k, DIGIT_BITS)
     bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=0) >= k, bound, 0)  # fewer pieces than k: none
+    bound = tl.where(bound == 0x8000, 0x7FFF, bound)  # a float maximum's +0.0 may stand for -0.0
     chosen = piece_max >= bound
     num_pieces = tl.sum(chosen.to(tl.int32), axis=0)
     listed = tl.zeros([], dtype=tl.int32)  # the elements at or above the bound found so far
@@ -355,7 +379,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     chunk = max(1, GATHER_CHUNK // (split // bound_pieces))
     index_bits = triton.cdiv(INDEX_BITS, digit_bits) * digit_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
+        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces, FLOAT_MAX=FLOAT_MAX,
         num_warps=num_warps))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
