@@ -54,19 +54,13 @@ FLOAT_MAX = True
 # pieces a row, the reads a chunk of pieces, the pick a row) measured 210 us at 960 x 248,320 but slower from 120
 # rows of 32k down (4 us more there); not kept.
 ROWS_NUM_WARPS = 8
+# The one-read path measured faster than torch.topk up to 120 rows of 151,936 (session 21 call 7: 173.7 vs 207.9 us)
+# and slower from 480 rows of 248,320; the walk takes torch.topk past this where no bound applies (k > BOUND_MAX_K,
+# vocabularies past 2**INDEX_BITS).
+ONE_READ_MAX_ELEMENTS = 120 * 151_936
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
-
-
-@dataclasses.dataclass
-class SelectPlan:
-    """topk_candidates' outputs, its launches as (name, launch) in order, and the overflow list ([count, entries]
-    int32; None without a bound)."""
-    values: torch.Tensor
-    indices: torch.Tensor
-    launches: list
-    overflow: torch.Tensor | None
 
 
 @triton.jit
@@ -376,15 +370,16 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     list_key, list_idx = torch.empty(2, rows, capacity, dtype=torch.int32, device=dev)
     fallback = torch.empty(rows + 1, dtype=torch.int32, device=dev)  # [rows on it, rows]
     persistent = (min(rows * num_splits, _persistent_programs(dev)),)
-    chunk = max(1, GATHER_CHUNK // (split // bound_pieces))
+    # the module's knobs read now, not when a launch runs (the bench changes them between plans)
+    chunk, float_max, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), FLOAT_MAX, ROWS_NUM_WARPS
     index_bits = triton.cdiv(INDEX_BITS, digit_bits) * digit_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces, FLOAT_MAX=FLOAT_MAX,
+        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces, FLOAT_MAX=float_max,
         num_warps=num_warps))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
-        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=ROWS_NUM_WARPS)))
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=rows_warps)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
@@ -412,18 +407,24 @@ def _persistent_programs(device: torch.device) -> int:
 
 def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> int:
     """Pieces per split for the bound (0: the one-read path): enough that a row has about 16k of them (fewer, larger
-    pieces loosen the bound where a row's top clusters in one part of the vocabulary), at most BOUND_MAX_PIECES."""
+    pieces loosen the bound where a row's top clusters in one part of the vocabulary), at most BOUND_MAX_PIECES, and
+    at least k inside the row (else the bound is none and every row falls back)."""
     num_splits = triton.cdiv(vocab, split)
     if rows * vocab < BOUND_MIN_ELEMENTS or k > BOUND_MAX_K or vocab > 1 << INDEX_BITS:
         return 0
     pieces = min(triton.next_power_of_2(triton.cdiv(16 * k, num_splits)), BOUND_MAX_PIECES, split)
-    return pieces if pieces * num_splits >= k else 0
+    return pieces if triton.cdiv(vocab, split // pieces) >= k else 0
 
 
 def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA (faster than torch.topk at every size
-    measured, 15 x 32k to 960 x 248,320), torch.topk otherwise. Either way torch.topk's set."""
-    if (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
+    """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA where it measured faster than
+    torch.topk (the two-read path at every size measured, 15 x 32k to 960 x 248,320; the one-read path up to
+    ONE_READ_MAX_ELEMENTS), torch.topk otherwise. Either way torch.topk's set."""
+    if not (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
             and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
+        return logits.topk(k, dim=-1)
+    vocab = logits.shape[-1]
+    if (logits.numel() <= ONE_READ_MAX_ELEMENTS
+            or default_bound_pieces(logits.numel() // max(vocab, 1), vocab, k)):
         return topk_candidates(logits, k)
     return logits.topk(k, dim=-1)
