@@ -39,16 +39,13 @@ DIGIT_BITS = 4
 # option in every cell, the fastest from 960 rows: 960 x 248,320 238.7 us against 245.8-415.7 for the others).
 BOUND_NUM_WARPS = 4
 SELECT_DTYPES = (torch.bfloat16, torch.float16)
-# The two-read path: the most pieces per split the bound takes its maxima over; the largest k (its candidate list
-# holds 2k); indices below 2**INDEX_BITS (the merge's tie order is a radix select on them).
+# The two-read path: the most pieces per split the bound takes its maxima over; the largest k (a row's list holds
+# max(512, 4k) elements); indices below 2**INDEX_BITS (the pick's tie order is a radix select on them).
 BOUND_MAX_PIECES = 64
 BOUND_MAX_K = 512
 INDEX_BITS = 20
 # Elements the second read of the two-read path loads per round (whole pieces).
 GATHER_CHUNK = 2048
-# The maxima pass takes float maxima of the pieces (a bf16x2 / f16x2 max a pair, NaN propagating) instead of the
-# maximum of every element's key.
-FLOAT_MAX = True
 # Warps of the two-read path's row programs (session 22 call 10, K 64: 8 against 4: 960 x 248,320 231.4 vs 240.5 us,
 # 15 x 151,936 23.4 vs 26.7; 4 warps took 255 registers there). Three launches in its place (the bound and chosen
 # pieces a row, the reads a chunk of pieces, the pick a row) measured 210 us at 960 x 248,320 but slower from 120
@@ -172,27 +169,22 @@ def _max_propagating_nan(a, b):
 
 @triton.jit
 def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fallback_ptr, SPLIT: tl.constexpr,
-                             PIECES: tl.constexpr, FLOAT_MAX: tl.constexpr):
-    """The largest key of each of PIECES equal pieces of split `split` of row `row` (-1 for a piece past the row),
-    or, FLOAT_MAX, at most one above it: the key of the pieces' float maximum (NaN if any), a zero maximum taken as
-    +0.0 (the float maximum does not tell -0.0 from +0.0; the row programs allow for it). Program (0, 0) empties the
-    fallback list the next launch fills."""
+                             PIECES: tl.constexpr):
+    """Each of PIECES equal pieces of split `split` of row `row`: the key of its float maximum (NaN if any; -1 for a
+    piece past the row), which is its largest key except that a zero maximum is taken as +0.0 (a float maximum does
+    not tell -0.0 from +0.0; the row programs allow for it). Floats, not keys, because a bf16x2 / f16x2 maximum takes
+    a pair an instruction: a key an element held this pass to 3.3 TB/s, compute-bound (session 22, calls 9 and 11).
+    Program (0, 0) empties the fallback list the next launch fills."""
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if (row == 0) & (split == 0):
         tl.store(fallback_ptr, 0)
     offs = split * SPLIT + tl.arange(0, SPLIT)
-    valid = offs < vocab
-    if FLOAT_MAX:
-        x = tl.load(x_ptr + row * stride_x + offs, mask=valid, other=float("-inf"))
-        piece_float_max = tl.reduce(tl.reshape(x, [PIECES, SPLIT // PIECES]), 1, _max_propagating_nan)
-        o_piece = split * SPLIT + tl.arange(0, PIECES) * (SPLIT // PIECES)
-        piece_max = _order_keys_of(piece_float_max)
-        piece_max = tl.where(piece_float_max == 0, 0x8000, piece_max)
-        piece_max = tl.where(o_piece < vocab, piece_max, -1)
-    else:
-        key = tl.where(valid, _order_keys(x_ptr + row * stride_x, offs, valid), -1)
-        piece_max = tl.max(tl.reshape(key, [PIECES, SPLIT // PIECES]), axis=1)
-    tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES), piece_max)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=offs < vocab, other=float("-inf"))
+    piece_float_max = tl.reduce(tl.reshape(x, [PIECES, SPLIT // PIECES]), 1, _max_propagating_nan)
+    piece_max = tl.where(piece_float_max == 0, 0x8000, _order_keys_of(piece_float_max))
+    o_piece = split * SPLIT + tl.arange(0, PIECES) * (SPLIT // PIECES)
+    tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES),
+             tl.where(o_piece < vocab, piece_max, -1))
 
 
 @triton.jit
@@ -371,10 +363,10 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     fallback = torch.empty(rows + 1, dtype=torch.int32, device=dev)  # [rows on it, rows]
     persistent = (min(rows * num_splits, _persistent_programs(dev)),)
     # the module's knobs read now, not when a launch runs (the bench changes them between plans)
-    chunk, float_max, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), FLOAT_MAX, ROWS_NUM_WARPS
+    chunk, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), ROWS_NUM_WARPS
     index_bits = triton.cdiv(INDEX_BITS, digit_bits) * digit_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces, FLOAT_MAX=float_max,
+        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
         num_warps=num_warps))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
