@@ -146,11 +146,11 @@ def run(args) -> dict:
 
 
 LADDER = {  # launch options of head_walk_topk timed side by side (--ladder; calls 1-2 also timed 4 warps and a
-    # prefetch of the next step's candidates, since removed: eval/notes/head_walk.md, session 21)
+    # prefetch of the next step's candidates, since removed: eval/notes/head_walk.md, session 21; session 22 call 16
+    # L2 prefetches of the next W1 / W2 rows, slower warm and cold, removed)
     "w8": dict(num_warps=8),
     "w16": dict(num_warps=16),
     "w32": dict(num_warps=32),
-    "w16_prefetch": dict(num_warps=16, prefetch=True),  # session 22: L2 prefetches of the next W1 / W2 rows
 }
 LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 8, "greedy"), (151936, 32, "sampled")]
 

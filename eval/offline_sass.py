@@ -375,8 +375,6 @@ def topk():
                                     num_warps=warps, round_dot=True, **extra)
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
-                if warps == 16:  # the L2 prefetches (CUDA only, so off for these CPU tensors: set here)
-                    compile_captured(name + "_prefetch", fn, args, dict(kwargs, PREFETCH=True))
     import hybridspec_kernels.head_walk_topk.select as select
     for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel",
                  "topk_fallback_split_kernel", "topk_fallback_merge_kernel"):

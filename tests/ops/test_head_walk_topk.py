@@ -395,30 +395,6 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("case", GPU_CASES, ids=[f"b{c[0]}n{c[1]}v{c[2]}k{c[3]}" + ("d2t" if c[4] else "")
-                                                  for c in GPU_CASES])
-def test_gpu_prefetch_changes_nothing(case, sampled):
-    """The L2 prefetches are hints: the same drafts, corrected logits and cache rows, bit for bit."""
-    rows, steps, vocab, topk, target_vocab = case
-    p = make_problem(rows, steps, vocab, topk, 256, dtype=torch.bfloat16, device="cuda", seed=rows + topk,
-                     d2t=target_vocab is not None, extra_target=(target_vocab or vocab) - vocab, scale=0.05)
-    p.req = torch.arange(rows, device="cuda")
-    results = []
-    for prefetch in (False, True):
-        cache = torch.full((rows, steps, p.target_vocab), float("-inf"), device="cuda")
-        columns = torch.full((rows, steps, topk), -1, dtype=torch.int64, device="cuda")
-        got = torch.empty(rows, steps, topk, device="cuda")
-        tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req, draft_to_target=p.d2t,
-                                draft_logits=cache if sampled else None, cached_columns=columns if sampled else None,
-                                corrected_out=got, prefetch=prefetch, **sampling(p, sampled))
-        results.append((tokens, got, cache, columns))
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
-
-
-@gpu
-@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale", [1.0, 0.75])
 @pytest.mark.parametrize("batch, topk, rank", [(1, 8, 64), (64, 64, 256), (256, 1024, 1024), (7, 100, 256)])

@@ -36,20 +36,10 @@ CHUNK = 64
 # One program's warps. Ladder (H200, session 21 calls 1-2, K 64, walk alone, us per 15-step walk): greedy 4 / 8 /
 # 16 warps 82.9-92.7 / - / 27.6-32.1; sampled 71.9-85.9 / - / 43.0-52.1; a prefetch of the next step's candidates
 # (loaded as a step starts, W2 rows gathered after its dot) 30.0-32.3 / 46.4-50.8 at 16 warps: not faster, removed.
+# L2 prefetches (`prefetch.global.L2`) of each step's candidates' W1 rows and the next step's W2 rows: slower warm and
+# with the L2 flushed before each replay (session 22 call 16, 32k b1 greedy incl. the select: 67.3 / 73.3 us against
+# 41.1 / 52.9), removed.
 NUM_WARPS = 16
-# L2 prefetches, at each step, of its candidates' W1 rows (the next token is one of them) and of the next step's W2
-# rows (candidates are known before the walk), so that the walk's loads stop waiting on HBM when its rows are cold.
-PREFETCH = False
-
-
-@triton.jit
-def _prefetch_rows_l2(ptr, stride, ids, R: tl.constexpr):
-    """prefetch.global.L2 of the rows `ids` (any shape), a line per 128 bytes; nothing waits on it."""
-    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
-    row = ptr + ids * stride
-    for i in tl.static_range(0, R, LINE):
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [row + i], dtype=tl.int32,
-                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -68,7 +58,7 @@ def head_walk_topk_kernel(
     logit_scale, num_steps, topk, rank, width, target_vocab,
     R: tl.constexpr, KC: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, SCALED: tl.constexpr,
-    ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr, PREFETCH: tl.constexpr,
+    ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
     """Program b walks batch row b through all steps.
 
@@ -122,11 +112,6 @@ def head_walk_topk_kernel(
                 targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
             else:
                 targets = ids
-            if PREFETCH:
-                _prefetch_rows_l2(w1_ptr, stride_w1, tl.where(m_k, targets, 0), R)
-                m_next = m_k & (k + 1 < num_steps)
-                next_ids = tl.load(cand_ptr + b * stride_cb + (k + 1) * stride_ck + o_k, mask=m_next, other=0)
-                _prefetch_rows_l2(w2_ptr, stride_w2, next_ids.to(tl.int64), R)
             w = tl.load(w2_ptr + ids[:, None] * stride_w2 + o_r[None, :], mask=m_k[:, None] & m_r[None, :],
                         other=0.0)
             if SAMPLED:  # written before the dot: it does not wait on W1[previous token]
@@ -200,7 +185,6 @@ def head_walk_topk(
     chunk: int = CHUNK,
     num_warps: int = NUM_WARPS,
     round_dot: bool | None = None,
-    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Walk DSpark's top-k Markov head for B rows x N steps in one launch; proposes vLLM's drafts.
 
@@ -224,8 +208,7 @@ def head_walk_topk(
         round_dot: how vLLM's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds where it runs: True (the
             scaled product rounded to the logits' dtype, then the values added and rounded again), False (one rounding
             of the fp32 sum); None: `default_round_dot` (measured: True on CUDA for K a multiple of 8).
-        chunk, num_warps, prefetch: launch options (candidates scored at once; warps of a program; the L2 prefetches,
-            CUDA only: None takes PREFETCH there).
+        chunk, num_warps: launch options (candidates scored at once; warps of a program).
 
     Returns:
         out.
@@ -331,7 +314,7 @@ def head_walk_topk(
         R=triton.next_power_of_2(rank), KC=kc, NUM_CHUNKS=num_chunks,
         SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None,
         SCALED=float(logit_scale) != 1.0, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache,
-        ROUND_DOT=bool(round_dot), PREFETCH=device.type == "cuda" and (PREFETCH if prefetch is None else prefetch),
+        ROUND_DOT=bool(round_dot),
         num_warps=num_warps,
     )
     return out
