@@ -216,14 +216,18 @@ def ours_fn(head_walk, p: Problem, **kw):
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def time_graph(torch, fn, trials=5, replays=10):
-    """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled)."""
+def time_graph(torch, fn, trials=5, replays=10, flush_bytes=0):
+    """Median us per call of fn captured in one CUDA graph (fn already ran once, so it is compiled). flush_bytes:
+    a write of that many bytes before each trial (past the L2: the trial's replays start cold)."""
     graph = capture_graph(fn)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None
     times = []
     for _ in range(trials):
+        if flush is not None:
+            flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(replays):

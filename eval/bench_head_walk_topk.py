@@ -32,7 +32,6 @@ EVAL = Path(__file__).resolve().parent
 sys.path.insert(0, str(EVAL))
 
 import bench_head_walk  # noqa: E402
-from _cuda_graph import capture_graph  # noqa: E402
 from _results import write_results  # noqa: E402
 from bench_head_walk import RANK, TOPK, Problem, graph_topk, hbm_gbps, load_vllm_kernels, time_graph  # noqa: E402
 
@@ -155,23 +154,6 @@ LADDER = {  # launch options of head_walk_topk timed side by side (--ladder; cal
 LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 8, "greedy"), (151936, 32, "sampled")]
 
 
-def time_graph_cold(torch, fn, trials=21, flush_bytes=256 << 20):
-    """Median us of one replay of fn's CUDA graph right after a write of flush_bytes (past the L2), as a walk finds
-    its rows in serving (the warm timing replays the same rows from L2)."""
-    graph = capture_graph(fn)
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    times = []
-    for _ in range(trials):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
-
-
 def ladder(args) -> list[dict]:
     """Each launch option on the same inputs, interleaved sample by sample (us per 15-step walk, K = args.topk);
     drafts checked equal to the default launch's."""
@@ -197,7 +179,10 @@ def ladder(args) -> list[dict]:
                         want = p.draft_tokens.clone()
                     row.setdefault(f"{name}_equal", True)
                     row[f"{name}_equal"] &= bool(torch.equal(p.draft_tokens, want))
-                    us = time_graph_cold(torch, fn) if args.cold else time_graph(torch, fn)[0]
+                    # cold: one replay a trial, each after an L2 flush (serving finds a walk's rows cold; the warm
+                    # timing replays the same rows from L2)
+                    us = (time_graph(torch, fn, trials=21, replays=1, flush_bytes=256 << 20) if args.cold
+                          else time_graph(torch, fn))[0]
                     row.setdefault(f"{name}_us_samples", []).append(round(us, 2))
                 except Exception as exc:
                     row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -446,7 +431,8 @@ def main() -> None:
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])
     args = parser.parse_args()
-    steps = {"diagnose_select_parts": diagnose_select_parts, "diagnose_select": diagnose_select, "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
+    steps = {"diagnose_select_parts": diagnose_select_parts, "diagnose_select": diagnose_select,
+             "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
     for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json
         if getattr(args, name):
             Path(args.out).mkdir(parents=True, exist_ok=True)

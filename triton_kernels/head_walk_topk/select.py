@@ -369,7 +369,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
         num_warps=num_warps))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
-        x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out[:2], k, fallback, k,
+        x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
         CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=rows_warps)))
     return SelectPlan(values, indices, launches + [
