@@ -147,11 +147,18 @@ def run(args) -> dict:
 LADDER = {  # launch options of head_walk_topk timed side by side (--ladder; calls 1-2 also timed 4 warps and a
     # prefetch of the next step's candidates, since removed: eval/notes/head_walk.md, session 21; session 22 call 16
     # L2 prefetches of the next W1 / W2 rows, slower warm and cold, removed)
-    "w8": dict(num_warps=8),
-    "w16": dict(num_warps=16),
-    "w32": dict(num_warps=32),
+    "w16": dict(form="loop", num_warps=16),
+    "w8": dict(form="loop", num_warps=8),
+    # session 23: the bias-table forms (every step's [K, K] bias, then a chain of K-wide picks)
+    "table_w1": dict(form="table", num_warps=1),
+    "table_w2": dict(form="table", num_warps=2),
+    "table_w4": dict(form="table", num_warps=4),
+    "ahead_w1": dict(form="table_ahead", num_warps=1),
+    "ahead_w2": dict(form="table_ahead", num_warps=2),
+    "ahead_w4": dict(form="table_ahead", num_warps=4),
 }
-LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 8, "greedy"), (151936, 32, "sampled")]
+LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 1, "greedy"), (151936, 8, "greedy"),
+                 (151936, 32, "sampled"), (248320, 64, "greedy"), (248320, 64, "sampled")]
 
 
 def ladder(args) -> list[dict]:

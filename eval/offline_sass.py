@@ -375,6 +375,32 @@ def topk():
                                     num_warps=warps, round_dot=True, **extra)
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
+    # the bias-table forms (session 23): the table launch and the chain, K 64, with and without the tile ahead
+    import hybridspec_kernels.head_walk_topk.table as table
+    for kernel in ("topk_bias_table_kernel", "topk_table_chain_kernel"):
+        setattr(table, kernel, Capture(getattr(table, kernel)))
+    for sampled in (False, True):
+        for form, warps in (("table", 1), ("table", 4), ("table_ahead", 1), ("table_ahead", 2), ("table_ahead", 4)):
+            name = f"topk_{form}_k64_{'sampled' if sampled else 'greedy'}_w{warps}"
+            if ONLY and name not in ONLY:
+                continue
+            topk = 64
+            values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
+            cand = torch.zeros(rows, steps, topk, dtype=torch.long)
+            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
+            first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
+            extra = {}
+            if sampled:
+                extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
+                             positions=torch.zeros(rows, steps, dtype=torch.long),
+                             draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
+                             cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+            del captured[:]
+            walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first, num_warps=warps,
+                                round_dot=True, form=form, **extra)
+            for i, (fn, args, kwargs) in enumerate(captured):
+                compile_captured(f"{name}_{i}", fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
     for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel",
                  "topk_fallback_split_kernel", "topk_fallback_merge_kernel"):

@@ -20,6 +20,7 @@ import triton.language as tl  # noqa: E402
 
 from hybridspec_kernels.head_walk.naive import DRAFT_NOISE_SALT, gumbel_noise, spec_step_seed  # noqa: E402
 from hybridspec_kernels.head_walk_topk import (  # noqa: E402
+    TABLE_MAX_TOPK,
     dense_step_logits,
     head_walk_topk,
     naive_head_walk_topk,
@@ -102,6 +103,7 @@ def vllm_topk_walk(p, sampled, logit_scale=1.0):
     return tokens, cache
 
 
+FORMS = ["loop", "table", "table_ahead"]
 CASES = [  # rows, steps, vocab, topk, rank
     (1, 7, 97, 8, 32),
     (3, 15, 300, 64, 64),
@@ -112,17 +114,18 @@ CASES = [  # rows, steps, vocab, topk, rank
 
 
 @needs_kernels
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("round_dot", [False, True], ids=["", "round_dot"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("d2t", [False, True], ids=["", "d2t"])
 @pytest.mark.parametrize("case", CASES, ids=[f"b{c[0]}n{c[1]}v{c[2]}k{c[3]}r{c[4]}" for c in CASES])
-def test_matches_naive(case, d2t, sampled, round_dot):
+def test_matches_naive(case, d2t, sampled, round_dot, form):
     rows, steps, vocab, topk, rank = case
     dtype = torch.float16 if round_dot else torch.float32  # fp16: the rounding of the product matters
     p = make_problem(rows, steps, vocab, topk, rank, d2t=d2t, seed=rows * 31 + topk, dtype=dtype)
     corrected = torch.empty(rows, steps, topk, device=DEVICE)
     tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req, draft_to_target=p.d2t,
-                            corrected_out=corrected, round_dot=round_dot, **sampling(p, sampled))
+                            corrected_out=corrected, round_dot=round_dot, form=form, **sampling(p, sampled))
     want_tokens, want_corrected = naive_head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req,
                                                        draft_to_target=p.d2t, force_tokens=tokens,
                                                        round_dot=round_dot, **sampling(p, sampled))
@@ -133,9 +136,10 @@ def test_matches_naive(case, d2t, sampled, round_dot):
 
 
 @needs_kernels
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_matches_vllms_topk_walk(dtype, sampled):
+def test_matches_vllms_topk_walk(dtype, sampled, form):
     """Drafts and cached rows equal to vLLM's own ops (fp32 / fp16: the interpreter's bf16 is wrong)."""
     p = make_problem(4, 15, 257, 16, 64, dtype=dtype, d2t=True, seed=7)
     p.req = torch.arange(p.rows, device=DEVICE)  # vllm_topk_walk's cache is by row
@@ -144,7 +148,7 @@ def test_matches_vllms_topk_walk(dtype, sampled):
     columns = torch.full((p.rows, p.steps, p.topk), -1, dtype=torch.int64, device=DEVICE)
     tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req, draft_to_target=p.d2t,
                             draft_logits=cache if sampled else None, cached_columns=columns if sampled else None,
-                            **sampling(p, sampled))
+                            form=form, **sampling(p, sampled))
     want_tokens, want_cache = vllm_topk_walk(p, sampled)
     assert torch.equal(tokens, want_tokens)
     if sampled:
@@ -157,16 +161,18 @@ def test_matches_vllms_topk_walk(dtype, sampled):
 
 
 @needs_kernels
-def test_logit_scale():
+@pytest.mark.parametrize("form", FORMS)
+def test_logit_scale(form):
     p = make_problem(2, 5, 120, 12, 32, seed=3)
-    tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, logit_scale=0.7)
+    tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, logit_scale=0.7, form=form)
     want, _ = naive_head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, logit_scale=0.7)
     vllm, _ = vllm_topk_walk(p, False, logit_scale=0.7)
     assert torch.equal(tokens, want) and torch.equal(tokens, vllm)
 
 
 @needs_kernels
-def test_cache_rows_stay_dense_topk_rows_across_walks():
+@pytest.mark.parametrize("form", FORMS)
+def test_cache_rows_stay_dense_topk_rows_across_walks(form):
     """Walks that reuse request slots leave each slot's rows exactly vLLM's dense top-k rows: -inf everywhere but the
     last walk's candidates (the columns a previous walk wrote are put back to -inf)."""
     slots, steps, vocab, topk = 6, 4, 90, 10
@@ -178,7 +184,7 @@ def test_cache_rows_stay_dense_topk_rows_across_walks():
         corrected = torch.empty(3, steps, topk, device=DEVICE)
         head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=req, temperature=p.temperature,
                        seeds=p.seeds, positions=p.positions, draft_logits=cache, cached_columns=columns,
-                       corrected_out=corrected)
+                       corrected_out=corrected, form=form)
         dense = dense_step_logits(corrected, p.cand, vocab)
         for b in range(2):
             assert torch.equal(cache[req[b], :steps], dense[b]), (walk, b)
@@ -188,14 +194,16 @@ def test_cache_rows_stay_dense_topk_rows_across_walks():
 
 
 @needs_kernels
-def test_padding_rows_write_nothing_and_walk():
+@pytest.mark.parametrize("form", FORMS)
+def test_padding_rows_write_nothing_and_walk(form):
     p = make_problem(3, 3, 64, 5, 16, seed=9)
     req = torch.tensor([-1, 0, -1], device=DEVICE)
     x0 = torch.tensor([10**6, 3, -5], device=DEVICE)  # garbage anchors on padding rows stay inside W1
     cache = torch.full((2, 3, 64), float("-inf"), device=DEVICE)
     columns = torch.full((2, 3, 5), -1, dtype=torch.int64, device=DEVICE)
     tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, x0, req_indices=req, temperature=p.temperature,
-                            seeds=p.seeds, positions=p.positions, draft_logits=cache, cached_columns=columns)
+                            seeds=p.seeds, positions=p.positions, draft_logits=cache, cached_columns=columns,
+                            form=form)
     assert torch.isfinite(cache[0]).sum() == 3 * 5 and torch.isneginf(cache[1]).all()
     assert (columns[1] == -1).all()
     want, _ = naive_head_walk_topk(p.values, p.cand, p.w1, p.w2, x0.clamp(0, p.w1.shape[0] - 1), req_indices=req,
@@ -358,10 +366,13 @@ GPU_CASES = [  # rows, steps, vocab, topk, d2t target vocab
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"b{c[0]}n{c[1]}v{c[2]}k{c[3]}" + ("d2t" if c[4] else "")
                                                   for c in GPU_CASES])
-def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
+def test_gpu_matches_vllms_topk_walk_bf16(case, sampled, form):
+    if form != "loop" and case[3] > TABLE_MAX_TOPK:
+        pytest.skip(f"the table forms take K <= {TABLE_MAX_TOPK}")
     rows, steps, vocab, topk, target_vocab = case
     p = make_problem(rows, steps, vocab, topk, 256, dtype=torch.bfloat16, device="cuda", seed=rows + topk,
                      d2t=target_vocab is not None, extra_target=(target_vocab or vocab) - vocab, scale=0.05)
@@ -370,7 +381,7 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
     columns = torch.full((rows, steps, topk), -1, dtype=torch.int64, device="cuda")
     tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req, draft_to_target=p.d2t,
                             draft_logits=cache if sampled else None, cached_columns=columns if sampled else None,
-                            **sampling(p, sampled))
+                            form=form, **sampling(p, sampled))
     want_tokens, want_cache = vllm_topk_walk(p, sampled)
     # cuBLAS may sum the r products in another order: a rare bf16 tie flip is tolerated only where the two differ
     # by one step's rounding (checked by teacher forcing along our path).
@@ -380,7 +391,7 @@ def test_gpu_matches_vllms_topk_walk_bf16(case, sampled):
                                         force_tokens=tokens, **sampling(p, sampled))
     got = torch.empty(rows, steps, topk, device="cuda")
     head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, req_indices=p.req, draft_to_target=p.d2t, corrected_out=got,
-                   **sampling(p, sampled))
+                   form=form, **sampling(p, sampled))
     ulp = corrected.abs() * 2.0**-7 + 1e-30
     assert ((got - corrected).abs() <= ulp).all()
     if sampled:  # rows that walked the same path: their cached rows, up to the same rare one-ulp product roundings

@@ -3,7 +3,7 @@
 `topk_candidates`, and `naive_topk_candidates`."""
 from .naive import dense_step_logits, naive_head_walk_topk, naive_topk_candidates
 from .select import topk_candidates, walk_candidates
-from .walk import MAX_TOPK, head_walk_topk
+from .walk import MAX_TOPK, TABLE_MAX_TOPK, head_walk_topk
 
 __all__ = ["head_walk_topk", "naive_head_walk_topk", "dense_step_logits", "topk_candidates", "naive_topk_candidates",
-           "walk_candidates", "MAX_TOPK"]
+           "walk_candidates", "MAX_TOPK", "TABLE_MAX_TOPK"]

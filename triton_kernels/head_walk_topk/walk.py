@@ -40,6 +40,9 @@ CHUNK = 64
 # with the L2 flushed before each replay (session 22 call 16, 32k b1 greedy incl. the select: 67.3 / 73.3 us against
 # 41.1 / 52.9), removed.
 NUM_WARPS = 16
+FORMS = ("loop", "table", "table_ahead")
+# The table forms' [B, N, K, K] bias table (K^2 dot products a step instead of K) is for small K.
+TABLE_MAX_TOPK = 128
 
 
 @triton.jit
@@ -119,7 +122,7 @@ def head_walk_topk_kernel(
             else:
                 noise = None
             dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
-            chunk_best, chunk_target = _score_candidates(
+            chunk_best, chunk_target, _ = _score_candidates(
                 dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                 cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
                 width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
@@ -138,7 +141,7 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
                       stride_colk, width, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr,
                       SCALED: tl.constexpr, ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr,
                       STORE_CACHE: tl.constexpr):
-    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
+    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id, slot)."""
     if SCALED:
         dot = dot * logit_scale
     if ROUND_DOT:  # CUDA: the (scaled) product is rounded to the logits' dtype, then the values added and rounded
@@ -157,7 +160,8 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
     else:
         keys = _ordered_keys(tl.where(m_k, corrected, float("-inf")), ids)  # argmax over draft ids
     best = tl.max(keys, axis=0)
-    return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
+    is_best = keys == best
+    return best, tl.max(tl.where(is_best, targets, -1), axis=0), tl.max(tl.where(is_best, o_k, -1), axis=0)
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -183,8 +187,9 @@ def head_walk_topk(
     cached_columns: torch.Tensor | None = None,
     corrected_out: torch.Tensor | None = None,
     chunk: int = CHUNK,
-    num_warps: int = NUM_WARPS,
+    num_warps: int | None = None,
     round_dot: bool | None = None,
+    form: str = "auto",
 ) -> torch.Tensor:
     """Walk DSpark's top-k Markov head for B rows x N steps in one launch; proposes vLLM's drafts.
 
@@ -208,7 +213,11 @@ def head_walk_topk(
         round_dot: how vLLM's `values.clone().baddbmm_(W2[ids], e, alpha=scale)` rounds where it runs: True (the
             scaled product rounded to the logits' dtype, then the values added and rounded again), False (one rounding
             of the fp32 sum); None: `default_round_dot` (measured: True on CUDA for K a multiple of 8).
-        chunk, num_warps: launch options (candidates scored at once; warps of a program).
+        form: "loop" (each step gathers W1[previous token] and scores its K candidates), "table" (first every
+            step's [K, K] bias table for every pair of candidates, one program a row and step, then a chain that
+            reads the previous pick's row of it), "table_ahead" (the chain holds the next step's whole table while
+            it picks), or "auto" (`default_form`). The table forms need K <= TABLE_MAX_TOPK.
+        chunk, num_warps: launch options (loop: candidates scored at once; warps of a program, None: the form's).
 
     Returns:
         out.
@@ -286,10 +295,20 @@ def head_walk_topk(
                                        for t in (req_indices, temperature, seeds))
     values = base_values if base_values.stride(2) == 1 else base_values.contiguous()
     cand = candidates if candidates.stride(2) == 1 else candidates.contiguous()
-    kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
-    num_chunks = triton.cdiv(topk, kc)
     if round_dot is None:
         round_dot = default_round_dot(device, topk)
+    if form == "auto":
+        form = default_form(device, topk)
+    _check(form in FORMS, f"form {form!r} (one of {', '.join(FORMS)} or auto)")
+    if form != "loop":
+        _check(topk <= TABLE_MAX_TOPK, f"form {form} for top-k {topk} (at most {TABLE_MAX_TOPK})")
+        from .table import walk_by_table
+        walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, seeds, positions, req_indices,
+                      draft_to_target, float(logit_scale), draft_logits, cached_columns, corrected_out,
+                      bool(round_dot), ahead=form == "table_ahead", num_warps=num_warps)
+        return out
+    kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
+    num_chunks = triton.cdiv(topk, kc)
     dummy = out
     head_walk_topk_kernel[(num_rows,)](
         values, values.stride(0), values.stride(1),
@@ -315,6 +334,11 @@ def head_walk_topk(
         SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None,
         SCALED=float(logit_scale) != 1.0, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache,
         ROUND_DOT=bool(round_dot),
-        num_warps=num_warps,
+        num_warps=num_warps or NUM_WARPS,
     )
     return out
+
+
+def default_form(device: torch.device, topk: int) -> str:
+    """The walk's form where the caller does not choose: the loop until the table forms are measured."""
+    return "loop"
