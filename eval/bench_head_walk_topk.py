@@ -6,8 +6,9 @@ Variants (B rows x N steps, r = 256, bf16, K = bench_head_walk.TOPK candidates a
                  then per step a W1 gather, a W2 row gather, baddbmm_, scatter_ and vLLM's sampler (argmax, or its
                  Triton gumbel_sample writing the dense draft-logits cache row)
     ours_topk    what the wiring runs: the anchors' gather, walk_candidates (torch.topk's set by a radix select for
-                 bf16 logits), then head_walk_topk (one program a row, all N steps; a sampled walk writes the cache's K
-                 columns and puts -inf back at the last walk's)
+                 bf16 logits), then head_walk_topk (its default form: every step's [K, K] bias table in one launch,
+                 then one program a row walks all N steps; a sampled walk writes the cache's K columns and puts -inf
+                 back at the last walk's)
 Every row checks ours against vLLM's drafts (and, sampled, the cache rows) on the same inputs: `agree` is the share
 of equal drafts (a bf16 rounding of a different summation order may flip a near tie, which changes that row's later
 steps), and for rows whose drafts agree the share of their cached entries that differ (a product rounded one ulp

@@ -1,4 +1,4 @@
-"""DSpark's top-k Markov walk (`dspark_draft_topk`) in one launch: `head_walk_topk`.
+"""DSpark's top-k Markov walk (`dspark_draft_topk`) in one or two launches: `head_walk_topk`.
 
 vLLM's top-k mode keeps, at each draft step, only the K largest base logits as candidates and adds the Markov bias
 to those alone (`_sample_sequential_topk`): every step gathers K rows of W2, a batched GEMV, a scatter into a row of
@@ -7,7 +7,10 @@ before the walk (one torch.topk), so nothing but the previous token links two st
 another row's: here each batch row is one program that walks all N steps alone (no grid-wide exchange, unlike
 head_walk's full-vocabulary walk). A step is: W1[previous token] (the only load that waits on the chain; the K
 W2 rows, base values, d2t offsets and Gumbel noise of the step do not), K dot products, one rounding to the logits'
-dtype, the noise (sampled), one CTA-wide max of (score, -id) keys.
+dtype, the noise (sampled), one CTA-wide max of (score, -id) keys. That is the "loop" form. Since a step's token
+is one of its K candidates, the bias of every step for every previous candidate can be computed before the walk, all
+steps at once ([K, K] a step: table.py); the "table" form (the default for K <= TABLE_MAX_TOPK) then walks each row by
+reading one row of that table a step, and no W1 gather or dot product waits on the chain.
 
 The draft logits cache (probabilistic drafting) holds whole target-vocabulary rows, -inf outside the candidates.
 Writing N x V entries a row every walk, as vLLM's sampler does, would cost more than the walk at a large vocabulary;
@@ -191,7 +194,8 @@ def head_walk_topk(
     round_dot: bool | None = None,
     form: str = "auto",
 ) -> torch.Tensor:
-    """Walk DSpark's top-k Markov head for B rows x N steps in one launch; proposes vLLM's drafts.
+    """Walk DSpark's top-k Markov head for B rows x N steps (one launch, or two by the bias table); proposes vLLM's
+    drafts.
 
     Args:
         base_values: [B, N, K] the K largest base logits of each step (torch.topk values; fp32 / fp16 / bf16, the
@@ -340,5 +344,9 @@ def head_walk_topk(
 
 
 def default_form(device: torch.device, topk: int) -> str:
-    """The walk's form where the caller does not choose: the loop until the table forms are measured."""
-    return "loop"
+    """The walk's form where the caller does not choose: the bias table (1-warp chain) for K <= TABLE_MAX_TOPK, the
+    loop above. Measured (H200, session 23 call 1, K 64, block 15, select + walk, us, warm / L2 flushed): 32k b1 greedy
+    loop 41.3 / 52.5, table 26.3 / 30.5; sampled 57.9 / 76.1 against 30.6 / 37.9; 152k b1 51.3 -> 36.4, b8 66.6 ->
+    48.8, b32 sampled 149.7 -> 121.5; 248k b64 greedy 242.8 -> 239.5, sampled 268.8 -> 250.7 (the select's share
+    grows with B x V). The next step's whole table held ahead (table_ahead) was slower at 1, 2 and 4 warps."""
+    return "table" if topk <= TABLE_MAX_TOPK else "loop"

@@ -9,7 +9,8 @@ or it does nothing and returns False, and vLLM's loop runs. "All" is:
 - the confidence head's `draft_token_confidence_probs`.
 
 vLLM's top-k mode (`dspark_draft_topk`, `_sample_sequential_topk`) walks only each step's K largest base logits:
-that walk runs through `hybridspec_kernels.head_walk_topk` (one program a batch row, no grid exchange). Its draft
+that walk runs through `hybridspec_kernels.head_walk_topk` (every step's bias for every previous candidate in one
+launch, then one program a batch row, no grid exchange). Its draft
 logits cache rows are vLLM's dense ones (-inf outside the candidates): filled with -inf once, then each walk puts
 -inf back at the columns the last walk of that slot wrote and writes its K (`WalkPlan.topk_columns`).
 
@@ -192,7 +193,7 @@ def make_plan(spec: Any) -> WalkPlan:
             notes.append("fp8 W2 ignored off the GPU")
     if not plan.step_keyed_seeds and spec.draft_logits is not None:
         notes.append("one launch per step: this vLLM keys draft draws by the request seed alone")
-    walk = "one program a batch row" if plan.topk is not None else f"residency {plan.residency}"
+    walk = "a bias table, then one program a batch row" if plan.topk is not None else f"residency {plan.residency}"
     plan.reason = f"megakernel{topk_note} {where}, {walk}" + "".join(f"; {note}" for note in notes)
     status.record(COMPONENT, status.ACTIVE, plan.reason)  # logs it
     return plan
