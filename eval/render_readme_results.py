@@ -70,7 +70,7 @@ ROWS = {
         ("speedup_graph_loop_v248k_blk15_b32_sampled", "same, sampled, batch 32", "(not a goal)"),
     ],
     "head_walk_topk": [
-        ("speedup_graph_topk_v32k_blk15_b1", "DSpark's top-k mode (`dspark_draft_topk`, K=64 candidates a step; walked by `head_walk_topk`, one program a row, instead of falling back), V=32k, greedy, block 15, batch 1: vLLM's `_sample_sequential_topk` graph loop / ours (candidates included: vLLM takes torch.topk, ours `topk_candidates`, torch.topk's set from a bound on piece maxima and a second read of ~3% of each row, session 22); every draft equal to vLLM's", "(not a goal)"),
+        ("speedup_graph_topk_v32k_blk15_b1", "DSpark's top-k mode (`dspark_draft_topk`, K=64 candidates a step; walked by `head_walk_topk`: every step's [K, K] bias table in one launch, then one program a row (session 23), instead of falling back), V=32k, greedy, block 15, batch 1: vLLM's `_sample_sequential_topk` graph loop / ours (candidates included: vLLM takes torch.topk, ours `topk_candidates`, torch.topk's set from a bound on piece maxima and a second read of ~3% of each row, session 22); every draft equal to vLLM's", "(not a goal)"),
         ("speedup_graph_topk_v32k_blk15_b1_sampled", "same, sampled (the draft-logits cache kept vLLM's dense rows)", "(not a goal)"),
         ("speedup_graph_topk_v32k_blk15_b32", "same, greedy, batch 32", "(not a goal)"),
         ("speedup_graph_topk_v152k_blk15_b1", "V=151,936, greedy, batch 1", "(not a goal)"),

@@ -1,4 +1,4 @@
-"""head_walk_topk (DSpark's top-k Markov walk, one program a batch row) against naive_head_walk_topk, against vLLM's
+"""head_walk_topk (DSpark's top-k Markov walk: the bias-table and loop forms) against naive_head_walk_topk, against vLLM's
 own top-k walk written as torch ops (baddbmm_ + scatter_ + argmax / vLLM's Gumbel noise), and its cache bookkeeping.
 
 Without CUDA the kernel runs under the Triton interpreter (fp32 / fp16); GPU tests (marker gpu) run bf16 at real
