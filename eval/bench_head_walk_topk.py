@@ -375,6 +375,50 @@ def diagnose_select_parts(args) -> list[dict]:
     return out
 
 
+def diagnose_walk_parts(args) -> list[dict]:
+    """Where a top-k walk's time goes (greedy / sampled, K = args.topk, 15 steps): the select alone, the table form's
+    table launch alone and with its chain, the loop form alone, and the whole walk the wiring runs (select + walk)."""
+    import torch
+
+    from hybridspec_kernels.head_walk_topk import head_walk_topk, walk_candidates
+    from hybridspec_kernels.head_walk_topk.table import table_launches
+
+    gumbel, _ = load_vllm_kernels()
+    out = []
+    points = ((32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 1, "greedy"), (151936, 8, "greedy"),
+              (248320, 64, "greedy"))
+    for vocab, batch, mode in points:
+        sampled = mode == "sampled"
+        if sampled and gumbel is None:
+            continue
+        p = Problem(torch, batch, 15, vocab, RANK, sampled, torch.device("cuda"), torch.bfloat16, seed=0)
+        whole = OursTopk(torch, head_walk_topk, p, args.topk)
+        values, cand = walk_candidates(p.base, args.topk)
+        first = p.input_ids[p.anchor_idx]
+        sampling = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if sampled else {}
+        cache = dict(draft_logits=p.draft_logits, cached_columns=whole.columns) if sampled else {}
+        loop = lambda: head_walk_topk(values, cand, p.w1, p.w2, first, out=p.draft_tokens,  # noqa: E731
+                                      req_indices=whole.req, form="loop", **sampling, **cache)
+        launches = table_launches(values, cand, p.w1, p.w2, first, p.draft_tokens, sampling.get("temperature"),
+                                  sampling.get("seeds"), sampling.get("positions"), whole.req, None, 1.0,
+                                  cache.get("draft_logits"), cache.get("cached_columns"), None, True)
+        row = dict(check="walk_parts", vocab=vocab, batch=batch, mode=mode, topk=args.topk, steps=15)
+        loop()
+        want = p.draft_tokens.clone()
+        for _, launch in launches:
+            launch()
+        row["table_equal_loop"] = bool(torch.equal(p.draft_tokens, want))
+        row["select_us"] = round(time_graph(torch, lambda: walk_candidates(p.base, args.topk))[0], 1)
+        row["loop_walk_us"] = round(time_graph(torch, loop)[0], 1)
+        row["through_table_us"] = round(time_graph(torch, launches[0][1])[0], 1)
+        row["through_chain_us"] = round(time_graph(torch, lambda: [f() for _, f in launches])[0], 1)
+        row["whole_us"] = round(time_graph(torch, whole)[0], 1)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+        del p, whole
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     summary = {}
     for row in rows:
@@ -428,6 +472,7 @@ def main() -> None:
     parser.add_argument("--diagnose-topk", action="store_true", help="torch.topk over shorter slices (two stages)")
     parser.add_argument("--diagnose-select", action="store_true", help="topk_candidates' options against torch.topk")
     parser.add_argument("--diagnose-select-parts", action="store_true", help="topk_candidates' launches timed alone")
+    parser.add_argument("--diagnose-walk-parts", action="store_true", help="select, table, chain and loop timed alone")
     parser.add_argument("--hbm-gbps", type=float, default=4000.0, help="the read floor's bandwidth (GB/s)")
     parser.add_argument("--select-bits", type=int, nargs="+", default=[8, 4, 2])
     parser.add_argument("--select-splits", type=int, nargs="+", default=[4096, 8192])
@@ -439,7 +484,8 @@ def main() -> None:
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])
     args = parser.parse_args()
-    steps = {"diagnose_select_parts": diagnose_select_parts, "diagnose_select": diagnose_select,
+    steps = {"diagnose_walk_parts": diagnose_walk_parts, "diagnose_select_parts": diagnose_select_parts,
+             "diagnose_select": diagnose_select,
              "diagnose_topk": diagnose_topk, "diagnose": diagnose, "ladder": ladder}
     for name, step in steps.items():  # a diagnosis step alone writes <out>/<its name>.json
         if getattr(args, name):

@@ -372,7 +372,7 @@ def topk():
                                  cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
                 del captured[:]
                 walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first,
-                                    num_warps=warps, round_dot=True, **extra)
+                                    num_warps=warps, round_dot=True, form="loop", **extra)
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
     # the bias-table forms (session 23): the table launch and the chain, K 64, with and without the tile ahead

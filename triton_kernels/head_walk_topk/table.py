@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, _gumbel_noise, _step_seed
+from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, ID_MASK, _gumbel_noise, _ordered_keys, _step_seed
 
-from .walk import _score_candidates
+from .walk import _corrected_scores
 
 # Warps of a chain program (the table's programs take TABLE_NUM_WARPS), and r a table program multiplies at once.
 # One warp: its maxima are shuffles alone (4 warps: 9 CTA barriers a step); measured fastest at every ladder point
@@ -24,6 +24,8 @@ from .walk import _score_candidates
 CHAIN_NUM_WARPS = 1
 TABLE_NUM_WARPS = 4
 TABLE_BLOCK_R = 64
+# Bits of a pick's slot below its key's id: (score, ID_MASK - id) keys leave 14 of their low 32 bits free.
+SLOT_BITS = tl.constexpr(12)
 
 
 @triton.jit
@@ -99,7 +101,7 @@ def topk_table_chain_kernel(
     dl_ptr, stride_dlr, stride_dlk,
     col_ptr, stride_colr, stride_colk,
     num_steps, topk, width,
-    KP: tl.constexpr, TILE_AHEAD: tl.constexpr,
+    KP: tl.constexpr, NP: tl.constexpr, TILE_AHEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr,
     STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
@@ -151,18 +153,38 @@ def topk_table_chain_kernel(
             dot = tl.max(tl.where(o_i[:, None] == row, tile, float("-inf")), axis=0)
         else:
             dot = tl.load(table_row + k * stride_tk + row * KP + o_j)
-        best, best_target, best_slot = _score_candidates(
+        scored, tie_ids = _corrected_scores(
             dot, vals, ids, targets, noise, o_j, m_k, b, k, valid, req_safe, hot, temp,
             cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
             width, 1.0, out_ty, SAMPLED, False, False, STORE_CORRECTED, STORE_CACHE)
-        tl.store(out_ptr + b * stride_ob + k, best_target)
-        row = best_slot.to(tl.int32)
+        # One max a step: the slot rides below the (score, -id) key (ids are distinct, so it never decides)
+        key = _ordered_keys(scored, tie_ids)
+        key = (key >> 32 << 32) | ((key & ID_MASK) << SLOT_BITS) | o_j
+        row = (tl.max(key, axis=0) & (KP - 1)).to(tl.int32)
+        tl.store(out_ptr + b * stride_ob + k, row)
+    # the picks' slots -> target ids, every step at once (off the chain)
+    tl.debug_barrier()  # the slots, stored by other threads
+    o_n = tl.arange(0, NP)
+    m_n = o_n < num_steps
+    slots = tl.load(out_ptr + b * stride_ob + o_n, mask=m_n, other=0)
+    ids = tl.load(cand_ptr + b * stride_cb + o_n * stride_ck + slots, mask=m_n, other=0).to(tl.int64)
+    if HAS_D2T:
+        ids += tl.load(d2t_ptr + ids, mask=m_n, other=0).to(tl.int64)
+    tl.debug_barrier()  # every slot read before any is overwritten
+    tl.store(out_ptr + b * stride_ob + o_n, ids, mask=m_n)
 
 
-def walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, seeds, positions, req_indices,
-                  draft_to_target, logit_scale, draft_logits, cached_columns, corrected_out, round_dot, *,
-                  ahead=False, num_warps=None):
-    """head_walk_topk's table forms on its checked arguments (values / cand: [B, N, K], candidates contiguous)."""
+def walk_by_table(*args, **kwargs) -> None:
+    """head_walk_topk's table forms on its checked arguments: `table_launches`, launched."""
+    for _, launch in table_launches(*args, **kwargs):
+        launch()
+
+
+def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, seeds, positions, req_indices,
+                   draft_to_target, logit_scale, draft_logits, cached_columns, corrected_out, round_dot, *,
+                   ahead=False, num_warps=None) -> list:
+    """The table forms' launches in order, as (name, launch), unlaunched (the bench times them); the arguments are
+    head_walk_topk's, checked (values / cand: [B, N, K], candidates contiguous)."""
     num_rows, num_steps, topk = values.shape
     rank = w1.shape[1]
     device = values.device
@@ -174,7 +196,7 @@ def walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, see
     dummy = out
     flags = dict(SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None)
     out_ty = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[values.dtype]
-    topk_bias_table_kernel[(num_rows, num_steps)](
+    table_launch = lambda: topk_bias_table_kernel[(num_rows, num_steps)](  # noqa: E731
         cand, cand.stride(0), cand.stride(1),
         w1, w1.stride(0),
         w2_rows, w2_rows.stride(0),
@@ -190,7 +212,7 @@ def walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, see
         SCALED=logit_scale != 1.0, ROUND_DOT=round_dot, IEEE=w1.dtype == torch.float32, **flags,
         num_warps=TABLE_NUM_WARPS,
     )
-    topk_table_chain_kernel[(num_rows,)](
+    chain_launch = lambda: topk_table_chain_kernel[(num_rows,)](  # noqa: E731
         values, values.stride(0), values.stride(1),
         cand, cand.stride(0), cand.stride(1),
         table, table.stride(0), table.stride(1),
@@ -207,6 +229,7 @@ def walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, see
         cached_columns if store_cache else dummy,
         cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
         num_steps, topk, draft_logits.shape[2] if store_cache else 0,
-        KP=kp, TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache, **flags,
+        KP=kp, NP=triton.next_power_of_2(num_steps), TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache, **flags,
         num_warps=num_warps or CHAIN_NUM_WARPS,
     )
+    return [("table", table_launch), ("chain", chain_launch)]

@@ -125,7 +125,7 @@ def head_walk_topk_kernel(
             else:
                 noise = None
             dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
-            chunk_best, chunk_target, _ = _score_candidates(
+            chunk_best, chunk_target = _score_candidates(
                 dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                 cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
                 width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
@@ -144,7 +144,24 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
                       stride_colk, width, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr,
                       SCALED: tl.constexpr, ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr,
                       STORE_CACHE: tl.constexpr):
-    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id, slot)."""
+    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
+    scored, tie_ids = _corrected_scores(
+        dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
+        cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
+        width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
+    keys = _ordered_keys(scored, tie_ids)
+    best = tl.max(keys, axis=0)
+    return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
+
+
+@triton.jit
+def _corrected_scores(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
+                      cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
+                      stride_colk, width, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr,
+                      SCALED: tl.constexpr, ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr,
+                      STORE_CACHE: tl.constexpr):
+    """Candidates' corrected logits (rounded as vLLM's baddbmm_) and their stores; returns what the pick maximises
+    (-inf off the candidates) and the ids that break its ties (the sampler's row: target ids; greedy: draft ids)."""
     if SCALED:
         dot = dot * logit_scale
     if ROUND_DOT:  # CUDA: the (scaled) product is rounded to the logits' dtype, then the values added and rounded
@@ -159,12 +176,9 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
         tl.store(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, targets, mask=m_store)
     if SAMPLED:
         scored = tl.where(hot, corrected / tl.where(hot, temp, 1.0) + noise, corrected)
-        keys = _ordered_keys(tl.where(m_k, scored, float("-inf")), targets)  # the sampler's row: target ids
+        return tl.where(m_k, scored, float("-inf")), targets
     else:
-        keys = _ordered_keys(tl.where(m_k, corrected, float("-inf")), ids)  # argmax over draft ids
-    best = tl.max(keys, axis=0)
-    is_best = keys == best
-    return best, tl.max(tl.where(is_best, targets, -1), axis=0), tl.max(tl.where(is_best, o_k, -1), axis=0)
+        return tl.where(m_k, corrected, float("-inf")), ids
 
 
 def _check(cond: bool, msg: str) -> None:
