@@ -47,6 +47,7 @@ class OursTopk:
 
         self.torch, self.walk, self.p, self.topk, self.launch = torch, walk, p, topk, launch
         self.select = select or walk_candidates
+        self.select_options = {"pdl": launch["pdl"]} if "pdl" in launch else {}  # the select's launches too
         self.req = p.idx_map[:, 0].contiguous()
         self.columns = None
         if p.sampled:
@@ -56,7 +57,7 @@ class OursTopk:
     def __call__(self) -> None:
         p = self.p
         first = p.input_ids[p.anchor_idx]
-        values, candidates = self.select(p.base, self.topk)
+        values, candidates = self.select(p.base, self.topk, **self.select_options)
         sampling = dict(temperature=p.temperature, seeds=p.seeds, positions=p.positions) if p.sampled else {}
         self.walk(values, candidates, p.w1, p.w2, first, out=p.draft_tokens, req_indices=self.req,
                   draft_logits=p.draft_logits, cached_columns=self.columns, **sampling, **self.launch)
@@ -153,10 +154,10 @@ LADDER = {  # launch options of head_walk_topk timed side by side (--ladder; cal
     # session 23: the bias-table forms (every step's [K, K] bias, then a chain of K-wide picks)
     "table_w1": dict(form="table", num_warps=1),
     "table_w2": dict(form="table", num_warps=2),
-    "table_w4": dict(form="table", num_warps=4),
-    "ahead_w1": dict(form="table_ahead", num_warps=1),
-    "ahead_w2": dict(form="table_ahead", num_warps=2),
     "ahead_w4": dict(form="table_ahead", num_warps=4),
+    # every launch of the select, the table and the chain by programmatic dependent launch
+    "table_w1_pdl": dict(form="table", num_warps=1, pdl=True),
+    "table_w2_pdl": dict(form="table", num_warps=2, pdl=True),
 }
 LADDER_POINTS = [(32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 1, "greedy"), (151936, 8, "greedy"),
                  (151936, 32, "sampled"), (248320, 64, "greedy"), (248320, 64, "sampled")]

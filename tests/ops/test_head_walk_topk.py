@@ -26,6 +26,7 @@ from hybridspec_kernels.head_walk_topk import (  # noqa: E402
     naive_head_walk_topk,
     naive_topk_candidates,
     topk_candidates,
+    walk_candidates,
 )
 
 needs_kernels = pytest.mark.skipif(
@@ -445,3 +446,49 @@ def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
         assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
         assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),
                            want_values.float().sort(-1).values.nan_to_num(9.0))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("rows, steps, vocab", [(1, 15, 32_000), (8, 15, 151_936), (64, 7, 248_320)])
+def test_gpu_pdl_changes_nothing(rows, steps, vocab, sampled):
+    """Programmatic dependent launch of the select's, the table's and the chain's launches (each waits for the one
+    before it before touching memory): the same candidates, drafts and cache, eagerly and replayed in a CUDA graph;
+    the select's mixed rows include constant ones, which take the fallback launches."""
+    topk = 64
+    p = make_problem(rows, steps, 64, topk, 256, dtype=torch.bfloat16, device="cuda", seed=rows, scale=0.05)
+    p.w1 = (torch.randn(vocab, 256, device="cuda") * 0.05).bfloat16()
+    p.w2 = (torch.randn(vocab, 256, device="cuda") * 0.05).bfloat16()
+    p.x0 = torch.randint(0, vocab, (rows,), device="cuda")
+    p.req = torch.arange(rows, device="cuda")
+    logits = torch.randn(rows, steps, vocab, device="cuda")
+    logits[0, ::2] = 0.25  # constant rows
+    logits = logits.bfloat16()
+    outs = {}
+    for pdl in (False, True):
+        cache = torch.full((rows, steps, vocab), float("-inf"), device="cuda")
+        columns = torch.full((rows, steps, topk), -1, dtype=torch.int64, device="cuda")
+        tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
+
+        def walk():
+            values, cand = walk_candidates(logits, topk, pdl=pdl)
+            head_walk_topk(values, cand, p.w1, p.w2, p.x0, out=tokens, req_indices=p.req, pdl=pdl,
+                           draft_logits=cache if sampled else None, cached_columns=columns if sampled else None,
+                           **sampling(p, sampled))
+        walk()
+        eager = (tokens.clone(), cache.clone())
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            walk()  # warm-up on the capture stream
+            with torch.cuda.graph(graph, stream=stream):
+                walk()
+        torch.cuda.current_stream().wait_stream(stream)
+        tokens.fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(tokens, eager[0]) and torch.equal(cache, eager[1]), pdl
+        outs[pdl] = eager
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])

@@ -20,6 +20,7 @@ the list holds every element at or above B, and the ties at the K-th key are cut
 Only the set is torch.topk's: the candidates are not sorted by value, which the walk does not need.
 """
 import dataclasses
+import os
 
 import torch
 import triton
@@ -58,6 +59,15 @@ ONE_READ_MAX_ELEMENTS = 120 * 151_936
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
+
+
+@triton.jit
+def _wait_for_the_launch_before(PDL: tl.constexpr):
+    """Launched with programmatic dependent launch (PDL): wait, before any memory access, until the launch before
+    this one has finished and its writes are visible. So the stream's order is kept; what overlaps is only this
+    launch's start with the end of the one before."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -149,14 +159,16 @@ def _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, ind
 
 @triton.jit
 def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
-                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+                      KP: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr = False):
+    _wait_for_the_launch_before(PDL)
     _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, tl.program_id(0).to(tl.int64),
                   tl.program_id(1), SPLIT, KP, DIGIT_BITS)
 
 
 @triton.jit
 def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
-                      STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
+                      STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr = False):
+    _wait_for_the_launch_before(PDL)
     _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
                   tl.program_id(0).to(tl.int64), STAGED, DIGIT_BITS)
 
@@ -169,12 +181,13 @@ def _max_propagating_nan(a, b):
 
 @triton.jit
 def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fallback_ptr, SPLIT: tl.constexpr,
-                             PIECES: tl.constexpr):
+                             PIECES: tl.constexpr, PDL: tl.constexpr = False):
     """Each of PIECES equal pieces of split `split` of row `row`: the key of its float maximum (NaN if any; -1 for a
     piece past the row), which is its largest key except that a zero maximum is taken as +0.0 (a float maximum does
     not tell -0.0 from +0.0; the row programs allow for it). Floats, not keys, because a bf16x2 / f16x2 maximum takes
     a pair an instruction: a key an element held this pass to 3.3 TB/s, compute-bound (session 22, calls 9 and 11).
     Program (0, 0) empties the fallback list the next launch fills."""
+    _wait_for_the_launch_before(PDL)
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if (row == 0) & (split == 0):
         tl.store(fallback_ptr, 0)
@@ -214,13 +227,15 @@ def _pick_from_list(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, ind
 def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piece_ids_ptr, list_key_ptr, list_idx_ptr,
                             values_ptr, index_ptr, stride_out, fallback_ptr, k, PIECE: tl.constexpr,
                             MAXIMA: tl.constexpr, MAX_PIECES: tl.constexpr, CHUNK: tl.constexpr,
-                            CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr):
+                            CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr,
+                            PDL: tl.constexpr = False):
     """Row `row`'s k from its pieces' maxima and a second read of only the pieces that can hold them.
 
     The k-th largest piece maximum B is at most the row's k-th key (k pieces hold a key at least as large), so the
     row's first k lie in the pieces whose maximum is at least B (about k of them): those are read, their elements at
     or above B listed, and the k picked from the list (ties at the k-th key by smallest index, torch.topk's rule).
     A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead."""
+    _wait_for_the_launch_before(PDL)
     row = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MAXIMA)
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
@@ -257,8 +272,10 @@ def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piec
 
 @triton.jit
 def topk_fallback_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, fallback_ptr,
-                               SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr):
+                               SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr,
+                               PDL: tl.constexpr = False):
     """The one-read split pass for the splits of the rows on the fallback list, each program every num_programs-th."""
+    _wait_for_the_launch_before(PDL)
     for i in range(tl.program_id(0), tl.load(fallback_ptr) * num_splits, tl.num_programs(0)):
         row = tl.load(fallback_ptr + 1 + i // num_splits).to(tl.int64)
         _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, row, i % num_splits,
@@ -267,8 +284,10 @@ def topk_fallback_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_
 
 @triton.jit
 def topk_fallback_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k,
-                               staged, fallback_ptr, STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr):
+                               staged, fallback_ptr, STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr,
+                               PDL: tl.constexpr = False):
     """The one-read merge for the rows on the fallback list."""
+    _wait_for_the_launch_before(PDL)
     for i in range(tl.program_id(0), tl.load(fallback_ptr), tl.num_programs(0)):
         _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
                       tl.load(fallback_ptr + 1 + i).to(tl.int64), STAGED, DIGIT_BITS)
@@ -286,7 +305,8 @@ class SelectPlan:
 
 
 def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
-                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None,
+                    pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
@@ -298,20 +318,23 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
             dividing `split` reads them twice: first for the maxima of that many pieces per split, whose k-th largest
             bounds the row's k-th key, then for the few elements at or above the bound, from which a merge picks k
             (rows with too many fall back to the one-read path). None picks by size (`default_bound_pieces`).
+        pdl: launch each kernel with programmatic dependent launch (it starts while the one before ends, then waits
+            for it before touching memory); None: `default_pdl`.
 
     Returns:
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
         radix key descending, index ascending), which is torch.topk's set on CUDA, boundary ties included.
     """
     plan = select_launches(logits, k, split=split, num_warps=num_warps, digit_bits=digit_bits,
-                           bound_pieces=bound_pieces)
+                           bound_pieces=bound_pieces, pdl=pdl)
     for _, launch in plan.launches:
         launch()
     return plan.values, plan.indices
 
 
 def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
-                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None) -> SelectPlan:
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None,
+                    pdl: bool | None = None) -> SelectPlan:
     """topk_candidates' outputs and its launches in order, unlaunched (the bench times them)."""
     if logits.dtype not in SELECT_DTYPES:
         raise ValueError(f"topk_candidates: logits in {logits.dtype} (bfloat16 or float16; torch.topk otherwise)")
@@ -341,13 +364,15 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     if rows == 0:
         return SelectPlan(values, indices, [], None)
     dev = logits.device
+    pdl = pdl_launch(dev, pdl)
     stage_key = torch.empty(rows, num_splits * k, dtype=torch.int32, device=dev)
     stage_idx = torch.empty(rows, num_splits * k, dtype=torch.int64, device=dev)
     out = (values.view(rows, k), indices.view(rows, k), k)
     # the one-read launches (the two-read path's fallback too) at NUM_WARPS there: 4 spill their select
     one_read_warps = num_warps if not bound_pieces else NUM_WARPS
-    one_read = dict(SPLIT=split, KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits, num_warps=one_read_warps)
-    merge = dict(STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits, num_warps=one_read_warps)
+    one_read = dict(SPLIT=split, KP=triton.next_power_of_2(k), DIGIT_BITS=digit_bits, num_warps=one_read_warps, **pdl)
+    merge = dict(STAGED=triton.next_power_of_2(num_splits * k), DIGIT_BITS=digit_bits, num_warps=one_read_warps,
+                 **pdl)
     if not bound_pieces:
         return SelectPlan(values, indices, [
             ("split", lambda: topk_split_kernel[(rows, num_splits)](
@@ -367,17 +392,34 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     index_bits = triton.cdiv(INDEX_BITS, digit_bits) * digit_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
-        num_warps=num_warps))]
+        num_warps=num_warps, **pdl))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
-        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=rows_warps)))
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=digit_bits, num_warps=rows_warps, **pdl)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
         ("fallback_merge", lambda: topk_fallback_merge_kernel[persistent](
             x, x.stride(0), stage_key, stage_idx, *out, k, num_splits * k, fallback, **merge)),
     ], fallback)
+
+
+def default_pdl(device: torch.device) -> bool:
+    """Whether the top-k walk's launches (the select's, the table's, the chain's) take programmatic dependent launch
+    where the caller does not say: not until measured."""
+    return False
+
+
+def pdl_launch(device: torch.device, pdl: bool | None) -> dict:
+    """The launch options for `pdl` (None: default_pdl): PDL needs sm_90 and a real launch (not the interpreter)."""
+    if pdl is None:
+        pdl = default_pdl(device)
+    if not pdl or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return {}
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return {}
+    return dict(PDL=True, launch_pdl=True)
 
 
 def bound_max_pieces(k: int) -> int:
@@ -408,15 +450,15 @@ def default_bound_pieces(rows: int, vocab: int, k: int, split: int = SPLIT) -> i
     return pieces if triton.cdiv(vocab, split // pieces) >= k else 0
 
 
-def walk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def walk_candidates(logits: torch.Tensor, k: int, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-k walk's candidates: topk_candidates for 16-bit logits on CUDA where it measured faster than
     torch.topk (the two-read path at every size measured, 15 x 32k to 960 x 248,320; the one-read path up to
-    ONE_READ_MAX_ELEMENTS), torch.topk otherwise. Either way torch.topk's set."""
+    ONE_READ_MAX_ELEMENTS), torch.topk otherwise. Either way torch.topk's set. pdl: as topk_candidates'."""
     if not (logits.is_cuda and logits.dtype in SELECT_DTYPES and logits.stride(-1) == 1
             and triton.cdiv(logits.shape[-1], SPLIT) * k <= MAX_STAGED):
         return logits.topk(k, dim=-1)
     vocab = logits.shape[-1]
     if (logits.numel() <= ONE_READ_MAX_ELEMENTS
             or default_bound_pieces(logits.numel() // max(vocab, 1), vocab, k)):
-        return topk_candidates(logits, k)
+        return topk_candidates(logits, k, pdl=pdl)
     return logits.topk(k, dim=-1)

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, ID_MASK, _gumbel_noise, _ordered_keys, _step_seed
 
+from .select import _wait_for_the_launch_before, pdl_launch
 from .walk import _corrected_scores
 
 # Warps of a chain program (the table's programs take TABLE_NUM_WARPS), and r a table program multiplies at once.
@@ -41,10 +42,11 @@ def topk_bias_table_kernel(
     logit_scale, topk, rank, target_vocab,
     KP: tl.constexpr, BLOCK_R: tl.constexpr, OUT_TY: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr, SCALED: tl.constexpr,
-    ROUND_DOT: tl.constexpr, IEEE: tl.constexpr,
+    ROUND_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (b, k): table[b, k] = the bias rows of step k ([KP, KP] fp32, row i for previous candidate i, row 0 the
     anchor's at k = 0) and, sampled, noise[b, k] = the Gumbel noise of step k's candidates ([KP] fp32)."""
+    _wait_for_the_launch_before(PDL)
     b = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1)
     o_i = tl.arange(0, KP)
@@ -103,9 +105,10 @@ def topk_table_chain_kernel(
     num_steps, topk, width,
     KP: tl.constexpr, NP: tl.constexpr, TILE_AHEAD: tl.constexpr,
     SAMPLED: tl.constexpr, HAS_REQ: tl.constexpr, HAS_D2T: tl.constexpr,
-    STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr,
+    STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program b walks batch row b through all steps by the bias table; outputs as head_walk_topk_kernel's."""
+    _wait_for_the_launch_before(PDL)
     b = tl.program_id(0).to(tl.int64)
     o_j = tl.arange(0, KP)
     m_k = o_j < topk
@@ -182,7 +185,7 @@ def walk_by_table(*args, **kwargs) -> None:
 
 def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, seeds, positions, req_indices,
                    draft_to_target, logit_scale, draft_logits, cached_columns, corrected_out, round_dot, *,
-                   ahead=False, num_warps=None) -> list:
+                   ahead=False, num_warps=None, pdl=None) -> list:
     """The table forms' launches in order, as (name, launch), unlaunched (the bench times them); the arguments are
     head_walk_topk's, checked (values / cand: [B, N, K], candidates contiguous)."""
     num_rows, num_steps, topk = values.shape
@@ -195,6 +198,7 @@ def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, se
     noise = torch.empty(num_rows, num_steps, kp, dtype=torch.float32, device=device) if sampled else table
     dummy = out
     flags = dict(SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None)
+    pdl = pdl_launch(device, pdl)
     out_ty = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[values.dtype]
     table_launch = lambda: topk_bias_table_kernel[(num_rows, num_steps)](  # noqa: E731
         cand, cand.stride(0), cand.stride(1),
@@ -210,7 +214,7 @@ def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, se
         logit_scale, topk, rank, w1.shape[0],
         KP=kp, BLOCK_R=min(TABLE_BLOCK_R, max(16, triton.next_power_of_2(rank))), OUT_TY=out_ty,
         SCALED=logit_scale != 1.0, ROUND_DOT=round_dot, IEEE=w1.dtype == torch.float32, **flags,
-        num_warps=TABLE_NUM_WARPS,
+        num_warps=TABLE_NUM_WARPS, **pdl,
     )
     chain_launch = lambda: topk_table_chain_kernel[(num_rows,)](  # noqa: E731
         values, values.stride(0), values.stride(1),
@@ -230,6 +234,6 @@ def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, se
         cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
         num_steps, topk, draft_logits.shape[2] if store_cache else 0,
         KP=kp, NP=triton.next_power_of_2(num_steps), TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache, **flags,
-        num_warps=num_warps or CHAIN_NUM_WARPS,
+        num_warps=num_warps or CHAIN_NUM_WARPS, **pdl,
     )
     return [("table", table_launch), ("chain", chain_launch)]

@@ -207,6 +207,7 @@ def head_walk_topk(
     num_warps: int | None = None,
     round_dot: bool | None = None,
     form: str = "auto",
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Walk DSpark's top-k Markov head for B rows x N steps (one launch, or two by the bias table); proposes vLLM's
     drafts.
@@ -236,6 +237,7 @@ def head_walk_topk(
             reads the previous pick's row of it), "table_ahead" (the chain holds the next step's whole table while
             it picks), or "auto" (`default_form`). The table forms need K <= TABLE_MAX_TOPK.
         chunk, num_warps: launch options (loop: candidates scored at once; warps of a program, None: the form's).
+        pdl: the table forms' two launches by programmatic dependent launch (select.pdl_launch; None: its default).
 
     Returns:
         out.
@@ -323,7 +325,7 @@ def head_walk_topk(
         from .table import walk_by_table
         walk_by_table(values, cand, w1, w2_rows, first_tokens, out, temperature, seeds, positions, req_indices,
                       draft_to_target, float(logit_scale), draft_logits, cached_columns, corrected_out,
-                      bool(round_dot), ahead=form == "table_ahead", num_warps=num_warps)
+                      bool(round_dot), ahead=form == "table_ahead", num_warps=num_warps, pdl=pdl)
         return out
     kc = min(triton.next_power_of_2(topk), triton.next_power_of_2(chunk))
     num_chunks = triton.cdiv(topk, kc)
