@@ -155,7 +155,8 @@ LADDER = {  # launch options of head_walk_topk timed side by side (--ladder; cal
     "table_w1": dict(form="table", num_warps=1),
     "table_w2": dict(form="table", num_warps=2),
     "ahead_w4": dict(form="table_ahead", num_warps=4),
-    # every launch of the select, the table and the chain by programmatic dependent launch
+    # every launch of the select, the table and the chain by programmatic dependent launch (the default since call 5)
+    "table_w1_nopdl": dict(form="table", num_warps=1, pdl=False),
     "table_w1_pdl": dict(form="table", num_warps=1, pdl=True),
     "table_w2_pdl": dict(form="table", num_warps=2, pdl=True),
 }

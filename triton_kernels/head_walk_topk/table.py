@@ -19,10 +19,13 @@ from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, ID_MASK, _gumb
 from .select import _wait_for_the_launch_before, pdl_launch
 from .walk import _corrected_scores
 
-# Warps of a chain program (the table's programs take TABLE_NUM_WARPS), and r a table program multiplies at once.
-# One warp: its maxima are shuffles alone (4 warps: 9 CTA barriers a step); measured fastest at every ladder point
-# (session 23 call 1: 32k b1 greedy, select included, 26.3 us at 1 warp, 28.6 at 2, 28.7 at 4).
+# Warps of a chain program, greedy / sampled (the table's programs take TABLE_NUM_WARPS), and r a table program
+# multiplies at once. Greedy: one warp, whose max is shuffles alone (4 warps: 9 CTA barriers a step for the three
+# maxima the chain first took), fastest at every ladder point (session 23 calls 1, 3, 5: 32k b1 with the select 24.3
+# us at 1 warp, 25.2 at 2); sampled: two (its cache stores and noise loads spread over them: 28.7 vs 29.6 at 32k b1,
+# 120.1 vs 121.7 at 152k b32, 250.4 vs 251.7 at 248k b64).
 CHAIN_NUM_WARPS = 1
+SAMPLED_CHAIN_NUM_WARPS = 2
 TABLE_NUM_WARPS = 4
 TABLE_BLOCK_R = 64
 # Bits of a pick's slot below its key's id: (score, ID_MASK - id) keys leave 14 of their low 32 bits free.
@@ -234,6 +237,6 @@ def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, se
         cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
         num_steps, topk, draft_logits.shape[2] if store_cache else 0,
         KP=kp, NP=triton.next_power_of_2(num_steps), TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache, **flags,
-        num_warps=num_warps or CHAIN_NUM_WARPS, **pdl,
+        num_warps=num_warps or (SAMPLED_CHAIN_NUM_WARPS if sampled else CHAIN_NUM_WARPS), **pdl,
     )
     return [("table", table_launch), ("chain", chain_launch)]
