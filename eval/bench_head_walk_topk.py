@@ -352,9 +352,10 @@ def diagnose_select_parts(args) -> list[dict]:
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for split, warps, gather, pieces, rows_warps in itertools.product(
-                args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps):
-            select.GATHER_CHUNK, select.ROWS_NUM_WARPS = gather, rows_warps
+        for split, warps, gather, pieces, rows_warps, rows_bits in itertools.product(
+                args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps,
+                args.select_rows_bits):
+            select.GATHER_CHUNK, select.ROWS_NUM_WARPS, select.ROWS_DIGIT_BITS = gather, rows_warps, rows_bits or None
             pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
             plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
                                    bound_pieces=pieces)
@@ -363,6 +364,7 @@ def diagnose_select_parts(args) -> list[dict]:
             run_all()
             row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
                        warps=warps, gather_chunk=gather, bound_pieces=pieces, rows_warps=rows_warps,
+                       rows_bits=rows_bits,
                        equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
                        all_us=round(time_graph(torch, run_all)[0], 1),
                        read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
@@ -482,6 +484,8 @@ def main() -> None:
     parser.add_argument("--select-gathers", type=int, nargs="+", default=[2048],
                         help="elements per round of the two-read path's second read (select.GATHER_CHUNK)")
     parser.add_argument("--select-rows-warps", type=int, nargs="+", default=[8], help="select.ROWS_NUM_WARPS values")
+    parser.add_argument("--select-rows-bits", type=int, nargs="+", default=[0],
+                        help="select.ROWS_DIGIT_BITS values (0: the select's digit bits)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])
