@@ -719,13 +719,22 @@ SWEEP_VERIFY_PREP13 = [
     VerifyConfig(**_B8_13, prep_warps=8), VerifyConfig(**_B32_13, l2_prefetch_ahead=2, prep_warps=8),
     VerifyConfig(**_B32_13, l2_prefetch_ahead=4, prep_warps=8),
 ]
+# --sweep-set pdl23 (session 23; MODE=pdl23): the shipped picks at L 4 / 16 (incumbents: b1 L4 / L16, b8 with its
+# 8-warp prep, b32 / b64 at ahead 2, L4 b32 at ahead 4), then each with `pdl_first`: its first launch (the single
+# kernel, or the stacked prep) by programmatic dependent launch after the launch before it, waiting for it before
+# touching memory; in the 30-layer graph that is the previous layer's verify, in a model the layer's projection
+_S13 = dict(block_v=64, pdl=True, two_pass=True, stacked=True, prep_maxnreg=128, l2_prefetch_mib=16)
+_PDL23 = [dict(_B1, **_ES), dict(_B1_4, **_ES), dict(_S13, prep_warps=8, l2_prefetch_ahead=4),
+          dict(_S13, l2_prefetch_ahead=2), dict(_S13, l2_prefetch_ahead=4)]
+SWEEP_VERIFY_PDL23 = [VerifyConfig(**c) for c in _PDL23] + [VerifyConfig(**c, pdl_first=True) for c in _PDL23]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
-              "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13}
+              "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13,
+              "pdl23": SWEEP_VERIFY_PDL23}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1674,6 +1683,7 @@ def main():
                      "split6": SWEEP_RECON_SPLIT6, "stacked7": SWEEP_RECON_STACKED7,
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
                      "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "prep13": SWEEP_RECON_STACKED7,
+                     "pdl23": SWEEP_RECON_STACKED7,
                      "long11": SWEEP_RECON_LONG11,
                      "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
@@ -1714,7 +1724,7 @@ def main():
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
                                                      "bf16recon", "tma9", "l2pf10", "prep13", "long11",
-                                                     "long12bf16"),
+                                                     "long12bf16", "pdl23"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

@@ -1700,3 +1700,78 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
                num_warps=num_warps)
         wrong += int((p["conv_state"] != expected).flatten(1).any(1).sum())
     assert wrong == 0, f"{wrong} conv windows wrong over 60 launches"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("config", [
+    pytest.param(VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=4, early_stores=True),
+                 id="b1-pick-hoisted"),
+    pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128, l2_prefetch_mib=16,
+                              l2_prefetch_ahead=2), id="b32-pick-stacked"),
+])
+@pytest.mark.parametrize("batch", [1, 32])
+def test_gpu_pdl_first_waits_for_the_launch_before(config, batch):
+    """pdl_first: the verify's first launch starts by programmatic dependent launch right after a kernel that writes
+    its inputs (a copy into mixed_qkv, a and b) and must wait for it: outputs and workspace bit for bit those without
+    PDL, eagerly and over several replays of a CUDA graph that rewrites the inputs before every verify."""
+    import dataclasses
+
+    lens = [16] * batch
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     bias=False, device="cuda", seed=batch)
+    sources = [{k: torch.randn_like(p[k]) for k in ("mixed_qkv", "a", "b")} for _ in range(3)]
+    results = {}
+    for pdl_first in (False, True):
+        c = dataclasses.replace(config, pdl_first=pdl_first)
+        ws = workspace_for(p)
+        out = torch.empty(sum(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
+
+        def step(src):
+            for k in ("mixed_qkv", "a", "b"):
+                p[k].copy_(src[k])  # the launch right before the verify writes what it reads
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=16, config=c, out=out)
+
+        got = []
+        for src in sources:
+            step(src)
+            got.append((out.clone(), ws.u.clone(), ws.k.clone()))
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        holder = {k: torch.empty_like(p[k]) for k in ("mixed_qkv", "a", "b")}
+        with torch.cuda.stream(stream):
+            step(holder)
+            with torch.cuda.graph(graph, stream=stream):
+                step(holder)
+        torch.cuda.current_stream().wait_stream(stream)
+        for src, (want_out, want_u, want_k) in zip(sources, got):
+            for k in holder:
+                holder[k].copy_(src[k])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want_out) and torch.equal(ws.u, want_u) and torch.equal(ws.k, want_k)
+        results[pdl_first] = got
+    for (a_out, a_u, a_k), (b_out, b_u, b_k) in zip(results[False], results[True]):
+        assert torch.equal(a_out, b_out) and torch.equal(a_u, b_u) and torch.equal(a_k, b_k)
+
+
+def test_pdl_first_configs():
+    """pdl_first takes the single-kernel forms and the stacked one (its prep waits), not the plain two-pass form;
+    under the interpreter (no PDL there) it launches as without it, with the same results."""
+    import dataclasses
+
+    with pytest.raises(ValueError, match="pdl_first"):
+        VerifyConfig(two_pass=True, pdl_first=True)
+    if not INTERPRETED:
+        return
+    lens = [5, 2]
+    p = make_problem(lens, seed=3)
+    for config in (VerifyConfig(block_v=16, hoist=True, weight_tiles=True, early_stores=True),
+                   VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True)):
+        outs = []
+        for pdl_first in (False, True):
+            ws = workspace_for(p)
+            outs.append(gdn_verify(**p, workspace=ws.layer(0), max_seqlen=max(lens),
+                                   config=dataclasses.replace(config, pdl_first=pdl_first)))
+        assert torch.equal(outs[0], outs[1])

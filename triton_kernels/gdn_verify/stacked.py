@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .._log import log_once
 from .two_pass import _norm_qk_and_store
-from .verify import _causal_conv_silu
+from .verify import _causal_conv_silu, pdl_first_launch
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _stacked_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
     SMALL_DOT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, V: tl.constexpr = 0,
-    L2_PREFETCH: tl.constexpr = False,
+    L2_PREFETCH: tl.constexpr = False, WAIT_BEFORE: tl.constexpr = False,
 ):
     """Program (k-head, request): its k, raw q/k and Z, and G and the factors of its HPG v-heads.
 
@@ -55,6 +55,8 @@ def _stacked_prep_kernel(
     prep's chain runs, fills L2 with what the state pass reads first."""
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
+    if WAIT_BEFORE:  # launched by PDL after the launch before it (VerifyConfig.pdl_first): wait for it first
+        tl.extra.cuda.gdc_wait()
     i_h, i_n = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -320,7 +322,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t, HPG=heads_per_group,
             NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
             HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl, V=head_v_dim, L2_PREFETCH=prefetch_requests > 0,
-            num_warps=config.prep_warps, **prep_opts,
+            num_warps=config.prep_warps, **prep_opts, **pdl_first_launch(config, out.device),
         )
     if "state" in parts:
         block_v = min(config.block_v, head_v_dim)

@@ -328,6 +328,7 @@ def _gdn_verify_kernel(
     STATE_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, SKIP: tl.constexpr, HOIST: tl.constexpr,
     LOADS_FIRST: tl.constexpr, BW: tl.constexpr, WT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, FOLD: tl.constexpr,
     BTF: tl.constexpr, EARLY_ST: tl.constexpr = False, SPLIT_GRAM: tl.constexpr = False,
+    WAIT_BEFORE: tl.constexpr = False,
 ):
     """Program (value span, head group, request): HEADS_PER_PROGRAM v-heads of one k-head (sharing its q/k
     conv, norms and Gram products) x V_PER_PROGRAM value columns, walked in BV-wide blocks.
@@ -351,7 +352,10 @@ def _gdn_verify_kernel(
     EARLY_ST (HOIST, WT, W <= 4): the raw q / k / v rows come from the conv's current-token tap (no second load)
     and every workspace store is issued as soon as its data exists (raw rows after the loads, k after its norm,
     G after its cumsum), not at the end. SPLIT_GRAM: the Gram products as two independent half-K chains each
-    (`_gram_products`)."""
+    (`_gram_products`). WAIT_BEFORE: launched by programmatic dependent launch after whatever launch comes before it
+    (`VerifyConfig.pdl_first`): it waits for that launch to finish before touching memory."""
+    if WAIT_BEFORE:
+        tl.extra.cuda.gdc_wait()
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -690,6 +694,10 @@ class VerifyConfig:
     # programs per SM after it (one wave ahead at that many programs per SM). Inline PTX: ignored by the interpreter
     l2_prefetch_mib: int = 0
     l2_prefetch_ahead: int = 0
+    # session 23: the verify's first launch (the single kernel, or the stacked prep) by programmatic dependent launch
+    # after whatever launch comes before it (in a model, the layer's input projection): its first statement waits
+    # for that launch to finish (griddepcontrol.wait), so only its start overlaps that launch's end
+    pdl_first: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -733,6 +741,8 @@ class VerifyConfig:
             raise ValueError("l2_prefetch_mib and l2_prefetch_ahead must be >= 0")
         if self.l2_prefetch_ahead and self.whole_v:
             raise ValueError("l2_prefetch_ahead needs one value block per program (no whole_v)")
+        if self.pdl_first and self.two_pass and not self.stacked:
+            raise ValueError("pdl_first needs a single-kernel form or stacked")
         if not 0 <= self.loop_stages <= 4:
             raise ValueError(f"loop_stages must be 0..4, got {self.loop_stages}")
 
@@ -993,9 +1003,19 @@ def gdn_verify(
         BIG_DOT=config.big_dot, SMALL_DOT=SMALL_DOT_PRECISION, STATE_DOT=config.state_dot, LOOP_STAGES=config.loop_stages, SKIP=config.skip_stages, HOIST=config.hoist,
         LOADS_FIRST=config.loads_first, BW=triton.next_power_of_2(width), WT=config.weight_tiles,
         EARLY_ST=config.early_stores and width <= 4, SPLIT_GRAM=config.split_gram,
-        **rows_and_fold["constexprs"], num_warps=config.num_warps,
+        **rows_and_fold["constexprs"], **pdl_first_launch(config, out.device), num_warps=config.num_warps,
     )
     return out
+
+
+def pdl_first_launch(config: "VerifyConfig", device: torch.device) -> dict:
+    """Launch options of a verify's first launch: with `pdl_first` on sm_90 (not the interpreter), programmatic
+    dependent launch and the kernel's WAIT_BEFORE."""
+    if not config.pdl_first or type(_gdn_verify_kernel).__name__ == "InterpretedFunction" or device.type != "cuda":
+        return {}
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return {}
+    return dict(WAIT_BEFORE=True, launch_pdl=True)
 
 
 def _rows_and_fold_args(workspace, workspace_rows, fold, state_indices):
