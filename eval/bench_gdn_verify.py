@@ -1760,7 +1760,8 @@ def main():
             torch.cuda.empty_cache()
             continue
         config = nearest_tuned(best_verify, B, L) or default_verify_config(B, max_seqlen=L)
-        recon = nearest_tuned(best_recon, B, L) or default_recon(s)
+        # no sweep: None, the library's default path (the wiring's: the tuned file's short form where it claims it)
+        recon = nearest_tuned(best_recon, B, L) or (default_recon(s) if best_recon else None)
         short = nearest_tuned(best_recon_short, B, L) if L <= SHORT_MAX_LEN else None
         if short and short["short"]:  # the sweep measured the short form faster here
             recon = dict(short=True, block_v=short["block_v"], num_warps=short["num_warps"],
@@ -1938,7 +1939,9 @@ def markdown(rows, summary, extra, device_name, command):
              "initial state) has it; the MB / floor columns count it.", "",
              f"{extra['layers']} layers, GDN {extra['gdn_shape']}; CUDA-graph replay medians; speedup = vLLM / ours. "
              "ours = verify + one ssm + conv reconstruction launch for all layers, shared over them (what the "
-             "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch). " + what,
+             "vLLM wiring runs); launch configs = this run's sweep winner of the nearest swept (L, batch), or "
+             "without a sweep the tuned file's (reconstruct None: the library's default path, as the wiring calls "
+             "it). " + what,
              "", "| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(r.get(key)) for _, key in columns) + " |" for r in rows]
     if extra.get("grid_not_run"):
