@@ -49,7 +49,7 @@ ROWS = {
         ("speedup_graph_loop_v32k_blk15_b32", "V=32k, batch 32", ">= 6"),
     ],
     "gdn_verify_prep13": [
-        ("speedup_L16_b8", "GDN verify per layer incl. reconstruction (fp32 states) with this session's batch-8 / 64 picks (prep on 8 warps at b8), L=16, batch 8: vLLM / ours; the headline `gdn_verify` above is session 8's run (same picks at its goal cells)", "(not a goal)"),
+        ("speedup_L16_b8", "GDN verify per layer incl. reconstruction (fp32 states) with this session's batch-8 / 64 picks (prep on 8 warps at b8), L=16, batch 8: vLLM / ours; the headline `gdn_verify` above is session 23's run of the shipped picks (the b1 picks since then with `pdl_first`)", "(not a goal)"),
         ("speedup_L4_b8", "same, L=4, batch 8", "(not a goal)"),
         ("speedup_L16_b64", "same, L=16, batch 64", "(not a goal)"),
         ("speedup_L16_b32", "same run, L=16, batch 32 (the goal cell, picks unchanged)", ">= 6.0"),
