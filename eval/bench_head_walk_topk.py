@@ -348,14 +348,17 @@ def diagnose_select_parts(args) -> list[dict]:
     out = []
     dev = torch.device("cuda")
     cells = ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 8), (248320, 64))
+    if args.select_cells:
+        cells = tuple(cell for cell in cells if f"{cell[0]}x{cell[1]}" in args.select_cells)
     for (vocab, batch), dist in itertools.product(cells, args.select_dists):
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for split, warps, gather, pieces, rows_warps, rows_bits in itertools.product(
+        for split, warps, gather, pieces, rows_warps, rows_bits, rows_cap in itertools.product(
                 args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps,
-                args.select_rows_bits):
+                args.select_rows_bits, args.select_rows_maxnreg):
             select.GATHER_CHUNK, select.ROWS_NUM_WARPS, select.ROWS_DIGIT_BITS = gather, rows_warps, rows_bits or None
+            select.ROWS_MAXNREG = rows_cap
             pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
             plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
                                    bound_pieces=pieces)
@@ -364,7 +367,7 @@ def diagnose_select_parts(args) -> list[dict]:
             run_all()
             row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
                        warps=warps, gather_chunk=gather, bound_pieces=pieces, rows_warps=rows_warps,
-                       rows_bits=rows_bits,
+                       rows_bits=rows_bits, rows_maxnreg=rows_cap,
                        equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
                        all_us=round(time_graph(torch, run_all)[0], 1),
                        read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
@@ -486,6 +489,10 @@ def main() -> None:
     parser.add_argument("--select-rows-warps", type=int, nargs="+", default=[8], help="select.ROWS_NUM_WARPS values")
     parser.add_argument("--select-rows-bits", type=int, nargs="+", default=[0],
                         help="select.ROWS_DIGIT_BITS values (0: the select's digit bits)")
+    parser.add_argument("--select-cells", nargs="+", default=None,
+                        help="--diagnose-select-parts: only these VOCABxBATCH cells (e.g. 248320x64)")
+    parser.add_argument("--select-rows-maxnreg", type=int, nargs="+", default=[0],
+                        help="select.ROWS_MAXNREG values (0: no register cap)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])

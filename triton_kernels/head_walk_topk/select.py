@@ -54,6 +54,9 @@ GATHER_CHUNK = 2048
 ROWS_NUM_WARPS = 8
 # Digit bits of the row programs' radix selects (None: the select's digit_bits), read at plan time as the two above.
 ROWS_DIGIT_BITS = None
+# The row programs' register cap (0: none), read at plan time as the knobs above: uncapped they take 255 registers
+# at 8 warps, one program an SM (session 22 call 9, ncu).
+ROWS_MAXNREG = 0
 # The one-read path measured faster than torch.topk up to 120 rows of 151,936 (session 21 call 7: 173.7 vs 207.9 us)
 # and slower from 480 rows of 248,320; the walk takes torch.topk past this where no bound applies (k > BOUND_MAX_K,
 # vocabularies past 2**INDEX_BITS).
@@ -392,6 +395,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     # the module's knobs read now, not when a launch runs (the bench changes them between plans)
     chunk, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), ROWS_NUM_WARPS
     rows_bits = ROWS_DIGIT_BITS or digit_bits
+    rows_cap = dict(maxnreg=ROWS_MAXNREG) if ROWS_MAXNREG and os.environ.get("TRITON_INTERPRET") != "1" else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
@@ -399,7 +403,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
-        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, num_warps=rows_warps, **pdl)))
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, num_warps=rows_warps, **pdl, **rows_cap)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
