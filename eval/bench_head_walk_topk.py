@@ -358,7 +358,7 @@ def diagnose_select_parts(args) -> list[dict]:
                 args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps,
                 args.select_rows_bits, args.select_rows_maxnreg):
             select.GATHER_CHUNK, select.ROWS_NUM_WARPS, select.ROWS_DIGIT_BITS = gather, rows_warps, rows_bits or None
-            select.ROWS_MAXNREG = rows_cap
+            select.ROWS_MAXNREG = None if rows_cap < 0 else rows_cap
             pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
             plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
                                    bound_pieces=pieces)
@@ -491,8 +491,8 @@ def main() -> None:
                         help="select.ROWS_DIGIT_BITS values (0: the select's digit bits)")
     parser.add_argument("--select-cells", nargs="+", default=None,
                         help="--diagnose-select-parts: only these VOCABxBATCH cells (e.g. 248320x64)")
-    parser.add_argument("--select-rows-maxnreg", type=int, nargs="+", default=[0],
-                        help="select.ROWS_MAXNREG values (0: no register cap)")
+    parser.add_argument("--select-rows-maxnreg", type=int, nargs="+", default=[-1],
+                        help="select.ROWS_MAXNREG values (0: no register cap, -1: the default rule)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],
                         help="bound pieces per split (0 none, -1 topk_candidates' default)")
     parser.add_argument("--select-dists", nargs="+", default=["randn", "skewed"])

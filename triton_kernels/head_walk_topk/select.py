@@ -54,9 +54,12 @@ GATHER_CHUNK = 2048
 ROWS_NUM_WARPS = 8
 # Digit bits of the row programs' radix selects (None: the select's digit_bits), read at plan time as the two above.
 ROWS_DIGIT_BITS = None
-# The row programs' register cap (0: none), read at plan time as the knobs above: uncapped they take 255 registers
-# at 8 warps, one program an SM (session 22 call 9, ncu).
-ROWS_MAXNREG = 0
+# The row programs' register cap (0: none; None: ROWS_WIDE_MAXNREG beyond two programs an SM's worth of rows, else
+# none), read at plan time as the knobs above. Uncapped they take 128 registers at 8 warps (triton 3.6), two programs
+# an SM; capped at 80, three (16 B of stack). Measured (session 23 call 12, us of the whole select, randn / skewed
+# rows): 960 x 151,936 158.6 -> 149.9, 960 x 248,320 202.9 -> 195.0; but 15 / 120 rows +0.5..1.5 (one wave either way).
+ROWS_MAXNREG = None
+ROWS_WIDE_MAXNREG = 80
 # The one-read path measured faster than torch.topk up to 120 rows of 151,936 (session 21 call 7: 173.7 vs 207.9 us)
 # and slower from 480 rows of 248,320; the walk takes torch.topk past this where no bound applies (k > BOUND_MAX_K,
 # vocabularies past 2**INDEX_BITS).
@@ -395,7 +398,10 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     # the module's knobs read now, not when a launch runs (the bench changes them between plans)
     chunk, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), ROWS_NUM_WARPS
     rows_bits = ROWS_DIGIT_BITS or digit_bits
-    rows_cap = dict(maxnreg=ROWS_MAXNREG) if ROWS_MAXNREG and os.environ.get("TRITON_INTERPRET") != "1" else {}
+    rows_maxnreg = ROWS_MAXNREG
+    if rows_maxnreg is None:
+        rows_maxnreg = ROWS_WIDE_MAXNREG if rows > _persistent_programs(dev) else 0  # two programs an SM
+    rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and os.environ.get("TRITON_INTERPRET") != "1" else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
