@@ -1712,10 +1712,11 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
 ])
 @pytest.mark.parametrize("batch", [1, 32])
 def test_gpu_pdl_first_waits_for_the_launch_before(config, batch):
-    """pdl_first: the verify's first launch starts by programmatic dependent launch right after a kernel that writes
-    its inputs (a copy into mixed_qkv, a and b) and must wait for it: outputs and workspace bit for bit those without
-    PDL, eagerly and over several replays of a CUDA graph that rewrites the inputs before every verify."""
-    import dataclasses
+    """pdl_first: the verify's first launch follows, by programmatic dependent launch, a kernel that lets it start at
+    once and only then (after a spin) writes mixed_qkv (`late_writer.late_copy`). Reading it before the wait would
+    see the previous input: outputs and workspace must be bit for bit those without PDL for every input, eagerly and
+    over replays of a CUDA graph holding the same two launches."""
+    from late_writer import late_copy
 
     lens = [16] * batch
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
@@ -1728,8 +1729,9 @@ def test_gpu_pdl_first_waits_for_the_launch_before(config, batch):
         out = torch.empty(sum(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
 
         def step(src):
-            for k in ("mixed_qkv", "a", "b"):
-                p[k].copy_(src[k])  # the launch right before the verify writes what it reads
+            p["a"].copy_(src["a"])
+            p["b"].copy_(src["b"])
+            late_copy(p["mixed_qkv"], src["mixed_qkv"])  # the launch right before the verify
             gdn_verify(**p, workspace=ws.layer(0), max_seqlen=16, config=c, out=out)
 
         got = []

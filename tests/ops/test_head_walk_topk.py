@@ -163,6 +163,20 @@ def test_matches_vllms_topk_walk(dtype, sampled, form):
 
 @needs_kernels
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("topk", [5, 8])
+def test_a_step_whose_candidates_all_score_minus_inf(topk, form):
+    """The lanes past K (K 5: not a power of two; K 8: below the table form's 16-wide tile) never win: a step whose
+    candidates all score -inf picks the smallest draft id among them, as the reference does."""
+    p = make_problem(3, 4, 60, topk, 16, seed=topk)
+    p.values[:, 1] = float("-inf")
+    tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, form=form)
+    want, _ = naive_head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0)
+    assert torch.equal(tokens, want)
+    assert torch.equal(tokens[:, 1], p.cand[:, 1].min(dim=1).values)
+
+
+@needs_kernels
+@pytest.mark.parametrize("form", FORMS)
 def test_logit_scale(form):
     p = make_problem(2, 5, 120, 12, 32, seed=3)
     tokens = head_walk_topk(p.values, p.cand, p.w1, p.w2, p.x0, logit_scale=0.7, form=form)
@@ -453,42 +467,60 @@ def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("rows, steps, vocab", [(1, 15, 32_000), (8, 15, 151_936), (64, 7, 248_320)])
 def test_gpu_pdl_changes_nothing(rows, steps, vocab, sampled):
-    """Programmatic dependent launch of the select's, the table's and the chain's launches (each waits for the one
-    before it before touching memory): the same candidates, drafts and cache, eagerly and replayed in a CUDA graph;
-    the select's mixed rows include constant ones, which take the fallback launches."""
+    """Programmatic dependent launch of the select's, the table's and the chain's launches: each follows a kernel
+    that lets it start at once and writes what it reads only later (the logits, by `late_writer.late_copy`, before
+    the select's first launch), and must wait for it. The candidates, drafts and cache are those without PDL for
+    every input, eagerly and over CUDA-graph replays. 8 x 15 x 151,936 and 64 x 7 x 248,320 take the two-read select
+    (their constant rows its fallback launches); 1 x 15 x 32k the one-read one."""
+    from late_writer import late_copy
+
     topk = 64
     p = make_problem(rows, steps, 64, topk, 256, dtype=torch.bfloat16, device="cuda", seed=rows, scale=0.05)
     p.w1 = (torch.randn(vocab, 256, device="cuda") * 0.05).bfloat16()
     p.w2 = (torch.randn(vocab, 256, device="cuda") * 0.05).bfloat16()
     p.x0 = torch.randint(0, vocab, (rows,), device="cuda")
     p.req = torch.arange(rows, device="cuda")
-    logits = torch.randn(rows, steps, vocab, device="cuda")
-    logits[0, ::2] = 0.25  # constant rows
-    logits = logits.bfloat16()
-    outs = {}
+    sources = []
+    for seed in range(3):
+        x = torch.randn(rows, steps, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        x[0, ::2] = 0.25 * (seed + 1)  # constant rows
+        sources.append(x.bfloat16())
+    logits = torch.empty_like(sources[0])
+    cache = torch.empty((rows, steps, vocab), device="cuda")
+    columns = torch.empty((rows, steps, topk), dtype=torch.int64, device="cuda")
+    tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
+    results = {}
     for pdl in (False, True):
-        cache = torch.full((rows, steps, vocab), float("-inf"), device="cuda")
-        columns = torch.full((rows, steps, topk), -1, dtype=torch.int64, device="cuda")
-        tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
-
-        def walk():
+        def walk(src):
+            cache.fill_(float("-inf"))
+            columns.fill_(-1)
+            late_copy(logits, src)  # the launch right before the select's first
             values, cand = walk_candidates(logits, topk, pdl=pdl)
             head_walk_topk(values, cand, p.w1, p.w2, p.x0, out=tokens, req_indices=p.req, pdl=pdl,
                            draft_logits=cache if sampled else None, cached_columns=columns if sampled else None,
                            **sampling(p, sampled))
-        walk()
-        eager = (tokens.clone(), cache.clone())
+            return cand
+
+        got = []
+        for src in sources:
+            cand = walk(src)
+            got.append((cand.sort(-1).values.clone(), tokens.clone(), cache.clone()))
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        holder = torch.empty_like(logits)
         with torch.cuda.stream(stream):
-            walk()  # warm-up on the capture stream
+            walk(holder)  # warm-up on the capture stream
             with torch.cuda.graph(graph, stream=stream):
-                walk()
+                graph_cand = walk(holder)
         torch.cuda.current_stream().wait_stream(stream)
-        tokens.fill_(-1)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(tokens, eager[0]) and torch.equal(cache, eager[1]), pdl
-        outs[pdl] = eager
-    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+        for src, (want_cand, want_tokens, want_cache) in zip(sources, got):
+            holder.copy_(src)
+            tokens.fill_(-1)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(graph_cand.sort(-1).values, want_cand), pdl
+            assert torch.equal(tokens, want_tokens) and torch.equal(cache, want_cache), pdl
+        results[pdl] = got
+    for (a_cand, a_tokens, a_cache), (b_cand, b_tokens, b_cache) in zip(results[False], results[True]):
+        assert torch.equal(a_cand, b_cand) and torch.equal(a_tokens, b_tokens) and torch.equal(a_cache, b_cache)

@@ -53,10 +53,10 @@ def _stacked_prep_kernel(
     program runs. L2_PREFETCH: requests i_n < prefetch_requests bulk-prefetch their k-head's HPG v-heads' states
     (HPG * V * K contiguous elements) into L2 once their own input loads have returned, so the HBM, idle while the
     prep's chain runs, fills L2 with what the state pass reads first."""
+    if WAIT_BEFORE:  # launched by PDL after the launch before it (VerifyConfig.pdl_first): wait for it first, before
+        tl.extra.cuda.gdc_wait()  # the state pass, which reads inputs before its own wait, may start
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
-    if WAIT_BEFORE:  # launched by PDL after the launch before it (VerifyConfig.pdl_first): wait for it first
-        tl.extra.cuda.gdc_wait()
     i_h, i_n = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -310,7 +310,8 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
         raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
     z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
-    pdl = config.pdl and "prep" in parts and "state" in parts and not _interpreting()
+    pdl = (config.pdl and "prep" in parts and "state" in parts and not _interpreting()
+           and torch.cuda.get_device_capability(out.device) >= (9, 0))
     prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
     prefetch_requests, prefetch_ahead = l2_prefetch_plan(config, ssm_state, num_requests)

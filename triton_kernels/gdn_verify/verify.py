@@ -959,7 +959,7 @@ def gdn_verify(
         config = default_verify_config(num_requests, folded=fold is not None, max_seqlen=max_seqlen,
                                        state_dtype=ssm_state.dtype, num_v_heads=num_v_heads)
         if fold is not None and config.stacked:  # a tuned unfolded pick; the stacked form has no fold path
-            config = dataclasses.replace(config, stacked=False, pdl=False)
+            config = dataclasses.replace(config, stacked=False, pdl=False, pdl_first=False)
     if fold is not None:
         _check_fold(fold, num_requests, num_k_heads, num_v_heads, head_k_dim, head_v_dim, mixed_qkv.device)
         if config.skip_stages:

@@ -20,7 +20,6 @@ the list holds every element at or above B, and the ties at the K-th key are cut
 Only the set is torch.topk's: the candidates are not sorted by value, which the walk does not need.
 """
 import dataclasses
-import os
 
 import torch
 import triton
@@ -401,7 +400,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     rows_maxnreg = ROWS_MAXNREG
     if rows_maxnreg is None:
         rows_maxnreg = ROWS_WIDE_MAXNREG if rows > _persistent_programs(dev) else 0  # two programs an SM
-    rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and os.environ.get("TRITON_INTERPRET") != "1" else {}
+    rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and not _interpreting() else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
@@ -418,6 +417,11 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     ], fallback)
 
 
+def _interpreting() -> bool:
+    # Triton fixes interpreter or compiler when a kernel is defined (TRITON_INTERPRET=1, true, on, ...)
+    return type(topk_split_kernel).__name__ == "InterpretedFunction"
+
+
 def default_pdl(device: torch.device) -> bool:
     """Whether the top-k walk's launches (the select's, the table's, the chain's) take programmatic dependent launch
     where the caller does not say: yes (where pdl_launch allows it). Measured (H200, session 23 call 5, select + table
@@ -431,7 +435,7 @@ def pdl_launch(device: torch.device, pdl: bool | None) -> dict:
     """The launch options for `pdl` (None: default_pdl): PDL needs sm_90 and a real launch (not the interpreter)."""
     if pdl is None:
         pdl = default_pdl(device)
-    if not pdl or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if not pdl or device.type != "cuda" or _interpreting():
         return {}
     if torch.cuda.get_device_capability(device) < (9, 0):
         return {}

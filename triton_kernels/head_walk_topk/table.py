@@ -30,6 +30,7 @@ TABLE_NUM_WARPS = 4
 TABLE_BLOCK_R = 64
 # Bits of a pick's slot below its key's id: (score, ID_MASK - id) keys leave 14 of their low 32 bits free.
 SLOT_BITS = tl.constexpr(12)
+NO_KEY = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
@@ -166,6 +167,7 @@ def topk_table_chain_kernel(
         # One max a step: the slot rides below the (score, -id) key (ids are distinct, so it never decides)
         key = _ordered_keys(scored, tie_ids)
         key = (key >> 32 << 32) | ((key & ID_MASK) << SLOT_BITS) | o_j
+        key = tl.where(m_k, key, NO_KEY)  # lanes past K never win, even over candidates that all score -inf
         row = (tl.max(key, axis=0) & (KP - 1)).to(tl.int32)
         tl.store(out_ptr + b * stride_ob + k, row)
     # the picks' slots -> target ids, every step at once (off the chain)

@@ -149,7 +149,8 @@ def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req
         dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
         cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
         width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
-    keys = _ordered_keys(scored, tie_ids)
+    # lanes past K never win, even over candidates that all score -inf (the smallest id of those wins, as in naive)
+    keys = tl.where(m_k, _ordered_keys(scored, tie_ids), -(1 << 63))
     best = tl.max(keys, axis=0)
     return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
 
