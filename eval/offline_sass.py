@@ -347,6 +347,21 @@ def hwd():
             compile_captured(name, fn, args, kwargs)
 
 
+def _topk_walk_operands(rows, steps, topk, vocab, rank, sampled):
+    """head_walk_topk's positional operands (values, candidates, w1, w2, anchors) and keywords (out, req_indices,
+    and a sampled walk's with its cache), bf16, for a capture."""
+    first = torch.zeros(rows, dtype=torch.long)
+    operands = (torch.empty(rows, steps, topk, dtype=torch.bfloat16), torch.zeros(rows, steps, topk, dtype=torch.long),
+                torch.empty(vocab, rank, dtype=torch.bfloat16), torch.empty(vocab, rank, dtype=torch.bfloat16), first)
+    extra = dict(out=torch.zeros(rows, steps, dtype=torch.long), req_indices=first)
+    if sampled:
+        extra.update(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
+                     positions=torch.zeros(rows, steps, dtype=torch.long),
+                     draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
+                     cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+    return operands, extra
+
+
 def topk():
     """head_walk_topk (the top-k walk, one program a row): bf16, r 256, 15 steps, greedy / sampled with the cache, K 64
     and K 256 (four chunks), 8 / 16 / 32 warps."""
@@ -359,20 +374,9 @@ def topk():
                 name = f"topk_k{topk}_{'sampled' if sampled else 'greedy'}_w{warps}"
                 if ONLY and name not in ONLY:
                     continue
-                values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
-                cand = torch.zeros(rows, steps, topk, dtype=torch.long)
-                w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-                first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
-                extra = {}
-                if sampled:
-                    extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
-                                 positions=torch.zeros(rows, steps, dtype=torch.long),
-                                 draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
-                                 cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+                operands, extra = _topk_walk_operands(rows, steps, topk, vocab, rank, sampled)
                 del captured[:]
-                walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first,
-                                    num_warps=warps, round_dot=True, form="loop", **extra)
+                walk.head_walk_topk(*operands, num_warps=warps, round_dot=True, form="loop", **extra)
                 (fn, args, kwargs), = captured
                 compile_captured(name, fn, args, kwargs)
     # the bias-table forms (session 23): the table launch and the chain, K 64, with and without the tile ahead
@@ -384,21 +388,9 @@ def topk():
             name = f"topk_{form}_k64_{'sampled' if sampled else 'greedy'}_w{warps}"
             if ONLY and name not in ONLY:
                 continue
-            topk = 64
-            values = torch.empty(rows, steps, topk, dtype=torch.bfloat16)
-            cand = torch.zeros(rows, steps, topk, dtype=torch.long)
-            w1 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-            w2 = torch.empty(vocab, rank, dtype=torch.bfloat16)
-            first, out = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, steps, dtype=torch.long)
-            extra = {}
-            if sampled:
-                extra = dict(temperature=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.long),
-                             positions=torch.zeros(rows, steps, dtype=torch.long),
-                             draft_logits=torch.empty(rows, steps, vocab, dtype=torch.bfloat16),
-                             cached_columns=torch.zeros(rows, steps, topk, dtype=torch.long))
+            operands, extra = _topk_walk_operands(rows, steps, 64, vocab, rank, sampled)
             del captured[:]
-            walk.head_walk_topk(values, cand, w1, w2, first, out=out, req_indices=first, num_warps=warps,
-                                round_dot=True, form=form, **extra)
+            walk.head_walk_topk(*operands, num_warps=warps, round_dot=True, form=form, **extra)
             for i, (fn, args, kwargs) in enumerate(captured):
                 compile_captured(f"{name}_{i}", fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select

@@ -17,7 +17,7 @@ import triton.language as tl
 from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, ID_MASK, _gumbel_noise, _ordered_keys, _step_seed
 
 from .select import _wait_for_the_launch_before, pdl_launch
-from .walk import _corrected_scores
+from .walk import _corrected_scores, _forget_last_walk, _row_request, stored_outputs
 
 # Warps of a chain program, greedy / sampled (the table's programs take TABLE_NUM_WARPS), and r a table program
 # multiplies at once. Greedy: one warp, whose max is shuffles alone (4 warps: 9 CTA barriers a step for the three
@@ -116,25 +116,11 @@ def topk_table_chain_kernel(
     b = tl.program_id(0).to(tl.int64)
     o_j = tl.arange(0, KP)
     m_k = o_j < topk
-    if HAS_REQ:
-        req = tl.load(req_ptr + b).to(tl.int64)
-    else:
-        req = b
-    valid = req >= 0
-    req_safe = tl.maximum(req, 0)
-    temp = 0.0
-    if SAMPLED:
-        temp = tl.where(valid, tl.load(temp_ptr + req_safe).to(tl.float32), 0.0)
-    hot = temp != 0.0
+    valid, req_safe, temp, hot = _row_request(req_ptr, temp_ptr, b, HAS_REQ, SAMPLED)
     out_ty: tl.constexpr = values_ptr.dtype.element_ty
-
-    if STORE_CACHE:  # as head_walk_topk_kernel: -inf back where this slot's last walk wrote, then a barrier
-        for k in range(num_steps):
-            m_old = tl.where(valid, m_k, False)
-            old = tl.load(col_ptr + req_safe * stride_colr + k * stride_colk + o_j, mask=m_old, other=-1)
-            m_old = m_old & (old >= 0) & (old < width)
-            tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + old, float("-inf"), mask=m_old)
-        tl.debug_barrier()
+    if STORE_CACHE:
+        _forget_last_walk(dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk, req_safe, valid,
+                          num_steps, topk, width, o_j, KP, 1)
 
     row = tl.zeros([], dtype=tl.int32)  # the previous pick's row of the step's table (the anchor's: 0)
     table_row = table_ptr + b * stride_tb
@@ -230,15 +216,10 @@ def table_launches(values, cand, w1, w2_rows, first_tokens, out, temperature, se
         temperature if sampled else dummy,
         draft_to_target if draft_to_target is not None else dummy,
         out, out.stride(0),
-        corrected_out if corrected_out is not None else dummy,
-        corrected_out.stride(0) if corrected_out is not None else 0,
-        corrected_out.stride(1) if corrected_out is not None else 0,
-        draft_logits if store_cache else dummy,
-        draft_logits.stride(0) if store_cache else 0, draft_logits.stride(1) if store_cache else 0,
-        cached_columns if store_cache else dummy,
-        cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
+        *stored_outputs(out, corrected_out, draft_logits, cached_columns),
         num_steps, topk, draft_logits.shape[2] if store_cache else 0,
-        KP=kp, NP=triton.next_power_of_2(num_steps), TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None, STORE_CACHE=store_cache, **flags,
+        KP=kp, NP=triton.next_power_of_2(num_steps), TILE_AHEAD=ahead, STORE_CORRECTED=corrected_out is not None,
+        STORE_CACHE=store_cache, **flags,
         num_warps=num_warps or (SAMPLED_CHAIN_NUM_WARPS if sampled else CHAIN_NUM_WARPS), **pdl,
     )
     return [("table", table_launch), ("chain", chain_launch)]

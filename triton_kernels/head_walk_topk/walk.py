@@ -76,31 +76,14 @@ def head_walk_topk_kernel(
     o_r = tl.arange(0, R)
     m_r = o_r < rank
     o_j = tl.arange(0, KC)
-    if HAS_REQ:
-        req = tl.load(req_ptr + b).to(tl.int64)
-    else:
-        req = b
-    valid = req >= 0
-    req_safe = tl.maximum(req, 0)
-    temp = 0.0
+    valid, req_safe, temp, hot = _row_request(req_ptr, temp_ptr, b, HAS_REQ, SAMPLED)
     seed = req_safe * 0
     if SAMPLED:
-        temp = tl.where(valid, tl.load(temp_ptr + req_safe).to(tl.float32), 0.0)
         seed = tl.where(valid, tl.load(seed_ptr + req_safe).to(tl.int64), 0)
-    hot = temp != 0.0
     out_ty: tl.constexpr = values_ptr.dtype.element_ty
-
     if STORE_CACHE:
-        # -inf back where this slot's last walk wrote, before any of this walk's stores (another thread of this
-        # program may write the same column below: the barrier orders them).
-        for k in range(num_steps):
-            for c in tl.static_range(NUM_CHUNKS):
-                o_k = c * KC + o_j
-                m_old = tl.where(valid, o_k < topk, False)  # where: the interpreter rejects block & scalar
-                old = tl.load(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, mask=m_old, other=-1)
-                m_old = m_old & (old >= 0) & (old < width)
-                tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + old, float("-inf"), mask=m_old)
-        tl.debug_barrier()
+        _forget_last_walk(dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk, req_safe, valid,
+                          num_steps, topk, width, o_j, KC, NUM_CHUNKS)
 
     # The anchor of a padding row may be anything: kept inside W1 (every later token is a candidate's).
     prev = tl.minimum(tl.maximum(tl.load(first_ptr + b * stride_first).to(tl.int64), 0), target_vocab - 1)
@@ -136,6 +119,37 @@ def head_walk_topk_kernel(
                 best = tl.maximum(best, chunk_best)
         tl.store(out_ptr + b * stride_ob + k, best_target)
         prev = best_target
+
+
+@triton.jit
+def _row_request(req_ptr, temp_ptr, b, HAS_REQ: tl.constexpr, SAMPLED: tl.constexpr):
+    """Row b's request slot: (valid: not a padding row, the slot clamped to >= 0, its temperature (0: greedy; a
+    padding row's too), temperature != 0)."""
+    if HAS_REQ:
+        req = tl.load(req_ptr + b).to(tl.int64)
+    else:
+        req = b
+    valid = req >= 0
+    req_safe = tl.maximum(req, 0)
+    temp = 0.0
+    if SAMPLED:
+        temp = tl.where(valid, tl.load(temp_ptr + req_safe).to(tl.float32), 0.0)
+    return valid, req_safe, temp, temp != 0.0
+
+
+@triton.jit
+def _forget_last_walk(dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk, req_safe, valid, num_steps,
+                      topk, width, o_j, KC: tl.constexpr, NUM_CHUNKS: tl.constexpr):
+    """-inf back in the draft-logits cache where this slot's last walk wrote, before any of this walk's stores
+    (another thread of the program may write the same column after: the barrier orders them)."""
+    for k in range(num_steps):
+        for c in tl.static_range(NUM_CHUNKS):
+            o_k = c * KC + o_j
+            m_old = tl.where(valid, o_k < topk, False)  # where: the interpreter rejects block & scalar
+            old = tl.load(col_ptr + req_safe * stride_colr + k * stride_colk + o_k, mask=m_old, other=-1)
+            m_old = m_old & (old >= 0) & (old < width)
+            tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + old, float("-inf"), mask=m_old)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -343,13 +357,7 @@ def head_walk_topk(
         positions if sampled else dummy, positions.stride(0) if sampled else 0,
         draft_to_target if draft_to_target is not None else dummy,
         out, out.stride(0),
-        corrected_out if corrected_out is not None else dummy,
-        corrected_out.stride(0) if corrected_out is not None else 0,
-        corrected_out.stride(1) if corrected_out is not None else 0,
-        draft_logits if store_cache else dummy,
-        draft_logits.stride(0) if store_cache else 0, draft_logits.stride(1) if store_cache else 0,
-        cached_columns if store_cache else dummy,
-        cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0,
+        *stored_outputs(out, corrected_out, draft_logits, cached_columns),
         float(logit_scale), num_steps, topk, rank, draft_logits.shape[2] if store_cache else 0, w1.shape[0],
         R=triton.next_power_of_2(rank), KC=kc, NUM_CHUNKS=num_chunks,
         SAMPLED=sampled, HAS_REQ=req_indices is not None, HAS_D2T=draft_to_target is not None,
@@ -358,6 +366,19 @@ def head_walk_topk(
         num_warps=num_warps or NUM_WARPS,
     )
     return out
+
+
+def stored_outputs(dummy, corrected_out, draft_logits, cached_columns) -> tuple:
+    """The walk kernels' optional outputs as launch arguments: corrected_out and its two strides, the draft-logits
+    cache and its two, the cached columns and theirs (dummy and 0 where absent; the cache and columns go together)."""
+    store_cache = draft_logits is not None
+    return (corrected_out if corrected_out is not None else dummy,
+            corrected_out.stride(0) if corrected_out is not None else 0,
+            corrected_out.stride(1) if corrected_out is not None else 0,
+            draft_logits if store_cache else dummy,
+            draft_logits.stride(0) if store_cache else 0, draft_logits.stride(1) if store_cache else 0,
+            cached_columns if store_cache else dummy,
+            cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0)
 
 
 def default_form(device: torch.device, topk: int) -> str:
