@@ -56,6 +56,10 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+import hybridspec_kernels._pdl  # noqa: E402
+
+hybridspec_kernels._pdl.OFFLINE_SM90 = True  # CPU tensors stand for the GPU's: PDL builds as launched there
+
 OUT, WHAT, ONLY = sys.argv[2], sys.argv[3], set(sys.argv[4:])
 os.makedirs(OUT, exist_ok=True)
 captured = []

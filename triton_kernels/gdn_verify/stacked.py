@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .._log import log_once
+from .._pdl import interpreted, pdl_available, wait_for_the_launch_before
 from .two_pass import _norm_qk_and_store
 from .verify import _causal_conv_silu, pdl_first_launch
 
@@ -53,8 +54,9 @@ def _stacked_prep_kernel(
     program runs. L2_PREFETCH: requests i_n < prefetch_requests bulk-prefetch their k-head's HPG v-heads' states
     (HPG * V * K contiguous elements) into L2 once their own input loads have returned, so the HBM, idle while the
     prep's chain runs, fills L2 with what the state pass reads first."""
-    if WAIT_BEFORE:  # launched by PDL after the launch before it (VerifyConfig.pdl_first): wait for it first, before
-        tl.extra.cuda.gdc_wait()  # the state pass, which reads inputs before its own wait, may start
+    # launched by PDL after the launch before it (VerifyConfig.pdl_first): wait for it first, before the state pass,
+    # which reads inputs before its own wait, may start
+    wait_for_the_launch_before(WAIT_BEFORE)
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     i_h, i_n = tl.program_id(0), tl.program_id(1)
@@ -310,8 +312,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
         raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
     z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
-    pdl = (config.pdl and "prep" in parts and "state" in parts and not _interpreting()
-           and torch.cuda.get_device_capability(out.device) >= (9, 0))
+    pdl = config.pdl and "prep" in parts and "state" in parts and pdl_available(out.device, _stacked_state_kernel)
     prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
     prefetch_requests, prefetch_ahead = l2_prefetch_plan(config, ssm_state, num_requests)
@@ -382,8 +383,7 @@ def _tma_descriptors(ssm_state, z_kq, block_v, block_t):
 
 
 def _interpreting():
-    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs
-    return type(_stacked_state_kernel).__name__ == "InterpretedFunction"
+    return interpreted(_stacked_state_kernel)
 
 
 def stacked_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import interpreted
 from .verify import (_causal_conv_silu, _conv_math, _conv_taps, _fold_head, _state_block, _value_block,
                      _value_block_math, _value_block_taps)
 
@@ -221,8 +222,7 @@ def launch_two_pass(mixed_qkv, a, b, conv_w, conv_bias, A_log, dt_bias, conv_sta
 
 
 def _interpreting():
-    # Triton fixes interpreter or compiler when the kernel is defined, not when it runs
-    return type(_gdn_verify_prep_kernel).__name__ == "InterpretedFunction"
+    return interpreted(_gdn_verify_prep_kernel)
 
 
 def two_pass_scratch(device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim):

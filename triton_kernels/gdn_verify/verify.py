@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_available, wait_for_the_launch_before
 from .workspace import MAX_VERIFY_LEN, GDNFold, GDNVerifyWorkspace, check_conv_state, check_ssm_state
 
 # tl.dot input precision. The [L, K] x [K, BV] state products and the q/k Gram products run in tf32: fp32 "ieee"
@@ -354,8 +355,7 @@ def _gdn_verify_kernel(
     G after its cumsum), not at the end. SPLIT_GRAM: the Gram products as two independent half-K chains each
     (`_gram_products`). WAIT_BEFORE: launched by programmatic dependent launch after whatever launch comes before it
     (`VerifyConfig.pdl_first`): it waits for that launch to finish before touching memory."""
-    if WAIT_BEFORE:
-        tl.extra.cuda.gdc_wait()
+    wait_for_the_launch_before(WAIT_BEFORE)
     i_vs, i_hg, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = (i_hg * HEADS_PER_PROGRAM) // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -1011,9 +1011,7 @@ def gdn_verify(
 def pdl_first_launch(config: "VerifyConfig", device: torch.device) -> dict:
     """Launch options of a verify's first launch: with `pdl_first` on sm_90 (not the interpreter), programmatic
     dependent launch and the kernel's WAIT_BEFORE."""
-    if not config.pdl_first or type(_gdn_verify_kernel).__name__ == "InterpretedFunction" or device.type != "cuda":
-        return {}
-    if torch.cuda.get_device_capability(device) < (9, 0):
+    if not config.pdl_first or not pdl_available(device, _gdn_verify_kernel):
         return {}
     return dict(WAIT_BEFORE=True, launch_pdl=True)
 

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import interpreted, pdl_available, wait_for_the_launch_before
+
 # Elements of a row one split program holds in registers; warps of a program; the most staged candidates a row may
 # have; bits of the key decided per histogram round (16 / DIGIT_BITS rounds: 8 = two 256-bin rounds, 4 = four 16-bin
 # ones, 2 = eight 4-bin ones). H200, session 21 call 7 (K 64, us, CUDA graph; torch.topk / bits 8 / 4 / 2 at split 4096
@@ -66,15 +68,6 @@ ONE_READ_MAX_ELEMENTS = 120 * 151_936
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
-
-
-@triton.jit
-def _wait_for_the_launch_before(PDL: tl.constexpr):
-    """Launched with programmatic dependent launch (PDL): wait, before any memory access, until the launch before
-    this one has finished and its writes are visible. So the stream's order is kept; what overlaps is only this
-    launch's start with the end of the one before."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -167,7 +160,7 @@ def _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, ind
 @triton.jit
 def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, SPLIT: tl.constexpr,
                       KP: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr = False):
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, tl.program_id(0).to(tl.int64),
                   tl.program_id(1), SPLIT, KP, DIGIT_BITS)
 
@@ -175,7 +168,7 @@ def topk_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, n
 @triton.jit
 def topk_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
                       STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr = False):
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
                   tl.program_id(0).to(tl.int64), STAGED, DIGIT_BITS)
 
@@ -194,7 +187,7 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fal
     not tell -0.0 from +0.0; the row programs allow for it). Floats, not keys, because a bf16x2 / f16x2 maximum takes
     a pair an instruction: a key an element held this pass to 3.3 TB/s, compute-bound (session 22, calls 9 and 11).
     Program (0, 0) empties the fallback list the next launch fills."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if (row == 0) & (split == 0):
         tl.store(fallback_ptr, 0)
@@ -242,7 +235,7 @@ def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piec
     row's first k lie in the pieces whose maximum is at least B (about k of them): those are read, their elements at
     or above B listed, and the k picked from the list (ties at the k-th key by smallest index, torch.topk's rule).
     A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     row = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MAXIMA)
     piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
@@ -282,7 +275,7 @@ def topk_fallback_split_kernel(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_
                                SPLIT: tl.constexpr, KP: tl.constexpr, DIGIT_BITS: tl.constexpr,
                                PDL: tl.constexpr = False):
     """The one-read split pass for the splits of the rows on the fallback list, each program every num_programs-th."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     for i in range(tl.program_id(0), tl.load(fallback_ptr) * num_splits, tl.num_programs(0)):
         row = tl.load(fallback_ptr + 1 + i // num_splits).to(tl.int64)
         _split_select(x_ptr, stride_x, vocab, stage_key_ptr, stage_idx_ptr, k, num_splits, row, i % num_splits,
@@ -294,7 +287,7 @@ def topk_fallback_merge_kernel(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, va
                                staged, fallback_ptr, STAGED: tl.constexpr, DIGIT_BITS: tl.constexpr,
                                PDL: tl.constexpr = False):
     """The one-read merge for the rows on the fallback list."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     for i in range(tl.program_id(0), tl.load(fallback_ptr), tl.num_programs(0)):
         _merge_staged(x_ptr, stride_x, stage_key_ptr, stage_idx_ptr, values_ptr, index_ptr, stride_out, k, staged,
                       tl.load(fallback_ptr + 1 + i).to(tl.int64), STAGED, DIGIT_BITS)
@@ -400,7 +393,7 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     rows_maxnreg = ROWS_MAXNREG
     if rows_maxnreg is None:
         rows_maxnreg = ROWS_WIDE_MAXNREG if rows > _persistent_programs(dev) else 0  # two programs an SM
-    rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and not _interpreting() else {}
+    rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and not interpreted(topk_split_kernel) else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
@@ -417,11 +410,6 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     ], fallback)
 
 
-def _interpreting() -> bool:
-    # Triton fixes interpreter or compiler when a kernel is defined (TRITON_INTERPRET=1, true, on, ...)
-    return type(topk_split_kernel).__name__ == "InterpretedFunction"
-
-
 def default_pdl(device: torch.device) -> bool:
     """Whether the top-k walk's launches (the select's, the table's, the chain's) take programmatic dependent launch
     where the caller does not say: yes (where pdl_launch allows it). Measured (H200, session 23 call 5, select + table
@@ -435,9 +423,7 @@ def pdl_launch(device: torch.device, pdl: bool | None) -> dict:
     """The launch options for `pdl` (None: default_pdl): PDL needs sm_90 and a real launch (not the interpreter)."""
     if pdl is None:
         pdl = default_pdl(device)
-    if not pdl or device.type != "cuda" or _interpreting():
-        return {}
-    if torch.cuda.get_device_capability(device) < (9, 0):
+    if not pdl or not pdl_available(device, topk_split_kernel):
         return {}
     return dict(PDL=True, launch_pdl=True)
 

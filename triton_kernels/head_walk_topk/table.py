@@ -16,8 +16,17 @@ import triton.language as tl
 
 from hybridspec_kernels.head_walk.kernel import DRAFT_NOISE_SALT, ID_MASK, _gumbel_noise, _ordered_keys, _step_seed
 
-from .select import _wait_for_the_launch_before, pdl_launch
-from .walk import _corrected_scores, _forget_last_walk, _row_request, stored_outputs
+from .._pdl import wait_for_the_launch_before
+from .select import pdl_launch
+from .walk import (
+    NO_KEY,
+    _corrected_scores,
+    _forget_last_walk,
+    _row_request,
+    _step_candidates,
+    _target_ids,
+    stored_outputs,
+)
 
 # Warps of a chain program, greedy / sampled (the table's programs take TABLE_NUM_WARPS), and r a table program
 # multiplies at once. Greedy: one warp, whose max is shuffles alone (4 warps: 9 CTA barriers a step for the three
@@ -30,7 +39,6 @@ TABLE_NUM_WARPS = 4
 TABLE_BLOCK_R = 64
 # Bits of a pick's slot below its key's id: (score, ID_MASK - id) keys leave 14 of their low 32 bits free.
 SLOT_BITS = tl.constexpr(12)
-NO_KEY = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
@@ -50,22 +58,18 @@ def topk_bias_table_kernel(
 ):
     """Program (b, k): table[b, k] = the bias rows of step k ([KP, KP] fp32, row i for previous candidate i, row 0 the
     anchor's at k = 0) and, sampled, noise[b, k] = the Gumbel noise of step k's candidates ([KP] fp32)."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     b = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1)
     o_i = tl.arange(0, KP)
     m_j = o_i < topk
     ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_i, mask=m_j, other=0).to(tl.int64)
-    if HAS_D2T:
-        targets = ids + tl.load(d2t_ptr + ids, mask=m_j, other=0).to(tl.int64)
-    else:
-        targets = ids
+    targets = _target_ids(ids, d2t_ptr, m_j, HAS_D2T)
     # The previous step's candidates (their target ids index W1), or the anchor alone: clamped into W1 as the loop
     # walk does (a padding row's anchor may be anything).
     m_prev = tl.where(k > 0, m_j, False)  # where: the interpreter rejects block & scalar
-    prev = tl.load(cand_ptr + b * stride_cb + (k - 1) * stride_ck + o_i, mask=m_prev, other=0).to(tl.int64)
-    if HAS_D2T:
-        prev += tl.load(d2t_ptr + prev, mask=m_prev, other=0).to(tl.int64)
+    prev = _target_ids(tl.load(cand_ptr + b * stride_cb + (k - 1) * stride_ck + o_i, mask=m_prev, other=0)
+                       .to(tl.int64), d2t_ptr, m_prev, HAS_D2T)
     anchor = tl.minimum(tl.maximum(tl.load(first_ptr + b * stride_first).to(tl.int64), 0), target_vocab - 1)
     prev = tl.where(k > 0, prev, anchor)
     m_i = tl.where(k > 0, m_j, o_i == 0)
@@ -112,7 +116,7 @@ def topk_table_chain_kernel(
     STORE_CORRECTED: tl.constexpr, STORE_CACHE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program b walks batch row b through all steps by the bias table; outputs as head_walk_topk_kernel's."""
-    _wait_for_the_launch_before(PDL)
+    wait_for_the_launch_before(PDL)
     b = tl.program_id(0).to(tl.int64)
     o_j = tl.arange(0, KP)
     m_k = o_j < topk
@@ -128,12 +132,8 @@ def topk_table_chain_kernel(
         o_i = tl.arange(0, KP)
         tile_next = tl.load(table_row + o_i[:, None] * KP + o_j[None, :])
     for k in range(num_steps):
-        ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_j, mask=m_k, other=0).to(tl.int64)
-        vals = tl.load(values_ptr + b * stride_vb + k * stride_vk + o_j, mask=m_k, other=0.0).to(tl.float32)
-        if HAS_D2T:
-            targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
-        else:
-            targets = ids
+        ids, vals, targets = _step_candidates(values_ptr + b * stride_vb + k * stride_vk,
+                                              cand_ptr + b * stride_cb + k * stride_ck, d2t_ptr, o_j, m_k, HAS_D2T)
         if SAMPLED:
             noise = tl.load(noise_ptr + b * stride_nb + k * stride_nk + o_j)
         else:
@@ -162,10 +162,9 @@ def topk_table_chain_kernel(
     m_n = o_n < num_steps
     slots = tl.load(out_ptr + b * stride_ob + o_n, mask=m_n, other=0)
     ids = tl.load(cand_ptr + b * stride_cb + o_n * stride_ck + slots, mask=m_n, other=0).to(tl.int64)
-    if HAS_D2T:
-        ids += tl.load(d2t_ptr + ids, mask=m_n, other=0).to(tl.int64)
+    targets = _target_ids(ids, d2t_ptr, m_n, HAS_D2T)
     tl.debug_barrier()  # every slot read before any is overwritten
-    tl.store(out_ptr + b * stride_ob + o_n, ids, mask=m_n)
+    tl.store(out_ptr + b * stride_ob + o_n, targets, mask=m_n)
 
 
 def walk_by_table(*args, **kwargs) -> None:

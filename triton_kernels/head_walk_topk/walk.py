@@ -43,6 +43,8 @@ CHUNK = 64
 # with the L2 flushed before each replay (session 22 call 16, 32k b1 greedy incl. the select: 67.3 / 73.3 us against
 # 41.1 / 52.9), removed.
 NUM_WARPS = 16
+# A key below every candidate's: lanes past K never win a max, even over candidates that all score -inf.
+NO_KEY = tl.constexpr(-(1 << 63))
 FORMS = ("loop", "table", "table_ahead")
 # The table forms' [B, N, K, K] bias table (K^2 dot products a step instead of K) is for small K.
 TABLE_MAX_TOPK = 128
@@ -95,12 +97,8 @@ def head_walk_topk_kernel(
         for c in tl.static_range(NUM_CHUNKS):
             o_k = c * KC + o_j
             m_k = o_k < topk
-            ids = tl.load(cand_ptr + b * stride_cb + k * stride_ck + o_k, mask=m_k, other=0).to(tl.int64)
-            vals = tl.load(values_ptr + b * stride_vb + k * stride_vk + o_k, mask=m_k, other=0.0).to(tl.float32)
-            if HAS_D2T:
-                targets = ids + tl.load(d2t_ptr + ids, mask=m_k, other=0).to(tl.int64)
-            else:
-                targets = ids
+            ids, vals, targets = _step_candidates(values_ptr + b * stride_vb + k * stride_vk,
+                                                  cand_ptr + b * stride_cb + k * stride_ck, d2t_ptr, o_k, m_k, HAS_D2T)
             w = tl.load(w2_ptr + ids[:, None] * stride_w2 + o_r[None, :], mask=m_k[:, None] & m_r[None, :],
                         other=0.0)
             if SAMPLED:  # written before the dot: it does not wait on W1[previous token]
@@ -108,10 +106,13 @@ def head_walk_topk_kernel(
             else:
                 noise = None
             dot = tl.sum(w.to(tl.float32) * e[None, :], axis=1)
-            chunk_best, chunk_target = _score_candidates(
+            scored, tie_ids = _corrected_scores(
                 dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
                 cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
                 width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
+            keys = tl.where(m_k, _ordered_keys(scored, tie_ids), NO_KEY)  # lanes past K never win
+            chunk_best = tl.max(keys, axis=0)
+            chunk_target = tl.max(tl.where(keys == chunk_best, targets, -1), axis=0)
             if c == 0:
                 best, best_target = chunk_best, chunk_target
             else:
@@ -119,6 +120,22 @@ def head_walk_topk_kernel(
                 best = tl.maximum(best, chunk_best)
         tl.store(out_ptr + b * stride_ob + k, best_target)
         prev = best_target
+
+
+@triton.jit
+def _target_ids(ids, d2t_ptr, mask, HAS_D2T: tl.constexpr):
+    """Target ids of draft ids: id + d2t[id] (vLLM's d2t), or the ids themselves."""
+    if HAS_D2T:
+        return ids + tl.load(d2t_ptr + ids, mask=mask, other=0).to(tl.int64)
+    return ids
+
+
+@triton.jit
+def _step_candidates(values_row, cand_row, d2t_ptr, o_k, m_k, HAS_D2T: tl.constexpr):
+    """Slots o_k (m_k: below K) of one (row, step)'s candidates: draft ids, base values (fp32), target ids."""
+    ids = tl.load(cand_row + o_k, mask=m_k, other=0).to(tl.int64)
+    vals = tl.load(values_row + o_k, mask=m_k, other=0.0).to(tl.float32)
+    return ids, vals, _target_ids(ids, d2t_ptr, m_k, HAS_D2T)
 
 
 @triton.jit
@@ -150,23 +167,6 @@ def _forget_last_walk(dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stri
             m_old = m_old & (old >= 0) & (old < width)
             tl.store(dl_ptr + req_safe * stride_dlr + k * stride_dlk + old, float("-inf"), mask=m_old)
     tl.debug_barrier()
-
-
-@triton.jit
-def _score_candidates(dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
-                      cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr,
-                      stride_colk, width, logit_scale, out_ty: tl.constexpr, SAMPLED: tl.constexpr,
-                      SCALED: tl.constexpr, ROUND_DOT: tl.constexpr, STORE_CORRECTED: tl.constexpr,
-                      STORE_CACHE: tl.constexpr):
-    """Candidates' corrected logits (rounded as vLLM's baddbmm_), their stores, and the best (key, target id)."""
-    scored, tie_ids = _corrected_scores(
-        dot, vals, ids, targets, noise, o_k, m_k, b, k, valid, req_safe, hot, temp,
-        cl_ptr, stride_clb, stride_clk, dl_ptr, stride_dlr, stride_dlk, col_ptr, stride_colr, stride_colk,
-        width, logit_scale, out_ty, SAMPLED, SCALED, ROUND_DOT, STORE_CORRECTED, STORE_CACHE)
-    # lanes past K never win, even over candidates that all score -inf (the smallest id of those wins, as in naive)
-    keys = tl.where(m_k, _ordered_keys(scored, tie_ids), -(1 << 63))
-    best = tl.max(keys, axis=0)
-    return best, tl.max(tl.where(keys == best, targets, -1), axis=0)
 
 
 @triton.jit
