@@ -68,6 +68,12 @@ ONE_READ_MAX_ELEMENTS = 120 * 151_936
 # Below this many logits in all the one-read path is faster (H200, session 22 call 3, K 64: 15 x 32k 12.3 vs 18.2 us;
 # 120 x 32k 44.2 vs 26.4; 15 x 151,936 35.1 vs 21.7).
 BOUND_MIN_ELEMENTS = 1 << 20
+# Whether the top-k walk's launches (the select's, the table's, the chain's) take programmatic dependent launch
+# where the caller does not say (`pdl_launch`). Measured (H200, session 23 call 5, select + table walk, us): 32k b1
+# greedy 25.1 -> 23.3, sampled 29.6 -> 28.7, 152k b1 34.5 -> 33.1, b8 47.3 -> 46.1, b32 sampled 121.7 -> 120.3, 248k
+# b64 238.5 -> 237.8 greedy, 251.7 -> 250.5 sampled; the same drafts and cache, eager and in a CUDA graph
+# (test_gpu_pdl_changes_nothing).
+DEFAULT_PDL = True
 
 
 @triton.jit
@@ -319,7 +325,7 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
             bounds the row's k-th key, then for the few elements at or above the bound, from which a merge picks k
             (rows with too many fall back to the one-read path). None picks by size (`default_bound_pieces`).
         pdl: launch each kernel with programmatic dependent launch (it starts while the one before ends, then waits
-            for it before touching memory); None: `default_pdl`.
+            for it before touching memory); None: DEFAULT_PDL.
 
     Returns:
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
@@ -410,19 +416,10 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     ], fallback)
 
 
-def default_pdl(device: torch.device) -> bool:
-    """Whether the top-k walk's launches (the select's, the table's, the chain's) take programmatic dependent launch
-    where the caller does not say: yes (where pdl_launch allows it). Measured (H200, session 23 call 5, select + table
-    walk, us): 32k b1 greedy 25.1 -> 23.3, sampled 29.6 -> 28.7, 152k b1 34.5 -> 33.1, b8 47.3 -> 46.1, b32 sampled
-    121.7 -> 120.3, 248k b64 238.5 -> 237.8 greedy, 251.7 -> 250.5 sampled; the same drafts and cache, eager and in a
-    CUDA graph (test_gpu_pdl_changes_nothing)."""
-    return True
-
-
 def pdl_launch(device: torch.device, pdl: bool | None) -> dict:
-    """The launch options for `pdl` (None: default_pdl): PDL needs sm_90 and a real launch (not the interpreter)."""
+    """The launch options for `pdl` (None: DEFAULT_PDL): PDL needs sm_90 and a real launch (not the interpreter)."""
     if pdl is None:
-        pdl = default_pdl(device)
+        pdl = DEFAULT_PDL
     if not pdl or not pdl_available(device, topk_split_kernel):
         return {}
     return dict(PDL=True, launch_pdl=True)

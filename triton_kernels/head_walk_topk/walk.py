@@ -333,7 +333,7 @@ def head_walk_topk(
     if round_dot is None:
         round_dot = default_round_dot(device, topk)
     if form == "auto":
-        form = default_form(device, topk)
+        form = default_form(topk)
     _check(form in FORMS, f"form {form!r} (one of {', '.join(FORMS)} or auto)")
     if form != "loop":
         _check(topk <= TABLE_MAX_TOPK, f"form {form} for top-k {topk} (at most {TABLE_MAX_TOPK})")
@@ -381,7 +381,7 @@ def stored_outputs(dummy, corrected_out, draft_logits, cached_columns) -> tuple:
             cached_columns.stride(0) if store_cache else 0, cached_columns.stride(1) if store_cache else 0)
 
 
-def default_form(device: torch.device, topk: int) -> str:
+def default_form(topk: int) -> str:
     """The walk's form where the caller does not choose: the bias table (1-warp chain) for K <= TABLE_MAX_TOPK, the
     loop above. Measured (H200, session 23 call 1, K 64, block 15, select + walk, us, warm / L2 flushed): 32k b1 greedy
     loop 41.3 / 52.5, table 26.3 / 30.5; sampled 57.9 / 76.1 against 30.6 / 37.9; 152k b1 51.3 -> 36.4, b8 66.6 ->
