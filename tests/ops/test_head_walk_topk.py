@@ -264,6 +264,9 @@ def test_sampled_draw_distribution():
     (dict(w1=torch.zeros(8, 32)), "w1 has 8 rows"),
     (dict(temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.int64), positions=torch.zeros(2, 3)),
      "positions"),
+    (dict(form="tables"), "form 'tables'"),
+    (dict(base_values=torch.zeros(2, 3, 200), candidates=torch.zeros(2, 3, 200, dtype=torch.int64),
+          w1=torch.zeros(256, 32), w2_rows=torch.zeros(256, 32), form="table"), "at most 128"),
     (dict(temperature=torch.ones(1), seeds=torch.zeros(2, dtype=torch.int64),
           positions=torch.zeros(2, 3, dtype=torch.int64)), "temperature"),
 ])
