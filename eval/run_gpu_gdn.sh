@@ -26,6 +26,9 @@
 #               bench_gdn_verify.py --ssm-dtype bfloat16 --sweep-set bf16state at L 4 / 16 and the full grid with vLLM
 #               and FLA -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png}; the sweep's picks go to
 #               $OUT/gdn/tuned_bf16_state.json (never the shipped tuned file, which holds the fp32-state picks)
+#   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
+#               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
+#               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
 #   MODE=bf16recon (session 5, GB3) as bf16state, about the reconstruction at bf16 states: the GPU tests of the
 #               general reconstruction's swept launches and the short forms at bf16 states beside the precompile, then
 #               --sweep-set bf16recon (the bf16 verify picks only; general block_v x num_warps at L 4 / 16 and the short
@@ -161,10 +164,13 @@ if [ "$MODE" = pdiag ]; then
     tail -2 "$OUT/diag/diag.log"
 fi
 
-if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ]; then
+if [ "$MODE" = bf16state ] || [ "$MODE" = bf16recon ] || [ "$MODE" = bf16s24 ]; then
     if [ "$MODE" = bf16state ]; then
         SWEEP_SET=bf16state TEST_K="bf16-state" TEST_S=${TEST_S:-90} TEST_WORKERS=${TEST_WORKERS:-5} \
             BENCH_S=${BENCH_S:-165} STOP_AT_S=${STOP_AT_S:-140} EXTRA=""
+    elif [ "$MODE" = bf16s24 ]; then
+        SWEEP_SET=bf16s24 TEST_K="s24" TEST_S=${TEST_S:-60} TEST_WORKERS=${TEST_WORKERS:-4} \
+            BENCH_S=${BENCH_S:-300} STOP_AT_S=${STOP_AT_S:-270} EXTRA="--total-margin 0.02 --recon-margin 0.02"
     else
         SWEEP_SET=bf16recon TEST_K="bf16-state-recon or (short_forms and bf16-state)" TEST_S=${TEST_S:-60} \
             TEST_WORKERS=${TEST_WORKERS:-6} BENCH_S=${BENCH_S:-98} STOP_AT_S=${STOP_AT_S:-86} EXTRA="--recon-margin 0.02"

@@ -1150,6 +1150,17 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
                  id="fp32-state-long11-bv32-prep8-prefetch"),
     pytest.param(torch.float32, VerifyConfig(block_v=16, hoist=True, weight_tiles=True, num_warps=8,
                                              early_stores=True), False, id="fp32-state-long11-hoisted-bv16"),
+    # session 24 (bf16s24): the fp32 picks' forms with bf16 states, the challengers of the bf16-state sweep
+    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=8, early_stores=True,
+                                              pdl_first=True), False, id="bf16-state-s24-hoisted-8-warps-pdl-first"),
+    pytest.param(torch.bfloat16, VerifyConfig(hoist=True, weight_tiles=True, num_warps=4, early_stores=True,
+                                              pdl_first=True), False, id="bf16-state-s24-hoisted-4-warps-pdl-first"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                              l2_prefetch_mib=16, l2_prefetch_ahead=2), False,
+                 id="bf16-state-s24-stacked-prefetch-ahead-2"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                              l2_prefetch_mib=16, l2_prefetch_ahead=4, prep_warps=8), False,
+                 id="bf16-state-s24-stacked-prefetch-ahead-4-prep-8-warps"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
