@@ -347,7 +347,8 @@ def diagnose_select_parts(args) -> list[dict]:
 
     out = []
     dev = torch.device("cuda")
-    cells = ((32000, 1), (32000, 8), (151936, 1), (151936, 8), (151936, 64), (248320, 8), (248320, 64))
+    cells = ((32000, 1), (32000, 8), (32000, 32), (32000, 64), (151936, 1), (151936, 8), (151936, 64), (248320, 8),
+             (248320, 64))
     if args.select_cells:
         cells = tuple(cell for cell in cells if f"{cell[0]}x{cell[1]}" in args.select_cells)
     for (vocab, batch), dist in itertools.product(cells, args.select_dists):
@@ -392,8 +393,8 @@ def diagnose_walk_parts(args) -> list[dict]:
 
     gumbel, _ = load_vllm_kernels()
     out = []
-    points = ((32000, 1, "greedy"), (32000, 1, "sampled"), (151936, 1, "greedy"), (151936, 8, "greedy"),
-              (248320, 64, "greedy"))
+    points = ((32000, 1, "greedy"), (32000, 1, "sampled"), (32000, 32, "greedy"), (32000, 64, "greedy"),
+              (151936, 1, "greedy"), (151936, 8, "greedy"), (151936, 64, "greedy"), (248320, 64, "greedy"))
     for vocab, batch, mode in points:
         sampled = mode == "sampled"
         if sampled and gumbel is None:
