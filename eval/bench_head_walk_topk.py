@@ -355,13 +355,11 @@ def diagnose_select_parts(args) -> list[dict]:
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for split, warps, gather, pieces, rows_warps, rows_bits, rows_cap, per_program in itertools.product(
+        for split, warps, gather, pieces, rows_warps, rows_bits, rows_cap in itertools.product(
                 args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps,
-                args.select_rows_bits, args.select_rows_maxnreg, args.select_rows_per_program):
+                args.select_rows_bits, args.select_rows_maxnreg):
             select.GATHER_CHUNK, select.ROWS_NUM_WARPS, select.ROWS_DIGIT_BITS = gather, rows_warps, rows_bits or None
             select.ROWS_MAXNREG = None if rows_cap < 0 else rows_cap
-            if per_program >= 0:  # -1: as shipped
-                select.ROWS_PER_PROGRAM = per_program or None
             pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
             plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
                                    bound_pieces=pieces)
@@ -370,7 +368,7 @@ def diagnose_select_parts(args) -> list[dict]:
             run_all()
             row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
                        warps=warps, gather_chunk=gather, bound_pieces=pieces, rows_warps=rows_warps,
-                       rows_bits=rows_bits, rows_maxnreg=rows_cap, rows_per_program=per_program,
+                       rows_bits=rows_bits, rows_maxnreg=rows_cap,
                        equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
                        all_us=round(time_graph(torch, run_all)[0], 1),
                        read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
@@ -494,8 +492,6 @@ def main() -> None:
                         help="select.ROWS_DIGIT_BITS values (0: the select's digit bits)")
     parser.add_argument("--select-cells", nargs="+", default=None,
                         help="--diagnose-select-parts: only these VOCABxBATCH cells (e.g. 248320x64)")
-    parser.add_argument("--select-rows-per-program", type=int, nargs="+", default=[-1],
-                        help="select.ROWS_PER_PROGRAM values (0: None, the rule; -1: as shipped)")
     parser.add_argument("--select-rows-maxnreg", type=int, nargs="+", default=[-1],
                         help="select.ROWS_MAXNREG values (0: no register cap, -1: the default rule)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],

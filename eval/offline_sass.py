@@ -406,16 +406,6 @@ def topk():
         select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits, bound_pieces=pieces)
         for i, (fn, args, kwargs) in enumerate(captured):
             compile_captured(f"topk_select_bits{bits}_p{pieces}_{i}", fn, args, kwargs)
-    # session 24: the two-read path's row programs taking 2 / 4 / 8 rows together, at 32k and 248,320 (uncapped:
-    # a CPU tensor here would take the many-programs register cap)
-    select.ROWS_MAXNREG = 0
-    for select_vocab in (32000, 248320):
-        for per_program in (1, 2, 4, 8):
-            del captured[:]
-            select.topk_candidates(torch.empty(960, select_vocab, dtype=torch.bfloat16), 64,
-                                   rows_per_program=per_program)
-            (fn, args, kwargs), = [c for c in captured if c[0] is select.topk_bounded_row_kernel.fn]
-            compile_captured(f"topk_select_rows_v{select_vocab}_r{per_program}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

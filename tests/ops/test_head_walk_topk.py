@@ -28,7 +28,6 @@ from hybridspec_kernels.head_walk_topk import (  # noqa: E402
     topk_candidates,
     walk_candidates,
 )
-from hybridspec_kernels.head_walk_topk.select import default_bound_pieces  # noqa: E402
 
 needs_kernels = pytest.mark.skipif(
     DEVICE == "cpu" and type(tl.standard.sigmoid).__name__ != "InterpretedFunction",
@@ -302,16 +301,13 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 
 
 @needs_kernels
-@pytest.mark.parametrize("digit_bits, bound_pieces, rows_per_program",  # rows together: the two-read path only
-                         [(4, None, 1), (8, 0, 1), (4, 2, 1), (8, 16, 1), (4, 2, 4), (8, 16, 4)])
+@pytest.mark.parametrize("digit_bits, bound_pieces", [(4, None), (8, 0), (4, 2), (8, 16)])
 @pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
-def test_topk_candidates_match_naive(case, digit_bits, bound_pieces, rows_per_program):
-    """Tied logits: the plateau overflows its split's bound (the select path), the other splits stage without one.
-    rows_per_program 4: the two-read path's row programs take their rows four at a time (a last program short)."""
+def test_topk_candidates_match_naive(case, digit_bits, bound_pieces):
+    """Tied logits: the plateau overflows its split's bound (the select path), the other splits stage without one."""
     rows, vocab, k, split = case
     x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
-    values, index = topk_candidates(x, k, split=split, num_warps=4, digit_bits=digit_bits, bound_pieces=bound_pieces,
-                                    rows_per_program=rows_per_program)
+    values, index = topk_candidates(x, k, split=split, num_warps=4, digit_bits=digit_bits, bound_pieces=bound_pieces)
     want_values, want_index = naive_topk_candidates(x, k)
     order, want_order = index.argsort(-1), want_index.argsort(-1)  # the same set; the order is not torch's
     assert torch.equal(index.gather(-1, order), want_index.gather(-1, want_order))
@@ -320,12 +316,10 @@ def test_topk_candidates_match_naive(case, digit_bits, bound_pieces, rows_per_pr
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows_per_program", [1, 2, 8])
 @pytest.mark.parametrize("digit_bits", [4, 8])
-def test_topk_candidates_bound_fallback_rows(digit_bits, rows_per_program):
+def test_topk_candidates_bound_fallback_rows(digit_bits):
     """Two-read path, rows of every kind in one call: a constant row and a row rising along the vocabulary overfill
-    their lists (the one-read fallback), random rows do not; a tied top exceeding k orders its ties by index; the
-    row programs take 1, 2 or all of the rows together (fallback rows beside picked ones in one program)."""
+    their lists (the one-read fallback), random rows do not; a tied top exceeding k orders its ties by index."""
     vocab, k = 3000, 24
     gen = torch.Generator().manual_seed(digit_bits)
     x = torch.randn(5, vocab, generator=gen).half()
@@ -335,16 +329,15 @@ def test_topk_candidates_bound_fallback_rows(digit_bits, rows_per_program):
     x[4, ::97] = 9.0
     for bound_pieces in (4, 16, 64):  # 64: pieces of 8, the constant row chooses more than the most pieces
         values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, digit_bits=digit_bits,
-                                        bound_pieces=bound_pieces, rows_per_program=rows_per_program)
+                                        bound_pieces=bound_pieces)
         want_values, want_index = naive_topk_candidates(x, k)
         assert torch.equal(index.cpu().sort(-1).values, want_index.sort(-1).values)
         assert torch.equal(values.cpu().float().sort(-1).values, want_values.float().sort(-1).values)
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows_per_program", [1, 4])
 @pytest.mark.parametrize("k", [12, 40, 70])
-def test_topk_candidates_bound_signed_zeros(k, rows_per_program):
+def test_topk_candidates_bound_signed_zeros(k):
     """Two-read path: rows whose k-th key is -0.0 or +0.0 (the maxima pass's float maximum cannot tell them apart),
     with pieces holding only -0.0 beside pieces holding +0.0, and a NaN."""
     vocab = 2000
@@ -358,8 +351,7 @@ def test_topk_candidates_bound_signed_zeros(k, rows_per_program):
     x[2, 500:1500:3] = -0.0
     x[2, 77] = float("nan")
     x = x.half()
-    values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, bound_pieces=16,
-                                    rows_per_program=rows_per_program)
+    values, index = topk_candidates(x.to(DEVICE), k, split=512, num_warps=4, bound_pieces=16)
     want_values, want_index = naive_topk_candidates(x, k)
     assert torch.equal(index.cpu().sort(-1).values, want_index.sort(-1).values)
     assert torch.equal(values.cpu().view(torch.int16).sort(-1).values, want_values.view(torch.int16).sort(-1).values)
@@ -378,8 +370,6 @@ def test_topk_candidates_bad_input():
         topk_candidates(torch.zeros(2, 10_000, dtype=torch.float16), 600, bound_pieces=4)
     with pytest.raises(ValueError, match="bound_pieces 128"):
         topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, split=64, bound_pieces=128)
-    with pytest.raises(ValueError, match="rows_per_program 3"):
-        topk_candidates(torch.zeros(2, 10, dtype=torch.float16), 3, rows_per_program=3)
 
 
 # ---------------------------------------------------------------------------------------------------------- GPU
@@ -469,26 +459,6 @@ def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
     for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
               tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows), mixed.bfloat16()):
         values, index = topk_candidates(x, k)
-        want_values, want_index = x.topk(k, dim=-1)
-        assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
-        assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),
-                           want_values.float().sort(-1).values.nan_to_num(9.0))
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("rows_per_program", [2, 4, 8])
-@pytest.mark.parametrize("rows, vocab, k", [(960, 32_000, 64), (481, 248_320, 64), (100, 151_936, 100), (45, 32_000, 8)])
-def test_gpu_topk_candidates_rows_together(rows, vocab, k, rows_per_program):
-    """The two-read path with its row programs taking several rows together: torch.topk's set on random, tied and
-    mixed rows (constant and rising rows fall back beside picked ones in one program; a last program short)."""
-    mixed = torch.randn(rows, vocab, device="cuda")
-    mixed[::3] = 0.5
-    mixed[1::3] = torch.linspace(-3, 3, vocab, device="cuda")
-    for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
-              tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows), mixed.bfloat16()):
-        values, index = topk_candidates(x, k, bound_pieces=default_bound_pieces(rows, vocab, k) or 16,
-                                        rows_per_program=rows_per_program)
         want_values, want_index = x.topk(k, dim=-1)
         assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
         assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),

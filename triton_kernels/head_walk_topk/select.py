@@ -61,8 +61,6 @@ ROWS_DIGIT_BITS = None
 # rows): 960 x 151,936 158.6 -> 149.9, 960 x 248,320 202.9 -> 195.0; but 15 / 120 rows +0.5..1.5 (one wave either way).
 ROWS_MAXNREG = None
 ROWS_WIDE_MAXNREG = 80
-# Rows one row program takes together (None: `rows_per_program`'s rule; a power of two), read at plan time.
-ROWS_PER_PROGRAM = 1
 # The one-read path measured faster than torch.topk up to 120 rows of 151,936 (session 21 call 7: 173.7 vs 207.9 us)
 # and slower from 480 rows of 248,320; the walk takes torch.topk past this where no bound applies (k > BOUND_MAX_K,
 # vocabularies past 2**INDEX_BITS).
@@ -118,35 +116,6 @@ def _kth_key(key, valid, need, DIGIT_BITS: tl.constexpr, KEY_BITS: tl.constexpr 
                                     1 << DIGIT_BITS)
         threshold = threshold | (digit << (KEY_BITS - DIGIT_BITS * (i + 1)))
         num_above = num_above + above
-    return threshold, num_above
-
-
-@triton.jit
-def _kth_keys(key, valid, need, DIGIT_BITS: tl.constexpr, KEY_BITS: tl.constexpr = 16):
-    """_kth_key for each row of [R, N] keys at once (need [R]): (T [R], keys above T [R]). One histogram a round
-    serves every row (bin = row * 2**DIGIT_BITS + digit), so R rows cost one row's rounds and barriers. A row with
-    fewer valid keys than its need gets a meaningless T (the callers mask it). Kept beside _kth_key, not in its
-    place: the one-read path's 1-D select is the batch-1 chain."""
-    R: tl.constexpr = key.shape[0]
-    N: tl.constexpr = key.shape[1]
-    BINS: tl.constexpr = 1 << DIGIT_BITS
-    o_d = tl.arange(0, BINS)
-    row_bin = tl.arange(0, R)[:, None] * BINS
-    key = tl.where(valid, key, 0)
-    threshold = tl.zeros([R], dtype=tl.int32)
-    num_above = tl.zeros([R], dtype=tl.int32)
-    for i in tl.static_range(KEY_BITS // DIGIT_BITS):
-        decided = KEY_BITS - DIGIT_BITS * i  # bits of T above this round's digit, decided by the rounds before
-        in_bucket = valid & ((key >> decided) == (threshold >> decided)[:, None])
-        digits = (key >> (decided - DIGIT_BITS)) & (BINS - 1)
-        # tl.histogram takes a 1-D tensor: the bin and the mask travel in one value through one flattening;
-        # masked lanes keep an in-range bin (the interpreter indexes with them)
-        flat = tl.reshape(row_bin + digits + tl.where(in_bucket, 0, 1 << 30), [R * N])
-        hist = tl.reshape(tl.histogram(flat & ((1 << 30) - 1), R * BINS, mask=flat < (1 << 30)), [R, BINS])
-        at_or_above = tl.cumsum(hist, axis=1, reverse=True)
-        digit = tl.maximum(tl.max(tl.where(at_or_above >= (need - num_above)[:, None], o_d[None, :], -1), axis=1), 0)
-        num_above += tl.sum(tl.where(o_d[None, :] > digit[:, None], hist, 0), axis=1)
-        threshold = threshold | (digit << (KEY_BITS - DIGIT_BITS * (i + 1)))
     return threshold, num_above
 
 
@@ -238,84 +207,73 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fal
 
 
 @triton.jit
-def _pick_from_lists(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out, k, listed, row,
-                     picking, CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """Rows `row` [R] (where `picking`): each row's k from the `listed` [R] (key, index) pairs of its list, those above
-    the k-th key T, then of those equal to T the smallest indices (torch.topk's boundary ties)."""
+def _pick_from_list(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out, k, listed, row,
+                    CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr):
+    """Row `row`'s k from the `listed` (key, index) pairs of its list: those above the k-th key T, then of those equal
+    to T the smallest indices (torch.topk's boundary ties)."""
     o_c = tl.arange(0, CAPACITY)
-    in_list = picking[:, None] & (o_c[None, :] < listed[:, None])
-    p_list = row[:, None] * CAPACITY + o_c[None, :]
-    key = tl.load(list_key_ptr + p_list, mask=in_list, other=0)
-    idx = tl.load(list_idx_ptr + p_list, mask=in_list, other=0)
-    threshold, num_above = _kth_keys(key, in_list, tl.zeros_like(listed) + k, DIGIT_BITS)
-    above = in_list & (key > threshold[:, None])
-    equal = in_list & (key == threshold[:, None])
+    in_list = o_c < listed
+    key = tl.load(list_key_ptr + row * CAPACITY + o_c, mask=in_list, other=0)
+    idx = tl.load(list_idx_ptr + row * CAPACITY + o_c, mask=in_list, other=0)
+    threshold, num_above = _kth_key(key, in_list, k, DIGIT_BITS)
+    above = in_list & (key > threshold)
+    equal = in_list & (key == threshold)
     need_equal = k - num_above
-    surplus = picking & (tl.sum(equal.to(tl.int32), axis=1) > need_equal)
-    if tl.max(surplus.to(tl.int32), axis=0) > 0:
+    if tl.sum(equal.to(tl.int32), axis=0) > need_equal:
         last_index = (1 << INDEX_BITS) - 1
-        first_indices, _ = _kth_keys(last_index - idx, equal, need_equal, DIGIT_BITS, INDEX_BITS)
-        equal = equal & ((last_index - idx >= first_indices[:, None]) | ~surplus[:, None])
+        first_indices, _ = _kth_key(last_index - idx, equal, need_equal, DIGIT_BITS, INDEX_BITS)
+        equal = equal & (last_index - idx >= first_indices)
     take = above | equal
-    slot = tl.where(take, tl.cumsum(take.to(tl.int32), axis=1) - 1, 0)
-    p_out = row[:, None] * stride_out + slot
-    tl.store(index_ptr + p_out, idx.to(tl.int64), mask=take)
-    tl.store(values_ptr + p_out, tl.load(x_ptr + row[:, None] * stride_x + idx, mask=take), mask=take)
+    slot = tl.where(take, tl.cumsum(take.to(tl.int32), axis=0) - 1, 0)
+    tl.store(index_ptr + row * stride_out + slot, idx.to(tl.int64), mask=take)
+    tl.store(values_ptr + row * stride_out + slot, tl.load(x_ptr + row * stride_x + idx, mask=take), mask=take)
 
 
 @triton.jit
-def topk_bounded_row_kernel(x_ptr, stride_x, vocab, rows, maxima_ptr, num_maxima, piece_ids_ptr, list_key_ptr,
-                            list_idx_ptr, values_ptr, index_ptr, stride_out, fallback_ptr, k, PIECE: tl.constexpr,
+def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piece_ids_ptr, list_key_ptr, list_idx_ptr,
+                            values_ptr, index_ptr, stride_out, fallback_ptr, k, PIECE: tl.constexpr,
                             MAXIMA: tl.constexpr, MAX_PIECES: tl.constexpr, CHUNK: tl.constexpr,
                             CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr,
-                            ROWS: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """ROWS rows' k each (rows program_id * ROWS ..., those below `rows`) from their pieces' maxima and a second read
-    of only the pieces that can hold them.
+                            PDL: tl.constexpr = False):
+    """Row `row`'s k from its pieces' maxima and a second read of only the pieces that can hold them.
 
     The k-th largest piece maximum B is at most the row's k-th key (k pieces hold a key at least as large), so the
     row's first k lie in the pieces whose maximum is at least B (about k of them): those are read, their elements at
     or above B listed, and the k picked from the list (ties at the k-th key by smallest index, torch.topk's rule).
-    A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead. The
-    program's rows go through every stage together (one chain of radix rounds, barriers and loads for all of them):
-    a row alone is a latency-bound chain that leaves its SM mostly idle."""
+    A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead."""
     wait_for_the_launch_before(PDL)
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    live = row < rows
-    row = tl.where(live, row, 0)
+    row = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MAXIMA)
-    piece_max = tl.load(maxima_ptr + row[:, None] * num_maxima + o_m[None, :],
-                        mask=live[:, None] & (o_m < num_maxima)[None, :], other=-1)
-    bound, _ = _kth_keys(piece_max, piece_max >= 0, tl.zeros([ROWS], dtype=tl.int32) + k, DIGIT_BITS)
-    bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=1) >= k, bound, 0)  # fewer pieces than k: none
+    piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
+    bound, _ = _kth_key(piece_max, piece_max >= 0, k, DIGIT_BITS)
+    bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=0) >= k, bound, 0)  # fewer pieces than k: none
     bound = tl.where(bound == 0x8000, 0x7FFF, bound)  # a float maximum's +0.0 may stand for -0.0
-    chosen = piece_max >= bound[:, None]
-    num_pieces = tl.sum(chosen.to(tl.int32), axis=1)
-    reading = live & (num_pieces <= MAX_PIECES)
-    listed = tl.zeros([ROWS], dtype=tl.int32)  # each row's elements at or above its bound found so far
-    slot = tl.where(chosen, tl.cumsum(chosen.to(tl.int32), axis=1) - 1, 0)
-    tl.store(piece_ids_ptr + row[:, None] * MAX_PIECES + slot, o_m[None, :], mask=chosen & reading[:, None])
-    tl.debug_barrier()  # the piece ids, written by other threads of this program, read below
-    o_e = tl.arange(0, PIECE)
-    for start in range(0, tl.max(tl.where(reading, num_pieces, 0), axis=0), CHUNK):
-        o_p = start + tl.arange(0, CHUNK)
-        m_p = reading[:, None] & (o_p[None, :] < num_pieces[:, None])
-        piece = tl.load(piece_ids_ptr + row[:, None] * MAX_PIECES + o_p[None, :], mask=m_p, other=0)
-        offs = piece[:, :, None] * PIECE + o_e[None, None, :]
-        inside = m_p[:, :, None] & (offs < vocab)
-        key = _order_keys(x_ptr + row[:, None, None] * stride_x, offs, inside)
-        candidate = inside & (key >= bound[:, None, None])
-        at = listed[:, None, None] + tl.reshape(
-            tl.cumsum(tl.reshape(candidate.to(tl.int32), [ROWS, CHUNK * PIECE]), axis=1), [ROWS, CHUNK, PIECE]) - 1
-        p_list = row[:, None, None] * CAPACITY + at
-        tl.store(list_key_ptr + p_list, key, mask=candidate & (at < CAPACITY))
-        tl.store(list_idx_ptr + p_list, offs, mask=candidate & (at < CAPACITY))
-        listed += tl.sum(tl.sum(candidate.to(tl.int32), axis=2), axis=1)
-    falling_back = live & ((num_pieces > MAX_PIECES) | (listed > CAPACITY))
-    at_fallback = tl.atomic_add(fallback_ptr + tl.zeros([ROWS], dtype=tl.int32), 1, mask=falling_back, sem="relaxed")
-    tl.store(fallback_ptr + 1 + at_fallback, row.to(tl.int32), mask=falling_back)
-    tl.debug_barrier()  # the lists, likewise
-    _pick_from_lists(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out, k, listed, row,
-                     live & ~falling_back, CAPACITY, INDEX_BITS, DIGIT_BITS)
+    chosen = piece_max >= bound
+    num_pieces = tl.sum(chosen.to(tl.int32), axis=0)
+    listed = tl.zeros([], dtype=tl.int32)  # the elements at or above the bound found so far
+    if num_pieces <= MAX_PIECES:
+        slot = tl.where(chosen, tl.cumsum(chosen.to(tl.int32), axis=0) - 1, 0)
+        tl.store(piece_ids_ptr + row * MAX_PIECES + slot, o_m, mask=chosen)
+        tl.debug_barrier()  # the piece ids, written by other threads of this program, read below
+        o_e = tl.arange(0, PIECE)
+        for start in range(0, num_pieces, CHUNK):
+            o_p = start + tl.arange(0, CHUNK)
+            piece = tl.load(piece_ids_ptr + row * MAX_PIECES + o_p, mask=o_p < num_pieces, other=0)
+            offs = piece[:, None] * PIECE + o_e[None, :]
+            inside = (o_p < num_pieces)[:, None] & (offs < vocab)
+            key = _order_keys(x_ptr + row * stride_x, offs, inside)
+            candidate = inside & (key >= bound)
+            at = listed + tl.reshape(tl.cumsum(tl.reshape(candidate.to(tl.int32), [CHUNK * PIECE]), axis=0),
+                                     [CHUNK, PIECE]) - 1
+            tl.store(list_key_ptr + row * CAPACITY + at, key, mask=candidate & (at < CAPACITY))
+            tl.store(list_idx_ptr + row * CAPACITY + at, offs, mask=candidate & (at < CAPACITY))
+            listed += tl.sum(tl.sum(candidate.to(tl.int32), axis=1), axis=0)
+    if (num_pieces > MAX_PIECES) | (listed > CAPACITY):
+        tl.store(fallback_ptr + 1 + tl.atomic_add(fallback_ptr, 1, sem="relaxed"), row.to(tl.int32))
+    else:
+        tl.debug_barrier()  # the list, likewise
+        _pick_from_list(x_ptr, stride_x, list_key_ptr, list_idx_ptr, values_ptr, index_ptr, stride_out, k, listed,
+                        row, CAPACITY, INDEX_BITS, DIGIT_BITS)
 
 
 @triton.jit
@@ -353,8 +311,8 @@ class SelectPlan:
 
 
 def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
-                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None, pdl: bool | None = None,
-                    rows_per_program: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None,
+                    pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The set torch.topk(logits, k, dim=-1) returns, for bf16 / fp16 logits.
 
     Args:
@@ -368,23 +326,21 @@ def topk_candidates(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
             (rows with too many fall back to the one-read path). None picks by size (`default_bound_pieces`).
         pdl: launch each kernel with programmatic dependent launch (it starts while the one before ends, then waits
             for it before touching memory); None: DEFAULT_PDL.
-        rows_per_program: the two-read path's rows per row program (a power of two; None: ROWS_PER_PROGRAM, or
-            `rows_per_program`'s rule where that is None).
 
     Returns:
         (values [..., k] in logits' dtype, indices [..., k] int64): the first k elements in the order (torch.topk's
         radix key descending, index ascending), which is torch.topk's set on CUDA, boundary ties included.
     """
     plan = select_launches(logits, k, split=split, num_warps=num_warps, digit_bits=digit_bits,
-                           bound_pieces=bound_pieces, pdl=pdl, rows_per_program=rows_per_program)
+                           bound_pieces=bound_pieces, pdl=pdl)
     for _, launch in plan.launches:
         launch()
     return plan.values, plan.indices
 
 
 def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_warps: int | None = None,
-                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None, pdl: bool | None = None,
-                    rows_per_program: int | None = None) -> SelectPlan:
+                    digit_bits: int = DIGIT_BITS, bound_pieces: int | None = None,
+                    pdl: bool | None = None) -> SelectPlan:
     """topk_candidates' outputs and its launches in order, unlaunched (the bench times them)."""
     if logits.dtype not in SELECT_DTYPES:
         raise ValueError(f"topk_candidates: logits in {logits.dtype} (bfloat16 or float16; torch.topk otherwise)")
@@ -407,8 +363,6 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
         raise ValueError(f"topk_candidates: bound_pieces {bound_pieces} (a power of two dividing split {split})")
     if bound_pieces and (k > BOUND_MAX_K or vocab > 1 << INDEX_BITS):
         raise ValueError(f"topk_candidates: a bound for k {k} <= {BOUND_MAX_K}, vocab {vocab} <= {1 << INDEX_BITS}")
-    if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
-        raise ValueError(f"topk_candidates: rows_per_program {rows_per_program} (a power of two)")
     if num_warps is None:
         num_warps = BOUND_NUM_WARPS if bound_pieces else NUM_WARPS
     values = torch.empty(*lead, k, dtype=logits.dtype, device=logits.device)
@@ -440,23 +394,20 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
     fallback = torch.empty(rows + 1, dtype=torch.int32, device=dev)  # [rows on it, rows]
     persistent = (min(rows * num_splits, _persistent_programs(dev)),)
     # the module's knobs read now, not when a launch runs (the bench changes them between plans)
-    per_program = rows_per_program or ROWS_PER_PROGRAM or _rows_per_program(rows, dev)
-    row_programs = triton.cdiv(rows, per_program)
-    chunk, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces) // per_program), ROWS_NUM_WARPS
+    chunk, rows_warps = max(1, GATHER_CHUNK // (split // bound_pieces)), ROWS_NUM_WARPS
     rows_bits = ROWS_DIGIT_BITS or digit_bits
     rows_maxnreg = ROWS_MAXNREG
-    if rows_maxnreg is None:  # two programs an SM
-        rows_maxnreg = ROWS_WIDE_MAXNREG if row_programs > _persistent_programs(dev) else 0
+    if rows_maxnreg is None:
+        rows_maxnreg = ROWS_WIDE_MAXNREG if rows > _persistent_programs(dev) else 0  # two programs an SM
     rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and not interpreted(topk_split_kernel) else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
     launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
         x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
         num_warps=num_warps, **pdl))]
-    launches.append(("rows", lambda: topk_bounded_row_kernel[(row_programs,)](
-        x, x.stride(0), vocab, rows, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
+    launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
+        x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
-        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, ROWS=per_program, num_warps=rows_warps,
-        **pdl, **rows_cap)))
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, num_warps=rows_warps, **pdl, **rows_cap)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
@@ -472,15 +423,6 @@ def pdl_launch(device: torch.device, pdl: bool | None) -> dict:
     if not pdl or not pdl_available(device, topk_split_kernel):
         return {}
     return dict(PDL=True, launch_pdl=True)
-
-
-def _rows_per_program(rows: int, device: torch.device) -> int:
-    """Rows a row program takes where ROWS_PER_PROGRAM is None: the fewest (a power of two, at most 8) that fit the
-    row programs in one wave of two an SM."""
-    per_program = 1
-    while per_program < 8 and triton.cdiv(rows, per_program) > _persistent_programs(device):
-        per_program *= 2
-    return per_program
 
 
 def bound_max_pieces(k: int) -> int:
