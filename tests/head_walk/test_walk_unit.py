@@ -188,6 +188,20 @@ def test_unsupported_setting_leaves_vllms_walk_and_says_why(options, change, fra
     assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)  # decided once, stays
 
 
+def test_reduced_fp32_matmul_precision_falls_back(monkeypatch, warnings_seen):
+    """vLLM's VLLM_FLOAT32_MATMUL_PRECISION "high" makes its fp32 walk multiply in TF32; the kernels would propose
+    drafts a rounding away from it, so the walk stays vLLM's (asked where the kernels could run)."""
+    monkeypatch.setattr(walk, "_why_kernel_cannot_run", lambda device: None)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        spec = make_speculator(hybridspec=MEGAKERNEL, dtype=torch.float32)
+        assert not walk.sample_sequential(spec, spec._test_rows, spec._test_head_hidden)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    _assert_fell_back("float32 matmul precision 'high'", warnings_seen)
+
+
 def test_vocabulary_beyond_the_kernels_ids_falls_back(monkeypatch, warnings_seen):
     monkeypatch.setattr(walk, "MAX_TOKENS", 64)
     spec = make_speculator(hybridspec=REFERENCE, vocab=100)

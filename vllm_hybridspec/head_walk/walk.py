@@ -231,6 +231,9 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
         reason = _why_kernel_cannot_run(w1.device)
         if reason is not None:
             return reason
+        reason = _why_not_fp32_precision(model, w1)
+        if reason is not None:
+            return reason
         if w1.device.type != "cuda" and torch.bfloat16 in dtypes:
             return "bf16 under the Triton interpreter, which computes bf16 wrongly (use fp32 or fp16 on CPU)"
         if topk is not None:
@@ -252,6 +255,20 @@ def why_not(spec: Any, config: HybridSpecConfig) -> str | None:
         except ImportError as error:
             return f"the reference walk cannot load ({error})"
     return _why_not_cache(spec, model)
+
+
+def _why_not_fp32_precision(model: Any, w1: torch.Tensor) -> str | None:
+    """fp32 Markov products under a reduced torch float32 matmul precision (vLLM's VLLM_FLOAT32_MATMUL_PRECISION
+    "high" / "medium"): vLLM's walk then multiplies in TF32 (or bf16), the kernels in fp32, and the drafts would
+    differ by a rounding."""
+    head_dtype = getattr(model.logits_processor, "head_dtype", None)
+    product_dtype = w1.dtype if head_dtype in (None, w1.dtype) else head_dtype
+    precision = torch.get_float32_matmul_precision()
+    if product_dtype == torch.float32 and precision != "highest":
+        return (f"fp32 Markov products under torch's float32 matmul precision {precision!r} "
+                "(VLLM_FLOAT32_MATMUL_PRECISION): vLLM's walk multiplies them at reduced precision, the kernels in "
+                "fp32")
+    return None
 
 
 def _rows_of_every_width(max_rows: int) -> list[int]:
