@@ -355,13 +355,11 @@ def diagnose_select_parts(args) -> list[dict]:
         base = select_inputs(batch * 15, vocab, dist, torch, dev)
         want = base.topk(args.topk, dim=-1)[1].sort(-1).values
         torch_us = round(time_graph(torch, lambda: base.topk(args.topk, dim=-1))[0], 1)
-        for split, warps, gather, pieces, rows_warps, rows_bits, rows_cap, own in itertools.product(
+        for split, warps, gather, pieces, rows_warps, rows_bits, rows_cap in itertools.product(
                 args.select_splits, args.select_warps, args.select_gathers, args.select_pieces, args.select_rows_warps,
-                args.select_rows_bits, args.select_rows_maxnreg, args.select_own_maxima):
+                args.select_rows_bits, args.select_rows_maxnreg):
             select.GATHER_CHUNK, select.ROWS_NUM_WARPS, select.ROWS_DIGIT_BITS = gather, rows_warps, rows_bits or None
             select.ROWS_MAXNREG = None if rows_cap < 0 else rows_cap
-            if own >= 0:  # -1: as shipped
-                select.OWN_MAXIMA_MAX_VOCAB = own
             pieces = default_bound_pieces(batch * 15, vocab, args.topk, split) if pieces < 0 else pieces
             plan = select_launches(base, args.topk, split=split, num_warps=warps, digit_bits=DIGIT_BITS,
                                    bound_pieces=pieces)
@@ -370,7 +368,7 @@ def diagnose_select_parts(args) -> list[dict]:
             run_all()
             row = dict(check="select_parts", vocab=vocab, batch=batch, topk=args.topk, dist=dist, split=split,
                        warps=warps, gather_chunk=gather, bound_pieces=pieces, rows_warps=rows_warps,
-                       rows_bits=rows_bits, rows_maxnreg=rows_cap, own_maxima_max_vocab=own,
+                       rows_bits=rows_bits, rows_maxnreg=rows_cap,
                        equal=bool(torch.equal(plan.indices.sort(-1).values, want)), torch_topk_us=torch_us,
                        all_us=round(time_graph(torch, run_all)[0], 1),
                        read_floor_us=round(base.numel() * base.element_size() / args.hbm_gbps / 1e3, 1))
@@ -390,11 +388,8 @@ def diagnose_walk_parts(args) -> list[dict]:
     table launch alone and with its chain, the loop form alone, and the whole walk the wiring runs (select + walk)."""
     import torch
 
-    from hybridspec_kernels.head_walk_topk import head_walk_topk, select, walk_candidates
+    from hybridspec_kernels.head_walk_topk import head_walk_topk, walk_candidates
     from hybridspec_kernels.head_walk_topk.table import table_launches
-
-    if args.select_own_maxima[0] >= 0:  # the first value given; -1: as shipped
-        select.OWN_MAXIMA_MAX_VOCAB = args.select_own_maxima[0]
 
     gumbel, _ = load_vllm_kernels()
     out = []
@@ -497,8 +492,6 @@ def main() -> None:
                         help="select.ROWS_DIGIT_BITS values (0: the select's digit bits)")
     parser.add_argument("--select-cells", nargs="+", default=None,
                         help="--diagnose-select-parts: only these VOCABxBATCH cells (e.g. 248320x64)")
-    parser.add_argument("--select-own-maxima", type=int, nargs="+", default=[-1],
-                        help="select.OWN_MAXIMA_MAX_VOCAB values (0: never; -1: as shipped)")
     parser.add_argument("--select-rows-maxnreg", type=int, nargs="+", default=[-1],
                         help="select.ROWS_MAXNREG values (0: no register cap, -1: the default rule)")
     parser.add_argument("--select-pieces", type=int, nargs="+", default=[0, -1],

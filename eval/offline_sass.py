@@ -398,7 +398,7 @@ def topk():
             for i, (fn, args, kwargs) in enumerate(captured):
                 compile_captured(f"{name}_{i}", fn, args, kwargs)
     import hybridspec_kernels.head_walk_topk.select as select
-    for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel", "topk_reset_kernel",
+    for name in ("topk_split_kernel", "topk_merge_kernel", "topk_bound_maxima_kernel", "topk_bounded_row_kernel",
                  "topk_fallback_split_kernel", "topk_fallback_merge_kernel"):
         setattr(select, name, Capture(getattr(select, name)))
     for bits, pieces in ((8, 0), (4, 0), (2, 0), (4, None)):
@@ -406,15 +406,6 @@ def topk():
         select.topk_candidates(torch.empty(120, vocab, dtype=torch.bfloat16), 64, digit_bits=bits, bound_pieces=pieces)
         for i, (fn, args, kwargs) in enumerate(captured):
             compile_captured(f"topk_select_bits{bits}_p{pieces}_{i}", fn, args, kwargs)
-    # session 24: row programs reading their own piece maxima (OWN_MAXIMA) at 32k, 480 / 960 rows, with the register
-    # cap the many-programs rule gives them (80) and without
-    for select_rows, cap in ((480, None), (960, None), (960, 0)):
-        select.OWN_MAXIMA_MAX_VOCAB, select.ROWS_MAXNREG = 65536, cap
-        del captured[:]
-        select.topk_candidates(torch.empty(select_rows, 32000, dtype=torch.bfloat16), 64)
-        select.OWN_MAXIMA_MAX_VOCAB, select.ROWS_MAXNREG = 0, None
-        (fn, args, kwargs), = [c for c in captured if c[0] is select.topk_bounded_row_kernel.fn]
-        compile_captured(f"topk_select_own_maxima_r{select_rows}_cap{cap}", fn, args, kwargs)
 
 
 def _compile_counted(name, cfg):

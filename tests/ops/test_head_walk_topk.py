@@ -300,20 +300,10 @@ SELECT_CASES = [  # rows, vocab, k, split (small splits: a row over several prog
 ]
 
 
-@pytest.fixture
-def own_maxima(request, monkeypatch):
-    """The two-read path with its row programs reading their own piece maxima (True) or the maxima pass's."""
-    from hybridspec_kernels.head_walk_topk import select
-    monkeypatch.setattr(select, "OWN_MAXIMA_MAX_VOCAB", 1 << 20 if request.param else 0)
-    return request.param
-
-
 @needs_kernels
-@pytest.mark.parametrize("digit_bits, bound_pieces, own_maxima",  # own maxima: the two-read path only
-                         [(4, None, False), (8, 0, False), (4, 2, False), (8, 16, False), (4, 2, True), (8, 16, True)],
-                         indirect=["own_maxima"])
+@pytest.mark.parametrize("digit_bits, bound_pieces", [(4, None), (8, 0), (4, 2), (8, 16)])
 @pytest.mark.parametrize("case", SELECT_CASES, ids=[f"r{c[0]}v{c[1]}k{c[2]}s{c[3]}" for c in SELECT_CASES])
-def test_topk_candidates_match_naive(case, digit_bits, bound_pieces, own_maxima):
+def test_topk_candidates_match_naive(case, digit_bits, bound_pieces):
     """Tied logits: the plateau overflows its split's bound (the select path), the other splits stage without one."""
     rows, vocab, k, split = case
     x = tied_logits(rows, vocab, torch.float16, DEVICE, seed=vocab + k)
@@ -326,9 +316,8 @@ def test_topk_candidates_match_naive(case, digit_bits, bound_pieces, own_maxima)
 
 
 @needs_kernels
-@pytest.mark.parametrize("own_maxima", [False, True], indirect=True)
 @pytest.mark.parametrize("digit_bits", [4, 8])
-def test_topk_candidates_bound_fallback_rows(digit_bits, own_maxima):
+def test_topk_candidates_bound_fallback_rows(digit_bits):
     """Two-read path, rows of every kind in one call: a constant row and a row rising along the vocabulary overfill
     their lists (the one-read fallback), random rows do not; a tied top exceeding k orders its ties by index."""
     vocab, k = 3000, 24
@@ -347,9 +336,8 @@ def test_topk_candidates_bound_fallback_rows(digit_bits, own_maxima):
 
 
 @needs_kernels
-@pytest.mark.parametrize("own_maxima", [False, True], indirect=True)
 @pytest.mark.parametrize("k", [12, 40, 70])
-def test_topk_candidates_bound_signed_zeros(k, own_maxima):
+def test_topk_candidates_bound_signed_zeros(k):
     """Two-read path: rows whose k-th key is -0.0 or +0.0 (the maxima pass's float maximum cannot tell them apart),
     with pieces holding only -0.0 beside pieces holding +0.0, and a NaN."""
     vocab = 2000
@@ -471,25 +459,6 @@ def test_gpu_topk_candidates_are_torch_topk_set(rows, vocab, k):
     for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
               tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows), mixed.bfloat16()):
         values, index = topk_candidates(x, k)
-        want_values, want_index = x.topk(k, dim=-1)
-        assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
-        assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),
-                           want_values.float().sort(-1).values.nan_to_num(9.0))
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("own_maxima", [True], indirect=True)
-@pytest.mark.parametrize("rows, vocab, k", [(960, 32_000, 64), (480, 32_000, 64), (64, 30_011, 100), (100, 65_536, 8)])
-def test_gpu_topk_candidates_own_maxima(rows, vocab, k, own_maxima):
-    """The two-read path whose row programs read their own piece maxima: torch.topk's set on random, tied and mixed
-    rows (the constant and rising ones fall back to the one-read path)."""
-    mixed = torch.randn(rows, vocab, device="cuda")
-    mixed[::3] = 0.5
-    mixed[1::3] = torch.linspace(-3, 3, vocab, device="cuda")
-    for x in (torch.randn(rows, vocab, device="cuda").bfloat16(),
-              tied_logits(rows, vocab, torch.bfloat16, "cuda", seed=rows), mixed.bfloat16()):
-        values, index = topk_candidates(x, k)  # the default pieces (the two-read path: >= 1M logits in all)
         want_values, want_index = x.topk(k, dim=-1)
         assert torch.equal(index.sort(-1).values, want_index.sort(-1).values)
         assert torch.equal(values.float().sort(-1).values.nan_to_num(9.0),

@@ -61,9 +61,6 @@ ROWS_DIGIT_BITS = None
 # rows): 960 x 151,936 158.6 -> 149.9, 960 x 248,320 202.9 -> 195.0; but 15 / 120 rows +0.5..1.5 (one wave either way).
 ROWS_MAXNREG = None
 ROWS_WIDE_MAXNREG = 80
-# Vocabularies up to this many logits a row read their piece maxima in the row programs themselves (OWN_MAXIMA: no
-# maxima pass), read at plan time; 0: never.
-OWN_MAXIMA_MAX_VOCAB = 0
 # The one-read path measured faster than torch.topk up to 120 rows of 151,936 (session 21 call 7: 173.7 vs 207.9 us)
 # and slower from 480 rows of 248,320; the walk takes torch.topk past this where no bound applies (k > BOUND_MAX_K,
 # vocabularies past 2**INDEX_BITS).
@@ -200,25 +197,13 @@ def topk_bound_maxima_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, fal
     row, split = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if (row == 0) & (split == 0):
         tl.store(fallback_ptr, 0)
-    tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES),
-             _piece_maxima(x_ptr + row * stride_x, split * SPLIT, vocab, PIECES, SPLIT // PIECES))
-
-
-@triton.jit
-def _piece_maxima(x_row, start, vocab, PIECES: tl.constexpr, PIECE: tl.constexpr):
-    """[PIECES] keys of the maxima of the pieces of PIECE elements from `start` on (topk_bound_maxima_kernel's)."""
-    offs = start + tl.arange(0, PIECES * PIECE)
-    x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
-    piece_float_max = tl.reduce(tl.reshape(x, [PIECES, PIECE]), 1, _max_propagating_nan)
+    offs = split * SPLIT + tl.arange(0, SPLIT)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=offs < vocab, other=float("-inf"))
+    piece_float_max = tl.reduce(tl.reshape(x, [PIECES, SPLIT // PIECES]), 1, _max_propagating_nan)
     piece_max = tl.where(piece_float_max == 0, 0x8000, _order_keys_of(piece_float_max))
-    return tl.where(start + tl.arange(0, PIECES) * PIECE < vocab, piece_max, -1)
-
-
-@triton.jit
-def topk_reset_kernel(fallback_ptr, PDL: tl.constexpr = False):
-    """Empties the fallback list (the row programs' own maxima leave no launch before them to do it)."""
-    wait_for_the_launch_before(PDL)
-    tl.store(fallback_ptr, 0)
+    o_piece = split * SPLIT + tl.arange(0, PIECES) * (SPLIT // PIECES)
+    tl.store(maxima_ptr + row * num_maxima + split * PIECES + tl.arange(0, PIECES),
+             tl.where(o_piece < vocab, piece_max, -1))
 
 
 @triton.jit
@@ -249,22 +234,17 @@ def topk_bounded_row_kernel(x_ptr, stride_x, vocab, maxima_ptr, num_maxima, piec
                             values_ptr, index_ptr, stride_out, fallback_ptr, k, PIECE: tl.constexpr,
                             MAXIMA: tl.constexpr, MAX_PIECES: tl.constexpr, CHUNK: tl.constexpr,
                             CAPACITY: tl.constexpr, INDEX_BITS: tl.constexpr, DIGIT_BITS: tl.constexpr,
-                            OWN_MAXIMA: tl.constexpr = False, PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = False):
     """Row `row`'s k from its pieces' maxima and a second read of only the pieces that can hold them.
 
     The k-th largest piece maximum B is at most the row's k-th key (k pieces hold a key at least as large), so the
     row's first k lie in the pieces whose maximum is at least B (about k of them): those are read, their elements at
     or above B listed, and the k picked from the list (ties at the k-th key by smallest index, torch.topk's rule).
-    A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead.
-    OWN_MAXIMA: the program reads its row's piece maxima off the row itself (one launch less, and the row's first
-    read spread over the row programs instead of a pass before them)."""
+    A row with more than MAX_PIECES such pieces or CAPACITY such elements goes on the fallback list instead."""
     wait_for_the_launch_before(PDL)
     row = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MAXIMA)
-    if OWN_MAXIMA:
-        piece_max = _piece_maxima(x_ptr + row * stride_x, 0, vocab, MAXIMA, PIECE)
-    else:
-        piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
+    piece_max = tl.load(maxima_ptr + row * num_maxima + o_m, mask=o_m < num_maxima, other=-1)
     bound, _ = _kth_key(piece_max, piece_max >= 0, k, DIGIT_BITS)
     bound = tl.where(tl.sum((piece_max >= 0).to(tl.int32), axis=0) >= k, bound, 0)  # fewer pieces than k: none
     bound = tl.where(bound == 0x8000, 0x7FFF, bound)  # a float maximum's +0.0 may stand for -0.0
@@ -421,18 +401,13 @@ def select_launches(logits: torch.Tensor, k: int, *, split: int = SPLIT, num_war
         rows_maxnreg = ROWS_WIDE_MAXNREG if rows > _persistent_programs(dev) else 0  # two programs an SM
     rows_cap = dict(maxnreg=rows_maxnreg) if rows_maxnreg and not interpreted(topk_split_kernel) else {}
     index_bits = triton.cdiv(INDEX_BITS, rows_bits) * rows_bits
-    own_maxima = vocab <= OWN_MAXIMA_MAX_VOCAB
-    if own_maxima:
-        launches = [("reset", lambda: topk_reset_kernel[(1,)](fallback, num_warps=1, **pdl))]
-    else:
-        launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
-            x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
-            num_warps=num_warps, **pdl))]
+    launches = [("maxima", lambda: topk_bound_maxima_kernel[(rows, num_splits)](
+        x, x.stride(0), vocab, maxima, num_maxima, fallback, SPLIT=split, PIECES=bound_pieces,
+        num_warps=num_warps, **pdl))]
     launches.append(("rows", lambda: topk_bounded_row_kernel[(rows,)](
         x, x.stride(0), vocab, maxima, num_maxima, piece_ids, list_key, list_idx, *out, fallback, k,
         PIECE=split // bound_pieces, MAXIMA=triton.next_power_of_2(num_maxima), MAX_PIECES=max_pieces, CHUNK=chunk,
-        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, OWN_MAXIMA=own_maxima, num_warps=rows_warps,
-        **pdl, **rows_cap)))
+        CAPACITY=capacity, INDEX_BITS=index_bits, DIGIT_BITS=rows_bits, num_warps=rows_warps, **pdl, **rows_cap)))
     return SelectPlan(values, indices, launches + [
         ("fallback_split", lambda: topk_fallback_split_kernel[persistent](
             x, x.stride(0), vocab, stage_key, stage_idx, k, num_splits, fallback, **one_read)),
