@@ -737,14 +737,26 @@ _S24_STACKED = [dict(_S13, prep_warps=8, l2_prefetch_ahead=4), dict(_S13, l2_pre
                 dict(_S13, l2_prefetch_ahead=4), dict(block_v=64, pdl=True, **_PC9)]
 SWEEP_VERIFY_BF16S24 = [VerifyConfig(**_B1, **_ES), VerifyConfig(block_v=64, **_PC9)] + [
     VerifyConfig(**c) for c in _S24_B1 + _S24_STACKED]
+# --sweep-set nopdl24 (session 24; MODE=nopdl24): with bf16 states (bf16s24) the stacked BV64 without PDL beat every
+# PDL form at b32 / b64 by 5-15 %; with fp32 states it was last timed against PDL before the L2 prefetch (GB, session
+# 5). Incumbents: the fp32 picks at L 4 / 16 as shipped (b1 L4 / L16, b8, b32 / b64 at ahead 2, L4 b32 at ahead 4);
+# challengers: the stacked BV64 without PDL, alone and with the prefetches the PDL picks use
+_NOPDL24 = dict(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128)
+SWEEP_VERIFY_NOPDL24 = [VerifyConfig(**c, pdl_first=True) for c in _PDL23[:2]] + [
+    VerifyConfig(**c) for c in _PDL23[2:]] + [
+    VerifyConfig(**_NOPDL24), VerifyConfig(**_NOPDL24, l2_prefetch_mib=16),
+    VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=2),
+    VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=4),
+    VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=4, prep_warps=8)]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2, "nopdl24": 5}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
               "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13,
-              "pdl23": SWEEP_VERIFY_PDL23, "bf16s24": SWEEP_VERIFY_BF16S24}
+              "pdl23": SWEEP_VERIFY_PDL23, "bf16s24": SWEEP_VERIFY_BF16S24,
+              "nopdl24": SWEEP_VERIFY_NOPDL24}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1694,6 +1706,7 @@ def main():
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
                      "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "prep13": SWEEP_RECON_STACKED7,
                      "pdl23": SWEEP_RECON_STACKED7, "bf16s24": SWEEP_RECON_STACKED7,
+                     "nopdl24": SWEEP_RECON_STACKED7,
                      "long11": SWEEP_RECON_LONG11,
                      "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
@@ -1734,7 +1747,7 @@ def main():
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
                                                      "bf16recon", "tma9", "l2pf10", "prep13", "long11",
-                                                     "long12bf16", "pdl23", "bf16s24"),
+                                                     "long12bf16", "pdl23", "bf16s24", "nopdl24"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

@@ -221,7 +221,7 @@ if [ "$MODE" = long12bf16 ]; then
     sed -n '/^  L   B /,$p' "$OUT/gdn/bench_bf16.log"
 fi
 
-if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ] || [ "$MODE" = prep13 ] || [ "$MODE" = pdl23 ]; then
+if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MODE" = final4 ] || [ "$MODE" = final5 ] || [ "$MODE" = final6 ] || [ "$MODE" = final7 ] || [ "$MODE" = final8 ] || [ "$MODE" = final9 ] || [ "$MODE" = final10 ] || [ "$MODE" = long11 ] || [ "$MODE" = prep13 ] || [ "$MODE" = pdl23 ] || [ "$MODE" = nopdl24 ]; then
     # final: all GDN GPU tests, sweep set v4; final2 (v5 call): only the weight_tiles GPU tests (the bench's
     # bf16-vs-float64 gate covers every swept config's outputs), sweep set v5; final3: the fold
     if [ "$MODE" = final ]; then
@@ -262,6 +262,12 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=pdl23 TEST_K="pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
         EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_pdl23 --stop-at-s ${STOP_AT_S:-250}"
+    elif [ "$MODE" = nopdl24 ]; then
+        # session 24: the fp32 stacked picks against the stacked form without PDL (with and without the L2 prefetch);
+        # results beside the headline (gdn_verify_nopdl24.*), the tuned file from the sweep
+        SWEEP_SET=nopdl24 TEST_K="s24 or pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
+            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
+        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_nopdl24 --stop-at-s ${STOP_AT_S:-250}"
     elif [ "$MODE" = long11 ]; then
         SWEEP_SET=long11 TEST_K="long11" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-200} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-3}"
