@@ -265,7 +265,7 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
     elif [ "$MODE" = nopdl24 ]; then
         # session 24: the fp32 stacked picks against the stacked form without PDL (with and without the L2 prefetch);
         # results beside the headline (gdn_verify_nopdl24.*), the tuned file from the sweep
-        SWEEP_SET=nopdl24 TEST_K="s24 or pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
+        SWEEP_SET=nopdl24 TEST_K="pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
         EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_nopdl24 --stop-at-s ${STOP_AT_S:-250}"
     elif [ "$MODE" = long11 ]; then

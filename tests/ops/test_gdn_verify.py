@@ -1320,11 +1320,6 @@ def test_gpu_tma_loads_on_padded_slots(state_dtype, config):
                                              l2_prefetch_ahead=1), 64, id="fp32-state-bv128-pdl-tma-padded-slots"),
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
                                               l2_prefetch_mib=64, l2_prefetch_ahead=1), 0, id="bf16-state-bv64"),
-    # session 24 (nopdl24): the fp32 challengers without PDL
-    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128,
-                                             l2_prefetch_mib=16, l2_prefetch_ahead=2), 0, id="fp32-state-bv64-s24"),
-    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, prep_warps=8,
-                                             l2_prefetch_mib=16, l2_prefetch_ahead=4), 0, id="fp32-state-bv64-prep8-s24"),
 ])
 def test_gpu_l2_prefetch_real_shape(state_dtype, config, slot_padding):
     """The L2 bulk prefetch at the Qwen3-Next shape: the launch issues it (the plan is not empty), the outputs and
