@@ -748,15 +748,24 @@ SWEEP_VERIFY_NOPDL24 = [VerifyConfig(**c, pdl_first=True) for c in _PDL23[:2]] +
     VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=2),
     VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=4),
     VerifyConfig(**_NOPDL24, l2_prefetch_mib=16, l2_prefetch_ahead=4, prep_warps=8)]
+# --sweep-set long24 / long24bf16 (session 24; MODE=long24): the b1 picks at verify lengths 17..32 (BT 32; fp32: the
+# plain BV32 x 8 form, bf16: the hoisted one) never took pdl_first (session 23 swept L 4 / 16); incumbents the shipped
+# L 17 / 32 picks, challenger the b1 pick with pdl_first
+_LONG_STACKED = dict(block_v=128, num_warps=8, pdl=True, tma_loads=True, prep_warps=8, **_PCU)
+SWEEP_VERIFY_LONG24 = [VerifyConfig(block_v=32, num_warps=8), VerifyConfig(**_LONG_STACKED),
+                       VerifyConfig(block_v=32, num_warps=8, pdl_first=True)]
+SWEEP_VERIFY_LONG24BF16 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_LONG_STACKED, pdl=False)),
+                           VerifyConfig(**_LONG_STACKED), VerifyConfig(**_B1, **_ES, pdl_first=True)]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2, "nopdl24": 5}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2, "nopdl24": 5, "long24": 2, "long24bf16": 3}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
               "bf16recon": SWEEP_VERIFY_BF16RECON, "tma9": SWEEP_VERIFY_TMA9, "l2pf10": SWEEP_VERIFY_L2PF10,
               "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13,
               "pdl23": SWEEP_VERIFY_PDL23, "bf16s24": SWEEP_VERIFY_BF16S24,
-              "nopdl24": SWEEP_VERIFY_NOPDL24}
+              "nopdl24": SWEEP_VERIFY_NOPDL24, "long24": SWEEP_VERIFY_LONG24,
+              "long24bf16": SWEEP_VERIFY_LONG24BF16}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1706,7 +1715,8 @@ def main():
                      "bf16state": SWEEP_RECON_STACKED7, "bf16recon": SWEEP_RECON_BF16RECON, "full": SWEEP_RECON,
                      "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "prep13": SWEEP_RECON_STACKED7,
                      "pdl23": SWEEP_RECON_STACKED7, "bf16s24": SWEEP_RECON_STACKED7,
-                     "nopdl24": SWEEP_RECON_STACKED7,
+                     "nopdl24": SWEEP_RECON_STACKED7, "long24": SWEEP_RECON_LONG11[:1],
+                     "long24bf16": SWEEP_RECON_LONG11[:1],
                      "long11": SWEEP_RECON_LONG11,
                      "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
@@ -1747,7 +1757,8 @@ def main():
                 recon_configs=recon_configs, errors=errors, fold_errs=fold_errs, folded=args.sweep_set == "fold",
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
                                                      "bf16recon", "tma9", "l2pf10", "prep13", "long11",
-                                                     "long12bf16", "pdl23", "bf16s24", "nopdl24"),
+                                                     "long12bf16", "pdl23", "bf16s24", "nopdl24", "long24",
+                                                     "long24bf16"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

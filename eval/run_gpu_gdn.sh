@@ -26,6 +26,8 @@
 #               bench_gdn_verify.py --ssm-dtype bfloat16 --sweep-set bf16state at L 4 / 16 and the full grid with vLLM
 #               and FLA -> $OUT/gdn/gdn_verify_bf16_state.{json,md,png}; the sweep's picks go to
 #               $OUT/gdn/tuned_bf16_state.json (never the shipped tuned file, which holds the fp32-state picks)
+#   MODE=long24 (session 24) pdl_first for the b1 picks at L 17 / 32 (--sweep-set long24 at fp32, then long24bf16 at bf16
+#               states from the first run's tuned file): eval/results/gdn_verify_long*.*, tuned_bfloat16.json (both).
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -203,6 +205,30 @@ if [ "$MODE" = reconfloor ]; then
         --budget-s ${DIAG_BUDGET_S:-75} > "$OUT/diag/reconfloor.log" 2>&1
     echo "== recon floors rc=$? at $(( $(date +%s) - T0 )) s"
     grep -vE "^reconfloor" "$OUT/diag/reconfloor.log" | tail -20
+fi
+
+if [ "$MODE" = long24 ]; then
+    # session 24: pdl_first for the b1 picks at L 17 / 32, fp32 states then bf16 states (the second run starts from the
+    # first's tuned file, so the last one written carries both)
+    mkdir -p "$OUT/gdn"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n 2 -k "pdl_first and long" \
+        tests/ops/test_gdn_verify.py > "$OUT/gdn/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/gdn/pytest.log"
+    tail -2 "$OUT/gdn/pytest.log"
+    for DT in float32 bfloat16; do
+        if [ $DT = float32 ]; then SET=long24 STEM=gdn_verify_long B=1,8,32,64; else SET=long24bf16 STEM=gdn_verify_long_bf16_state B=1,8,32; fi
+        EXTRA="--lens 17,32 --batches $B --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem $STEM"
+        timeout ${BENCH_S:-170} python3 eval/bench_gdn_verify.py --ssm-dtype $DT --out "$OUT/gdn" --sweep --sweep-set $SET \
+            --precompile --write-tuned "$OUT/gdn/tuned_$DT.json" $EXTRA \
+            --command "python eval/bench_gdn_verify.py --ssm-dtype $DT --sweep --sweep-set $SET --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+            > "$OUT/gdn/bench_$DT.log" 2>&1
+        echo "== bench $DT rc=$? at $(( $(date +%s) - T0 )) s"
+        cp "$OUT/gdn/tuned_$DT.json" triton_kernels/gdn_verify/tuned_verify_configs.json
+        grep -E "^precompile|compile failed|^correctness|time budget|out of memory|Error" "$OUT/gdn/bench_$DT.log" | cut -c1-300
+        grep "^sweep verify" "$OUT/gdn/bench_$DT.log" | cut -c1-140
+        sed -n '/^  L   B /,$p' "$OUT/gdn/bench_$DT.log" | head -12
+    done
 fi
 
 if [ "$MODE" = long12bf16 ]; then

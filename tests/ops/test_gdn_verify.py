@@ -1715,21 +1715,22 @@ def test_gpu_conv_window_in_place_update_is_race_free(short, block_v, num_warps,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
-@pytest.mark.parametrize("config", [
-    pytest.param(VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=4, early_stores=True),
+@pytest.mark.parametrize("config, length", [
+    pytest.param(VerifyConfig(block_v=32, hoist=True, weight_tiles=True, num_warps=4, early_stores=True), 16,
                  id="b1-pick-hoisted"),
     pytest.param(VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128, l2_prefetch_mib=16,
-                              l2_prefetch_ahead=2), id="b32-pick-stacked"),
+                              l2_prefetch_ahead=2), 16, id="b32-pick-stacked"),
+    pytest.param(VerifyConfig(block_v=32, num_warps=8), 17, id="long-b1-pick-plain"),  # session 24 (long24), BT 32
 ])
 @pytest.mark.parametrize("batch", [1, 32])
-def test_gpu_pdl_first_waits_for_the_launch_before(config, batch):
+def test_gpu_pdl_first_waits_for_the_launch_before(config, length, batch):
     """pdl_first: the verify's first launch follows, by programmatic dependent launch, a kernel that lets it start at
     once and only then (after a spin) writes mixed_qkv (`late_writer.late_copy`). Reading it before the wait would
     see the previous input: outputs and workspace must be bit for bit those without PDL for every input, eagerly and
     over replays of a CUDA graph holding the same two launches."""
     from late_writer import late_copy
 
-    lens = [16] * batch
+    lens = [length] * batch
     p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
                      bias=False, device="cuda", seed=batch)
     sources = [{k: torch.randn_like(p[k]) for k in ("mixed_qkv", "a", "b")} for _ in range(3)]
@@ -1743,7 +1744,7 @@ def test_gpu_pdl_first_waits_for_the_launch_before(config, batch):
             p["a"].copy_(src["a"])
             p["b"].copy_(src["b"])
             late_copy(p["mixed_qkv"], src["mixed_qkv"])  # the launch right before the verify
-            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=16, config=c, out=out)
+            gdn_verify(**p, workspace=ws.layer(0), max_seqlen=length, config=c, out=out)
 
         got = []
         for src in sources:
