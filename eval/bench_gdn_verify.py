@@ -757,7 +757,8 @@ SWEEP_VERIFY_LONG24 = [VerifyConfig(block_v=32, num_warps=8), VerifyConfig(**_LO
 SWEEP_VERIFY_LONG24BF16 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_LONG_STACKED, pdl=False)),
                            VerifyConfig(**_LONG_STACKED), VerifyConfig(**_B1, **_ES, pdl_first=True)]
 # the first this many configs of the set: the picks a new form must beat by the margin
-SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2, "nopdl24": 5, "long24": 2, "long24bf16": 3}
+SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2,
+                    "nopdl24": 5, "long24": 2, "long24bf16": 3}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,

@@ -282,18 +282,13 @@ if [ "$MODE" = final ] || [ "$MODE" = final2 ] || [ "$MODE" = final3 ] || [ "$MO
         SWEEP_SET=prep13 TEST_K="tma_loads" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
         EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.03 --recon-margin 0.02 --results-stem gdn_verify_prep13 --stop-at-s ${STOP_AT_S:-250}"
-    elif [ "$MODE" = pdl23 ]; then
-        # session 23: each shipped pick with its first launch by PDL (eval/bench_gdn_verify.py, pdl23); results beside
-        # the headline (gdn_verify_pdl23.*), the tuned file from the sweep
-        SWEEP_SET=pdl23 TEST_K="pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
+    elif [ "$MODE" = pdl23 ] || [ "$MODE" = nopdl24 ]; then
+        # session 23 (pdl23): each shipped pick with its first launch by PDL; session 24 (nopdl24): the fp32 stacked
+        # picks against the stacked form without PDL (with and without the L2 prefetch). The sweep set of the same
+        # name (eval/bench_gdn_verify.py); results beside the headline (gdn_verify_<mode>.*), the tuned file from it
+        SWEEP_SET=$MODE TEST_K="pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
-        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_pdl23 --stop-at-s ${STOP_AT_S:-250}"
-    elif [ "$MODE" = nopdl24 ]; then
-        # session 24: the fp32 stacked picks against the stacked form without PDL (with and without the L2 prefetch);
-        # results beside the headline (gdn_verify_nopdl24.*), the tuned file from the sweep
-        SWEEP_SET=nopdl24 TEST_K="pdl_first" SWEEP_CUT=210 TEST_S=${TEST_S:-60} BENCH_S=${BENCH_S:-300} \
-            GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-4}"
-        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_nopdl24 --stop-at-s ${STOP_AT_S:-250}"
+        EXTRA="--sweep-lens 4,16 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem gdn_verify_$MODE --stop-at-s ${STOP_AT_S:-250}"
     elif [ "$MODE" = long11 ]; then
         SWEEP_SET=long11 TEST_K="long11" SWEEP_CUT=210 TEST_S=${TEST_S:-90} BENCH_S=${BENCH_S:-200} \
             GRID_S=${GRID_S:-1000} CUT=1500 XDIST="-n ${TEST_WORKERS:-3}"

@@ -164,8 +164,7 @@ def make_plan(spec: Any) -> WalkPlan:
     model = spec.model
     head = model.model.markov_head
     w1 = head.markov_w1.weight
-    head_dtype = model.logits_processor.head_dtype
-    plan.logits_dtype = w1.dtype if head_dtype in (None, w1.dtype) else head_dtype
+    plan.logits_dtype = _product_dtype(model, w1)
     plan.step_keyed_seeds = hasattr(gumbel, "spec_step_seed")
     plan.backend = config.head_walk
     plan.residency = config.head_walk_residency
@@ -261,14 +260,18 @@ def _why_not_fp32_precision(model: Any, w1: torch.Tensor) -> str | None:
     """fp32 Markov products under a reduced torch float32 matmul precision (vLLM's VLLM_FLOAT32_MATMUL_PRECISION
     "high" / "medium"): vLLM's walk then multiplies in TF32 (or bf16), the kernels in fp32, and the drafts would
     differ by a rounding."""
-    head_dtype = getattr(model.logits_processor, "head_dtype", None)
-    product_dtype = w1.dtype if head_dtype in (None, w1.dtype) else head_dtype
     precision = torch.get_float32_matmul_precision()
-    if product_dtype == torch.float32 and precision != "highest":
+    if _product_dtype(model, w1) == torch.float32 and precision != "highest":
         return (f"fp32 Markov products under torch's float32 matmul precision {precision!r} "
                 "(VLLM_FLOAT32_MATMUL_PRECISION): vLLM's walk multiplies them at reduced precision, the kernels in "
                 "fp32")
     return None
+
+
+def _product_dtype(model: Any, w1: torch.Tensor) -> torch.dtype:
+    """The dtype vLLM's walk projects the Markov embedding in: the logits processor's head dtype where it sets one."""
+    head_dtype = getattr(model.logits_processor, "head_dtype", None)
+    return w1.dtype if head_dtype in (None, w1.dtype) else head_dtype
 
 
 def _rows_of_every_width(max_rows: int) -> list[int]:
