@@ -28,6 +28,9 @@
 #               $OUT/gdn/tuned_bf16_state.json (never the shipped tuned file, which holds the fp32-state picks)
 #   MODE=long24 (session 24) pdl_first for the b1 picks at L 17 / 32 (--sweep-set long24 at fp32, then long24bf16 at bf16
 #               states from the first run's tuned file): eval/results/gdn_verify_long*.*, tuned_bfloat16.json (both).
+#   MODE=lean25 (session 25) the conv's leaner instruction stream against the previous commit's kernels (carry
+#               .vendor/base25: `git archive <base> triton_kernels | tar -x -C .vendor/base25`): GPU tests, grids at L 4 / 16
+#               alternating new / base (2 each), then the fp32 and bf16-state headline grids on the new code
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -229,6 +232,56 @@ if [ "$MODE" = long24 ]; then
         grep "^sweep verify" "$OUT/gdn/bench_$DT.log" | cut -c1-140
         sed -n '/^  L   B /,$p' "$OUT/gdn/bench_$DT.log" | head -12
     done
+fi
+
+if [ "$MODE" = lean25 ]; then
+    # session 25: the conv's leaner instruction stream (fast sigmoid, fp32 weight copy, one load a tap), which is code,
+    # not a launch option: against the previous commit's kernels (.vendor/base25/triton_kernels, carried) in
+    # alternating runs of the grid at L 4 / 16 (new, base, new, base), then the headline grids (fp32, bf16 states) on
+    # the new code -> $OUT/gdn/gdn_verify.* and gdn_verify_bf16_state.*
+    mkdir -p "$OUT/gdn" /tmp/ab /tmp/pkbase
+    ln -sfn "$PWD/.vendor/base25/triton_kernels" /tmp/pkbase/hybridspec_kernels
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl
+    export PYTHONPATH=/tmp/pk:/tmp/site
+    rm -f /tmp/gpu_tests_done
+    ( timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
+        -k "${TEST_K:-every_shipped_pick or fast_sigmoid}" tests/ops/test_gdn_verify.py tests/ops/test_fast_math.py \
+        > /tmp/ab/pytest.log 2>&1; echo "pytest rc=$?" >> /tmp/ab/pytest.log; touch /tmp/gpu_tests_done ) &
+    for R in new1 base1 new2 base2; do
+        case $R in new*) PP=/tmp/pk;; *) PP=/tmp/pkbase;; esac
+        WAIT=""; [ $R = new1 ] && WAIT="--wait-file /tmp/gpu_tests_done"
+        PYTHONPATH=$PP:/tmp/site timeout ${AB_S:-150} python3 eval/bench_gdn_verify.py --lens 4,16 --no-fold --no-plot \
+            --precompile $WAIT --out /tmp/ab/$R --results-stem gdn_verify_ab --command "ab $R" > /tmp/ab/$R.log 2>&1
+        echo "== $R rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "compile failed|^correctness|time budget|Error" /tmp/ab/$R.log | cut -c1-300
+        sed -n '/^  L   B /,$p' /tmp/ab/$R.log | head -9
+    done
+    tail -3 /tmp/ab/pytest.log
+    grep -E "passed|failed|error" /tmp/ab/pytest.log | tail -3
+    python3 eval/bench_gdn_verify.py --precompile --no-fold --out "$OUT/gdn" \
+        --command "python eval/bench_gdn_verify.py --precompile --no-fold (the shipped picks of the tuned file, commit $COMMIT)" \
+        > /tmp/ab/headline.log 2>&1
+    echo "== headline rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -E "compile failed|^correctness|time budget|Error" /tmp/ab/headline.log | cut -c1-300
+    sed -n '/^  L   B /,$p' /tmp/ab/headline.log | head -20
+    python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --precompile --no-fold --out /tmp/ab/bf16 \
+        --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --precompile --no-fold (the shipped picks of the tuned file, commit $COMMIT)" \
+        > /tmp/ab/bf16.log 2>&1
+    echo "== bf16 headline rc=$? at $(( $(date +%s) - T0 )) s"
+    sed -n '/^  L   B /,$p' /tmp/ab/bf16.log | head -20
+    cp /tmp/ab/bf16/gdn_verify_bf16_state.* "$OUT/gdn/" 2>/dev/null
+    python3 - <<'PY'
+import json
+for r in ("new1", "base1", "new2", "base2"):
+    try:
+        d = json.load(open(f"/tmp/ab/{r}/gdn_verify_ab.json"))
+    except Exception as e:
+        print(r, "no results", e); continue
+    print(r, " ".join(f"L{x['L']}b{x['B']}:{x['ours_us_all']:.2f}/{x['ours_verify_us']:.2f}/{x['vllm_us_all']:.1f}"
+                      for x in d["rows"]))
+PY
+    echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
 if [ "$MODE" = long12bf16 ]; then

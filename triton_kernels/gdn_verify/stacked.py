@@ -27,10 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._fast_math import sigmoid
 from .._log import log_once
 from .._pdl import interpreted, pdl_available, wait_for_the_launch_before
 from .two_pass import _norm_qk_and_store
-from .verify import _causal_conv_silu, pdl_first_launch
+from .verify import _causal_conv_silu, _conv4_loads, _conv4_math, pdl_first_launch
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +79,16 @@ def _stacked_prep_kernel(
     b_xq = tl.load(x + (bos + o_t)[:, None] * stride_x + (i_h * K + o_k)[None, :], mask=m_t[:, None], other=0.0)
     b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
                    other=0.0)
-    b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
-                            HAS_BIAS, True)
-    b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
-                            HAS_BIAS, True)
+    if W <= 4:
+        b_q = _conv4_math(*_conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t, i_h * K + o_k, D, W),
+                          conv_b, o_t, m_t, i_h * K + o_k, HAS_BIAS)
+        b_k = _conv4_math(*_conv4_loads(x, stride_x, conv_window, conv_w, bos, o_t, m_t, (H + i_h) * K + o_k, D, W),
+                          conv_b, o_t, m_t, (H + i_h) * K + o_k, HAS_BIAS)
+    else:
+        b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
+                                HAS_BIAS, True)
+        b_k = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, (H + i_h) * K + o_k, D, W,
+                                HAS_BIAS, True)
     softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
     b_g = tl.where(m_t[None, :], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[:, None] * softplus, 0.0)
     b_beta = tl.where(m_t[None, :], tl.sigmoid(b_b), 0.0)
@@ -133,12 +140,12 @@ def _conv_silu_t(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, 
         acc += tl.load(conv_b + o_c).to(tl.float32)[:, None]
     for j in tl.static_range(W):
         src = o_t + (j - (W - 1))  # token index; negative indices live in the committed window
-        b_x = tl.load(x + (bos + src)[None, :] * stride_x + o_c[:, None], mask=(m_t & (src >= 0))[None, :],
-                      other=0.0)
-        b_s = tl.load(conv_window + (src + (W - 1))[None, :] * D + o_c[:, None], mask=(m_t & (src < 0))[None, :],
-                      other=0.0)
-        acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * tl.load(conv_wT + j * D + o_c).to(tl.float32)[:, None]
-    acc = acc * tl.sigmoid(acc)
+        # one load a tap: each token's row from x, or from the committed window for negative token indices
+        p_in = tl.where((src >= 0)[None, :], x + (bos + src)[None, :] * stride_x + o_c[:, None],
+                        conv_window + (src + (W - 1))[None, :] * D + o_c[:, None])
+        b_in = tl.load(p_in, mask=m_t[None, :], other=0.0)
+        acc += b_in.to(tl.float32) * tl.load(conv_wT + j * D + o_c).to(tl.float32)[:, None]
+    acc = acc * sigmoid(acc)
     return tl.where(m_t[None, :], acc, 0.0)
 
 

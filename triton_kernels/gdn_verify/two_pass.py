@@ -68,12 +68,12 @@ def _gdn_verify_prep_kernel(
     b_xk = tl.load(x + (bos + o_t)[:, None] * stride_x + ((H + i_h) * K + o_k)[None, :], mask=m_t[:, None],
                    other=0.0)
     if LOADS_FIRST:
-        b_qx, b_qs, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
+        b_qin, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
                                             D, W, BW, HAS_BIAS)
-        b_kx, b_ks, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
+        b_kin, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
                                             (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
-        b_q = _conv_math(b_qx, b_qs, b_qw, b_qb, m_t)
-        b_k = _conv_math(b_kx, b_ks, b_kw, b_kb, m_t)
+        b_q = _conv_math(b_qin, b_qw, b_qb, m_t)
+        b_k = _conv_math(b_kin, b_kw, b_kb, m_t)
     else:
         b_q = _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k, D, W,
                                 HAS_BIAS, WT)
@@ -146,7 +146,7 @@ def _gdn_verify_state_kernel(
     f_kc, f_gamma = _fold_head(fk, fg, f_base, f_n, i_hv, o_k, H, HV, K, BTF, FOLD)
     conv_window = conv_state + slot * stride_conv_slot
     if LOADS_FIRST and V_PER_PROGRAM == BV:  # one block: v taps, G, q/k, factors, then the state block last
-        b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+        b_xv, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, i_vs * BV, HV, K,
                                                          V, D, W, BW, BV, H, HAS_BIAS)
     b_k = tl.load(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
@@ -166,7 +166,7 @@ def _gdn_verify_state_kernel(
     if LOADS_FIRST and V_PER_PROGRAM == BV:
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, i_vs * BV + tl.arange(0, BV), o_k, V, K, fu,
                            f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
-        b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+        b_v = _conv_math(b_vin, b_vw, b_vb, m_t)
         _value_block_math(b_h, b_v, b_xv, o, ws_u, ws_x, ws_row, bos, o_t, m_t, i_hv, i_vs * BV, b_k, b_q, b_m,
                           b_attn, b_one, b_gamma, scale, HV, K, V, D, BV, H, BIG_DOT, SMALL_DOT, 0)
     elif LOOP_STAGES > 0:

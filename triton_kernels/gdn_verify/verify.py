@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._fast_math import sigmoid
 from .._pdl import pdl_available, wait_for_the_launch_before
 from .workspace import MAX_VERIFY_LEN, GDNFold, GDNVerifyWorkspace, check_conv_state, check_ssm_state
 
@@ -60,7 +61,7 @@ def _causal_conv_silu(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o
         else:
             b_w = tl.load(conv_w + o_c * W + j).to(tl.float32)[None, :]
         acc += (b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w
-    acc = acc * tl.sigmoid(acc)
+    acc = acc * sigmoid(acc)
     return tl.where(m_t[:, None], acc, 0.0)
 
 
@@ -104,19 +105,22 @@ def _current_tap(i0, i1, i2, i3, W: tl.constexpr):
 @triton.jit
 def _conv4_math(i0, w0, i1, w1, i2, w2, i3, w3, conv_b, o_t, m_t, o_c, HAS_BIAS: tl.constexpr):
     """silu(sum_j input_j * weight_j + bias), zero past the request's length: `_causal_conv_silu` on loaded taps."""
-    acc = i0.to(tl.float32) * w0.to(tl.float32) + i1.to(tl.float32) * w1.to(tl.float32)
-    acc += i2.to(tl.float32) * w2.to(tl.float32) + i3.to(tl.float32) * w3.to(tl.float32)
+    # one running sum: a product and three FMAs an element (two sums of pairs added took a fifth instruction)
+    acc = i0.to(tl.float32) * w0.to(tl.float32)
+    acc += i1.to(tl.float32) * w1.to(tl.float32)
+    acc += i2.to(tl.float32) * w2.to(tl.float32)
+    acc += i3.to(tl.float32) * w3.to(tl.float32)
     if HAS_BIAS:
         acc += tl.load(conv_b + o_c[None, :] + 0 * o_t[:, None]).to(tl.float32)
-    acc = acc * tl.sigmoid(acc)
+    acc = acc * sigmoid(acc)
     return tl.where(m_t[:, None], acc, 0.0)
 
 
 @triton.jit
 def _conv_taps(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
                BW: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Loads only, for `_conv_math`: taps [BW, BT, C] (tap j of token t is input row t + j - (W-1); x rows and
-    committed-window rows in two complementary masked loads), weights [BW, BT, C] from the transposed [W, D]
+    """Loads only, for `_conv_math`: taps [BW, BT, C] (tap j of token t is input row t + j - (W-1): an x row, or a
+    committed-window row for negative rows, one load through a per-row pointer choice), weights [BW, BT, C] from the transposed [W, D]
     weights (contiguous along C like the inputs, so all three loads get one register layout and the tap sum stays
     inside each thread), bias [BT, C]. A load whose result needs a layout conversion is followed at once by a
     barrier, and every load after it in the program waits for that barrier: `_causal_conv_silu`'s per-tap weight
@@ -124,24 +128,23 @@ def _conv_taps(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D:
     o_w = tl.arange(0, BW)
     src = o_w[:, None] + o_t[None, :] - (W - 1)  # [BW, BT]
     m_tap = (o_w[:, None] < W) & m_t[None, :]
-    b_x = tl.load(x + (bos + src)[:, :, None] * stride_x + o_c[None, None, :], mask=(m_tap & (src >= 0))[:, :, None],
-                  other=0.0)
-    b_s = tl.load(conv_window + (src + (W - 1))[:, :, None] * D + o_c[None, None, :],
-                  mask=(m_tap & (src < 0))[:, :, None], other=0.0)
+    p_in = tl.where((src >= 0)[:, :, None], x + (bos + src)[:, :, None] * stride_x + o_c[None, None, :],
+                    conv_window + (src + (W - 1))[:, :, None] * D + o_c[None, None, :])
+    b_in = tl.load(p_in, mask=m_tap[:, :, None], other=0.0)
     b_w = tl.load(conv_wT + (o_w[:, None] * D + 0 * o_t[None, :])[:, :, None] + o_c[None, None, :],
                   mask=(o_w < W)[:, None, None], other=0.0)
     if HAS_BIAS:
         b_b = tl.load(conv_b + 0 * o_t[:, None] + o_c[None, :]).to(tl.float32)
     else:
         b_b = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
-    return b_x, b_s, b_w, b_b
+    return b_in, b_w, b_b
 
 
 @triton.jit
-def _conv_math(b_x, b_s, b_w, b_b, m_t):
+def _conv_math(b_in, b_w, b_b, m_t):
     """[BT, C] = silu(sum over taps of (x or window row) * weight + bias), zero past the request's length."""
-    acc = tl.sum((b_x.to(tl.float32) + b_s.to(tl.float32)) * b_w.to(tl.float32), 0) + b_b
-    acc = acc * tl.sigmoid(acc)
+    acc = tl.sum(b_in.to(tl.float32) * b_w.to(tl.float32), 0) + b_b
+    acc = acc * sigmoid(acc)
     return tl.where(m_t[:, None], acc, 0.0)
 
 
@@ -226,9 +229,9 @@ def _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
     o_v = v0 + tl.arange(0, BV)
     o_xv = 2 * H * K + i_hv * V + o_v
     b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
-    b_vx, b_vs, b_vw, b_vb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, BW,
+    b_vin, b_vw, b_vb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, BW,
                                         HAS_BIAS)
-    return b_xv, b_vx, b_vs, b_vw, b_vb
+    return b_xv, b_vin, b_vw, b_vb
 
 
 @triton.jit
@@ -274,12 +277,12 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
                  f_base, f_n, BTF: tl.constexpr, FOLD: tl.constexpr):
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
     if LOADS_FIRST:
-        b_xv, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+        b_xv, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
                                                          W, BW, BV, H, HAS_BIAS)
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K,
                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
-        b_v = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+        b_v = _conv_math(b_vin, b_vw, b_vb, m_t)
     else:
         b_h, b_v, b_xv = _value_block_loads(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                             stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D, W, BV, H,
@@ -385,7 +388,7 @@ def _gdn_verify_kernel(
     writer = (i_vs == 0) & ((i_hg * HEADS_PER_PROGRAM) % (HV // H) == 0)  # one program per k-head writes its k
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
     if HOIST and LOADS_FIRST:  # the state block is loaded after the q/k taps (see _value_block_taps)
-        b_xv0, b_vx, b_vs, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
+        b_xv0, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
                                                           stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K,
                                                           V, D, W, BW, BV, H, HAS_BIAS)
     elif HOIST and WT and W <= 4:  # every load first (v, gates, raw q/k, q/k taps, state block), then the math
@@ -446,17 +449,17 @@ def _gdn_verify_kernel(
         else:
             b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
     elif LOADS_FIRST:
-        b_qx, b_qs_, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
+        b_qin, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
                                              D, W, BW, HAS_BIAS)
-        b_kx, b_ks_, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
+        b_kin, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
                                              (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
         if HOIST:
             b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
                             fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
-        b_q = _conv_math(b_qx, b_qs_, b_qw, b_qb, m_t)
-        b_k = _conv_math(b_kx, b_ks_, b_kw, b_kb, m_t)
+        b_q = _conv_math(b_qin, b_qw, b_qb, m_t)
+        b_k = _conv_math(b_kin, b_kw, b_kb, m_t)
         if HOIST:
-            b_v0 = _conv_math(b_vx, b_vs, b_vw, b_vb, m_t)
+            b_v0 = _conv_math(b_vin, b_vw, b_vb, m_t)
     elif SKIP & 1:
         b_q, b_k = _raw_qk(x, stride_x, bos, o_t, m_t, o_k, i_h, H, K)
     else:
@@ -562,7 +565,9 @@ _CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device
 
 
 def transposed_conv_weight(conv_weight):
-    """[W, D] contiguous copy of conv_weight [D, W] for the loads-first conv, cached per weight: the entry pins its
+    """[W, D] contiguous fp32 copy of conv_weight [D, W] for the loads-first conv (fp32, exact for 16-bit weights,
+    because each program converts every weight tile it loads: a conversion per tap product, ~10 % of the batch-1
+    verify's instructions in 16-bit), cached per weight: the entry pins its
     source (so the address cannot be reused by another tensor while cached). A weight modified in place through
     itself or a view (its version counter moves) has its copy refreshed in place, never replaced: CUDA graphs
     captured with the copy keep reading live memory, and now the new weights. Writes that bypass the version
@@ -577,7 +582,7 @@ def transposed_conv_weight(conv_weight):
         if entry[1] != conv_weight._version and not _capturing(conv_weight):
             _refresh_conv_copy(entry)
         return entry[2]
-    copy = conv_weight.t().contiguous()
+    copy = conv_weight.t().to(torch.float32).contiguous()
     if _capturing(conv_weight):
         return copy  # recorded into the graph, filled at replay: a cached copy would be empty for other graphs
     _CONV_WT_CACHE[key] = [conv_weight, conv_weight._version, copy]
