@@ -1,7 +1,7 @@
 """Offline sm_90 compile of the kernels' DEFAULT builds, to prove a refactor changed no instruction (no GPU needed).
 
 Each build the library would launch on an H200 (gdn_verify: every config the shipped tuned file picks, at L 4 and
-16, incl. the reconstruction's checkpoint launch; head_walk: the plan's default at 32k / 152k, batch 1 / 8 / 32 /
+16, fp32 and bf16 states (verify_bf16s_*), incl. the reconstruction's checkpoint launch; head_walk: the plan's default at 32k / 152k, batch 1 / 8 / 32 /
 64, greedy and sampled) is captured from the public entry point, compiled for sm_90, and its SASS instruction
 stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
@@ -222,6 +222,8 @@ def gdn():
     for L in (4, 16):
         for batch, cfg in tuned["verify_by_len"][str(L)].items():
             jobs.append(("verify", L, int(batch), cfg))
+        for batch, cfg in tuned.get("verify_by_len_bf16", {}).get(str(L), {}).items():  # bf16 states' picks
+            jobs.append(("verify_bf16s", L, int(batch), cfg))
         for batch, cfg in tuned["reconstruct_by_len"][str(L)].items():
             jobs.append(("recon", L, int(batch), cfg))
         for batch, cfg in tuned.get("reconstruct_short_by_len", {}).get(str(L), {}).items():
@@ -235,12 +237,12 @@ def gdn():
         conv_w = torch.empty(D, W, dtype=bf)
         A_log = torch.empty(HV); dt_bias = torch.empty(HV)
         conv_state = torch.empty(B + 1, W - 1, D, dtype=bf)
-        ssm_state = torch.empty(B + 1, HV, V, K)
+        ssm_state = torch.empty(B + 1, HV, V, K, dtype=bf if part == "verify_bf16s" else torch.float32)
         idx = torch.arange(1, B + 1, dtype=torch.int32)
         cu = torch.arange(0, T + 1, L, dtype=torch.int32)
         ws = GDNVerifyWorkspace.allocate(1, B, L, H, HV, K, V, bf, device="cpu")
         del captured[:]
-        if part == "verify":
+        if part.startswith("verify"):
             fields = {f for f in vf.VerifyConfig.__dataclass_fields__}
             c = {k: v for k, v in cfg.items() if k in fields}
             dropped = {k: v for k, v in cfg.items() if k not in fields}
@@ -257,7 +259,7 @@ def gdn():
                                      block_v=cfg["block_v"], num_warps=cfg["num_warps"], early=cfg.get("early"))
         for j, (fn, args, kwargs) in enumerate(captured):
             key = (fn.__name__, repr(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))),
-                   L if part != "recon" else 0)
+                   L if part != "recon" else 0, tuple(str(t.dtype) for t in args if isinstance(t, torch.Tensor)))
             name = f"{part}_L{L}_b{B}_{j}_{fn.__name__.strip('_')}"
             if ONLY and name not in ONLY:
                 continue

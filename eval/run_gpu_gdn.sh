@@ -30,7 +30,8 @@
 #               states from the first run's tuned file): eval/results/gdn_verify_long*.*, tuned_bfloat16.json (both).
 #   MODE=lean25 (session 25) the conv's leaner instruction stream against the previous commit's kernels (carry
 #               .vendor/base25: `git archive <base> triton_kernels | tar -x -C .vendor/base25`): GPU tests, grids at L 4 / 16
-#               alternating new / base (2 each), then the fp32 and bf16-state headline grids on the new code
+#               alternating new / base (2 each; AB_SSM=bfloat16: with bf16 states), then (HEADLINE=0: not) the fp32
+#               and bf16-state headline grids on the new code
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -251,7 +252,8 @@ if [ "$MODE" = lean25 ]; then
     for R in new1 base1 new2 base2; do
         case $R in new*) PP=/tmp/pk;; *) PP=/tmp/pkbase;; esac
         WAIT=""; [ $R = new1 ] && WAIT="--wait-file /tmp/gpu_tests_done"
-        PYTHONPATH=$PP:/tmp/site timeout ${AB_S:-150} python3 eval/bench_gdn_verify.py --lens 4,16 --no-fold --no-plot \
+        PYTHONPATH=$PP:/tmp/site timeout ${AB_S:-150} python3 eval/bench_gdn_verify.py --ssm-dtype ${AB_SSM:-float32} \
+            --lens 4,16 --no-fold --no-plot \
             --precompile $WAIT --out /tmp/ab/$R --results-stem gdn_verify_ab --command "ab $R" > /tmp/ab/$R.log 2>&1
         echo "== $R rc=$? at $(( $(date +%s) - T0 )) s"
         grep -E "compile failed|^correctness|time budget|Error" /tmp/ab/$R.log | cut -c1-300
@@ -259,13 +261,14 @@ if [ "$MODE" = lean25 ]; then
     done
     tail -3 /tmp/ab/pytest.log
     grep -E "passed|failed|error" /tmp/ab/pytest.log | tail -3
-    python3 eval/bench_gdn_verify.py --precompile --no-fold --out "$OUT/gdn" \
+    grep -E "^E |Error" /tmp/ab/pytest.log | head -12 | cut -c1-400
+    [ "${HEADLINE:-1}" = 1 ] && python3 eval/bench_gdn_verify.py --precompile --no-fold --out "$OUT/gdn" \
         --command "python eval/bench_gdn_verify.py --precompile --no-fold (the shipped picks of the tuned file, commit $COMMIT)" \
         > /tmp/ab/headline.log 2>&1
     echo "== headline rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "compile failed|^correctness|time budget|Error" /tmp/ab/headline.log | cut -c1-300
     sed -n '/^  L   B /,$p' /tmp/ab/headline.log | head -20
-    python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --precompile --no-fold --out /tmp/ab/bf16 \
+    [ "${HEADLINE:-1}" = 1 ] && python3 eval/bench_gdn_verify.py --ssm-dtype bfloat16 --precompile --no-fold --out /tmp/ab/bf16 \
         --command "python eval/bench_gdn_verify.py --ssm-dtype bfloat16 --precompile --no-fold (the shipped picks of the tuned file, commit $COMMIT)" \
         > /tmp/ab/bf16.log 2>&1
     echo "== bf16 headline rc=$? at $(( $(date +%s) - T0 )) s"

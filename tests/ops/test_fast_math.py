@@ -1,22 +1,29 @@
-"""`hybridspec_kernels._fast_math.sigmoid` (the GDN conv's SiLU): the interpreter's tl.sigmoid, and on the GPU the
-inline-PTX form, both within a few fp32 ulps of the float64 sigmoid over the whole fp32 range."""
+"""`hybridspec_kernels._fast_math.sigmoid` (the GDN conv's SiLU): under the interpreter tl.sigmoid; compiled, the
+inline-PTX form, no further from the float64 sigmoid than tl.sigmoid's own compiled form (within 2 fp32 ulps),
+over the whole fp32 range."""
 import os
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-from hybridspec_kernels._fast_math import COMPILED, sigmoid
-
+# Without CUDA the kernels run in the Triton interpreter, which Triton fixes when a function is defined: set the flag
+# before triton is first imported in this process (as tests/ops/test_gdn_verify.py does).
 ON_GPU = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hybridspec_kernels._fast_math import COMPILED, sigmoid  # noqa: E402
 
 
 @triton.jit
-def _sigmoid_kernel(x, y, n, BLOCK: tl.constexpr):
+def _sigmoid_kernel(x, y, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y + o, sigmoid(tl.load(x + o, mask=o < n, other=0.0)), mask=o < n)
+    v = tl.load(x + o, mask=o < n, other=0.0)
+    tl.store(y + o, sigmoid(v) if FAST else tl.sigmoid(v), mask=o < n)
 
 
 def _inputs(device, seed=0):
@@ -28,20 +35,14 @@ def _inputs(device, seed=0):
     return torch.cat([dense, wide, edges]).to(device)
 
 
-def _run(x):
+def _run(x, fast=True):
     y = torch.empty_like(x)
-    _sigmoid_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    _sigmoid_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), FAST=fast, BLOCK=1024)
     return y
 
 
-def _check(x, y):
-    ref = torch.sigmoid(x.double())
-    err = (y.double() - ref).abs()
-    # relative to the value: a few ulps, plus |x| ulps where exp(-x) is large (x * log2(e) rounded to fp32 before
-    # ex2, as tl.exp does it too); an absolute floor at fp32's smallest normal: the GPU form flushes results below it
-    bound = (4.0 + x.double().abs().nan_to_num(posinf=0.0)) * 2.0 ** -24 * ref.abs() + 2.0 ** -126
-    assert (err <= bound).all(), float((err / bound).max())
-    assert torch.equal(y[x == float("inf")].cpu(), torch.ones(1)) and (y[x == float("-inf")] == 0).all()
+def _error(x, y):
+    return (y.double() - torch.sigmoid(x.double())).abs()
 
 
 def test_sigmoid_under_the_interpreter_is_tl_sigmoid():
@@ -49,7 +50,8 @@ def test_sigmoid_under_the_interpreter_is_tl_sigmoid():
         pytest.skip("interpreter path")
     assert not COMPILED
     x = _inputs("cpu")
-    _check(x, _run(x))
+    assert torch.equal(_run(x), _run(x, fast=False))
+    assert (_error(x, _run(x)) <= 2.0 ** -22 * torch.sigmoid(x.double()) + 2.0 ** -126).all()
 
 
 @pytest.mark.gpu
@@ -57,5 +59,11 @@ def test_sigmoid_under_the_interpreter_is_tl_sigmoid():
 def test_gpu_fast_sigmoid_within_ulps():
     assert COMPILED
     x = _inputs("cuda", seed=1)
-    _check(x, _run(x))
+    fast, slow = _run(x), _run(x, fast=False)
+    ref = torch.sigmoid(x.double())
+    # 2 ulps of the value more than tl.sigmoid's error, or fp32's smallest normal: the fast form flushes below it
+    excess = _error(x, fast) - _error(x, slow) - 2.0 ** -22 * ref
+    worst = int(excess.argmax())
+    assert (excess <= 2.0 ** -126).all(), (float(x[worst]), float(fast[worst]), float(slow[worst]), float(ref[worst]))
+    assert torch.equal(fast[x == float("inf")], slow[x == float("inf")]) and (fast[x == float("-inf")] == 0).all()
     assert torch.isnan(_run(torch.tensor([float("nan")], device="cuda"))).all()
