@@ -32,6 +32,8 @@
 #               .vendor/base25: `git archive <base> triton_kernels | tar -x -C .vendor/base25`): GPU tests, grids at L 4 / 16
 #               alternating new / base (2 each; AB_SSM=bfloat16: with bf16 states), then (HEADLINE=0: not) the fp32
 #               and bf16-state headline grids on the new code
+#   MODE=lean25var (session 25, call 3) lean25's conv changes one at a time at bf16 states (AB_SSM), L 4 / 8 / 16 b1
+#               (AB_LENS, AB_BATCHES): new, base, new without the fp32 weight copy, with tl.sigmoid, with pair sums; twice
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -283,6 +285,58 @@ for r in ("new1", "base1", "new2", "base2"):
         print(r, "no results", e); continue
     print(r, " ".join(f"L{x['L']}b{x['B']}:{x['ours_us_all']:.2f}/{x['ours_verify_us']:.2f}/{x['vllm_us_all']:.1f}"
                       for x in d["rows"]))
+PY
+    echo "== end at $(( $(date +%s) - T0 )) s"
+fi
+
+if [ "$MODE" = lean25var ]; then
+    # session 25, call 3: which of lean25's three conv changes moves the 8-warp b1 pick (L 4 / 8) at bf16 states:
+    # variants made here from the tree (w16: the transposed weight copy left in the weights' dtype; tlsig: the SiLU by
+    # tl.sigmoid; pairsum: _conv4_math's taps summed in pairs again), the previous commit's kernels (base) and the tree (new), alternating, twice
+    mkdir -p /tmp/var
+    for V in w16 tlsig pairsum; do
+        rm -rf /tmp/var/$V && mkdir -p /tmp/var/$V && cp -r triton_kernels /tmp/var/$V/hybridspec_kernels
+    done
+    python3 - <<'PY'
+p = "/tmp/var/pairsum/hybridspec_kernels/gdn_verify/verify.py"
+s = open(p).read()
+old = """    acc = i0.to(tl.float32) * w0.to(tl.float32)
+    acc += i1.to(tl.float32) * w1.to(tl.float32)
+    acc += i2.to(tl.float32) * w2.to(tl.float32)
+    acc += i3.to(tl.float32) * w3.to(tl.float32)
+"""
+new = """    acc = i0.to(tl.float32) * w0.to(tl.float32) + i1.to(tl.float32) * w1.to(tl.float32)
+    acc += i2.to(tl.float32) * w2.to(tl.float32) + i3.to(tl.float32) * w3.to(tl.float32)
+"""
+print("pairsum variant:", old in s)
+open(p, "w").write(s.replace(old, new))
+PY
+    sed -i 's/copy = conv_weight.t().to(torch.float32).contiguous()/copy = conv_weight.t().contiguous()/' \
+        /tmp/var/w16/hybridspec_kernels/gdn_verify/verify.py
+    sed -i 's/acc = acc \* sigmoid(acc)/acc = acc * tl.sigmoid(acc)/' /tmp/var/tlsig/hybridspec_kernels/gdn_verify/verify.py \
+        /tmp/var/tlsig/hybridspec_kernels/gdn_verify/stacked.py
+    grep -c "conv_weight.t().contiguous()" /tmp/var/w16/hybridspec_kernels/gdn_verify/verify.py
+    grep -c "tl.sigmoid(acc)" /tmp/var/tlsig/hybridspec_kernels/gdn_verify/verify.py
+    mkdir -p /tmp/var/base && ln -sfn "$PWD/.vendor/base25/triton_kernels" /tmp/var/base/hybridspec_kernels
+    mkdir -p /tmp/var/new && ln -sfn "$PWD/triton_kernels" /tmp/var/new/hybridspec_kernels
+    for REP in 1 2; do
+        for V in new base w16 tlsig pairsum; do
+            PYTHONPATH=/tmp/var/$V timeout ${AB_S:-120} python3 eval/bench_gdn_verify.py --ssm-dtype ${AB_SSM:-bfloat16} \
+                --lens ${AB_LENS:-4,8,16} --batches ${AB_BATCHES:-1} --no-fold --no-plot --out /tmp/var/out_$V$REP \
+                --results-stem gdn_verify_var --command "var $V$REP" > /tmp/var/$V$REP.log 2>&1
+            echo "== $V$REP rc=$? at $(( $(date +%s) - T0 )) s"
+            grep -E "compile failed|^correctness|Error" /tmp/var/$V$REP.log | cut -c1-200
+        done
+    done
+    python3 - <<'PY'
+import json
+for rep in (1, 2):
+    for v in ("new", "base", "w16", "tlsig", "pairsum"):
+        try:
+            d = json.load(open(f"/tmp/var/out_{v}{rep}/gdn_verify_var.json"))
+        except Exception as e:
+            print(v, rep, "no results", e); continue
+        print(f"{v:6}{rep}", " ".join(f"L{x['L']}b{x['B']}:{x['ours_us_all']:.2f}/{x['ours_verify_us']:.2f}" for x in d["rows"]))
 PY
     echo "== end at $(( $(date +%s) - T0 )) s"
 fi
