@@ -565,9 +565,7 @@ _CONV_WT_CACHE = collections.OrderedDict()  # (ptr, shape, stride, dtype, device
 
 
 def transposed_conv_weight(conv_weight):
-    """[W, D] contiguous fp32 copy of conv_weight [D, W] for the loads-first conv (fp32, exact for 16-bit weights,
-    because each program converts every weight tile it loads: a conversion per tap product, ~10 % of the batch-1
-    verify's instructions in 16-bit), cached per weight: the entry pins its
+    """[W, D] contiguous copy of conv_weight [D, W] for the loads-first conv, cached per weight: the entry pins its
     source (so the address cannot be reused by another tensor while cached). A weight modified in place through
     itself or a view (its version counter moves) has its copy refreshed in place, never replaced: CUDA graphs
     captured with the copy keep reading live memory, and now the new weights. Writes that bypass the version
@@ -582,7 +580,7 @@ def transposed_conv_weight(conv_weight):
         if entry[1] != conv_weight._version and not _capturing(conv_weight):
             _refresh_conv_copy(entry)
         return entry[2]
-    copy = conv_weight.t().to(torch.float32).contiguous()
+    copy = conv_weight.t().contiguous()
     if _capturing(conv_weight):
         return copy  # recorded into the graph, filled at replay: a cached copy would be empty for other graphs
     _CONV_WT_CACHE[key] = [conv_weight, conv_weight._version, copy]
