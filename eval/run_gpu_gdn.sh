@@ -34,6 +34,7 @@
 #               and bf16-state headline grids on the new code
 #   MODE=lean25var (session 25, call 3) lean25's conv changes one at a time at bf16 states (AB_SSM), L 4 / 8 / 16 b1
 #               (AB_LENS, AB_BATCHES): new, base, new without the fp32 weight copy, with tl.sigmoid, with pair sums; twice
+#   MODE=long25 (session 25) eval/results/gdn_verify_long*.* re-made on the shipped picks (grids only, L 17 / 32)
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -339,6 +340,23 @@ for rep in (1, 2):
         print(f"{v:6}{rep}", " ".join(f"L{x['L']}b{x['B']}:{x['ours_us_all']:.2f}/{x['ours_verify_us']:.2f}" for x in d["rows"]))
 PY
     echo "== end at $(( $(date +%s) - T0 )) s"
+fi
+
+if [ "$MODE" = long25 ]; then
+    # session 25: eval/results/gdn_verify_long*.* re-made on the leaner conv, the shipped picks (no sweep)
+    mkdir -p "$OUT/gdn"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        && export PYTHONPATH=/tmp/pk:/tmp/site
+    for DT in float32 bfloat16; do
+        if [ $DT = float32 ]; then STEM=gdn_verify_long B=1,8,32,64; else STEM=gdn_verify_long_bf16_state B=1,8,32; fi
+        EXTRA="--ssm-dtype $DT --lens 17,32 --batches $B --no-fold --precompile --results-stem $STEM"
+        timeout ${BENCH_S:-170} python3 eval/bench_gdn_verify.py $EXTRA --out "$OUT/gdn" \
+            --command "python eval/bench_gdn_verify.py $EXTRA (the shipped picks of the tuned file, commit $COMMIT)" \
+            > /tmp/long_$DT.log 2>&1
+        echo "== $DT rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "compile failed|time budget|out of memory|Error" /tmp/long_$DT.log | cut -c1-300
+        sed -n '/^  L   B /,$p' /tmp/long_$DT.log | head -10
+    done
 fi
 
 if [ "$MODE" = long12bf16 ]; then
