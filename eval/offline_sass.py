@@ -202,6 +202,10 @@ def streamed_loops(sass):
     return [_op_counts(_loop_body(lines, lo, hi)) for lo, hi in sorted(inner)]
 
 
+# GDN_LENS=4,16,17: the verify lengths whose tuned picks the gdn target compiles (the tuned file's length keys)
+GDN_LENS = [int(n) for n in os.environ.get("GDN_LENS", "4,16").split(",")]
+
+
 def gdn():
     from hybridspec_kernels.gdn_verify import verify as vf, two_pass as tp, reconstruct as rc
     from hybridspec_kernels.gdn_verify import reconstruct_short as rs, stacked as sk
@@ -219,7 +223,7 @@ def gdn():
     D = 2 * H * K + HV * V
     bf = torch.bfloat16
     jobs = []
-    for L in (4, 16):
+    for L in GDN_LENS:
         for batch, cfg in tuned["verify_by_len"][str(L)].items():
             jobs.append(("verify", L, int(batch), cfg))
         for batch, cfg in tuned.get("verify_by_len_bf16", {}).get(str(L), {}).items():  # bf16 states' picks
