@@ -1,9 +1,10 @@
 """Offline sm_90 compile of the kernels' DEFAULT builds, to prove a refactor changed no instruction (no GPU needed).
 
 Each build the library would launch on an H200 (gdn_verify: every config the shipped tuned file picks, at L 4 and
-16, fp32 and bf16 states (verify_bf16s_*), incl. the reconstruction's checkpoint launch; head_walk: the plan's default at 32k / 152k, batch 1 / 8 / 32 /
-64, greedy and sampled) is captured from the public entry point, compiled for sm_90, and its SASS instruction
-stream (addresses stripped), a register-masked copy and the PTX without line info are written to OUT/<build>.*.
+16 (GDN_LENS), fp32 and bf16 states (verify_bf16s_*), incl. the reconstruction's checkpoint launch; head_walk: the
+plan's default at 32k / 152k, batch 1 / 8 / 32 / 64, greedy and sampled) is captured from the public entry point,
+compiled for sm_90, and its SASS instruction stream (addresses stripped), a register-masked copy and the PTX without
+line info are written to OUT/<build>.*.
 Judge SASS with the GPU's Triton (3.6 on the lent H200), never this machine's: put it first on PYTHONPATH.
 
     PYTHONPATH=<triton 3.6 site>:<hybridspec_kernels folder> python eval/offline_sass.py compile OUT WHAT [BUILD...]

@@ -11,13 +11,15 @@ inline PTX, it is `tl.sigmoid`.
 import triton
 import triton.language as tl
 
+from ._pdl import interpreted
+
 
 @triton.jit
 def _probe():
     pass
 
 
-COMPILED = tl.constexpr(type(_probe).__name__ != "InterpretedFunction")
+COMPILED = tl.constexpr(not interpreted(_probe))
 
 
 @triton.jit

@@ -69,9 +69,9 @@ def _gdn_verify_prep_kernel(
                    other=0.0)
     if LOADS_FIRST:
         b_qin, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
-                                            D, W, BW, HAS_BIAS)
+                                       D, W, BW, HAS_BIAS)
         b_kin, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
-                                            (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
+                                       (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
         b_q = _conv_math(b_qin, b_qw, b_qb, m_t)
         b_k = _conv_math(b_kin, b_kw, b_kb, m_t)
     else:
@@ -147,8 +147,8 @@ def _gdn_verify_state_kernel(
     conv_window = conv_state + slot * stride_conv_slot
     if LOADS_FIRST and V_PER_PROGRAM == BV:  # one block: v taps, G, q/k, factors, then the state block last
         b_xv, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
-                                                         stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, i_vs * BV, HV, K,
-                                                         V, D, W, BW, BV, H, HAS_BIAS)
+                                                    stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, i_vs * BV, HV, K,
+                                                    V, D, W, BW, BV, H, HAS_BIAS)
     b_k = tl.load(ws_k + (ws_row[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
     b_q = tl.load(q_hat + ((i_n * BT + o_t[:, None]) * H + i_h) * K + o_k[None, :])
     b_G = tl.load(ws_g + ws_row * HV + i_hv, mask=m_t, other=0.0)

@@ -120,11 +120,11 @@ def _conv4_math(i0, w0, i1, w1, i2, w2, i3, w3, conv_b, o_t, m_t, o_c, HAS_BIAS:
 def _conv_taps(x, stride_x, conv_window, conv_wT, conv_b, bos, o_t, m_t, o_c, D: tl.constexpr, W: tl.constexpr,
                BW: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Loads only, for `_conv_math`: taps [BW, BT, C] (tap j of token t is input row t + j - (W-1): an x row, or a
-    committed-window row for negative rows, one load through a per-row pointer choice), weights [BW, BT, C] from the transposed [W, D]
-    weights (contiguous along C like the inputs, so all three loads get one register layout and the tap sum stays
-    inside each thread), bias [BT, C]. A load whose result needs a layout conversion is followed at once by a
-    barrier, and every load after it in the program waits for that barrier: `_causal_conv_silu`'s per-tap weight
-    vectors did that (one serial HBM round trip per tap)."""
+    committed-window row for negative rows, one load through a per-row pointer choice), weights [BW, BT, C] from
+    the transposed [W, D] weights (contiguous along C like the inputs, so all three loads get one register layout
+    and the tap sum stays inside each thread), bias [BT, C]. A load whose result needs a layout conversion is
+    followed at once by a barrier, and every load after it in the program waits for that barrier:
+    `_causal_conv_silu`'s per-tap weight vectors did that (one serial HBM round trip per tap)."""
     o_w = tl.arange(0, BW)
     src = o_w[:, None] + o_t[None, :] - (W - 1)  # [BW, BT]
     m_tap = (o_w[:, None] < W) & m_t[None, :]
@@ -230,7 +230,7 @@ def _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
     o_xv = 2 * H * K + i_hv * V + o_v
     b_xv = tl.load(x + (bos + o_t[:, None]) * stride_x + o_xv[None, :], mask=m_t[:, None], other=0.0)
     b_vin, b_vw, b_vb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, BW,
-                                        HAS_BIAS)
+                                   HAS_BIAS)
     return b_xv, b_vin, b_vw, b_vb
 
 
@@ -278,8 +278,8 @@ def _value_block(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot, stri
     """Value columns v0 .. v0+BV of head i_hv: loads, then products and stores."""
     if LOADS_FIRST:
         b_xv, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
-                                                         stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
-                                                         W, BW, BV, H, HAS_BIAS)
+                                                    stride_ssm_slot, bos, o_t, m_t, o_k, i_hv, v0, HV, K, V, D,
+                                                    W, BW, BV, H, HAS_BIAS)
         b_h = _state_block(ssm_state, slot, stride_ssm_slot, i_hv, v0 + tl.arange(0, BV), o_k, V, K,
                            fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
         b_v = _conv_math(b_vin, b_vw, b_vb, m_t)
@@ -389,8 +389,8 @@ def _gdn_verify_kernel(
     m_w = o_t < tl.where(writer, seqlen, 0)  # m_t for that program, else nothing
     if HOIST and LOADS_FIRST:  # the state block is loaded after the q/k taps (see _value_block_taps)
         b_xv0, b_vin, b_vw, b_vb = _value_block_taps(x, stride_x, conv_window, conv_w, conv_b, ssm_state, slot,
-                                                          stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K,
-                                                          V, D, W, BW, BV, H, HAS_BIAS)
+                                                     stride_ssm_slot, bos, o_t, m_t, o_k, i_hg, i_vs * BV, HV, K,
+                                                     V, D, W, BW, BV, H, HAS_BIAS)
     elif HOIST and WT and W <= 4:  # every load first (v, gates, raw q/k, q/k taps, state block), then the math
         o_xv0 = 2 * H * K + i_hg * V + i_vs * BV + tl.arange(0, BV)
         if not EARLY_ST:
@@ -450,9 +450,9 @@ def _gdn_verify_kernel(
             b_v0 = _conv4_math(v0_, v1_, v2_, v3_, v4_, v5_, v6_, v7_, conv_b, o_t, m_t, o_xv0, HAS_BIAS)
     elif LOADS_FIRST:
         b_qin, b_qw, b_qb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, i_h * K + o_k,
-                                             D, W, BW, HAS_BIAS)
+                                       D, W, BW, HAS_BIAS)
         b_kin, b_kw, b_kb = _conv_taps(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t,
-                                             (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
+                                       (H + i_h) * K + o_k, D, W, BW, HAS_BIAS)
         if HOIST:
             b_h0 = _state_block(ssm_state, slot, stride_ssm_slot, i_hg, i_vs * BV + tl.arange(0, BV), o_k, V, K,
                             fu, f_kc, f_gamma, f_base, f_n, HV, BTF, FOLD)
