@@ -756,9 +756,26 @@ SWEEP_VERIFY_LONG24 = [VerifyConfig(block_v=32, num_warps=8), VerifyConfig(**_LO
                        VerifyConfig(block_v=32, num_warps=8, pdl_first=True)]
 SWEEP_VERIFY_LONG24BF16 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_LONG_STACKED, pdl=False)),
                            VerifyConfig(**_LONG_STACKED), VerifyConfig(**_B1, **_ES, pdl_first=True)]
+# --sweep-set chunk26 / chunk26bf16 (session 26; MODE=chunk26): verify lengths 17..32 as two 16-token chunks
+# (`chunked`: the prep builds each chunk's factors in a program of its own, the state pass carries its state block
+# from the first chunk to the second) instead of one BT 32 chunk (2.6x / 3.8x the L 16 verify at b1 / b32, GD10).
+# Incumbents: the shipped L 17 / 32 picks of the state dtype; challengers: those stacked forms and the L 16 stacked
+# picks, chunked, and narrow state blocks (more programs at b1), chunked. Offline sm_90 (triton 3.6), chunked: BV128 x
+# 8 tma state pass 2,536 instructions / 195 registers (one chunk at BT 32: 1,904 / 168), prep capped at 128 3,384 / 8 B
+# stack (BT 32: 13,952 / 1,424 B), BV64 x 4 state pass 2,816 / 217, BV32 x 4 3,104 / 255 (no stack)
+_CHUNKED = dict(two_pass=True, stacked=True, pdl=True, chunked=True)
+_CHUNK26 = [dict(_LONG_STACKED, chunked=True), dict(_S13, prep_warps=8, l2_prefetch_ahead=4, chunked=True),
+            dict(_S13, l2_prefetch_ahead=2, chunked=True), dict(block_v=32, **_CHUNKED),
+            dict(block_v=32, prep_warps=8, **_CHUNKED), dict(block_v=64, prep_warps=8, **_CHUNKED)]
+SWEEP_VERIFY_CHUNK26 = [VerifyConfig(block_v=32, num_warps=8), VerifyConfig(**_LONG_STACKED)] + [
+    VerifyConfig(**c) for c in _CHUNK26]
+SWEEP_VERIFY_CHUNK26BF16 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_LONG_STACKED, pdl=False)),
+                            VerifyConfig(**_LONG_STACKED), VerifyConfig(**dict(_LONG_STACKED, pdl=False, chunked=True)),
+                            VerifyConfig(**dict(_PC9, block_v=64, chunked=True))] + [
+    VerifyConfig(**c) for c in _CHUNK26]
 # the first this many configs of the set: the picks a new form must beat by the margin
 SWEEP_INCUMBENTS = {"tma9": 5, "l2pf10": 5, "long11": 3, "long12bf16": 2, "prep13": 5, "pdl23": 5, "bf16s24": 2,
-                    "nopdl24": 5, "long24": 2, "long24bf16": 3}
+                    "nopdl24": 5, "long24": 2, "long24bf16": 3, "chunk26": 2, "chunk26bf16": 3}
 SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5, "fold": SWEEP_VERIFY_FOLD,
               "short": SWEEP_VERIFY_SHORT, "short4": SWEEP_VERIFY_SHORT4, "short5": SWEEP_VERIFY_SHORT5,
               "split6": SWEEP_VERIFY_SPLIT6, "stacked7": SWEEP_VERIFY_STACKED7, "bf16state": SWEEP_VERIFY_BF16STATE,
@@ -766,7 +783,8 @@ SWEEP_SETS = {"full": SWEEP_VERIFY, "v4": SWEEP_VERIFY_V4, "v5": SWEEP_VERIFY_V5
               "long11": SWEEP_VERIFY_LONG11, "long12bf16": SWEEP_VERIFY_LONG12BF16, "prep13": SWEEP_VERIFY_PREP13,
               "pdl23": SWEEP_VERIFY_PDL23, "bf16s24": SWEEP_VERIFY_BF16S24,
               "nopdl24": SWEEP_VERIFY_NOPDL24, "long24": SWEEP_VERIFY_LONG24,
-              "long24bf16": SWEEP_VERIFY_LONG24BF16}
+              "long24bf16": SWEEP_VERIFY_LONG24BF16, "chunk26": SWEEP_VERIFY_CHUNK26,
+              "chunk26bf16": SWEEP_VERIFY_CHUNK26BF16}
 SWEEP_RECON = [dict(block_v=bv, num_warps=w, outer_loop=outer) for bv, w in ((32, 4), (64, 8)) for outer in (True, False)]
 SWEEP_RECON.append(dict(block_v=16, num_warps=4, outer_loop=True))
 # block_v 128 = one program per (request, head, layer); timed at every sweep batch and length
@@ -1717,7 +1735,8 @@ def main():
                      "tma9": SWEEP_RECON_STACKED7, "l2pf10": SWEEP_RECON_STACKED7, "prep13": SWEEP_RECON_STACKED7,
                      "pdl23": SWEEP_RECON_STACKED7, "bf16s24": SWEEP_RECON_STACKED7,
                      "nopdl24": SWEEP_RECON_STACKED7, "long24": SWEEP_RECON_LONG11[:1],
-                     "long24bf16": SWEEP_RECON_LONG11[:1],
+                     "long24bf16": SWEEP_RECON_LONG11[:1], "chunk26": SWEEP_RECON_LONG11[:1],
+                     "chunk26bf16": SWEEP_RECON_LONG11[:1],
                      "long11": SWEEP_RECON_LONG11,
                      "long12bf16": SWEEP_RECON_LONG12BF16}.get(
         args.sweep_set, [dict(FALLBACK_RECON, outer_loop=False)])
@@ -1743,7 +1762,8 @@ def main():
     if args.sweep and (ON_GPU or args.quick):
         configs = SWEEP_SETS[args.sweep_set]
         if not ON_GPU:  # CPU smoke of the sweep's code path: two configs of each kind (+ a split form)
-            configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1]
+            configs = configs[:2] + [c for c in configs[2:] if c.split_gram][:1] + [c for c in configs if c.stacked][:1] \
+                + [c for c in configs if c.chunked][:1]
             recon_configs = recon_configs[:2] + [r for r in recon_configs[2:] if is_short(r)][:1]
         wait_for_file(args.wait_file)
         errors, fold_errs = config_errors(gdn, device, configs, folded=args.sweep_set == "fold",
@@ -1759,7 +1779,7 @@ def main():
                 recon_every_batch=args.sweep_set in ("short", "short4", "short5", "split6", "stacked7", "bf16state",
                                                      "bf16recon", "tma9", "l2pf10", "prep13", "long11",
                                                      "long12bf16", "pdl23", "bf16s24", "nopdl24", "long24",
-                                                     "long24bf16"),
+                                                     "long24bf16", "chunk26", "chunk26bf16"),
                 recon_errs=recon_errs, ssm_dtype=ssm_dtype, recon_margin=args.recon_margin,
                 verify_margin=args.verify_margin, incumbents=configs[:SWEEP_INCUMBENTS.get(args.sweep_set, 0)],
                 total_margin=args.total_margin)

@@ -234,6 +234,8 @@ def gdn():
         for batch, cfg in tuned.get("reconstruct_short_by_len", {}).get(str(L), {}).items():
             if cfg.get("short"):
                 jobs.append(("rshort", L, int(batch), cfg))
+    # GDN_EXTRA='[["verify", 17, 32, {...VerifyConfig fields...}], ...]': builds beside the tuned picks (a candidate's)
+    jobs += [tuple(job) for job in json.loads(os.environ.get("GDN_EXTRA", "[]"))]
     seen = {}
     for part, L, B, cfg in jobs:
         T = B * L

@@ -35,6 +35,10 @@
 #   MODE=lean25var (session 25, call 3) lean25's conv changes one at a time at bf16 states (AB_SSM), L 4 / 8 / 16 b1
 #               (AB_LENS, AB_BATCHES): new, base, new without the fp32 weight copy, with tl.sigmoid, with pair sums; twice
 #   MODE=long25 (session 25) eval/results/gdn_verify_long*.* re-made on the shipped picks (grids only, L 17 / 32)
+#   MODE=chunk26 (session 26) verify lengths 17..32 as two 16-token chunks (`chunked`): the chunked GPU tests, then
+#               --sweep-set chunk26 at fp32 and chunk26bf16 at bf16 states (the second from the first's tuned file) at
+#               L 17 / 32 with their grids -> $OUT: gdn_verify_long*.{json,md,png}, tuned_bfloat16.json (both tables);
+#               logs stay on the device (8 files a call), their tables go to stdout
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -357,6 +361,31 @@ if [ "$MODE" = long25 ]; then
         grep -E "compile failed|time budget|out of memory|Error" /tmp/long_$DT.log | cut -c1-300
         sed -n '/^  L   B /,$p' /tmp/long_$DT.log | head -10
     done
+fi
+
+if [ "$MODE" = chunk26 ]; then
+    mkdir -p "$OUT" /tmp/gdn
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
+        -k "${TEST_K:-chunked}" tests/ops/test_gdn_verify.py > /tmp/gdn/pytest.log 2>&1
+    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "passed|failed|Error|assert" /tmp/gdn/pytest.log | tail -12
+    for DT in float32 bfloat16; do
+        if [ $DT = float32 ]; then SET=chunk26 STEM=gdn_verify_long B=1,8,32,64; else SET=chunk26bf16 STEM=gdn_verify_long_bf16_state B=1,8,32; fi
+        EXTRA="--lens 17,32 --batches $B --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem $STEM"
+        timeout ${BENCH_S:-260} python3 eval/bench_gdn_verify.py --ssm-dtype $DT --out /tmp/gdn --sweep --sweep-set $SET \
+            --precompile --write-tuned "/tmp/gdn/tuned_$DT.json" $EXTRA \
+            --command "python eval/bench_gdn_verify.py --ssm-dtype $DT --sweep --sweep-set $SET --precompile $EXTRA (eval/run_gpu_gdn.sh MODE=$MODE, commit $COMMIT)" \
+            > /tmp/gdn/bench_$DT.log 2>&1
+        echo "== bench $DT rc=$? at $(( $(date +%s) - T0 )) s"
+        cp /tmp/gdn/tuned_$DT.json triton_kernels/gdn_verify/tuned_verify_configs.json
+        cp /tmp/gdn/$STEM.json /tmp/gdn/$STEM.md /tmp/gdn/$STEM.png "$OUT/" 2>/dev/null
+        grep -E "^precompile|compile failed|^correctness|^config errors|time budget|out of memory|Error" /tmp/gdn/bench_$DT.log | cut -c1-900
+        grep "^sweep verify" /tmp/gdn/bench_$DT.log | cut -c1-150
+        sed -n '/^  L   B /,$p' /tmp/gdn/bench_$DT.log | head -12
+    done
+    cp /tmp/gdn/tuned_bfloat16.json "$OUT/" 2>/dev/null
+    echo "== end at $(( $(date +%s) - T0 )) s"
 fi
 
 if [ "$MODE" = long12bf16 ]; then

@@ -202,10 +202,13 @@ VERIFY_CASES = [
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True),
                                     VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
                                                  stacked_dot="ieee"),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True)],
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, tma_loads=True),
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, chunked=True),
+                                    VerifyConfig(block_v=16, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
+                                                 chunked=True)],
                          ids=["default", "two-pass", "hoisted", "hoisted-loads-first", "two-pass-loads-first",
                               "hoisted-weight-tiles", "hoisted-early-stores", "stacked", "stacked-rolled-ieee",
-                              "stacked-tma"])
+                              "stacked-tma", "stacked-chunked", "stacked-rolled-chunked"])
 @pytest.mark.parametrize("shape,dtype,state_dtype", VERIFY_CASES)
 def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
     p = make_problem(dtype=dtype, state_dtype=state_dtype, seed=len(shape["lens"]), **shape)
@@ -234,8 +237,10 @@ def test_verify_and_reconstruct_match_naive(shape, dtype, state_dtype, config):
 @needs_kernels
 @pytest.mark.parametrize("config", [None, VerifyConfig(whole_v=True, two_pass=True, loop_stages=2),
                                     VerifyConfig(block_v=16, two_pass=True, stacked=True, prep_maxnreg=128),
-                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, tma_loads=True)],
-                         ids=["default", "two-pass", "stacked", "stacked-tma-pdl-interpreted-without"])
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, pdl=True, tma_loads=True),
+                                    VerifyConfig(block_v=16, two_pass=True, stacked=True, chunked=True)],
+                         ids=["default", "two-pass", "stacked", "stacked-tma-pdl-interpreted-without",
+                              "stacked-chunked"])
 # Every accept position 0..L of every form at L 17 (BT 32) and L 6; the layer axis at L 6 only (CI time: the L 17
 # cases took 20-25 s each with two layers, session 13, nearly all of it the interpreted verify). Both lengths use
 # one max_len 32 workspace (BT 32 in the reconstruction), so a second layer has the same strides at either length;
@@ -902,6 +907,8 @@ def test_rejects_bad_configs():
         VerifyConfig(two_pass=True, stacked=True, whole_v=True, l2_prefetch_ahead=1)
     with pytest.raises(ValueError, match="no skip_stages but 512"):
         VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, skip_stages=1)
+    with pytest.raises(ValueError, match="chunked needs stacked"):
+        VerifyConfig(two_pass=True, chunked=True)
     VerifyConfig(hoist=True, weight_tiles=True, early_stores=True, skip_stages=512)  # the launch floor
 
 
@@ -1161,6 +1168,19 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
                                               l2_prefetch_mib=16, l2_prefetch_ahead=4, prep_warps=8), False,
                  id="bf16-state-s24-stacked-prefetch-ahead-4-prep-8-warps"),
+    # session 26: 17..32 tokens as two 16-token chunks (the real shape's L 17 request), in the L 17 pick's form, the
+    # L 16 b32 pick's (pointer loads, L2 prefetch, capped prep) and the rolled loop
+    pytest.param(torch.float32, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                             tma_loads=True, prep_warps=8, chunked=True), False,
+                 id="fp32-state-chunked-bv128-prep8"),
+    pytest.param(torch.bfloat16, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
+                                              tma_loads=True, prep_warps=8, chunked=True), False,
+                 id="bf16-state-chunked-bv128-prep8"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
+                                             l2_prefetch_mib=16, l2_prefetch_ahead=2, chunked=True), False,
+                 id="fp32-state-chunked-bv64-prefetch"),
+    pytest.param(torch.float32, VerifyConfig(block_v=64, whole_v=True, loop_stages=2, two_pass=True, stacked=True,
+                                             prep_warps=8, chunked=True), False, id="fp32-state-chunked-rolled"),
 ])
 def test_gpu_real_shape_bf16(state_dtype, config, outer_loop):
     _check_real_shape(state_dtype, config, outer_loop)
@@ -1285,6 +1305,39 @@ def _check_real_shape(state_dtype, config, outer_loop, slot_padding=0):
     gdn_reconstruct(table, ws, p["state_indices"], num_accepted, p["cu_seqlens"], outer_loop=outer_loop)
     assert rel_err(p["ssm_state"], ref_ssm) < (1e-3 if state_dtype == torch.float32 else 1e-2)
     assert rel_err(p["conv_state"], ref_conv) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or INTERPRETED, reason="needs CUDA")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("config", [
+    pytest.param(VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True, tma_loads=True,
+                              prep_warps=8, chunked=True), id="bv128-pdl-tma"),
+    pytest.param(VerifyConfig(block_v=32, two_pass=True, stacked=True, pdl=True, chunked=True), id="bv32-pdl"),
+])
+def test_gpu_chunked_long_verify_real_shape(state_dtype, config):
+    """Two 16-token chunks at the real shape, at 17..32 tokens (full and partial second chunks, a request of one
+    chunk, a null slot), accepting up to every token: outputs and accepted states as close to float64 as the one-chunk
+    (BT 32) form's."""
+    lens, accepted = [32, 24, 17, 3, 20], [32, 20, 17, 2, 0]
+    p = make_problem(lens, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, dtype=torch.bfloat16,
+                     state_dtype=state_dtype, bias=False, device="cuda", null_requests=(4,), seed=26)
+    ref = float64_states(p)
+    ref_out = naive_gdn_verify(**p, device="cuda")
+    naive_gdn_reconstruct(**ref, num_accepted=torch.tensor(accepted, dtype=torch.int32), device="cuda")
+    errors = {}
+    for name, cfg in (("one chunk", dataclasses.replace(config, chunked=False)), ("chunked", config)):
+        q = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in p.items()}
+        ws = workspace_for(q, max_len=32)
+        out = gdn_verify(**q, workspace=ws.layer(0), max_seqlen=max(lens), config=cfg)
+        table = GDNStateTable([q["ssm_state"]], [q["conv_state"]], 4)
+        gdn_reconstruct(table, ws, q["state_indices"], torch.tensor(accepted, dtype=torch.int32, device="cuda"),
+                        q["cu_seqlens"])
+        errors[name] = (rel_err(out, ref_out), rel_err(q["ssm_state"], ref["ssm_state"]))
+        assert rel_err(q["conv_state"], ref["conv_state"]) == 0
+    one, chunked = errors["one chunk"], errors["chunked"]
+    assert chunked[0] < max(2 * one[0], 4e-3), errors  # bf16 outputs: ~2e-3 of rounding alone
+    assert chunked[1] < max(2 * one[1], 1e-4 if state_dtype == torch.float32 else 4e-3), errors
 
 
 @pytest.mark.gpu

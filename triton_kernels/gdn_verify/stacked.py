@@ -22,6 +22,7 @@ columns: every store (u, O, raw v) is contiguous along them.
 """
 import functools
 import logging
+import math
 
 import torch
 import triton
@@ -35,6 +36,8 @@ from .verify import _causal_conv_silu, _conv4_loads, _conv4_math, pdl_first_laun
 
 logger = logging.getLogger(__name__)
 
+CHUNK_LEN = 16  # tokens per chunk of a chunked verify (`VerifyConfig.chunked`): the L = 16 builds' tiles
+
 
 @triton.jit(do_not_specialize=["WS_LEN", "scale", "prefetch_requests"])
 def _stacked_prep_kernel(
@@ -43,9 +46,12 @@ def _stacked_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
     HPG: tl.constexpr, NEUMANN_STEPS: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr,
     SMALL_DOT: tl.constexpr, HAS_WS_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, V: tl.constexpr = 0,
-    L2_PREFETCH: tl.constexpr = False, WAIT_BEFORE: tl.constexpr = False,
+    L2_PREFETCH: tl.constexpr = False, WAIT_BEFORE: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
 ):
-    """Program (k-head, request): its k, raw q/k and Z, and G and the factors of its HPG v-heads.
+    """Program (k-head, request, chunk): its k, raw q/k and Z, and G and the factors of its HPG v-heads, for the
+    chunk's BT tokens (tokens i_c * BT ..; CHUNKS > 1: `VerifyConfig.chunked`). A chunk's factors are those of a
+    verify from the state at the chunk's start (its own G, counted from there); the workspace gets G counted from the
+    request's first token, as the reconstruction reads it.
 
     The [BT, BT] factors are built transposed from the start (rows = input token s, columns = output token t, the
     layout the state pass reads), so each is stored row by row with no layout conversion: with A^T[s, t] =
@@ -61,12 +67,17 @@ def _stacked_prep_kernel(
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     i_h, i_n = tl.program_id(0), tl.program_id(1)
+    i_c = tl.program_id(2) if CHUNKS > 1 else 0
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
     slot = tl.load(state_indices + i_n).to(tl.int64)
     if slot <= 0:
         return
-    o_t = tl.arange(0, BT)
+    if CHUNKS > 1:
+        if (i_c > 0) & (i_c * BT >= seqlen):  # a chunk past the request's tokens: the state pass skips it too
+            return
+    o_l = tl.arange(0, BT)  # row / column of the chunk's tiles
+    o_t = i_c * BT + o_l if CHUNKS > 1 else o_l  # token index in the request
     m_t = o_t < seqlen
     o_k = tl.arange(0, K)
     o_j = tl.arange(0, HPG)
@@ -92,28 +103,38 @@ def _stacked_prep_kernel(
     softplus = tl.where(b_a <= 20.0, tl.log(1.0 + tl.exp(b_a)), b_a)
     b_g = tl.where(m_t[None, :], -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[:, None] * softplus, 0.0)
     b_beta = tl.where(m_t[None, :], tl.sigmoid(b_b), 0.0)
-    b_Gs = tl.cumsum(b_g, 1)  # [HPG, BT]
+    b_Gs = tl.cumsum(b_g, 1)  # [HPG, BT], from the chunk's start
+    b_G_request = b_Gs  # from the request's first token: the workspace's G
+    for p in tl.static_range(CHUNKS - 1):  # + the sum of g over the earlier chunks' tokens
+        m_p = (p * BT + o_l) < tl.where(p < i_c, seqlen, 0)  # chunk p's tokens, none unless it comes first
+        b_ap = tl.load(a + (bos + p * BT + o_l)[None, :] * stride_a + i_hv[:, None], mask=m_p[None, :],
+                       other=0.0).to(tl.float32) + tl.load(dt_bias + i_hv).to(tl.float32)[:, None]
+        b_gp = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))[:, None] * tl.where(b_ap <= 20.0,
+                                                                                   tl.log(1.0 + tl.exp(b_ap)), b_ap)
+        b_G_request += tl.sum(tl.where(m_p[None, :], b_gp, 0.0), 1)[:, None]
 
     b_q, b_k, ws_row = _norm_qk_and_store(b_q, b_k, b_xq, b_xk, ws_k, ws_x, ws_rows, i_n, i_h, o_t, o_k, m_t, WS_LEN,
                                           H, K, D, HAS_WS_ROWS)
     if L2_PREFETCH:  # after the inputs are in: the prefetch stream would queue ahead of the prep's own loads
-        _bulk_prefetch_l2(ssm_state + slot * stride_ssm_slot + i_h * HPG * V * K, i_n < prefetch_requests,
+        _bulk_prefetch_l2(ssm_state + slot * stride_ssm_slot + i_h * HPG * V * K,
+                          (i_n < prefetch_requests) & (i_c == 0),
                           HPG * V * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8))
-    tl.store(ws_g + ws_row[None, :] * HV + i_hv[:, None], b_Gs, mask=m_t[None, :])
-    p_z = z_kq + ((i_n * H + i_h) * 2 * BT + o_t[:, None]) * K + o_k[None, :]
+    tl.store(ws_g + ws_row[None, :] * HV + i_hv[:, None], b_G_request, mask=m_t[None, :])
+    i_nc = i_n * CHUNKS + i_c if CHUNKS > 1 else i_n  # the chunk's index in the scratch
+    p_z = z_kq + ((i_nc * H + i_h) * 2 * BT + o_l[:, None]) * K + o_k[None, :]
     tl.store(p_z, b_k)  # padded rows are zeros
     tl.store(p_z + BT * K, b_q)
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=BIG_DOT)  # [BT, BT], symmetric
     b_kq = tl.dot(b_k, tl.trans(b_q), input_precision=BIG_DOT)  # [s, t] = k_s.q_t
-    causal_t = o_t[:, None] <= o_t[None, :]  # s <= t
-    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    p_f = fac + ((i_n * HV + i_h * HPG) * 3 * BT + o_t[:, None]) * 2 * BT + o_t[None, :]  # F^T, E^T rows
+    causal_t = o_l[:, None] <= o_l[None, :]  # s <= t
+    eye = tl.where(o_l[:, None] == o_l[None, :], 1.0, 0.0)
+    p_f = fac + ((i_nc * HV + i_h * HPG) * 3 * BT + o_l[:, None]) * 2 * BT + o_l[None, :]  # F^T, E^T rows
     for j in tl.static_range(HPG):
         b_G = tl.sum(tl.where(o_j[:, None] == j, b_Gs, 0.0), 0)
         b_bj = tl.sum(tl.where(o_j[:, None] == j, b_beta, 0.0), 0)
         b_gamma = tl.where(m_t, tl.exp(b_G), 0.0)
         decay = tl.where(causal_t, tl.exp(tl.where(causal_t, b_G[None, :] - b_G[:, None], 0.0)), 0.0)  # [s, t]
-        b_A = tl.where(o_t[:, None] < o_t[None, :], b_bj[None, :] * decay * b_kk, 0.0)  # A^T
+        b_A = tl.where(o_l[:, None] < o_l[None, :], b_bj[None, :] * decay * b_kk, 0.0)  # A^T
         b_inv = eye - b_A  # (I + A^T)^-1 = (I - A^T)(I + A^T^2)(I + A^T^4)...
         b_pow = b_A
         for _ in tl.static_range(NEUMANN_STEPS):
@@ -156,7 +177,8 @@ def _stacked_state_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, V_PER_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_WS_ROWS: tl.constexpr,
-    WAIT_PREP: tl.constexpr, TMA_LOADS: tl.constexpr = 0, L2_AHEAD: tl.constexpr = False,
+    WAIT_PREP: tl.constexpr, TMA_LOADS: tl.constexpr = 0, L2_AHEAD: tl.constexpr = False, ws_g=None,
+    CHUNKS: tl.constexpr = 1,
 ):
     """Program (value span, v-head, request): V_PER_PROGRAM value columns in BV-wide blocks. WAIT_PREP (one block
     per program, launched with programmatic dependent launch after the prep): the program loads its state block
@@ -165,7 +187,10 @@ def _stacked_state_kernel(
     shared-memory operands, come through host tensor descriptors, one TMA copy each instead of per-thread loads staged
     through registers; the factors stay pointer loads (their tf32x3 split needs them in registers). L2_AHEAD: the
     program bulk-prefetches into L2 the state span of the program `prefetch_ahead` launch positions after it (about
-    one wave later), after issuing its own state-block load, so the next wave's state reads hit L2."""
+    one wave later), after issuing its own state-block load, so the next wave's state reads hit L2. CHUNKS 2
+    (`VerifyConfig.chunked`): tokens BT .. 2BT-1 of a request longer than BT are a second chunk, verified from the
+    block's state after the first (`_stacked_second_chunk`)."""
+    tl.static_assert(CHUNKS <= 2, "the state pass carries its state block over at most two chunks")
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -182,6 +207,10 @@ def _stacked_state_kernel(
             o_v = i_vs * V_PER_PROGRAM + i_vb * BV + tl.arange(0, BV)
             tl.store(o + p_o_col[None, :] + o_v[:, None], tl.zeros([BV, 2 * BT], dtype=o.dtype.element_ty),
                      mask=(m_c & (o_c >= BT))[None, :])
+            if CHUNKS == 2:
+                tl.store(o + p_o_col[None, :] + BT * HV * V + o_v[:, None],
+                         tl.zeros([BV, 2 * BT], dtype=o.dtype.element_ty),
+                         mask=((t_c + BT < seqlen) & (o_c >= BT))[None, :])
         return
     i_h = i_hv // (HV // H)
     if HAS_WS_ROWS:
@@ -192,10 +221,11 @@ def _stacked_state_kernel(
     p_u_col = ((ws_base + t_c) * HV + i_hv) * V  # [2BT]
     conv_window = conv_state + slot * stride_conv_slot
     p_state = ssm_state + slot * stride_ssm_slot + i_hv * V * K
-    p_zt = z_kq + ((i_n * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None]  # Z^T [K, 2BT]
-    p_fac = fac + ((i_n * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :]  # F^T [2BT, 2BT]
-    p_et = fac + ((i_n * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :]  # E^T [BT, 2BT]
-    z_row = ((i_n * H + i_h) * 2 * BT).to(tl.int32)  # the k-head's rows of Z in the descriptor's 2-D view
+    i_nc = i_n * CHUNKS  # the request's first chunk in the scratch
+    p_zt = z_kq + ((i_nc * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None]  # Z^T [K, 2BT]
+    p_fac = fac + ((i_nc * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :]  # F^T [2BT, 2BT]
+    p_et = fac + ((i_nc * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :]  # E^T [BT, 2BT]
+    z_row = ((i_nc * H + i_h) * 2 * BT).to(tl.int32)  # the k-head's rows of Z in the descriptor's 2-D view
     AHEAD_BYTES: tl.constexpr = V_PER_PROGRAM * K * (ssm_state.dtype.element_ty.primitive_bitwidth // 8)
     if L2_AHEAD:  # the target's slot is read now: a prefetch that waited for it would hold back the program's loads
         p_ahead, ahead_on = _program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, prefetch_ahead,
@@ -217,11 +247,16 @@ def _stacked_state_kernel(
         if TMA_LOADS:  # the factors' loads first: a descriptor load waits for its copy right after issuing it
             b_ft = tl.load(p_fac)
             b_et = tl.load(p_et)
-            _stacked_block(b_h, b_vc, tl.trans(z_desc.load([z_row, 0])), b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v,
-                           o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+            b_y = _stacked_block(b_h, b_vc, tl.trans(z_desc.load([z_row, 0])), b_ft, b_et, o, ws_u, p_o_col, p_u_col,
+                                 o_v, o_c, m_c, BT, BIG_DOT, SMALL_DOT)
         else:
-            _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col, o_v,
-                           o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+            b_y = _stacked_block(b_h, b_vc, tl.load(p_zt), tl.load(p_fac), tl.load(p_et), o, ws_u, p_o_col, p_u_col,
+                                 o_v, o_c, m_c, BT, BIG_DOT, SMALL_DOT)
+        if CHUNKS == 2:
+            if seqlen > BT:
+                _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq,
+                                      fac, z_desc, bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c, t_c, o_k, H,
+                                      HV, K, V, D, W, BT, HAS_BIAS, BIG_DOT, SMALL_DOT, TMA_LOADS)
     else:
         if L2_AHEAD:
             _bulk_prefetch_l2(p_ahead, ahead_on, AHEAD_BYTES)
@@ -240,9 +275,14 @@ def _stacked_state_kernel(
             o_xv = 2 * H * K + i_hv * V + o_v
             b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
             b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
-            _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT, BIG_DOT,
-                           SMALL_DOT)
+            b_y = _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT, BIG_DOT,
+                                 SMALL_DOT)
             tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
+            if CHUNKS == 2:
+                if seqlen > BT:
+                    _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g,
+                                          z_kq, fac, z_desc, bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c,
+                                          t_c, o_k, H, HV, K, V, D, W, BT, HAS_BIAS, BIG_DOT, SMALL_DOT, TMA_LOADS)
 
 
 @triton.jit
@@ -303,6 +343,43 @@ def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, 
     b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
     tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=(m_c & (o_c < BT))[None, :])
     tl.store(o + p_o_col[None, :] + o_v[:, None], b_y.to(o.dtype.element_ty), mask=(m_c & (o_c >= BT))[None, :])
+    return b_y
+
+
+@triton.jit
+def _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq, fac, z_desc,
+                          bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c, t_c, o_k, H: tl.constexpr,
+                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+                          BT: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
+                          TMA_LOADS: tl.constexpr):
+    """Tokens BT .. 2BT-1 of a request longer than BT (the first chunk is full), from the block's state after the
+    first chunk, S_BT = exp(G_{BT-1}) S_0 + sum_{s<BT} exp(G_{BT-1} - G_s) u_s k_s^T (the reconstruction's update):
+    b_y = [U^T | scale O^T] of the first chunk [BV, 2BT] times its Z = [k; q] [2BT, K] with the q rows zeroed and the
+    k rows decayed. Then the first chunk's steps on the second chunk's factors (scratch chunk i_nc + 1)."""
+    b_G = tl.load(ws_g + (ws_base + t_c) * HV + i_hv)  # G of the first chunk's token t_c (prep, from token 0)
+    b_G_last = tl.load(ws_g + (ws_base + BT - 1) * HV + i_hv)
+    b_decay = tl.where(o_c < BT, tl.exp(b_G_last - b_G), 0.0)  # [2BT]: k rows decayed, q rows out
+    if TMA_LOADS:
+        b_z = z_desc.load([((i_nc * H + i_h) * 2 * BT).to(tl.int32), 0])
+    else:
+        b_z = tl.load(z_kq + ((i_nc * H + i_h) * 2 * BT + o_c[:, None]) * K + o_k[None, :])
+    b_h = b_h * tl.exp(b_G_last) + tl.dot(b_y, b_z * b_decay[:, None], input_precision=BIG_DOT)
+    o_t2 = BT + o_t
+    m_t2 = o_t2 < seqlen
+    t_c2 = BT + t_c
+    o_xv = 2 * H * K + i_hv * V + o_v
+    b_xv = tl.load(x + (bos + o_t2[None, :]) * stride_x + o_xv[:, None], mask=m_t2[None, :], other=0.0)
+    b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t2, m_t2, o_xv, D, W, HAS_BIAS)
+    tl.store(ws_x + (ws_base + o_t2[None, :]) * D + o_xv[:, None], b_xv, mask=m_t2[None, :])
+    i_c2 = i_nc + 1
+    if TMA_LOADS:
+        b_zt = tl.trans(z_desc.load([((i_c2 * H + i_h) * 2 * BT).to(tl.int32), 0]))
+    else:
+        b_zt = tl.load(z_kq + ((i_c2 * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None])
+    b_ft = tl.load(fac + ((i_c2 * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :])
+    b_et = tl.load(fac + ((i_c2 * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])
+    _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, ((bos + t_c2) * HV + i_hv) * V,
+                   ((ws_base + t_c2) * HV + i_hv) * V, o_v, o_c, t_c2 < seqlen, BT, BIG_DOT, SMALL_DOT)
 
 
 def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
@@ -310,28 +387,33 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
                    rows_and_fold, parts=("prep", "state"), scratch=None):
     """The two launches (shapes already checked by gdn_verify; conv_wT is the cached [W, D] transposed weight).
     Timing only: `parts` runs one of them alone, on a `scratch` = `stacked_scratch(...)` that persists between
-    calls (the state pass then reads what an earlier prep wrote)."""
+    calls (the state pass then reads what an earlier prep wrote; with `chunked` at L > 16, made for num_requests *
+    chunks requests of CHUNK_LEN tokens)."""
     num_requests = cu_seqlens.shape[0] - 1
     _, num_v_heads, head_v_dim, head_k_dim = ssm_state.shape
     width, conv_dim = conv_wT.shape
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
-    z_kq, fac = scratch or stacked_scratch(out.device, num_requests, num_k_heads, num_v_heads, block_t, head_k_dim)
+    chunks = 1
+    if config.chunked and block_t > CHUNK_LEN:  # 17..32 tokens: two chunks of the L = 16 tiles
+        chunks, block_t, neumann_steps = block_t // CHUNK_LEN, CHUNK_LEN, math.ceil(math.log2(CHUNK_LEN)) - 1
+    z_kq, fac = scratch or stacked_scratch(out.device, num_requests * chunks, num_k_heads, num_v_heads, block_t,
+                                           head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
     pdl = config.pdl and "prep" in parts and "state" in parts and pdl_available(out.device, _stacked_state_kernel)
     prep_opts = dict(maxnreg=config.prep_maxnreg) if config.prep_maxnreg and not _interpreting() else {}
     ws_rows = rows_and_fold["pointers"][0]
     prefetch_requests, prefetch_ahead = l2_prefetch_plan(config, ssm_state, num_requests)
     if "prep" in parts:
-        _stacked_prep_kernel[(num_k_heads, num_requests)](
+        _stacked_prep_kernel[(num_k_heads, num_requests, chunks)](
             mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, state_indices, cu_seqlens, workspace.k,
             workspace.g, workspace.x, ws_rows, z_kq, fac, scale, mixed_qkv.stride(0), a.stride(0), b.stride(0),
             conv_state.stride(0), workspace.max_len, ssm_state, ssm_state.stride(0), prefetch_requests,
             H=num_k_heads, HV=num_v_heads, K=head_k_dim, D=conv_dim, W=width, BT=block_t, HPG=heads_per_group,
             NEUMANN_STEPS=neumann_steps, HAS_BIAS=conv_bias is not None, BIG_DOT=big_dot, SMALL_DOT=small_dot,
             HAS_WS_ROWS=has_rows, LAUNCH_DEPENDENTS=pdl, V=head_v_dim, L2_PREFETCH=prefetch_requests > 0,
-            num_warps=config.prep_warps, **prep_opts, **pdl_first_launch(config, out.device),
+            CHUNKS=chunks, num_warps=config.prep_warps, **prep_opts, **pdl_first_launch(config, out.device),
         )
     if "state" in parts:
         block_v = min(config.block_v, head_v_dim)
@@ -344,7 +426,8 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
             BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
             HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0,
-            L2_AHEAD=prefetch_ahead > 0, num_warps=config.num_warps, **(dict(launch_pdl=True) if pdl else {}),
+            L2_AHEAD=prefetch_ahead > 0, ws_g=workspace.g, CHUNKS=chunks, num_warps=config.num_warps,
+            **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
 

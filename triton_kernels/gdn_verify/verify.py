@@ -701,6 +701,10 @@ class VerifyConfig:
     # after whatever launch comes before it (in a model, the layer's input projection): its first statement waits
     # for that launch to finish (griddepcontrol.wait), so only its start overlaps that launch's end
     pdl_first: bool = False
+    # session 26 (stacked): a verify of 17..32 tokens as two 16-token chunks (the L = 16 tiles) instead of one 32-token
+    # chunk: the prep builds each chunk's factors in its own program, the state pass carries its state block from the
+    # first chunk to the second. No effect at L <= 16
+    chunked: bool = False
 
     def __post_init__(self):
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
@@ -744,6 +748,8 @@ class VerifyConfig:
             raise ValueError("l2_prefetch_mib and l2_prefetch_ahead must be >= 0")
         if self.l2_prefetch_ahead and self.whole_v:
             raise ValueError("l2_prefetch_ahead needs one value block per program (no whole_v)")
+        if self.chunked and not self.stacked:
+            raise ValueError("chunked needs stacked")
         if self.pdl_first and self.two_pass and not self.stacked:
             raise ValueError("pdl_first needs a single-kernel form or stacked")
         if not 0 <= self.loop_stages <= 4:
