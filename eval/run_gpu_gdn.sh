@@ -39,6 +39,9 @@
 #               --sweep-set chunk26 at fp32 and chunk26bf16 at bf16 states (the second from the first's tuned file) at
 #               L 17 / 32 with their grids -> $OUT: gdn_verify_long*.{json,md,png}, tuned_bfloat16.json (both tables);
 #               logs stay on the device (8 files a call), their tables go to stdout
+#   MODE=chunk26b (session 26, call 2) the chunked GPU tests and every shipped pick's (the tuned file now picks chunked
+#               forms at L 17 / 32), then one grid at L 16 / 17 / 32 on the shipped picks, fp32 states
+#               -> $OUT/gdn_verify_long_vs_16.{json,md,png}: a 17..32-token verify against a 16-token one, same run
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -386,6 +389,23 @@ if [ "$MODE" = chunk26 ]; then
     done
     cp /tmp/gdn/tuned_bfloat16.json "$OUT/" 2>/dev/null
     echo "== end at $(( $(date +%s) - T0 )) s"
+fi
+
+if [ "$MODE" = chunk26b ]; then
+    mkdir -p "$OUT" /tmp/gdn
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
+    timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-8} \
+        -k "${TEST_K:-chunked or every_shipped_pick}" tests/ops/test_gdn_verify.py > /tmp/gdn/pytest.log 2>&1
+    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "passed|failed|Error|assert|^FAILED" /tmp/gdn/pytest.log | tail -20
+    EXTRA="--ssm-dtype float32 --lens 16,17,32 --batches 1,8,32 --no-fold --precompile --results-stem gdn_verify_long_vs_16"
+    timeout ${BENCH_S:-200} python3 eval/bench_gdn_verify.py $EXTRA --out /tmp/gdn \
+        --command "python eval/bench_gdn_verify.py $EXTRA (the shipped picks of the tuned file, commit $COMMIT)" \
+        > /tmp/gdn/grid.log 2>&1
+    echo "== grid rc=$? at $(( $(date +%s) - T0 )) s"
+    cp /tmp/gdn/gdn_verify_long_vs_16.* "$OUT/" 2>/dev/null
+    grep -E "compile failed|time budget|out of memory|Error" /tmp/gdn/grid.log | cut -c1-300
+    sed -n '/^  L   B /,$p' /tmp/gdn/grid.log | head -14
 fi
 
 if [ "$MODE" = long12bf16 ]; then
