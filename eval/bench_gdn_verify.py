@@ -1248,7 +1248,12 @@ STATE_DIAG_GB6 = [
     VerifyConfig(block_v=64, pdl=True, tma_loads=True, **_PC),
     VerifyConfig(block_v=128, num_warps=8, pdl=True, tma_loads=True, **_PC),  # final9's b64 pick
 ]
-STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6}
+# Session 26: the chunked picks at L 17 (MODE=chunk26b): the b32 pick (PDL; the reference), then both picks without
+# PDL, so that prep and state pass are timed apart (`state_diag(..., seqlen=17)`, batches 1 / 32)
+_CH26 = dict(block_v=64, two_pass=True, stacked=True, prep_maxnreg=128, l2_prefetch_mib=16, chunked=True)
+STATE_DIAG_CHUNK26 = [VerifyConfig(**_CH26, pdl=True, l2_prefetch_ahead=2), VerifyConfig(**_CH26, l2_prefetch_ahead=2),
+                      VerifyConfig(**_CH26, prep_warps=8, l2_prefetch_ahead=4)]
+STATE_DIAG_SETS = {"gb": None, "gb6": STATE_DIAG_GB6, "chunk26": STATE_DIAG_CHUNK26}
 
 
 def diag_recorder(rows, t0, budget_s, rep_ms, label):
@@ -1326,14 +1331,15 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
         reference = None
         for config in configs:
             make = stacked_scratch if config.stacked else two_pass_scratch
-            scratches = [make(device, B, H, HV, block_t, K) for _ in range(num_layers)]
+            chunks = block_t // 16 if config.chunked else 1  # a chunked launch's scratch: a row per 16-token chunk
+            scratches = [make(device, B * chunks, H, HV, block_t // chunks, K) for _ in range(num_layers)]
             split_step(s, config, "both", scratches)()  # real factors in every scratch
             if reference is None:  # the final7 pick's outputs and u, eager: what every graph replay below must give
                 reference = (s["out"][layers].clone(), s["ws"].u[layers, :B].clone())
             parts = ["prep", "state", "both"]
             if config in STATE_DIAG_PREP and config not in STATE_DIAG_STATE:
                 parts = ["prep", "both"]  # the same state pass as STATE_DIAG_STATE[0]
-            if diag_set == "gb6" and not config.pdl:
+            if diag_set in ("gb6", "chunk26") and not config.pdl:
                 parts = ["prep", "state", "both"]
             if config.pdl:
                 parts = ["both"]
@@ -1656,7 +1662,8 @@ def main():
                         help="session 9: launch floors, the b1 picks, their reconstructions and the L16 b1 ladder")
     parser.add_argument("--state-diag", nargs="?", const="gb", choices=sorted(STATE_DIAG_SETS),
                         help="b32 / b64 prep and state pass apart, floors, candidates: gb (session 5 call 1, the "
-                             "default), gb6 (session 6: TMA loads)")
+                             "default), gb6 (session 6: TMA loads), chunk26 (session 26: the chunked picks at L 17, "
+                             "b1 / b32)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop timing after this many seconds")
     parser.add_argument("--stop-at-s", type=float, default=1e9,
                         help="the grid starts no cell later than this many seconds after the process started")
@@ -1715,7 +1722,8 @@ def main():
         return diagnose(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s)
     if args.state_diag:
         return state_diag(gdn, device, num_layers, args.rep_ms, args.out, args.budget_s,
-                          batches=batches if args.quick else (32, 64), seqlen=16 if not args.quick else 4,
+                          batches=batches if args.quick else (1, 32) if args.state_diag == "chunk26" else (32, 64),
+                          seqlen=4 if args.quick else 17 if args.state_diag == "chunk26" else 16,
                           diag_set=args.state_diag)
     if args.tp_study:
         return tp_study(device, num_layers, args.rep_ms, args.out, args.budget_s, load_vllm_kernels(args.extracted),

@@ -41,7 +41,8 @@
 #               logs stay on the device (8 files a call), their tables go to stdout
 #   MODE=chunk26b (session 26, call 2) the chunked GPU tests and every shipped pick's (the tuned file now picks chunked
 #               forms at L 17 / 32), then one grid at L 16 / 17 / 32 on the shipped picks, fp32 states
-#               -> $OUT/gdn_verify_long_vs_16.{json,md,png}: a 17..32-token verify against a 16-token one, same run
+#               -> $OUT/gdn_verify_long_vs_16.{json,md,png}: a 17..32-token verify against a 16-token one, same run;
+#               then --state-diag chunk26 (the chunked picks' prep and state pass apart at L 17, b1 / b32; stdout)
 #   MODE=bf16s24 (session 24) bf16 states at L 4 / 16: the bf16 picks (session 5) against the fp32 picks' later forms
 #               (--sweep-set bf16s24: PDL, L2 prefetch, 8-warp prep, pdl_first), their bf16 GPU tests (-k s24); the grid
 #               on the sweep's picks writes eval/results/gdn_verify_bf16_state.*, the tuned file tuned_bf16_state.json.
@@ -406,6 +407,10 @@ if [ "$MODE" = chunk26b ]; then
     cp /tmp/gdn/gdn_verify_long_vs_16.* "$OUT/" 2>/dev/null
     grep -E "compile failed|time budget|out of memory|Error" /tmp/gdn/grid.log | cut -c1-300
     sed -n '/^  L   B /,$p' /tmp/gdn/grid.log | head -14
+    timeout ${DIAG_S:-120} python3 eval/bench_gdn_verify.py --state-diag chunk26 --rep-ms 20 --out /tmp/gdn \
+        --budget-s ${DIAG_BUDGET_S:-90} > /tmp/gdn/diag.log 2>&1
+    echo "== state diag rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -E "^(error|prep|state|both|floor|reconstruct) " /tmp/gdn/diag.log | cut -c1-200
 fi
 
 if [ "$MODE" = long12bf16 ]; then
