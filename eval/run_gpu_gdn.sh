@@ -39,6 +39,8 @@
 #               --sweep-set chunk26 at fp32 and chunk26bf16 at bf16 states (the second from the first's tuned file) at
 #               L 17 / 32 with their grids -> $OUT: gdn_verify_long*.{json,md,png}, tuned_bfloat16.json (both tables);
 #               logs stay on the device (8 files a call), their tables go to stdout
+#   MODE=chunk26c (session 26, call 3) the second chunk without a carried state block (v2) against the first build
+#               (carry .vendor/base26): chunked GPU tests, grids at L 17 new / base twice, then MODE=chunk26's sweeps
 #   MODE=chunk26b (session 26, call 2) the chunked GPU tests and every shipped pick's (the tuned file now picks chunked
 #               forms at L 17 / 32), then one grid at L 16 / 17 / 32 on the shipped picks, fp32 states
 #               -> $OUT/gdn_verify_long_vs_16.{json,md,png}: a 17..32-token verify against a 16-token one, same run;
@@ -371,9 +373,11 @@ if [ "$MODE" = chunk26 ]; then
     mkdir -p "$OUT" /tmp/gdn
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
         .whl/execnet-*.whl .whl/pytest_xdist-*.whl && export PYTHONPATH=/tmp/pk:/tmp/site
-    timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
-        -k "${TEST_K:-chunked}" tests/ops/test_gdn_verify.py > /tmp/gdn/pytest.log 2>&1
-    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "passed|failed|Error|assert" /tmp/gdn/pytest.log | tail -12
+    if [ "${CHUNK_TESTS:-1}" = 1 ]; then
+        timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -n ${TEST_WORKERS:-6} \
+            -k "${TEST_K:-chunked}" tests/ops/test_gdn_verify.py > /tmp/gdn/pytest.log 2>&1
+        echo "pytest rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "passed|failed|Error|assert" /tmp/gdn/pytest.log | tail -12
+    fi
     for DT in float32 bfloat16; do
         if [ $DT = float32 ]; then SET=chunk26 STEM=gdn_verify_long B=1,8,32,64; else SET=chunk26bf16 STEM=gdn_verify_long_bf16_state B=1,8,32; fi
         EXTRA="--lens 17,32 --batches $B --sweep-lens 17,32 --no-fold --total-margin 0.02 --recon-margin 0.02 --results-stem $STEM"
@@ -385,11 +389,34 @@ if [ "$MODE" = chunk26 ]; then
         cp /tmp/gdn/tuned_$DT.json triton_kernels/gdn_verify/tuned_verify_configs.json
         cp /tmp/gdn/$STEM.json /tmp/gdn/$STEM.md /tmp/gdn/$STEM.png "$OUT/" 2>/dev/null
         grep -E "^precompile|compile failed|^correctness|^config errors|time budget|out of memory|Error" /tmp/gdn/bench_$DT.log | cut -c1-900
-        grep "^sweep verify" /tmp/gdn/bench_$DT.log | cut -c1-150
+        grep "^sweep verify" /tmp/gdn/bench_$DT.log | cut -c14-125
         sed -n '/^  L   B /,$p' /tmp/gdn/bench_$DT.log | head -12
     done
     cp /tmp/gdn/tuned_bfloat16.json "$OUT/" 2>/dev/null
     echo "== end at $(( $(date +%s) - T0 )) s"
+fi
+
+if [ "$MODE" = chunk26c ]; then
+    # session 26, call 3: the second chunk without a carried state block against the first build (.vendor/base26,
+    # carried: `git archive <base> triton_kernels | tar -x -C .vendor/base26`): the chunked GPU tests, grids at L 17
+    # alternating new / base (twice, the shipped picks; verify alone on stdout), then MODE=chunk26 without its tests
+    mkdir -p "$OUT" /tmp/gdn /tmp/ab /tmp/pkbase
+    ln -sfn "$PWD/.vendor/base26/triton_kernels" /tmp/pkbase/hybridspec_kernels
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/fla_core-*.whl \
+        .whl/execnet-*.whl .whl/pytest_xdist-*.whl
+    PYTHONPATH=/tmp/pk:/tmp/site timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu \
+        -n ${TEST_WORKERS:-8} -k "${TEST_K:-chunked}" tests/ops/test_gdn_verify.py > /tmp/gdn/pytest.log 2>&1
+    echo "pytest rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "passed|failed|Error|assert|^FAILED" /tmp/gdn/pytest.log | tail -12
+    for R in new1 base1 new2 base2; do
+        case $R in new*) PP=/tmp/pk;; *) PP=/tmp/pkbase;; esac
+        PYTHONPATH=$PP:/tmp/site timeout ${AB_S:-120} python3 eval/bench_gdn_verify.py --ssm-dtype float32 \
+            --lens ${AB_LENS:-17} --batches ${AB_BATCHES:-1,8,32} --no-fold --no-plot --precompile --out /tmp/ab/$R \
+            --results-stem gdn_verify_ab26 --command "ab $R" > /tmp/ab/$R.log 2>&1
+        echo "== $R rc=$? at $(( $(date +%s) - T0 )) s"
+        grep -E "compile failed|time budget|Error" /tmp/ab/$R.log | cut -c1-300
+        sed -n '/^  L   B /,$p' /tmp/ab/$R.log | head -5
+    done
+    [ "${SWEEP:-1}" = 1 ] && CHUNK_TESTS=0 MODE=chunk26 bash eval/run_gpu_gdn.sh
 fi
 
 if [ "$MODE" = chunk26b ]; then

@@ -189,7 +189,7 @@ def _stacked_state_kernel(
     program bulk-prefetches into L2 the state span of the program `prefetch_ahead` launch positions after it (about
     one wave later), after issuing its own state-block load, so the next wave's state reads hit L2. CHUNKS 2
     (`VerifyConfig.chunked`): tokens BT .. 2BT-1 of a request longer than BT are a second chunk, verified from the
-    block's state after the first (`_stacked_second_chunk`)."""
+    block's state after the first without forming it (`_stacked_second_chunk`)."""
     tl.static_assert(CHUNKS <= 2, "the state pass carries its state block over at most two chunks")
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -247,6 +247,10 @@ def _stacked_state_kernel(
         if TMA_LOADS:  # the factors' loads first: a descriptor load waits for its copy right after issuing it
             b_ft = tl.load(p_fac)
             b_et = tl.load(p_et)
+        if CHUNKS == 2:  # the second chunk's first product from the committed block as well: S_0 Z2^T
+            b_pt2 = tl.dot(b_h, _chunk_z(z_kq, z_desc, i_nc + 1, i_h, o_c, o_k, H, K, BT, TMA_LOADS, True),
+                           input_precision=BIG_DOT)
+        if TMA_LOADS:
             b_y = _stacked_block(b_h, b_vc, tl.trans(z_desc.load([z_row, 0])), b_ft, b_et, o, ws_u, p_o_col, p_u_col,
                                  o_v, o_c, m_c, BT, BIG_DOT, SMALL_DOT)
         else:
@@ -254,7 +258,7 @@ def _stacked_state_kernel(
                                  o_v, o_c, m_c, BT, BIG_DOT, SMALL_DOT)
         if CHUNKS == 2:
             if seqlen > BT:
-                _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq,
+                _stacked_second_chunk(b_pt2, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq,
                                       fac, z_desc, bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c, t_c, o_k, H,
                                       HV, K, V, D, W, BT, HAS_BIAS, BIG_DOT, SMALL_DOT, TMA_LOADS)
     else:
@@ -275,12 +279,15 @@ def _stacked_state_kernel(
             o_xv = 2 * H * K + i_hv * V + o_v
             b_xv = tl.load(x + (bos + o_t[None, :]) * stride_x + o_xv[:, None], mask=m_t[None, :], other=0.0)
             b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t, m_t, o_xv, D, W, HAS_BIAS)
+            if CHUNKS == 2:
+                b_pt2 = tl.dot(b_h, _chunk_z(z_kq, z_desc, i_nc + 1, i_h, o_c, o_k, H, K, BT, TMA_LOADS, True),
+                               input_precision=BIG_DOT)
             b_y = _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT, BIG_DOT,
                                  SMALL_DOT)
             tl.store(ws_x + ws_t[None, :] * D + o_xv[:, None], b_xv, mask=m_t[None, :])
             if CHUNKS == 2:
                 if seqlen > BT:
-                    _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g,
+                    _stacked_second_chunk(b_pt2, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g,
                                           z_kq, fac, z_desc, bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c,
                                           t_c, o_k, H, HV, K, V, D, W, BT, HAS_BIAS, BIG_DOT, SMALL_DOT, TMA_LOADS)
 
@@ -337,8 +344,15 @@ def _program_ahead(ssm_state, state_indices, stride_ssm_slot, i_vs, i_hv, i_n, a
 @triton.jit
 def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT: tl.constexpr,
                    BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr):
-    """One value block: P^T = S Z^T, Y^T = P^T F^T + Vc^T E^T; stores u (columns < BT) and O (the rest)."""
+    """One value block: P^T = S Z^T, then `_stacked_factors`."""
     b_pt = tl.dot(b_h, b_zt, input_precision=BIG_DOT)  # [BV, 2BT]
+    return _stacked_factors(b_pt, b_vc, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT, SMALL_DOT)
+
+
+@triton.jit
+def _stacked_factors(b_pt, b_vc, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, o_c, m_c, BT: tl.constexpr,
+                     SMALL_DOT: tl.constexpr):
+    """Y^T = P^T F^T + Vc^T E^T [BV, 2BT]; stores u (columns < BT) and O (the rest); returns Y^T."""
     b_y = tl.dot(b_vc, b_et, input_precision=SMALL_DOT)
     b_y = tl.dot(b_pt, b_ft, acc=b_y, input_precision=SMALL_DOT)
     tl.store(ws_u + p_u_col[None, :] + o_v[:, None], b_y, mask=(m_c & (o_c < BT))[None, :])
@@ -347,23 +361,38 @@ def _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, p_o_col, p_u_col, o_v, 
 
 
 @triton.jit
-def _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq, fac, z_desc,
-                          bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c, t_c, o_k, H: tl.constexpr,
+def _chunk_z(z_kq, z_desc, i_chunk, i_h, o_c, o_k, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+             TMA_LOADS: tl.constexpr, TRANS: tl.constexpr):
+    """Z = [k; q] [2BT, K] of k-head i_h in scratch chunk i_chunk (TRANS: Z^T [K, 2BT])."""
+    if TMA_LOADS:
+        b_z = z_desc.load([((i_chunk * H + i_h) * 2 * BT).to(tl.int32), 0])
+    else:
+        b_z = tl.load(z_kq + ((i_chunk * H + i_h) * 2 * BT + o_c[:, None]) * K + o_k[None, :])
+    if TRANS:
+        b_z = tl.trans(b_z)
+    return b_z
+
+
+@triton.jit
+def _stacked_second_chunk(b_pt2, b_y, x, stride_x, conv_window, conv_w, conv_b, o, ws_u, ws_x, ws_g, z_kq, fac,
+                          z_desc, bos, seqlen, ws_base, i_nc, i_h, i_hv, o_v, o_t, o_c, t_c, o_k, H: tl.constexpr,
                           HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                           BT: tl.constexpr, HAS_BIAS: tl.constexpr, BIG_DOT: tl.constexpr, SMALL_DOT: tl.constexpr,
                           TMA_LOADS: tl.constexpr):
-    """Tokens BT .. 2BT-1 of a request longer than BT (the first chunk is full), from the block's state after the
-    first chunk, S_BT = exp(G_{BT-1}) S_0 + sum_{s<BT} exp(G_{BT-1} - G_s) u_s k_s^T (the reconstruction's update):
-    b_y = [U^T | scale O^T] of the first chunk [BV, 2BT] times its Z = [k; q] [2BT, K] with the q rows zeroed and the
-    k rows decayed. Then the first chunk's steps on the second chunk's factors (scratch chunk i_nc + 1)."""
+    """Tokens BT .. 2BT-1 of a request longer than BT (the first chunk full), verified from the block's state after
+    the first chunk, S_BT = exp(G_{BT-1}) S_0 + U^T diag(d) K (d_s = exp(G_{BT-1} - G_s), the reconstruction's
+    update), without forming it: its product with the second chunk's Z2 is
+        S_BT Z2^T = exp(G_{BT-1}) S_0 Z2^T + [U^T | scale O^T] C,   C = [diag(d) K Z2^T; 0]   [2BT, 2BT],
+    from b_pt2 = S_0 Z2^T (taken with the first chunk's product) and the first chunk's result b_y [BV, 2BT]. A
+    [BV, K] state held from one chunk to the next (the first build) took twice the registers and ran the state pass
+    at 3x the L 16 one. Then the first chunk's steps on the second chunk's factors (scratch chunk i_nc + 1)."""
     b_G = tl.load(ws_g + (ws_base + t_c) * HV + i_hv)  # G of the first chunk's token t_c (prep, from token 0)
     b_G_last = tl.load(ws_g + (ws_base + BT - 1) * HV + i_hv)
     b_decay = tl.where(o_c < BT, tl.exp(b_G_last - b_G), 0.0)  # [2BT]: k rows decayed, q rows out
-    if TMA_LOADS:
-        b_z = z_desc.load([((i_nc * H + i_h) * 2 * BT).to(tl.int32), 0])
-    else:
-        b_z = tl.load(z_kq + ((i_nc * H + i_h) * 2 * BT + o_c[:, None]) * K + o_k[None, :])
-    b_h = b_h * tl.exp(b_G_last) + tl.dot(b_y, b_z * b_decay[:, None], input_precision=BIG_DOT)
+    b_c = tl.dot(_chunk_z(z_kq, z_desc, i_nc, i_h, o_c, o_k, H, K, BT, TMA_LOADS, False) * b_decay[:, None],
+                 _chunk_z(z_kq, z_desc, i_nc + 1, i_h, o_c, o_k, H, K, BT, TMA_LOADS, True),
+                 input_precision=BIG_DOT)  # C [2BT, 2BT]
+    b_pt2 = b_pt2 * tl.exp(b_G_last) + tl.dot(b_y, b_c, input_precision=SMALL_DOT)
     o_t2 = BT + o_t
     m_t2 = o_t2 < seqlen
     t_c2 = BT + t_c
@@ -372,14 +401,10 @@ def _stacked_second_chunk(b_h, b_y, x, stride_x, conv_window, conv_w, conv_b, o,
     b_vc = _conv_silu_t(x, stride_x, conv_window, conv_w, conv_b, bos, o_t2, m_t2, o_xv, D, W, HAS_BIAS)
     tl.store(ws_x + (ws_base + o_t2[None, :]) * D + o_xv[:, None], b_xv, mask=m_t2[None, :])
     i_c2 = i_nc + 1
-    if TMA_LOADS:
-        b_zt = tl.trans(z_desc.load([((i_c2 * H + i_h) * 2 * BT).to(tl.int32), 0]))
-    else:
-        b_zt = tl.load(z_kq + ((i_c2 * H + i_h) * 2 * BT + o_c[None, :]) * K + o_k[:, None])
     b_ft = tl.load(fac + ((i_c2 * HV + i_hv) * 3 * BT + o_c[:, None]) * 2 * BT + o_c[None, :])
     b_et = tl.load(fac + ((i_c2 * HV + i_hv) * 3 * BT + 2 * BT + o_t[:, None]) * 2 * BT + o_c[None, :])
-    _stacked_block(b_h, b_vc, b_zt, b_ft, b_et, o, ws_u, ((bos + t_c2) * HV + i_hv) * V,
-                   ((ws_base + t_c2) * HV + i_hv) * V, o_v, o_c, t_c2 < seqlen, BT, BIG_DOT, SMALL_DOT)
+    _stacked_factors(b_pt2, b_vc, b_ft, b_et, o, ws_u, ((bos + t_c2) * HV + i_hv) * V,
+                     ((ws_base + t_c2) * HV + i_hv) * V, o_v, o_c, t_c2 < seqlen, BT, SMALL_DOT)
 
 
 def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_state, ssm_state, state_indices,
