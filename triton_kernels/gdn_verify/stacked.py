@@ -449,7 +449,8 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             workspace.x, ws_rows, z_kq, fac, mixed_qkv.stride(0), conv_state.stride(0), ssm_state.stride(0),
             workspace.max_len, *descs, prefetch_ahead, H=num_k_heads, HV=num_v_heads, K=head_k_dim, V=head_v_dim,
             D=conv_dim, W=width, BT=block_t, BV=block_v, V_PER_PROGRAM=v_per_program, HAS_BIAS=conv_bias is not None,
-            BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=max(config.loop_stages, 1),
+            # triton 3.6's software pipeliner fails on a rolled loop that holds the second chunk's branch: 1 stage
+            BIG_DOT=big_dot, SMALL_DOT=config.stacked_dot, LOOP_STAGES=1 if chunks > 1 else max(config.loop_stages, 1),
             HAS_WS_ROWS=has_rows, WAIT_PREP=pdl, TMA_LOADS=len(descs[0].block_shape) if descs[0] is not None else 0,
             L2_AHEAD=prefetch_ahead > 0, ws_g=workspace.g, CHUNKS=chunks, num_warps=config.num_warps,
             **(dict(launch_pdl=True) if pdl else {}),
