@@ -19,6 +19,13 @@ shared memory) and whose right operands are loop-invariant per program. The stat
 of the first product in its stored (K-contiguous) order; at BV = 64 and 4 warps that is one warp group's wgmma
 tile (M = 64), which reads A from shared memory as loaded. Results are [BV, *] tiles whose rows are the value
 columns: every store (u, O, raw v) is contiguous along them.
+
+`VerifyConfig(chunked=True)` runs 17..32 tokens as two chunks of 16 (the L = 16 tiles; one chunk of 32 costs 2.6-3.9x
+a 16-token verify, eval/notes/gdn_verify.md): the prep builds each chunk's Z and factors in a program of its own (grid
+(H, B, 2)), as a verify from the state at the chunk's start; the state pass takes the second chunk's first product
+from the committed block too and corrects it by the first chunk's result (`_stacked_second_chunk`), never forming the
+state between the chunks. The workspace gets the same u, k and G as one chunk would write: the reconstruction is
+unchanged.
 """
 import functools
 import logging
