@@ -197,7 +197,7 @@ def _stacked_state_kernel(
     one wave later), after issuing its own state-block load, so the next wave's state reads hit L2. CHUNKS 2
     (`VerifyConfig.chunked`): tokens BT .. 2BT-1 of a request longer than BT are a second chunk, verified from the
     block's state after the first without forming it (`_stacked_second_chunk`)."""
-    tl.static_assert(CHUNKS <= 2, "the state pass carries its state block over at most two chunks")
+    tl.static_assert(CHUNKS <= 2, "the state pass verifies at most two chunks")
     i_vs, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
