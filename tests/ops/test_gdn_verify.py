@@ -1168,8 +1168,9 @@ def test_naive_matches_vllm_spec_decode_kernels(tmp_path, monkeypatch):
     pytest.param(torch.bfloat16, VerifyConfig(block_v=64, two_pass=True, stacked=True, pdl=True, prep_maxnreg=128,
                                               l2_prefetch_mib=16, l2_prefetch_ahead=4, prep_warps=8), False,
                  id="bf16-state-s24-stacked-prefetch-ahead-4-prep-8-warps"),
-    # session 26: 17..32 tokens as two 16-token chunks (the real shape's L 17 request), in the L 17 pick's form, the
-    # L 16 b32 pick's (pointer loads, L2 prefetch, capped prep) and the rolled loop
+    # session 26: 17..32 tokens as two 16-token chunks (the real shape's L 17 request), in the form the L 17 picks had
+    # before (BV128 x 8, TMA), the L 16 b32 pick's (pointer loads, L2 prefetch, capped prep) and the rolled loop (one
+    # stage); the chunked picks themselves run in test_gpu_every_shipped_pick
     pytest.param(torch.float32, VerifyConfig(block_v=128, num_warps=8, two_pass=True, stacked=True, pdl=True,
                                              tma_loads=True, prep_warps=8, chunked=True), False,
                  id="fp32-state-chunked-bv128-prep8"),
