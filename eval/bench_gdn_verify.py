@@ -757,12 +757,12 @@ SWEEP_VERIFY_LONG24 = [VerifyConfig(block_v=32, num_warps=8), VerifyConfig(**_LO
 SWEEP_VERIFY_LONG24BF16 = [VerifyConfig(**_B1, **_ES), VerifyConfig(**dict(_LONG_STACKED, pdl=False)),
                            VerifyConfig(**_LONG_STACKED), VerifyConfig(**_B1, **_ES, pdl_first=True)]
 # --sweep-set chunk26 / chunk26bf16 (session 26; MODE=chunk26): verify lengths 17..32 as two 16-token chunks
-# (`chunked`: the prep builds each chunk's factors in a program of its own, the state pass carries its state block
-# from the first chunk to the second) instead of one BT 32 chunk (2.6x / 3.8x the L 16 verify at b1 / b32, GD10).
-# Incumbents: the shipped L 17 / 32 picks of the state dtype; challengers: those stacked forms and the L 16 stacked
-# picks, chunked, and narrow state blocks (more programs at b1), chunked. Offline sm_90 (triton 3.6), chunked: BV128 x
-# 8 tma state pass 2,536 instructions / 195 registers (one chunk at BT 32: 1,904 / 168), prep capped at 128 3,384 / 8 B
-# stack (BT 32: 13,952 / 1,424 B), BV64 x 4 state pass 2,816 / 217, BV32 x 4 3,104 / 255 (no stack)
+# (`chunked`: the prep builds each chunk's factors in a program of its own, the state pass verifies the second chunk
+# from the first's result) instead of one BT 32 chunk (2.6x / 3.8x the L 16 verify at b1 / b32, GD10). Incumbents:
+# the L 17 / 32 picks of the state dtype before session 26 (one chunk); challengers: those stacked forms and the L 16
+# stacked picks, chunked, and narrow state blocks (more programs at b1), chunked. Offline sm_90 (triton 3.6), chunked
+# (v2, the shipped state pass): BV128 x 8 tma state pass 153 registers (one chunk at BT 32: 168), BV64 x 4 168, BV32
+# x 4 255; prep capped at 128 3,416 instructions / 8 B stack (BT 32: 13,952 / 1,424 B)
 _CHUNKED = dict(two_pass=True, stacked=True, pdl=True, chunked=True)
 _CHUNK26 = [dict(_LONG_STACKED, chunked=True), dict(_S13, prep_warps=8, l2_prefetch_ahead=4, chunked=True),
             dict(_S13, l2_prefetch_ahead=2, chunked=True), dict(block_v=32, **_CHUNKED),
@@ -1297,7 +1297,7 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
     pass alone and both (us per layer). Rows are printed as they come and saved to gdn_verify_state_diag.json.
     diag_set "gb" (session 5): the two-pass pick first, the stacked candidates; "gb6": STATE_DIAG_GB6 (its first
     config is the reference every graph replay is compared with; the prep is timed once, with the second)."""
-    from hybridspec_kernels.gdn_verify.stacked import stacked_scratch
+    from hybridspec_kernels.gdn_verify.stacked import chunk_plan, stacked_scratch
     from hybridspec_kernels.gdn_verify.two_pass import two_pass_scratch
     t0 = time.time()
     configs = STATE_DIAG_SETS[diag_set] or list(dict.fromkeys(
@@ -1331,8 +1331,8 @@ def state_diag(gdn, device, num_layers, rep_ms, out_dir, budget_s, batches=(32, 
         reference = None
         for config in configs:
             make = stacked_scratch if config.stacked else two_pass_scratch
-            chunks = block_t // 16 if config.chunked else 1  # a chunked launch's scratch: a row per 16-token chunk
-            scratches = [make(device, B * chunks, H, HV, block_t // chunks, K) for _ in range(num_layers)]
+            chunks, chunk_t, _ = chunk_plan(config, block_t, 0)  # a chunked launch's scratch: a row per chunk
+            scratches = [make(device, B * chunks, H, HV, chunk_t, K) for _ in range(num_layers)]
             split_step(s, config, "both", scratches)()  # real factors in every scratch
             if reference is None:  # the final7 pick's outputs and u, eager: what every graph replay below must give
                 reference = (s["out"][layers].clone(), s["ws"].u[layers, :B].clone())

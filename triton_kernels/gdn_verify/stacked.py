@@ -427,9 +427,7 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
     heads_per_group = num_v_heads // num_k_heads
     if heads_per_group & (heads_per_group - 1):
         raise ValueError(f"stacked needs num_v_heads / num_k_heads to be a power of two, got {heads_per_group}")
-    chunks = 1
-    if config.chunked and block_t > CHUNK_LEN:  # 17..32 tokens: two chunks of the L = 16 tiles
-        chunks, block_t, neumann_steps = block_t // CHUNK_LEN, CHUNK_LEN, math.ceil(math.log2(CHUNK_LEN)) - 1
+    chunks, block_t, neumann_steps = chunk_plan(config, block_t, neumann_steps)
     z_kq, fac = scratch or stacked_scratch(out.device, num_requests * chunks, num_k_heads, num_v_heads, block_t,
                                            head_k_dim)
     has_rows = rows_and_fold["constexprs"]["HAS_WS_ROWS"]
@@ -463,6 +461,15 @@ def launch_stacked(mixed_qkv, a, b, conv_wT, conv_bias, A_log, dt_bias, conv_sta
             **(dict(launch_pdl=True) if pdl else {}),
         )
     return out
+
+
+def chunk_plan(config, block_t, neumann_steps):
+    """(chunks, tokens a chunk, Neumann steps) of a stacked launch: with `chunked`, 17..32 tokens (block_t 32) run as
+    two chunks of CHUNK_LEN (the L = 16 tiles); otherwise one chunk of block_t. A `stacked_scratch` for a launch holds
+    num_requests * chunks rows of that chunk length."""
+    if config.chunked and block_t > CHUNK_LEN:
+        return block_t // CHUNK_LEN, CHUNK_LEN, math.ceil(math.log2(CHUNK_LEN)) - 1
+    return 1, block_t, neumann_steps
 
 
 def l2_prefetch_plan(config, ssm_state, num_requests):
